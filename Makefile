@@ -1,0 +1,31 @@
+# The two commands of the README live here: `make run` and `make test`.
+# Both create the virtual environment on first use, so a fresh clone needs nothing else.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup run test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev,audit]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# The main job: see README.md.
+run: setup
+	$(BIN)/ledgermq demo
+
+# The whole test suite, lint first.
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python bench/storage.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -1,0 +1,30 @@
+"""The `ledgermq` command line: one Typer app, subcommands registered by module."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="ledgermq",
+    help="LedgerMQ: a RocketMQ-style message broker with a Raft-replicated CommitLog.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+# Modules under ledgermq.commands that each add their subcommands to `app`.
+COMMAND_MODULES: tuple[str, ...] = (
+)
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"ledgermq.commands.{_name}").register(app)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
