@@ -1,0 +1,25 @@
+"""Request codes: the one table every server's dispatch uses.
+
+Numbers are part of the wire protocol (docs/protocol.md). Ranges keep owners
+apart so that adding a request never renumbers another: 1-99 connection level,
+100-199 NameServer, 200-399 broker (client-facing), 400-499 node runtime (peer
+transport). New requests are added here as new members; a server that does not
+handle a code answers UNKNOWN_REQUEST.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class RequestCode(IntEnum):
+    # Connection level, answered by the RPC layer itself.
+    HELLO = 1
+    PING = 2
+
+    # NameServer.
+    REGISTER_BROKER = 100
+    UNREGISTER_BROKER = 101
+    BROKER_HEARTBEAT = 102
+    GET_ROUTE = 103
+    GET_CLUSTER = 104

@@ -1,0 +1,479 @@
+"""A small asyncio RPC layer over LedgerMQ frames: one server helper, one client.
+
+`RpcServer` accepts connections, runs the HELLO handshake, then reads requests
+and dispatches each by code to an async handler in its own task, so a slow
+request does not hold up the others on the connection; responses carry the
+request id and go out in whatever order handlers finish. Protocol violations
+(malformed or truncated frames, oversized frames, a failed handshake) get one
+error frame and close that connection only. Unknown codes and handler errors
+get an error response and the connection goes on.
+
+`RpcClient` is one connection: `request()` sends and waits for the response with
+the same id, returning its body or raising the typed LedgerMQError. Reconnecting
+is left to the caller (a producer fails over to another broker, a broker to
+another NameServer), which knows better than this layer what to retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledgermq.codes import RequestCode
+from ledgermq.errors import (
+    ConnectionClosedError,
+    FrameTooLargeError,
+    HandshakeRequiredError,
+    InvalidRequestError,
+    LedgerMQError,
+    MalformedFrameError,
+    NoPermissionError,
+    RequestTimeoutError,
+    UnknownRequestError,
+    UnsupportedVersionError,
+    error_from_response,
+)
+from ledgermq.wire.codec import (
+    CONNECTION_ERROR_ID,
+    DEFAULT_COMPRESS_THRESHOLD,
+    DEFAULT_MAX_FRAME_BYTES,
+    MAX_REQUEST_ID,
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    Request,
+    Response,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+    error_response,
+    hello_body,
+)
+from ledgermq.wire.streams import FrameWriter, read_frame
+
+log = logging.getLogger(__name__)
+
+ROLES: frozenset[str] = frozenset({"client", "broker", "peer", "admin"})
+
+
+@dataclass(eq=False)
+class Connection:
+    """What a handler knows about the connection its request came on."""
+
+    peer: str
+    role: str = ""
+    version: int = 0
+    name: str | None = None
+    writer: FrameWriter | None = field(default=None, repr=False)
+    inflight: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+    reading: bool = field(default=False, repr=False)
+
+
+Handler = Callable[[Any, Connection], Awaitable[Any]]
+
+
+def _fmt_addr(addr: Any) -> str:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        return f"{addr[0]}:{addr[1]}"
+    return str(addr)
+
+
+class RpcServer:
+    """Generic request/response server: `handlers` maps a request code to
+    `async def handler(body, connection) -> response body`.
+
+    A handler reports failure by raising a LedgerMQError (sent with its code);
+    any other exception is logged and answered as INTERNAL.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        handlers: Mapping[int, Handler],
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        compress_threshold: int | None = DEFAULT_COMPRESS_THRESHOLD,
+        max_inflight_per_connection: int = 1024,
+        accepted_roles: frozenset[str] = ROLES,
+        handshake_timeout: float = 10.0,
+    ) -> None:
+        if RequestCode.HELLO in handlers:
+            raise ValueError("HELLO is handled by the RPC layer")
+        self.name = name
+        self.handlers: dict[int, Handler] = dict(handlers)
+        self.handlers.setdefault(RequestCode.PING, _ping)
+        self.max_frame_bytes = max_frame_bytes
+        self.compress_threshold = compress_threshold
+        self.max_inflight = max_inflight_per_connection
+        self.accepted_roles = accepted_roles
+        self.handshake_timeout = handshake_timeout
+        self._server: asyncio.Server | None = None
+        self._connections: set[Connection] = set()
+        self._closing = False
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port); valid after start()."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("server is not listening")
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return host, port
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        """Bind and start accepting; port 0 picks a free port. Returns the bound address."""
+        self._server = await asyncio.start_server(self._on_connect, host, port)
+        return self.address
+
+    async def close(self, grace: float = 5.0) -> None:
+        """Stop accepting, let in-flight requests finish (up to `grace` seconds),
+        deliver their responses, then close every connection."""
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        tasks = [c.task for c in list(self._connections) if c.task is not None]
+        for conn in list(self._connections):
+            if conn.reading and conn.task is not None:
+                # Cancelling interrupts only the wait for the next request; the
+                # connection's cleanup still waits for its in-flight handlers.
+                conn.task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace + 1.0)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    # ----------------------------------------------------------- connection
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Connection(peer=_fmt_addr(writer.get_extra_info("peername")))
+        conn.writer = FrameWriter(writer, compress_threshold=self.compress_threshold)
+        if self._closing:
+            await conn.writer.close()
+            return
+        # The connection runs in its own task so that close() can cancel it
+        # without cancelling the task asyncio.start_server made: Python 3.11's
+        # streams callback calls exception() on that task and logs a spurious
+        # CancelledError traceback if it ends cancelled.
+        conn.task = asyncio.create_task(self._serve(conn, reader))
+        self._connections.add(conn)
+        with contextlib.suppress(asyncio.CancelledError):
+            await conn.task
+
+    async def _serve(self, conn: Connection, reader: asyncio.StreamReader) -> None:
+        fatal: LedgerMQError | None = None
+        fatal_id = CONNECTION_ERROR_ID
+        limit = asyncio.Semaphore(self.max_inflight)
+        conn.reading = True
+        try:
+            try:
+                await asyncio.wait_for(self._handshake(reader, conn), self.handshake_timeout)
+            except TimeoutError:
+                raise HandshakeRequiredError(
+                    f"no HELLO within {self.handshake_timeout:g}s"
+                ) from None
+            while True:
+                payload = await read_frame(reader, self.max_frame_bytes)
+                if payload is None:
+                    break
+                request = decode_request(payload)
+                # Backpressure: stop reading, rather than queue without bound,
+                # while this connection already has max_inflight requests running.
+                await limit.acquire()
+                task = asyncio.create_task(self._dispatch(conn, request))
+                conn.inflight.add(task)
+                task.add_done_callback(lambda t: (conn.inflight.discard(t), limit.release()))
+        except _HandshakeFailed as exc:
+            fatal, fatal_id = exc.error, exc.request_id
+        except (MalformedFrameError, FrameTooLargeError, HandshakeRequiredError) as exc:
+            fatal = exc
+        except (ConnectionError, OSError):
+            pass  # peer vanished; nothing to tell it
+        except asyncio.CancelledError:
+            pass  # server closing: fall through to the graceful cleanup
+        finally:
+            # From here on close() must not cancel us: the cleanup is the graceful part.
+            conn.reading = False
+            await self._finish(conn, fatal, fatal_id)
+
+    async def _finish(self, conn: Connection, fatal: LedgerMQError | None, fatal_id: int) -> None:
+        assert conn.writer is not None
+        try:
+            # Requests read before the error or shutdown still get their answers.
+            if conn.inflight:
+                await asyncio.wait(list(conn.inflight), timeout=5.0)
+            for t in list(conn.inflight):
+                t.cancel()
+            if fatal is not None:
+                log.info("%s: closing %s: %s", self.name, conn.peer, fatal)
+                conn.writer.send(encode_response(error_response(fatal_id, fatal)))
+            await conn.writer.close()
+        finally:
+            self._connections.discard(conn)
+
+    async def _handshake(self, reader: asyncio.StreamReader, conn: Connection) -> None:
+        payload = await read_frame(reader, self.max_frame_bytes)
+        if payload is None:
+            raise ConnectionClosedError("closed before HELLO")
+        request = decode_request(payload)
+        if request.code != RequestCode.HELLO:
+            raise _HandshakeFailed(
+                request.id,
+                HandshakeRequiredError(
+                    f"the first request on a connection must be HELLO ({int(RequestCode.HELLO)}),"
+                    f" got code {request.code}"
+                ),
+            )
+        body = request.body
+        if not isinstance(body, dict):
+            raise _HandshakeFailed(
+                request.id, InvalidRequestError("HELLO body must be a map {version, role}")
+            )
+        version, role = body.get("version"), body.get("role")
+        if (
+            not isinstance(version, int)
+            or isinstance(version, bool)
+            or version not in SUPPORTED_VERSIONS
+        ):
+            raise _HandshakeFailed(
+                request.id,
+                UnsupportedVersionError(
+                    f"protocol version {version!r} is not supported by {self.name};"
+                    f" supported: {sorted(SUPPORTED_VERSIONS)}",
+                    data={"supported": sorted(SUPPORTED_VERSIONS)},
+                ),
+            )
+        if not isinstance(role, str) or role not in self.accepted_roles:
+            raise _HandshakeFailed(
+                request.id,
+                NoPermissionError(
+                    f"role {role!r} is not accepted by {self.name};"
+                    f" accepted: {sorted(self.accepted_roles)}"
+                ),
+            )
+        name = body.get("name")
+        conn.version, conn.role = version, role
+        conn.name = name if isinstance(name, str) else None
+        assert conn.writer is not None
+        conn.writer.send(
+            encode_response(
+                Response(
+                    request.id,
+                    body={
+                        "version": version,
+                        "server": self.name,
+                        "max_frame_bytes": self.max_frame_bytes,
+                    },
+                )
+            )
+        )
+
+    async def _dispatch(self, conn: Connection, request: Request) -> None:
+        assert conn.writer is not None
+        handler = self.handlers.get(request.code)
+        try:
+            if handler is None:
+                raise UnknownRequestError(f"{self.name} has no request code {request.code}")
+            result = await handler(request.body, conn)
+            response = Response(request.id, body=result)
+        except LedgerMQError as exc:
+            response = error_response(request.id, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("%s: handler for code %d failed", self.name, request.code)
+            response = error_response(request.id, exc)
+        try:
+            payload = encode_response(response)
+        except TypeError as exc:
+            # The handler returned something msgpack cannot carry: that is our bug,
+            # reported as INTERNAL rather than killing the connection.
+            log.error("%s: unencodable response to code %d: %s", self.name, request.code, exc)
+            payload = encode_response(error_response(request.id, exc))
+        if len(payload) > self.max_frame_bytes:
+            payload = encode_response(
+                error_response(
+                    request.id,
+                    FrameTooLargeError(
+                        f"response of {len(payload)} bytes exceeds the frame limit"
+                        f" of {self.max_frame_bytes}"
+                    ),
+                )
+            )
+        conn.writer.send(payload)
+        with contextlib.suppress(ConnectionError):
+            await conn.writer.drain()
+
+
+class _HandshakeFailed(Exception):
+    def __init__(self, request_id: int, error: LedgerMQError) -> None:
+        super().__init__(str(error))
+        self.request_id = request_id
+        self.error = error
+
+
+async def _ping(body: Any, conn: Connection) -> Any:
+    return body
+
+
+# --------------------------------------------------------------------------- client
+
+
+class RpcClient:
+    """One client connection. Create with `await RpcClient.connect(...)`."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        timeout: float,
+        max_frame_bytes: int,
+        compress_threshold: int | None,
+    ) -> None:
+        self._reader = reader
+        self._writer = FrameWriter(writer, compress_threshold=compress_threshold)
+        self.timeout = timeout
+        self.max_frame_bytes = max_frame_bytes
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Response]] = {}
+        self._closed_error: BaseException | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self.server_info: dict[str, Any] = {}
+        self.peer = _fmt_addr(writer.get_extra_info("peername"))
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        role: str = "client",
+        name: str | None = None,
+        version: int = PROTOCOL_VERSION,
+        timeout: float = 5.0,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        compress_threshold: int | None = DEFAULT_COMPRESS_THRESHOLD,
+    ) -> RpcClient:
+        """Connect and complete the HELLO handshake, or raise (the typed error the
+        server sent, RequestTimeoutError, or OSError from connect)."""
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        except TimeoutError:
+            raise RequestTimeoutError(f"connect to {host}:{port} timed out") from None
+        client = cls(
+            reader,
+            writer,
+            timeout=timeout,
+            max_frame_bytes=max_frame_bytes,
+            compress_threshold=compress_threshold,
+        )
+        client._reader_task = asyncio.create_task(client._read_loop())
+        try:
+            info = await client.request(RequestCode.HELLO, hello_body(role, version, name))
+        except BaseException:
+            await client.close()
+            raise
+        client.server_info = info if isinstance(info, dict) else {}
+        return client
+
+    @property
+    def closed(self) -> bool:
+        return self._closed_error is not None
+
+    @property
+    def server_version(self) -> int | None:
+        return self.server_info.get("version")
+
+    async def request(self, code: int, body: Any = None, *, timeout: float | None = None) -> Any:
+        """Send one request and return the response body, or raise its typed error.
+
+        RequestTimeoutError if no response within `timeout` (default: the
+        client's); ConnectionClosedError if the connection ends first. A late
+        response after a timeout is discarded.
+        """
+        if self._closed_error is not None:
+            raise ConnectionClosedError(f"connection to {self.peer} is closed") from (
+                self._closed_error
+            )
+        rid = next(self._ids)
+        if rid > MAX_REQUEST_ID:  # pragma: no cover - 2**63 requests on one connection
+            raise ConnectionClosedError("request ids exhausted; reconnect")
+        payload = encode_request(Request(rid, int(code), body))
+        fut: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        self._writer.send(payload)
+        wait = self.timeout if timeout is None else timeout
+        try:
+            response = await asyncio.wait_for(fut, wait)
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"no response to request {rid} (code {int(code)}) from {self.peer} within {wait:g}s"
+            ) from None
+        finally:
+            self._pending.pop(rid, None)
+        if not response.ok:
+            raise error_from_response(response.status, response.error, response.body)
+        return response.body
+
+    async def _read_loop(self) -> None:
+        reason: BaseException = ConnectionClosedError(f"connection to {self.peer} closed")
+        try:
+            while True:
+                payload = await read_frame(self._reader, self.max_frame_bytes)
+                if payload is None:
+                    break
+                response = decode_response(payload)
+                if response.id == CONNECTION_ERROR_ID:
+                    # The server is about to close: every pending request fails
+                    # with the reason it gave.
+                    reason = error_from_response(response.status, response.error, response.body)
+                    break
+                fut = self._pending.get(response.id)
+                if fut is not None and not fut.done():
+                    fut.set_result(response)
+        except (LedgerMQError, ConnectionError, OSError) as exc:
+            reason = exc
+        except asyncio.CancelledError:
+            reason = ConnectionClosedError(f"connection to {self.peer} closed locally")
+        finally:
+            self._fail_all(reason)
+            await self._writer.close()
+
+    def _fail_all(self, reason: BaseException) -> None:
+        if self._closed_error is None:
+            self._closed_error = reason
+        for fut in self._pending.values():
+            if not fut.done():
+                if isinstance(reason, LedgerMQError):
+                    fut.set_exception(reason)
+                else:
+                    exc = ConnectionClosedError(str(reason))
+                    exc.__cause__ = reason
+                    fut.set_exception(exc)
+        self._pending.clear()
+
+    async def close(self) -> None:
+        """Close the connection; pending requests fail with ConnectionClosedError."""
+        task = self._reader_task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        else:
+            self._fail_all(ConnectionClosedError(f"connection to {self.peer} closed locally"))
+            await self._writer.close()
+
+    async def __aenter__(self) -> RpcClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
