@@ -1,0 +1,74 @@
+"""The CommitLog: segmented, append-only, CRC-checked storage that is also the Raft log.
+
+Public surface; the byte layout is specified in docs/storage-format.md.
+"""
+
+from commitlog.checkpoint import Checkpoint, HardState
+from commitlog.config import CommitLogConfig
+from commitlog.entry import (
+    HEADER_SIZE,
+    KIND_CONTROL,
+    KIND_MESSAGES,
+    KIND_NOOP,
+    Entry,
+    encode_entry,
+    place,
+)
+from commitlog.errors import (
+    ConfigError,
+    CorruptionError,
+    DiskFullError,
+    FormatVersionError,
+    LockedError,
+    MessageTooLargeError,
+    PositionMismatchError,
+    StorageError,
+)
+from commitlog.flush import Flusher
+from commitlog.log import CommitLog
+from commitlog.message import (
+    Message,
+    StoredMessage,
+    decode_message_at,
+    decode_messages,
+    encode_message,
+    encode_messages,
+    iter_records,
+    offset_msg_id,
+    tag_hash,
+)
+from commitlog.recovery import RecoveryReport, TailCut
+
+__all__ = [
+    "HEADER_SIZE",
+    "KIND_CONTROL",
+    "KIND_MESSAGES",
+    "KIND_NOOP",
+    "Checkpoint",
+    "CommitLog",
+    "CommitLogConfig",
+    "ConfigError",
+    "CorruptionError",
+    "DiskFullError",
+    "Entry",
+    "Flusher",
+    "FormatVersionError",
+    "HardState",
+    "LockedError",
+    "Message",
+    "MessageTooLargeError",
+    "PositionMismatchError",
+    "RecoveryReport",
+    "StorageError",
+    "StoredMessage",
+    "TailCut",
+    "decode_message_at",
+    "decode_messages",
+    "encode_entry",
+    "encode_message",
+    "encode_messages",
+    "iter_records",
+    "offset_msg_id",
+    "place",
+    "tag_hash",
+]

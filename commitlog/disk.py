@@ -1,0 +1,101 @@
+"""File primitives: full writes that roll back on a full disk, syncs, atomic replace.
+
+Every fsync of the storage engine goes through `sync_fd` so there is one place
+that knows what is durable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+
+from commitlog.errors import DiskFullError, LockedError
+
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def open_append(path: str) -> int:
+    """Open (creating) a file for reading and writing; the caller tracks its length."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+
+def write_at_end(fd: int, length: int, data: bytes | memoryview, path: str) -> None:
+    """Write all of `data` at byte `length` of the file.
+
+    On a full disk the file is cut back to `length` and DiskFullError is
+    raised, so a failed append leaves nothing half-written behind.
+    """
+    view = memoryview(data)
+    done = 0
+    try:
+        while done < len(view):
+            done += os.pwrite(fd, view[done:], length + done)
+    except OSError as exc:
+        if done or exc.errno in _DISK_FULL_ERRNOS:
+            # If even this fails, the next open's recovery cuts the rest by CRC.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, length)
+        if exc.errno in _DISK_FULL_ERRNOS:
+            raise DiskFullError(f"disk full while writing {path}: {exc.strerror}") from exc
+        raise
+
+
+def read_exact(fd: int, offset: int, length: int) -> bytes:
+    """pread that returns fewer bytes only at end of file."""
+    chunks = []
+    while length > 0:
+        chunk = os.pread(fd, length, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+        length -= len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def sync_fd(fd: int) -> None:
+    """Make a file's data durable (fdatasync also covers a grown file size)."""
+    os.fdatasync(fd)
+
+
+def sync_directory(path: str) -> None:
+    """Make created, renamed or removed directory entries durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_replace(path: str, data: bytes) -> None:
+    """Durably replace `path` with `data`: write a .tmp, fsync, rename, fsync dir."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        write_at_end(fd, 0, data, tmp)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    sync_directory(os.path.dirname(path) or ".")
+
+
+def read_small_file(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
+def lock_directory(path: str) -> int:
+    """Hold an exclusive advisory lock on `<path>/LOCK` for the process lifetime."""
+    fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        os.close(fd)
+        raise LockedError(f"data directory {path} is in use by another process") from exc
+    return fd

@@ -1,0 +1,187 @@
+"""Raft-index files: fixed 32-byte records mapping an index to its entry.
+
+Files are named by their first index and hold `records_per_file` records; the
+record of index i sits at `(i - first) * 32`. They are derived data: recovery
+rebuilds any part that is behind, too long or damaged.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+from crc32c import crc32c
+
+from commitlog.disk import open_append, read_exact, sync_fd, write_at_end
+
+RECORD = struct.Struct("<QQIB3xI")  # 28 bytes covered by the record CRC
+RECORD_SIZE = 32
+_CRC = struct.Struct("<I")
+NAME_DIGITS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRecord:
+    index: int
+    position: int
+    term: int
+    size: int
+    kind: int
+    body_crc: int
+
+    @property
+    def end(self) -> int:
+        return self.position + self.size
+
+
+def encode_record(position: int, term: int, size: int, kind: int, body_crc: int) -> bytes:
+    head = RECORD.pack(position, term, size, kind, body_crc)
+    return head + _CRC.pack(crc32c(head))
+
+
+def decode_record(index: int, raw: bytes, offset: int = 0) -> IndexRecord | None:
+    """The record, or None when it is empty or fails its CRC."""
+    position, term, size, kind, body_crc = RECORD.unpack_from(raw, offset)
+    if _CRC.unpack_from(raw, offset + 28)[0] != crc32c(raw[offset : offset + 28]):
+        return None
+    if size == 0:
+        return None
+    return IndexRecord(index, position, term, size, kind, body_crc)
+
+
+class IndexFiles:
+    """The set of index files of one CommitLog.
+
+    Invariant: records exist for exactly the indexes `first_index ..
+    last_index` seen through the files' lengths (after `load()` and every
+    mutation).
+    """
+
+    def __init__(self, directory: str, records_per_file: int) -> None:
+        self.directory = directory
+        self.records_per_file = records_per_file
+        os.makedirs(directory, exist_ok=True)
+        self._fds: dict[int, int] = {}  # file first index -> fd
+        self._lengths: dict[int, int] = {}  # file first index -> bytes
+        self._dirty: set[int] = set()
+        self.foreign: list[str] = []
+        for name in sorted(os.listdir(directory)):
+            path = os.path.join(directory, name)
+            if name.endswith(".tmp"):
+                os.remove(path)
+            elif len(name) == NAME_DIGITS and name.isdigit() and self._is_base(int(name)):
+                base = int(name)
+                self._fds[base] = open_append(path)
+                self._lengths[base] = os.fstat(self._fds[base]).st_size
+            else:
+                self.foreign.append(path)
+
+    def _is_base(self, first: int) -> bool:
+        return first >= 1 and (first - 1) % self.records_per_file == 0
+
+    def _base_of(self, index: int) -> int:
+        return (index - 1) // self.records_per_file * self.records_per_file + 1
+
+    def _path(self, base: int) -> str:
+        return os.path.join(self.directory, f"{base:0{NAME_DIGITS}d}")
+
+    def _fd(self, base: int) -> int:
+        fd = self._fds.get(base)
+        if fd is None:
+            fd = self._fds[base] = open_append(self._path(base))
+            self._lengths[base] = 0
+        return fd
+
+    def covered_through(self) -> int:
+        """Highest index whose record slot exists in the files (0 if none)."""
+        if not self._fds:
+            return 0
+        base = max(self._fds)
+        return base - 1 + self._lengths[base] // RECORD_SIZE
+
+    def read(self, index: int) -> IndexRecord | None:
+        base = self._base_of(index)
+        fd = self._fds.get(base)
+        if fd is None or (index - base + 1) * RECORD_SIZE > self._lengths[base]:
+            return None
+        raw = read_exact(fd, (index - base) * RECORD_SIZE, RECORD_SIZE)
+        return decode_record(index, raw) if len(raw) == RECORD_SIZE else None
+
+    def read_range(self, lo: int, hi: int) -> list[IndexRecord | None]:
+        """Records of indexes [lo, hi); one pread per file touched."""
+        result: list[IndexRecord | None] = []
+        index = lo
+        while index < hi:
+            base = self._base_of(index)
+            stop = min(hi, base + self.records_per_file)
+            fd = self._fds.get(base)
+            raw = b""
+            if fd is not None:
+                raw = read_exact(fd, (index - base) * RECORD_SIZE, (stop - index) * RECORD_SIZE)
+            for i in range(index, stop):
+                at = (i - index) * RECORD_SIZE
+                ok = at + RECORD_SIZE <= len(raw)
+                result.append(decode_record(i, raw, at) if ok else None)
+            index = stop
+        return result
+
+    def append(self, first: int, records: list[bytes]) -> None:
+        """Write encoded records for indexes first, first+1, … (slots must be next)."""
+        index = first
+        start = 0
+        while start < len(records):
+            base = self._base_of(index)
+            take = min(len(records) - start, base + self.records_per_file - index)
+            fd = self._fd(base)
+            at = (index - base) * RECORD_SIZE
+            if at != self._lengths[base]:
+                raise ValueError(f"index record {index} is not the next slot of {self._path(base)}")
+            write_at_end(fd, at, b"".join(records[start : start + take]), self._path(base))
+            self._lengths[base] = at + take * RECORD_SIZE
+            self._dirty.add(base)
+            index += take
+            start += take
+
+    def truncate_after(self, index: int) -> None:
+        """Drop every record of an index greater than `index`."""
+        for base in sorted(self._fds, reverse=True):
+            if base > index:
+                self._remove(base)
+            else:
+                keep = (index - base + 1) * RECORD_SIZE
+                if self._lengths[base] > keep:
+                    os.ftruncate(self._fds[base], keep)
+                    self._lengths[base] = keep
+                    self._dirty.add(base)
+                break
+
+    def delete_before(self, index: int) -> None:
+        """Remove files whose every record is below `index`."""
+        for base in sorted(self._fds):
+            if base + self.records_per_file <= index:
+                self._remove(base)
+
+    def _remove(self, base: int) -> None:
+        os.close(self._fds.pop(base))
+        del self._lengths[base]
+        self._dirty.discard(base)
+        os.remove(self._path(base))
+
+    def dirty_fds(self) -> list[int]:
+        fds = [os.dup(self._fds[b]) for b in self._dirty if b in self._fds]
+        self._dirty.clear()
+        return fds
+
+    def sync(self) -> None:
+        for fd in self.dirty_fds():
+            try:
+                sync_fd(fd)
+            finally:
+                os.close(fd)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._lengths.clear()

@@ -1,0 +1,422 @@
+"""The CommitLog: a segmented, append-only log of entries that is also the Raft log.
+
+The log knows Raft indexes and terms only as numbers it stores and checks
+(contiguous indexes, non-decreasing terms); it knows nothing of leaders or
+votes. Callers give it complete entries, positions included: the leader places
+them with `build_entries`, followers append what the leader sent, and both go
+through the same checks, so every replica's files are byte-identical.
+
+Durability is explicit: `append` writes to the OS; `begin_sync`/`run_sync`/
+`finish_sync` make written bytes durable (the asyncio `Flusher` runs
+`run_sync` on a thread so appends continue meanwhile, which is what turns
+concurrent appends into one group commit); `durable_index` says how far that
+got.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from crc32c import crc32c
+
+from commitlog.checkpoint import (
+    Checkpoint,
+    HardState,
+    read_checkpoint,
+    read_hard_state,
+    write_checkpoint,
+    write_hard_state,
+)
+from commitlog.config import CommitLogConfig
+from commitlog.disk import lock_directory, sync_directory, sync_fd
+from commitlog.entry import HEADER_SIZE, KINDS, Entry, decode_header, encode_entry, place
+from commitlog.errors import (
+    CorruptionError,
+    MessageTooLargeError,
+    PositionMismatchError,
+    StorageError,
+)
+from commitlog.index_file import IndexFiles, IndexRecord, encode_record
+from commitlog.message import StoredMessage, decode_message_at
+from commitlog.recovery import recover
+from commitlog.segments import SegmentFiles
+
+# Names a data directory may hold; anything else is reported, never deleted.
+KNOWN_TOP_LEVEL = frozenset(("LOCK", "checkpoint", "hardstate", "commitlog", "index",
+                             "consumequeue"))
+
+
+@dataclass
+class SyncToken:
+    """What one sync covers: fds to fdatasync and the log state they reach."""
+
+    fds: list[int]
+    directory_dirty: bool
+    index: int
+    end: int
+    term: int
+    generation: int
+
+
+@dataclass
+class CheckpointToken:
+    fds: list[int]
+    checkpoint: Checkpoint
+
+
+class CommitLog:
+    """One node's CommitLog. Not thread-safe: use it from one thread (the event
+    loop); only `run_sync`/`run_checkpoint` may run elsewhere."""
+
+    def __init__(self, data_dir: str, config: CommitLogConfig) -> None:
+        self.data_dir = data_dir
+        self.config = config
+        os.makedirs(data_dir, exist_ok=True)
+        self._lock_fd = lock_directory(data_dir)
+        self.segments: SegmentFiles | None = None
+        self.index: IndexFiles | None = None
+        try:
+            self.segments = SegmentFiles(os.path.join(data_dir, "commitlog"),
+                                         config.segment_size_bytes)
+            self.index = IndexFiles(os.path.join(data_dir, "index"), config.index_file_records)
+            state, self.recovery = recover(
+                data_dir, self.segments, self.index, read_checkpoint(data_dir),
+                config.segment_size_bytes, config.entry_size_limit,
+                config.verify_on_open == "full",
+            )
+        except BaseException:
+            self.abandon()
+            raise
+        self.recovery.foreign_files = self._foreign_files()
+        self.first_index = state.first_index
+        self.last_index = state.last_index
+        self.last_term = state.last_term
+        self.end = state.end
+        self._generation = 0
+        self.failed: BaseException | None = None
+        # Everything recovered is on disk now (a crash without power loss keeps
+        # the page cache): make it durable so the checkpoint can cover it.
+        self.durable_index = self.first_index - 1
+        self.durable_end = 0
+        self.durable_term = 0
+        self.flush()
+        self.checkpoint()
+
+    @classmethod
+    def open(cls, data_dir: str, config: CommitLogConfig | None = None) -> CommitLog:
+        """Open (creating if needed) and recover the log in `data_dir`."""
+        return cls(data_dir, config or CommitLogConfig())
+
+    def _foreign_files(self) -> list[str]:
+        found = list(self.segments.foreign) + list(self.index.foreign)
+        for name in sorted(os.listdir(self.data_dir)):
+            if name in KNOWN_TOP_LEVEL or name.endswith((".durable", ".tmp")):
+                continue
+            found.append(os.path.join(self.data_dir, name))
+        return found
+
+    # ----------------------------------------------------------------- writes
+
+    def _check_usable(self) -> None:
+        if self.failed is not None:
+            raise StorageError(f"commitlog {self.data_dir} failed earlier ({self.failed}); "
+                               "restart the node to recover")
+
+    def build_entries(self, term: int, items: Sequence[tuple[int, bytes]]) -> list[Entry]:
+        """Place new entries (kind, body) after the current end, as a leader does.
+
+        Nothing is written; pass the result to `append`.
+        """
+        entries = []
+        index, end = self.last_index, self.end
+        for kind, body in items:
+            index += 1
+            position = place(end, HEADER_SIZE + len(body), self.config.segment_size_bytes)
+            entries.append(Entry(index, term, kind, position, body))
+            end = position + HEADER_SIZE + len(body)
+        return entries
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        """Write entries after the last one. All are checked before any byte is
+        written; if the write fails (e.g. a full disk) nothing of it is kept."""
+        self._check_usable()
+        if not entries:
+            return
+        limit = self.config.entry_size_limit
+        segment_size = self.config.segment_size_bytes
+        index, term, end = self.last_index, self.last_term, self.end
+        groups: list[tuple[int, list[bytes]]] = []  # (position, encoded) per segment run
+        records: list[bytes] = []
+        for entry in entries:
+            size = HEADER_SIZE + len(entry.body)
+            if size > limit:
+                raise MessageTooLargeError("entry", size, limit)
+            if entry.index != index + 1:
+                raise PositionMismatchError(f"entry index {entry.index} does not follow {index}")
+            if entry.term < term:
+                raise PositionMismatchError(f"entry term {entry.term} is below {term}")
+            if entry.kind not in KINDS:
+                raise ValueError(f"unknown entry kind {entry.kind}")
+            position = place(end, size, segment_size)
+            if entry.position != position:
+                raise PositionMismatchError(
+                    f"entry {entry.index} claims position {entry.position}, placement says "
+                    f"{position}: the replicas' segment sizes or logs differ")
+            encoded = encode_entry(entry.index, entry.term, entry.kind, position, entry.body)
+            if groups and position == end:
+                groups[-1][1].append(encoded)
+            else:
+                groups.append((position, [encoded]))
+            records.append(encode_record(position, entry.term, size, entry.kind,
+                                         crc32c(entry.body)))
+            index, term, end = entry.index, entry.term, position + size
+        old_end, old_last = self.end, self.last_index
+        try:
+            for position, parts in groups:
+                self.segments.write(position, b"".join(parts))
+            self.index.append(old_last + 1, records)
+        except BaseException:
+            self.segments.truncate(old_end)
+            self.index.truncate_after(old_last)
+            raise
+        self.last_index, self.last_term, self.end = index, term, end
+
+    def truncate_after(self, index: int) -> None:
+        """Remove every entry after `index` (Raft conflict repair).
+
+        The checkpoint is lowered and made durable before any byte is cut, so a
+        crash in between cannot make recovery mistake the cut for corruption.
+        """
+        self._check_usable()
+        if index >= self.last_index:
+            return
+        if index < self.first_index - 1:
+            raise ValueError(f"cannot truncate to {index}: the log starts at {self.first_index}")
+        if index >= self.first_index:
+            record = self._record(index)
+            new_end, new_term = record.end, record.term
+        else:
+            new_end = self.segments.bases[0] if self.segments.bases else 0
+            new_term = 0
+        if index < self.durable_index:
+            # The index records the lowered checkpoint vouches for must be on disk.
+            self.index.sync()
+            self.durable_index, self.durable_end, self.durable_term = index, new_end, new_term
+            write_checkpoint(self.data_dir, self._checkpoint_value())
+        self._generation += 1
+        self.segments.truncate(new_end)
+        self.index.truncate_after(index)
+        self.last_index, self.last_term, self.end = index, new_term, new_end
+
+    def delete_before(self, position: int) -> int:
+        """Retention: delete segments wholly before `position` (never the last
+        one, never durable-unknown data). Returns how many were deleted."""
+        self._check_usable()
+        limit = min(position, self.durable_end)
+        removed = self.segments.delete_before(limit)
+        if not removed:
+            return 0
+        head = decode_header(self.segments.read(self.segments.bases[0], HEADER_SIZE))
+        self.first_index = head.index
+        self.index.delete_before(self.first_index)
+        self.index.sync()
+        write_checkpoint(self.data_dir, self._checkpoint_value())
+        return len(removed)
+
+    # ------------------------------------------------------------ durability
+
+    def begin_sync(self) -> SyncToken:
+        """Collect what a sync must cover (call on the owning thread)."""
+        fds, directory_dirty = self.segments.take_dirty()
+        return SyncToken(fds, directory_dirty, self.last_index, self.end, self.last_term,
+                         self._generation)
+
+    def run_sync(self, token: SyncToken) -> None:
+        """fdatasync the token's files; safe to run on another thread."""
+        try:
+            for fd in token.fds:
+                sync_fd(fd)
+            if token.directory_dirty:
+                sync_directory(self.segments.directory)
+        finally:
+            for fd in token.fds:
+                os.close(fd)
+
+    def finish_sync(self, token: SyncToken, error: BaseException | None = None) -> None:
+        """Advance the durable point (call on the owning thread)."""
+        if error is not None:
+            # A failed fsync may have dropped dirty pages: nothing written since
+            # the last good sync can be trusted, so stop accepting writes.
+            self.failed = error
+            raise StorageError(f"fsync failed in {self.data_dir}: {error}") from error
+        if token.generation == self._generation and token.index > self.durable_index:
+            self.durable_index, self.durable_end, self.durable_term = (
+                token.index, token.end, token.term)
+
+    def flush(self) -> int:
+        """Synchronously make everything written durable; returns durable_index."""
+        token = self.begin_sync()
+        try:
+            self.run_sync(token)
+        except OSError as exc:
+            self.finish_sync(token, exc)
+        self.finish_sync(token)
+        return self.durable_index
+
+    def _checkpoint_value(self) -> Checkpoint:
+        return Checkpoint(self.durable_index, self.durable_end, self.durable_term,
+                          self.first_index)
+
+    def begin_checkpoint(self) -> CheckpointToken:
+        return CheckpointToken(self.index.dirty_fds(), self._checkpoint_value())
+
+    def run_checkpoint(self, token: CheckpointToken) -> None:
+        """Sync the index files, then record the checkpoint (any thread)."""
+        try:
+            for fd in token.fds:
+                sync_fd(fd)
+        finally:
+            for fd in token.fds:
+                os.close(fd)
+        write_checkpoint(self.data_dir, token.checkpoint)
+
+    def checkpoint(self) -> Checkpoint:
+        token = self.begin_checkpoint()
+        self.run_checkpoint(token)
+        return token.checkpoint
+
+    def load_hard_state(self) -> HardState:
+        return read_hard_state(self.data_dir) or HardState()
+
+    def save_hard_state(self, state: HardState) -> None:
+        """Durably record Raft's term, vote and known commit index."""
+        write_hard_state(self.data_dir, state)
+
+    # ------------------------------------------------------------------ reads
+
+    def _record(self, index: int) -> IndexRecord:
+        if not self.first_index <= index <= self.last_index:
+            raise IndexError(f"index {index} outside {self.first_index}..{self.last_index}")
+        record = self.index.read(index)
+        if record is None:
+            raise CorruptionError(self.index.directory, index, "index record missing or bad")
+        return record
+
+    def entry_end(self, index: int) -> int:
+        """Position just past the entry at `index`."""
+        if index == self.last_index:
+            return self.end
+        return self._record(index).end
+
+    def term_at(self, index: int) -> int:
+        """Term of the entry at `index`; 0 for index 0."""
+        if index == 0:
+            return 0
+        if index == self.last_index:
+            return self.last_term
+        return self._record(index).term
+
+    def read_entry(self, index: int) -> Entry:
+        return self.read_entries(index, index + 1)[0]
+
+    def read_entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
+        """Entries [lo, hi), stopping once `max_bytes` is reached (at least one
+        entry is returned). Every entry is checked before it is returned."""
+        if lo < self.first_index or hi > self.last_index + 1 or lo > hi:
+            raise IndexError(f"range [{lo}, {hi}) outside {self.first_index}..{self.last_index}")
+        records = self.index.read_range(lo, hi)
+        if max_bytes is not None:
+            total = 0
+            for n, record in enumerate(records):
+                total += record.size if record else 0
+                if total > max_bytes and n > 0:
+                    records = records[:n]
+                    break
+        entries: list[Entry] = []
+        run: list[IndexRecord] = []
+        for n, record in enumerate(records):
+            if record is None:
+                raise CorruptionError(self.index.directory, lo + n, "index record missing or bad")
+            if run and (record.position != run[-1].end
+                        or self.segments.base_of(record.position)
+                        != self.segments.base_of(run[0].position)):
+                entries += self._read_run(run)
+                run = []
+            run.append(record)
+        if run:
+            entries += self._read_run(run)
+        return entries
+
+    def _read_run(self, run: list[IndexRecord]) -> list[Entry]:
+        start = run[0].position
+        raw = self.segments.read(start, run[-1].end - start)
+        base = self.segments.base_of(start)
+        entries = []
+        for record in run:
+            at = record.position - start
+            path, offset = self.segments.path(base), record.position - base
+            if at + record.size > len(raw):
+                raise CorruptionError(path, offset, "entry missing from the segment")
+            header = decode_header(raw, at)
+            if header.problem:
+                raise CorruptionError(path, offset, header.problem)
+            if (header.index, header.term, header.position, header.size) != (
+                    record.index, record.term, record.position, record.size):
+                raise CorruptionError(path, offset, "entry header disagrees with the index")
+            body = raw[at + HEADER_SIZE : at + record.size]
+            if crc32c(body) != header.body_crc:
+                raise CorruptionError(path, offset, "body CRC mismatch")
+            entries.append(Entry(header.index, header.term, header.kind, header.position, body))
+        return entries
+
+    def read_bytes(self, position: int, length: int) -> bytes:
+        """Raw bytes from one segment, never beyond the end of the log."""
+        if position < 0 or position >= self.end:
+            return b""
+        return self.segments.read(position, min(length, self.end - position))
+
+    def read_message(self, physical_offset: int, size: int) -> StoredMessage:
+        """Decode the message record at a physical offset (from a ConsumeQueue unit)."""
+        raw = self.read_bytes(physical_offset, size)
+        if len(raw) != size:
+            raise CorruptionError(self.segments.path(self.segments.base_of(physical_offset)),
+                                  physical_offset, f"message of {size} bytes not in the log")
+        try:
+            return decode_message_at(raw, physical_offset)
+        except ValueError as exc:
+            raise CorruptionError(self.segments.path(self.segments.base_of(physical_offset)),
+                                  physical_offset, str(exc)) from exc
+
+    # -------------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        """Sync, checkpoint and release the directory."""
+        if self._lock_fd < 0:
+            return
+        try:
+            if self.failed is None:
+                self.flush()
+                self.checkpoint()
+        finally:
+            self.segments.close()
+            self.index.close()
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def abandon(self) -> None:
+        """Close file descriptors without syncing: what a crash leaves (tests)."""
+        if self.segments is not None:
+            self.segments.close()
+        if self.index is not None:
+            self.index.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> CommitLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

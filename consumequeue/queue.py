@@ -1,0 +1,201 @@
+"""One ConsumeQueue: the fixed-width index of one (topic, queue id).
+
+A queue offset is a slot number. Files hold `units_per_file` slots and are
+named by the offset of their first slot. Leading slots may be empty (removed by
+retention or never held here); everything from `min_offset` to `max_offset`
+is filled.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from commitlog.disk import open_append, read_exact, sync_fd, write_at_end
+from consumequeue.unit import NAME_DIGITS, UNIT_SIZE, decode_units, encode_units
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    queue_offset: int
+    physical_offset: int
+    size: int
+    tag_hash: int
+
+
+class ConsumeQueue:
+    """Files of one (topic, queue id). Invariant: min_offset <= max_offset, and
+    every slot in [min_offset, max_offset) holds a non-empty unit."""
+
+    def __init__(self, directory: str, topic: str, queue_id: int, units_per_file: int) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.queue_id = queue_id
+        self.units_per_file = units_per_file
+        os.makedirs(directory, exist_ok=True)
+        self._fds: dict[int, int] = {}
+        self._lengths: dict[int, int] = {}
+        self._dirty: set[int] = set()
+        self.foreign: list[str] = []
+        for name in sorted(os.listdir(directory)):
+            path = os.path.join(directory, name)
+            if len(name) == NAME_DIGITS and name.isdigit() and int(name) % units_per_file == 0:
+                fd = open_append(path)
+                self._fds[int(name)] = fd
+                self._lengths[int(name)] = os.fstat(fd).st_size
+            elif name.endswith(".tmp"):
+                os.remove(path)
+            else:
+                self.foreign.append(path)
+        self.max_offset = 0
+        self.min_offset = 0
+        self._trim_partial_units()
+        self._find_bounds()
+
+    def _path(self, base: int) -> str:
+        return os.path.join(self.directory, f"{base:0{NAME_DIGITS}d}")
+
+    def _trim_partial_units(self) -> None:
+        for base, length in self._lengths.items():
+            if length % UNIT_SIZE:
+                os.ftruncate(self._fds[base], length - length % UNIT_SIZE)
+                self._lengths[base] = length - length % UNIT_SIZE
+
+    def _find_bounds(self) -> None:
+        """max_offset = one past the last non-empty slot; min_offset = first
+        non-empty slot. Trailing empty slots (a torn write) are cut."""
+        self.max_offset = self.min_offset = 0
+        for base in sorted(self._fds, reverse=True):
+            units = decode_units(read_exact(self._fds[base], 0, self._lengths[base]))
+            filled = np.flatnonzero(units["size"] != 0)
+            if len(filled):
+                self.max_offset = base + int(filled[-1]) + 1
+                break
+        self.truncate_to(self.max_offset)
+        for base in sorted(self._fds):
+            units = decode_units(read_exact(self._fds[base], 0, self._lengths[base]))
+            filled = np.flatnonzero(units["size"] != 0)
+            if len(filled):
+                self.min_offset = base + int(filled[0])
+                return
+        self.min_offset = self.max_offset
+
+    def append(self, units: list[tuple[int, int, int]]) -> None:
+        """Append units (physical offset, size, tag hash) at max_offset."""
+        offset = self.max_offset
+        start = 0
+        while start < len(units):
+            base = offset // self.units_per_file * self.units_per_file
+            take = min(len(units) - start, base + self.units_per_file - offset)
+            fd = self._fds.get(base)
+            if fd is None:
+                fd = self._fds[base] = open_append(self._path(base))
+                self._lengths[base] = 0
+            at = (offset - base) * UNIT_SIZE
+            write_at_end(fd, at, encode_units(units[start : start + take]), self._path(base))
+            self._lengths[base] = max(self._lengths[base], at + take * UNIT_SIZE)
+            self._dirty.add(base)
+            offset += take
+            start += take
+        self.max_offset = offset
+
+    def start_at(self, offset: int) -> None:
+        """Make an empty queue begin at `offset` (a rebuild after retention)."""
+        if self.max_offset != self.min_offset:
+            raise ValueError("start_at needs an empty queue")
+        self.min_offset = self.max_offset = offset
+
+    def read(self, offset: int, count: int) -> list[Unit]:
+        """Up to `count` units from `offset` (clamped to [min_offset, max_offset))."""
+        offset = max(offset, self.min_offset)
+        stop = min(self.max_offset, offset + count)
+        result: list[Unit] = []
+        while offset < stop:
+            base = offset // self.units_per_file * self.units_per_file
+            take = min(stop, base + self.units_per_file) - offset
+            raw = read_exact(self._fds[base], (offset - base) * UNIT_SIZE, take * UNIT_SIZE)
+            units = decode_units(raw)
+            result += [Unit(offset + i, int(u[0]), int(u[1]), int(u[2]))
+                       for i, u in enumerate(units.tolist())]
+            offset += take
+        return result
+
+    def all_units(self) -> np.ndarray:
+        """Every slot from 0 to max_offset (empty slots zero), as one array."""
+        parts = []
+        for base in sorted(self._fds):
+            if base >= self.max_offset:
+                break
+            raw = read_exact(self._fds[base], 0, self._lengths[base])
+            parts.append((base, decode_units(raw)))
+        out = np.zeros(self.max_offset, dtype=parts[0][1].dtype if parts else "V20")
+        for base, units in parts:
+            n = min(len(units), self.max_offset - base)
+            out[base : base + n] = units[:n]
+        return out
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop every slot at or after `offset`."""
+        for base in sorted(self._fds, reverse=True):
+            if base >= offset:
+                os.close(self._fds.pop(base))
+                del self._lengths[base]
+                self._dirty.discard(base)
+                os.remove(self._path(base))
+            else:
+                keep = (offset - base) * UNIT_SIZE
+                if self._lengths[base] > keep:
+                    os.ftruncate(self._fds[base], keep)
+                    self._lengths[base] = keep
+                    self._dirty.add(base)
+                break
+        self.max_offset = min(self.max_offset, offset)
+        self.min_offset = min(self.min_offset, self.max_offset)
+
+    def first_offset_at_or_after(self, physical_offset: int) -> int:
+        """Smallest slot whose unit points at or beyond `physical_offset`
+        (units increase with the slot), or max_offset when there is none."""
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.read(mid, 1)[0].physical_offset >= physical_offset:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def delete_files_before(self, physical_offset: int) -> int:
+        """Retention: remove files whose every unit points before `physical_offset`."""
+        removed = 0
+        for base in sorted(self._fds):
+            end = base + self.units_per_file
+            if end > self.max_offset:
+                break
+            last = self.read(end - 1, 1)
+            if not last or last[0].physical_offset >= physical_offset:
+                break
+            os.close(self._fds.pop(base))
+            del self._lengths[base]
+            os.remove(self._path(base))
+            removed += 1
+            self.min_offset = max(self.min_offset, end)
+        return removed
+
+    def dirty_fds(self) -> list[int]:
+        fds = [os.dup(self._fds[b]) for b in self._dirty if b in self._fds]
+        self._dirty.clear()
+        return fds
+
+    def sync(self) -> None:
+        for fd in self.dirty_fds():
+            try:
+                sync_fd(fd)
+            finally:
+                os.close(fd)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()

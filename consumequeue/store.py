@@ -1,0 +1,249 @@
+"""All ConsumeQueues of a node: dispatch from committed entries, lookups, recovery.
+
+Only committed entries are dispatched, in log order, so every replica derives
+the same queues from the same committed log: a message's queue offset is the
+number of messages of its (topic, queue) committed before it.
+
+Recovery (in `__init__`): the dispatch checkpoint says up to which entry the
+queue files were fsynced. Units pointing at or past that entry's end are
+dropped (they may be torn or refer to entries a crash removed), queues whose
+files are missing or short are rebuilt from the CommitLog, and the owner then
+calls `dispatch_committed(commit_index)` to re-dispatch the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from commitlog import HEADER_SIZE, KIND_MESSAGES, CommitLog, Entry, iter_records, tag_hash
+from commitlog.message import MESSAGE_HEAD_SIZE
+from consumequeue.checkpoint import (
+    DispatchCheckpoint,
+    read_dispatch_checkpoint,
+    write_dispatch_checkpoint,
+)
+from consumequeue.queue import ConsumeQueue, Unit
+
+_TOPIC_DIR = re.compile(r"^[A-Za-z0-9_%|-]{1,127}$")
+QueueKey = tuple[str, int]
+
+
+@dataclass
+class DispatchRecovery:
+    """What opening the ConsumeQueues found and did."""
+
+    dispatched_index: int = 0
+    units_dropped: int = 0
+    queues_rebuilt: list[QueueKey] = field(default_factory=list)
+    foreign_files: list[str] = field(default_factory=list)
+
+
+def units_of_entry(entry: Entry) -> Iterable[tuple[QueueKey, tuple[int, int, int]]]:
+    """((topic, queue id), (physical offset, size, tag hash)) of each message."""
+    if entry.kind != KIND_MESSAGES:
+        return
+    body = entry.body
+    base = entry.position + HEADER_SIZE
+    for offset, fields in iter_records(body):
+        p = offset + MESSAGE_HEAD_SIZE
+        topic_len, tags_len = fields[9], fields[10]
+        topic = body[p : p + topic_len].decode()
+        tags = body[p + topic_len : p + topic_len + tags_len]
+        yield (topic, fields[1]), (base + offset, fields[0], tag_hash(tags))
+
+
+class ConsumeQueueStore:
+    """The ConsumeQueues under `<data_dir>/consumequeue`, fed from one CommitLog."""
+
+    def __init__(self, data_dir: str, log: CommitLog, units_per_file: int = 300_000) -> None:
+        self.directory = os.path.join(data_dir, "consumequeue")
+        self.log = log
+        self.units_per_file = units_per_file
+        self.queues: dict[QueueKey, ConsumeQueue] = {}
+        os.makedirs(self.directory, exist_ok=True)
+        self.recovery = DispatchRecovery()
+        self._recover()
+
+    @classmethod
+    def open(cls, data_dir: str, log: CommitLog, units_per_file: int = 300_000
+             ) -> ConsumeQueueStore:
+        return cls(data_dir, log, units_per_file)
+
+    # --------------------------------------------------------------- recovery
+
+    def _entry_end(self, index: int) -> int:
+        if index >= self.log.first_index:
+            return self.log.entry_end(index)
+        return self.log.segments.bases[0] if self.log.segments.bases else 0
+
+    def _recover(self) -> None:
+        checkpoint = read_dispatch_checkpoint(self.directory)
+        log = self.log
+        limit_index = log.first_index - 1
+        if checkpoint is not None:
+            limit_index = max(limit_index, min(checkpoint.dispatched_index, log.last_index))
+        limit_end = self._entry_end(limit_index)
+        self._open_existing()
+        for queue in self.queues.values():
+            before = queue.max_offset
+            queue.truncate_to(queue.first_offset_at_or_after(limit_end))
+            self.recovery.units_dropped += before - queue.max_offset
+        self.dispatched_index, self.dispatched_end = limit_index, limit_end
+        # The checkpoint's per-queue counts describe exactly `limit_index` only
+        # when the log still holds everything the checkpoint covered.
+        if checkpoint is not None and checkpoint.dispatched_index == limit_index:
+            damaged = {key: nxt for key, nxt in checkpoint.queues.items()
+                       if key not in self.queues or self.queues[key].max_offset != nxt}
+            if damaged:
+                self._rebuild(damaged)
+        self.recovery.dispatched_index = self.dispatched_index
+
+    def _open_existing(self) -> None:
+        for topic in sorted(os.listdir(self.directory)):
+            topic_dir = os.path.join(self.directory, topic)
+            if topic in ("checkpoint",) or topic.endswith(".tmp"):
+                continue
+            if not (os.path.isdir(topic_dir) and _TOPIC_DIR.match(topic)):
+                self.recovery.foreign_files.append(topic_dir)
+                continue
+            for queue_name in sorted(os.listdir(topic_dir)):
+                queue_dir = os.path.join(topic_dir, queue_name)
+                if not (queue_name.isdigit() and os.path.isdir(queue_dir)):
+                    self.recovery.foreign_files.append(queue_dir)
+                    continue
+                queue = ConsumeQueue(queue_dir, topic, int(queue_name), self.units_per_file)
+                self.recovery.foreign_files += queue.foreign
+                self.queues[(topic, int(queue_name))] = queue
+
+    def _rebuild(self, expected_next: dict[QueueKey, int]) -> None:
+        """Rebuild queues from the CommitLog up to dispatched_index; a queue's
+        first offset is its expected next offset minus what the log still holds."""
+        found: dict[QueueKey, list[tuple[int, int, int]]] = defaultdict(list)
+        for entry in self._scan(self.log.first_index, self.dispatched_index):
+            for key, unit in units_of_entry(entry):
+                if key in expected_next:
+                    found[key].append(unit)
+        for key, nxt in expected_next.items():
+            queue = self._queue(key)
+            queue.truncate_to(0)
+            queue.start_at(max(0, nxt - len(found[key])))
+            queue.append(found[key])
+            self.recovery.queues_rebuilt.append(key)
+
+    def _scan(self, lo: int, hi: int, batch_bytes: int = 8 << 20) -> Iterable[Entry]:
+        index = lo
+        while index <= hi:
+            entries = self.log.read_entries(index, hi + 1, batch_bytes)
+            yield from entries
+            index = entries[-1].index + 1
+
+    # --------------------------------------------------------------- dispatch
+
+    def _queue(self, key: QueueKey) -> ConsumeQueue:
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = ConsumeQueue(os.path.join(self.directory, key[0], str(key[1])),
+                                 key[0], key[1], self.units_per_file)
+            self.queues[key] = queue
+        return queue
+
+    def dispatch(self, entries: Iterable[Entry]) -> int:
+        """Index committed entries, which must directly follow dispatched_index."""
+        pending: dict[QueueKey, list[tuple[int, int, int]]] = defaultdict(list)
+        count = 0
+        index, end = self.dispatched_index, self.dispatched_end
+        for entry in entries:
+            if entry.index != index + 1:
+                raise ValueError(f"dispatch of entry {entry.index} after {index}")
+            for key, unit in units_of_entry(entry):
+                pending[key].append(unit)
+            index, end = entry.index, entry.end
+            count += 1
+        for key, units in pending.items():
+            self._queue(key).append(units)
+        self.dispatched_index, self.dispatched_end = index, end
+        return count
+
+    def dispatch_committed(self, commit_index: int, batch_bytes: int = 4 << 20) -> int:
+        """Dispatch every entry up to `commit_index` not yet dispatched."""
+        upto = min(commit_index, self.log.last_index)
+        count = 0
+        while self.dispatched_index < upto:
+            entries = self.log.read_entries(self.dispatched_index + 1, upto + 1, batch_bytes)
+            count += self.dispatch(entries)
+        return count
+
+    # ---------------------------------------------------------------- lookups
+
+    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.queues.get((topic, queue_id))
+
+    def offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(min offset, max offset) of a queue; (0, 0) for one never written."""
+        queue = self.queues.get((topic, queue_id))
+        return (queue.min_offset, queue.max_offset) if queue else (0, 0)
+
+    def read(self, topic: str, queue_id: int, offset: int, count: int) -> list[Unit]:
+        queue = self.queues.get((topic, queue_id))
+        return queue.read(offset, count) if queue else []
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """First queue offset whose message was stored at or after `timestamp_ms`
+        (max offset if none). Store timestamps come from successive leaders'
+        clocks, so this is exact only as far as those clocks agree."""
+        queue = self.queues.get((topic, queue_id))
+        if queue is None:
+            return 0
+        lo, hi = queue.min_offset, queue.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            unit = queue.read(mid, 1)[0]
+            stored = self.log.read_message(unit.physical_offset, unit.size)
+            if stored.message.store_timestamp_ms >= timestamp_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    # ------------------------------------------------------------ durability
+
+    def checkpoint(self) -> DispatchCheckpoint:
+        """Fsync the queue files, then record how far they go. The CommitLog is
+        synced first if dispatch ran ahead of its durable point, so the queues
+        never claim entries the log could lose."""
+        if self.dispatched_index > self.log.durable_index:
+            self.log.flush()
+        for queue in self.queues.values():
+            queue.sync()
+        value = DispatchCheckpoint(
+            self.dispatched_index, self.dispatched_end,
+            {key: q.max_offset for key, q in self.queues.items()},
+        )
+        write_dispatch_checkpoint(self.directory, value)
+        return value
+
+    def delete_before(self, physical_offset: int) -> int:
+        """Retention: drop queue files wholly before a CommitLog position."""
+        return sum(q.delete_files_before(physical_offset) for q in self.queues.values())
+
+    def close(self) -> None:
+        self.checkpoint()
+        for queue in self.queues.values():
+            queue.close()
+        self.queues.clear()
+
+    def abandon(self) -> None:
+        """Close files without a checkpoint: what a crash leaves (tests)."""
+        for queue in self.queues.values():
+            queue.close()
+        self.queues.clear()
+
+    @staticmethod
+    def destroy(data_dir: str) -> None:
+        """Remove every ConsumeQueue file (to rebuild them from the CommitLog)."""
+        shutil.rmtree(os.path.join(data_dir, "consumequeue"), ignore_errors=True)
