@@ -13,8 +13,17 @@ app = typer.Typer(
     add_completion=False,
 )
 
+
+@app.callback()
+def _root() -> None:
+    # A callback keeps `ledgermq <command>` a command group even while only one
+    # command is registered; without it Typer runs that command as the app itself.
+    pass
+
+
 # Modules under ledgermq.commands that each add their subcommands to `app`.
 COMMAND_MODULES: tuple[str, ...] = (
+    "namesrv",
 )
 
 for _name in COMMAND_MODULES:
