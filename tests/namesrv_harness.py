@@ -44,7 +44,8 @@ class NameServerProcess:
         return self.proc.returncode
 
 
-def _ledgermq() -> list[str]:
+def ledgermq_command() -> list[str]:
+    """How to run the `ledgermq` console script of this virtualenv."""
     script = Path(sys.executable).parent / "ledgermq"
     return [str(script)] if script.exists() else [sys.executable, "-m", "ledgermq.cli"]
 
@@ -55,7 +56,7 @@ def launch(expiry_ms: int = 30_000, ready_timeout: float = 30.0) -> NameServerPr
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
         [
-            *_ledgermq(),
+            *ledgermq_command(),
             "namesrv",
             "--listen",
             "127.0.0.1:0",

@@ -269,7 +269,8 @@ def encode_request(request: Request) -> bytes:
 def decode_request(payload: bytes) -> Request:
     """Parse a request payload; MalformedFrameError if it is not {id, code, body}."""
     obj = _unpack(payload)
-    rid = _int_field(obj, "id", 0, MAX_REQUEST_ID)
+    # Id 0 would collide with connection-level error responses.
+    rid = _int_field(obj, "id", 1, MAX_REQUEST_ID)
     code = _int_field(obj, "code", 0, 2**31 - 1)
     return Request(rid, code, obj.get("body"))
 
@@ -307,7 +308,9 @@ def error_response(request_id: int, exc: Exception) -> Response:
 # --------------------------------------------------------------------------- handshake
 
 
-def hello_body(role: str, version: int = PROTOCOL_VERSION, name: str | None = None) -> dict:
+def hello_body(
+    role: str, version: int = PROTOCOL_VERSION, name: str | None = None
+) -> dict[str, Any]:
     """Body of the HELLO request a client sends first on every connection."""
     body: dict[str, Any] = {"version": version, "role": role}
     if name is not None:

@@ -243,3 +243,15 @@ def test_server_on_port_zero_reports_its_port() -> None:
             pass
 
     run_with_server(t)
+
+
+def test_silent_connection_is_closed_after_the_handshake_timeout() -> None:
+    async def t(server: RpcServer, port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        data = await reader.read()  # the server speaks first, then closes
+        [payload] = FrameDecoder().feed(data)
+        resp = decode_response(payload)
+        assert (resp.id, resp.status) == (0, ErrorCode.HANDSHAKE_REQUIRED)
+        writer.close()
+
+    run_with_server(t, handshake_timeout=0.1)

@@ -63,7 +63,7 @@ codes = st.integers(min_value=0, max_value=2**31 - 1)
 # ------------------------------------------------------------------ messages
 
 
-@given(ids, codes, bodies)
+@given(st.integers(min_value=1, max_value=2**63 - 1), codes, bodies)
 def test_request_round_trip(rid: int, code: int, body: object) -> None:
     req = Request(rid, code, body)
     assert decode_request(encode_request(req)) == req
@@ -92,6 +92,7 @@ def test_decoding_arbitrary_bytes_only_raises_malformed(data: bytes) -> None:
         {"code": 5},  # no id
         {"id": True, "code": 5},  # bool is not an id
         {"id": -1, "code": 5},
+        {"id": 0, "code": 5},  # reserved for connection-level errors
         {"id": 2**64 - 1, "code": 5},  # beyond the signed 63-bit id space
         {"id": 1, "code": "5"},
         {"id": 1},

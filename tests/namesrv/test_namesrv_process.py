@@ -4,16 +4,18 @@ independent NameServers, clean shutdown, and bad input over real sockets."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import struct
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgpack
 import pytest
-from namesrv_harness import NameServerProcess
+from namesrv_harness import REPO, NameServerProcess, ledgermq_command
 
 from ledgermq import loop
 from ledgermq.codes import RequestCode
@@ -359,4 +361,21 @@ def test_unknown_topic_and_invalid_bodies_keep_the_connection(seeded: NameServer
         assert leader_of(await c.request(RequestCode.GET_ROUTE, {"topic": "orders"})) == "n0"
 
     with_client(seeded, t)
+    assert_server_healthy(seeded)
+
+
+def test_bad_listen_address_and_busy_port_fail_with_a_message(
+    seeded: NameServerProcess,
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for listen, expect in (("bogus", "HOST:PORT"), (seeded.address, "cannot listen")):
+        done = subprocess.run(
+            [*ledgermq_command(), "namesrv", "--listen", listen],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert done.returncode != 0
+        assert expect in done.stdout + done.stderr
     assert_server_healthy(seeded)
