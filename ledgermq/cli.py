@@ -24,6 +24,7 @@ def _root() -> None:
 # Modules under ledgermq.commands that each add their subcommands to `app`.
 COMMAND_MODULES: tuple[str, ...] = (
     "namesrv",
+    "audit",
 )
 
 for _name in COMMAND_MODULES:

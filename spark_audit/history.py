@@ -1,0 +1,182 @@
+"""Client histories (chaos ``history.jsonl``) against the committed log.
+
+One JSON object per line: ``{"index", "time_ns", "process", "type":
+"invoke"|"ok"|"fail"|"info", "f": "send"|"poll"|..., "value": {...}}``. A send
+or poll value names one message: ``topic``, ``queue``, ``producer_id``,
+``sequence``, ``offset`` (queue offset), ``msg_id`` (``<group>@<16 hex>``),
+``group``. A poll may instead carry ``"messages": [value, ...]``. Messages are
+matched by (group, producer_id, sequence) when the producer id is non-zero,
+else by the physical offset in ``msg_id``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from spark_audit.checks import INFO, VIOLATION, Findings
+
+KEY_SCHEMA = pa.schema([
+    ("gid", pa.int32()), ("producer_id", pa.int64()), ("sequence", pa.int64()),
+    ("phys_offset", pa.int64()),
+])
+
+
+@dataclass(frozen=True)
+class HistMsg:
+    """One message named by a history operation."""
+
+    file: str
+    line: int
+    op_index: int
+    time_ns: int
+    process: str
+    type: str
+    f: str
+    group: str
+    topic: str
+    queue: int
+    producer_id: int
+    sequence: int
+    queue_offset: int
+    phys_offset: int  # from msg_id, -1 when absent
+
+
+def _signed(v: int) -> int:
+    """u64 as the int64 with the same bits (how the audit tables store it)."""
+    v &= 0xFFFFFFFFFFFFFFFF
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _one(path: str, line: int, op: dict, v: dict) -> HistMsg:
+    msg_id = str(v.get("msg_id") or "")
+    group = str(v.get("group") or "")
+    phys = -1
+    if msg_id:
+        head, _, hexpart = msg_id.rpartition("@")
+        group = group or head
+        try:
+            phys = int(hexpart, 16)
+        except ValueError:
+            phys = -1
+    return HistMsg(path, line, int(op.get("index", -1)), int(op.get("time_ns", 0)),
+                   str(op.get("process", "")), str(op["type"]), str(op["f"]), group,
+                   str(v.get("topic", "")), int(v.get("queue", -1)),
+                   _signed(int(v.get("producer_id", 0) or 0)),
+                   _signed(int(v.get("sequence", 0) or 0)),
+                   int(v.get("offset", -1) if v.get("offset") is not None else -1), phys)
+
+
+def read_history(paths: list[str]) -> tuple[list[HistMsg], int]:
+    """Messages named by completed send and poll operations, and the number of ops read.
+
+    Invocations carry no outcome and are skipped; nemesis and other ops are
+    counted but otherwise ignored. A malformed line raises ``ValueError``
+    naming the file and line.
+    """
+    out: list[HistMsg] = []
+    ops = 0
+    for path in paths:
+        with open(path, encoding="utf-8") as fh:
+            for n, text in enumerate(fh, 1):
+                if not text.strip():
+                    continue
+                try:
+                    op = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{n}: not JSON: {exc}") from exc
+                ops += 1
+                if op.get("f") not in ("send", "poll") or op.get("type") == "invoke":
+                    continue
+                value = op.get("value") or {}
+                items = value.get("messages") if isinstance(value, dict) else None
+                for v in items if items is not None else [value]:
+                    if isinstance(v, dict):
+                        out.append(_one(path, n, op, v))
+    return out, ops
+
+
+def history_keys(msgs: list[HistMsg], group_ids: dict[str, int]) -> pa.Table:
+    """The lookup keys to find in the committed log (one row per distinct key)."""
+    rows = set()
+    for m in msgs:
+        gid = group_ids.get(m.group, -1) if m.group else (
+            next(iter(group_ids.values())) if len(group_ids) == 1 else -1)
+        if gid >= 0:
+            rows.add((gid, m.producer_id, m.sequence, m.phys_offset))
+    cols = list(zip(*sorted(rows), strict=True)) if rows else [[], [], [], []]
+    return pa.table(dict(zip(KEY_SCHEMA.names, cols, strict=True)), schema=KEY_SCHEMA)
+
+
+def check_history(msgs: list[HistMsg], found: pa.Table, group_ids: dict[str, int],
+                  max_examples: int = 20) -> tuple[pa.Table, dict]:
+    """Acknowledged sends must be committed, consumed messages must exist, failed sends not.
+
+    ``found`` holds the committed messages (columns gid, producer_id,
+    sequence, phys_offset) that matched any history key.
+    """
+    out = Findings()
+    by_id = set()
+    by_off = set()
+    if found.num_rows:
+        g = found.column("gid").to_pylist()
+        p = found.column("producer_id").to_pylist()
+        s = found.column("sequence").to_pylist()
+        o = found.column("phys_offset").to_pylist()
+        by_id = {(a, b, c) for a, b, c in zip(g, p, s, strict=True) if b != 0}
+        by_off = set(zip(g, o, strict=True))
+    stats = {"acked_sends": 0, "failed_sends": 0, "indeterminate_sends": 0, "consumed": 0,
+             "acked_missing": 0, "consumed_missing": 0, "failed_present": 0,
+             "indeterminate_present": 0, "unknown_group": 0}
+    shown: dict[str, int] = {}
+
+    def present(gid: int, m: HistMsg) -> bool:
+        if m.producer_id != 0:
+            return (gid, m.producer_id, m.sequence) in by_id
+        return m.phys_offset >= 0 and (gid, m.phys_offset) in by_off
+
+    def flag(kind: str, sev: str, gid: int, m: HistMsg, text: str) -> None:
+        shown[kind] = shown.get(kind, 0) + 1
+        if shown[kind] <= max_examples:
+            out.add("history", kind, sev, gid=gid, topic=m.topic, queue_id=m.queue,
+                    slot=m.queue_offset, phys_offset=m.phys_offset,
+                    detail=f"{m.file}:{m.line} op {m.op_index} ({m.type} {m.f} by {m.process} at "
+                           f"{m.time_ns} ns) producer {m.producer_id & 0xFFFFFFFFFFFFFFFF:#x} "
+                           f"seq {m.sequence}: {text}")
+
+    for m in msgs:
+        gid = group_ids.get(m.group, -1) if m.group else (
+            next(iter(group_ids.values())) if len(group_ids) == 1 else -1)
+        if gid < 0:
+            stats["unknown_group"] += 1
+            continue
+        hit = present(gid, m)
+        if m.f == "send" and m.type == "ok":
+            stats["acked_sends"] += 1
+            if not hit:
+                stats["acked_missing"] += 1
+                flag("acked_send_missing", VIOLATION, gid, m, "acknowledged, not in the log")
+        elif m.f == "send" and m.type == "fail":
+            stats["failed_sends"] += 1
+            if hit and m.producer_id != 0:
+                stats["failed_present"] += 1
+                flag("failed_send_present", VIOLATION, gid, m,
+                     "the send definitely failed, yet the message is committed")
+        elif m.f == "send" and m.type == "info":
+            stats["indeterminate_sends"] += 1
+            stats["indeterminate_present"] += int(hit)
+        elif m.f == "poll" and m.type == "ok":
+            stats["consumed"] += 1
+            if not hit:
+                stats["consumed_missing"] += 1
+                flag("consumed_missing", VIOLATION, gid, m, "consumed, not in the committed log")
+    for kind, n in shown.items():
+        if n > max_examples:
+            out.add("history", kind, VIOLATION, count=n - max_examples,
+                    detail="further occurrences not listed")
+    if stats["unknown_group"]:
+        out.add("history", "unknown_group", INFO, count=stats["unknown_group"],
+                detail="history messages of groups that were not audited")
+    return out.table(), stats

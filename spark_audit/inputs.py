@@ -1,0 +1,182 @@
+"""Which files to audit: group specs, replica discovery and the file inventory.
+
+A group spec is either ``NAME=DIR,DIR,...`` (one data directory per replica)
+or a root directory laid out as ``ROOT/<group>/<node>/`` (every node directory
+holding a ``commitlog/`` is a replica). Directories are local paths or any URI
+the Hadoop FileSystem of the Spark session can list (``hdfs://``, ``s3a://``,
+``file:``); listing a non-local URI therefore needs the Spark engine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+_NAME20 = re.compile(r"^\d{20}$")
+
+SEGMENT, INDEX, CQ, CHECKPOINT, HARDSTATE, CQ_CHECKPOINT, OTHER = (
+    "segment", "index", "cq", "checkpoint", "hardstate", "cq_checkpoint", "other")
+BULK_KINDS = (SEGMENT, INDEX, CQ)
+# Files the storage engine itself ignores or owns transiently.
+_IGNORED = re.compile(r"(^|/)LOCK$|\.tmp$|\.durable$")
+
+
+@dataclass(frozen=True)
+class Replica:
+    gid: int
+    rid: int
+    group: str
+    name: str
+    root: str
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    fid: int
+    gid: int
+    rid: int
+    path: str
+    kind: str
+    length: int
+    start: int = 0  # segment base position, first Raft index, or first queue slot
+    topic: str = ""
+    queue_id: int = -1
+
+    @property
+    def name(self) -> str:
+        return self.path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def is_local(path: str) -> bool:
+    """True for plain paths and ``file:`` URIs, which Python can open directly."""
+    scheme = urlparse(path).scheme
+    return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
+
+
+def local_path(path: str) -> str:
+    return urlparse(path).path if path.startswith("file:") else path
+
+
+def path_key(path: str) -> str:
+    """A key that matches a file however Spark or the inventory spells its URI."""
+    parsed = urlparse(path)
+    return os.path.normpath(parsed.path if parsed.scheme else path)
+
+
+class Lister:
+    """Minimal directory listing used for discovery (local or Hadoop)."""
+
+    def __init__(self, list_dir: Callable[[str], list[tuple[str, bool, int]]]) -> None:
+        self._list_dir = list_dir
+
+    def children(self, path: str) -> list[tuple[str, bool, int]]:
+        """(name, is_dir, length) of the entries of ``path``; empty if it does not exist."""
+        return self._list_dir(path)
+
+    def walk(self, path: str) -> Iterable[tuple[str, int]]:
+        """Every file below ``path`` as (relative path, length)."""
+        stack = [""]
+        while stack:
+            rel = stack.pop()
+            for name, is_dir, length in self.children(join(path, rel) if rel else path):
+                child = f"{rel}/{name}" if rel else name
+                if is_dir:
+                    stack.append(child)
+                else:
+                    yield child, length
+
+
+def _local_list(path: str) -> list[tuple[str, bool, int]]:
+    try:
+        with os.scandir(local_path(path)) as it:
+            return sorted((e.name, e.is_dir(), 0 if e.is_dir() else e.stat().st_size) for e in it)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+LOCAL = Lister(_local_list)
+
+
+def join(base: str, rel: str) -> str:
+    return base.rstrip("/") + "/" + rel
+
+
+def _is_replica_dir(lister: Lister, path: str) -> bool:
+    return any(name == "commitlog" and is_dir for name, is_dir, _ in lister.children(path))
+
+
+def parse_group_specs(specs: list[str], lister: Lister = LOCAL) -> list[Replica]:
+    """Expand command-line group specs into replicas with ids.
+
+    ``NAME=DIR,DIR,...`` names a group and its replica directories (replica
+    names are the directory base names). A bare directory is a root holding
+    ``<group>/<node>/``; if the directory is itself a group (its children are
+    replica directories) it is taken as one group named after it.
+    """
+    groups: dict[str, list[str]] = {}
+    for spec in specs:
+        if "=" in spec and not spec.startswith(("/", ".")):
+            name, dirs = spec.split("=", 1)
+            for d in (d for d in dirs.split(",") if d):
+                if not lister.children(d):
+                    raise ValueError(f"{name}: replica directory {d} is missing or empty")
+                groups.setdefault(name, []).append(d)
+            continue
+        root = spec.rstrip("/")
+        kids = [n for n, is_dir, _ in lister.children(root) if is_dir]
+        if not kids:
+            raise ValueError(f"{spec}: no such directory or nothing in it")
+        if any(_is_replica_dir(lister, join(root, k)) for k in kids):
+            groups.setdefault(root.rsplit("/", 1)[-1], []).extend(
+                join(root, k) for k in kids if _is_replica_dir(lister, join(root, k)))
+            continue
+        for g in kids:
+            nodes = [join(join(root, g), n) for n, is_dir, _ in lister.children(join(root, g))
+                     if is_dir and _is_replica_dir(lister, join(join(root, g), n))]
+            if nodes:
+                groups.setdefault(g, []).extend(nodes)
+    if not groups:
+        raise ValueError("no replica directories found in " + " ".join(specs))
+    replicas = []
+    for gid, (group, dirs) in enumerate(sorted(groups.items())):
+        names = [d.rstrip("/").rsplit("/", 1)[-1] for d in dirs]
+        if len(set(names)) != len(names):
+            names = [f"r{i}:{n}" for i, n in enumerate(names)]
+        for rid, (name, d) in enumerate(zip(names, dirs, strict=True)):
+            replicas.append(Replica(gid, rid, group, name, d.rstrip("/")))
+    return replicas
+
+
+def classify(rel: str) -> tuple[str, int, str, int]:
+    """(kind, start, topic, queue_id) of a data-directory-relative path."""
+    parts = rel.split("/")
+    if rel == "checkpoint":
+        return CHECKPOINT, 0, "", -1
+    if rel == "hardstate":
+        return HARDSTATE, 0, "", -1
+    if rel == "consumequeue/checkpoint":
+        return CQ_CHECKPOINT, 0, "", -1
+    if len(parts) == 2 and parts[0] == "commitlog" and _NAME20.match(parts[1]):
+        return SEGMENT, int(parts[1]), "", -1
+    if len(parts) == 2 and parts[0] == "index" and _NAME20.match(parts[1]):
+        return INDEX, int(parts[1]), "", -1
+    if (len(parts) == 4 and parts[0] == "consumequeue" and parts[2].isdigit()
+            and _NAME20.match(parts[3])):
+        return CQ, int(parts[3]), parts[1], int(parts[2])
+    return OTHER, 0, "", -1
+
+
+def inventory(replicas: list[Replica], lister: Lister = LOCAL) -> list[FileInfo]:
+    """Every file of every replica, classified, with a unique file id."""
+    files: list[FileInfo] = []
+    for rep in replicas:
+        for rel, length in sorted(lister.walk(rep.root)):
+            if _IGNORED.search(rel):
+                continue
+            kind, start, topic, qid = classify(rel)
+            files.append(FileInfo(len(files), rep.gid, rep.rid, join(rep.root, rel), kind,
+                                  length, start, topic, qid))
+    return files
