@@ -1,0 +1,72 @@
+"""Configuration of the replication core, including the bug-injection switches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from election.config import ElectionConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Bugs:
+    """Deliberate bugs, all off by default, to prove the simulator's checks bite.
+
+    Each switch breaks one rule Raft depends on; `tests/dledger/test_bug_injection.py`
+    turns them on one at a time and expects the simulator to report a violation.
+    """
+
+    # Count replicas of an old-term entry to commit it (Raft Figure 8, DLedger #4).
+    commit_old_term_by_counting: bool = False
+    # Send a granted vote before the new vote is durable.
+    vote_before_persist: bool = False
+    # Grant votes without the log up-to-date check (DLedger #52's effect).
+    skip_log_up_to_date_check: bool = False
+    # Acknowledge appended entries before they are durable.
+    ack_before_persist: bool = False
+    # Hand entries to the state machine before they are committed.
+    apply_before_commit: bool = False
+    # Follower accepts entries without checking (prev_index, prev_term).
+    skip_consistency_check: bool = False
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def only(cls, name: str) -> Bugs:
+        if name not in cls.names():
+            raise ValueError(f"unknown bug {name!r}; known: {', '.join(cls.names())}")
+        return cls(**{name: True})
+
+
+NO_BUGS = Bugs()
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Settings of one `RaftNode`. Sizes and windows bound every batch and queue."""
+
+    node_id: int
+    voters: frozenset[int]
+    election: ElectionConfig = field(default_factory=ElectionConfig)
+    # Batching: one AppendRequest carries at most this many entries / bytes
+    # (at least one entry, however large).
+    append_entries_max: int = 64
+    append_bytes_max: int = 1 << 20
+    # Pipelining: unanswered AppendRequests per follower in REPLICATE state.
+    inflight_max: int = 16
+    # A follower in REPLICATE with batches in flight but no accepted answer for
+    # this many ticks is re-probed from its match index (lost-message recovery).
+    resend_ticks: int = 5
+    # Preferred leader must be within this many entries of the leader's log
+    # end to be handed leadership.
+    preferred_lag_max: int = 0
+    bugs: Bugs = NO_BUGS
+
+    def __post_init__(self) -> None:
+        if self.node_id not in self.voters:
+            raise ValueError(f"node_id {self.node_id} not in voters")
+        if self.append_entries_max < 1 or self.append_bytes_max < 1 or self.inflight_max < 1:
+            raise ValueError("batch and window limits must be >= 1")
+        if self.resend_ticks < 1:
+            raise ValueError("resend_ticks must be >= 1")

@@ -1,0 +1,225 @@
+"""Safety predicates of Raft over observed cluster history, used by the simulator on every step.
+
+Each `check_*` function is pure: it takes what was observed and returns a
+description of the violation, or None. `SafetyChecker` keeps the history
+those predicates need (leaders per term, every (index, term) ever written,
+the committed log) and raises `SafetyViolation` on the first failure.
+
+Checked:
+- election safety: at most one leader per term;
+- log matching: two entries with the same (index, term) are identical
+  (kind, data, position) and have the same predecessor term, so by induction
+  their whole prefixes are identical;
+- leader completeness: a new leader holds every entry known committed, and
+  no node lacking a committed entry could gather a quorum of votes;
+- state-machine safety: an index is committed with one entry only, on every
+  replica (committed entries are never lost or changed, and all replicas'
+  committed prefixes are identical, position included);
+- durability before speech: a message in term T leaves only once T is
+  durable; a granted vote only once it is durable; an acknowledgement of
+  index i only once i is durable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from dledger.entry import Entry, HardState
+from dledger.messages import AppendResponse, Message, VoteRequest, VoteResponse
+
+
+class SafetyViolation(AssertionError):
+    """An observed history broke a Raft safety property."""
+
+
+# ----------------------------------------------------------- pure predicates
+
+
+def check_leader_unique(leaders: Mapping[int, int], term: int, node_id: int) -> str | None:
+    """Election safety: `node_id` leads `term` and no other node has."""
+    other = leaders.get(term)
+    if other is not None and other != node_id:
+        return f"two leaders in term {term}: {other} and {node_id}"
+    return None
+
+
+def check_log_matching(
+    seen: Mapping[tuple[int, int], tuple[Entry, int]], entry: Entry, prev_term: int
+) -> str | None:
+    """Log matching: `entry` agrees with every entry ever written at its (index, term)."""
+    known = seen.get((entry.index, entry.term))
+    if known is None:
+        return None
+    other, other_prev = known
+    if other != entry:
+        return f"log matching: {other} and {entry} share index and term"
+    if other_prev != prev_term:
+        return (
+            f"log matching: entry {entry.index}/{entry.term} follows term {prev_term} "
+            f"here and term {other_prev} elsewhere"
+        )
+    return None
+
+
+def check_committed(committed: Mapping[int, Entry], entry: Entry) -> str | None:
+    """State-machine safety: `entry` is the only entry ever committed at its index."""
+    known = committed.get(entry.index)
+    if known is not None and known != entry:
+        return f"committed entry changed at index {entry.index}: {known} then {entry}"
+    return None
+
+
+def check_leader_complete(
+    committed: Mapping[int, Entry], term_at: Callable[[int], int | None], leader: int, term: int
+) -> str | None:
+    """Leader completeness: the leader of `term` holds every entry committed so far."""
+    for index, entry in committed.items():
+        if entry.term < term and term_at(index) != entry.term:
+            return (
+                f"leader {leader} of term {term} lacks committed entry "
+                f"{index}/{entry.term} (has term {term_at(index)})"
+            )
+    return None
+
+
+def check_message_durable(
+    msg: Message, durable: HardState, durable_term_at: Callable[[int], int | None]
+) -> str | None:
+    """A message may leave only once what it asserts is durable at its sender."""
+    pre_vote = isinstance(msg, VoteRequest | VoteResponse) and msg.pre_vote
+    if not pre_vote and msg.term > durable.term:
+        return f"{msg} sent in term {msg.term} but durable term is {durable.term}"
+    granted = isinstance(msg, VoteResponse) and msg.granted and not msg.pre_vote
+    if granted and (durable.term, durable.vote) != (msg.term, msg.dst):
+        return f"vote for {msg.dst} in term {msg.term} sent before durable (disk: {durable})"
+    acked = isinstance(msg, AppendResponse) and msg.success and msg.index > 0
+    if acked and durable_term_at(msg.index) is None:
+        return f"node {msg.src} acknowledged index {msg.index} before it was durable"
+    return None
+
+
+def check_electable_complete(
+    committed: Entry,
+    candidates: Mapping[int, tuple[bool, int, int]],
+    voters: Mapping[int, tuple[int, int]],
+) -> str | None:
+    """Leader completeness, looking ahead: no node lacking a committed entry can be elected.
+
+    `candidates` maps node -> (holds `committed`, last term, last index) of its
+    log; `voters` maps node -> (last term, last index) of its *durable* log, the
+    least it can remember after a crash. A candidate would get a vote from
+    every voter whose log is not more up to date (§5.4.1). In correct Raft a
+    quorum of durable logs holds the entry and refuses any candidate without
+    it; a Figure-8 commit breaks this at once, before any crash is needed.
+    """
+    quorum = len(voters) // 2 + 1
+    for node_id, (holds, last_term, last_index) in candidates.items():
+        if holds:
+            continue
+        votes = sum(
+            1
+            for v_term, v_index in voters.values()
+            if last_term > v_term or (last_term == v_term and last_index >= v_index)
+        )
+        if votes >= quorum:
+            return (
+                f"node {node_id} (last {last_index}/{last_term}) lacks committed entry "
+                f"{committed.index}/{committed.term} yet could win {votes} votes"
+            )
+    return None
+
+
+def check_prefixes_identical(logs: Mapping[int, list[Entry]], upto: int) -> str | None:
+    """All replicas hold byte-identical entries 1..upto (index, term, kind, data, position)."""
+    reference: list[Entry] | None = None
+    ref_id = 0
+    for node_id, log in logs.items():
+        if len(log) < upto:
+            return f"node {node_id} has {len(log)} entries, fewer than committed {upto}"
+        if reference is None:
+            reference, ref_id = log, node_id
+            continue
+        for i in range(upto):
+            if log[i] != reference[i]:
+                return f"replicas {ref_id} and {node_id} differ at index {i + 1}"
+    return None
+
+
+def check_acked_exactly_once(acked: Iterable[bytes], final_log: list[Entry]) -> str | None:
+    """Every proposal acknowledged as committed appears exactly once in the final log."""
+    counts: dict[bytes, int] = {}
+    for entry in final_log:
+        counts[entry.data] = counts.get(entry.data, 0) + 1
+    for data in acked:
+        if counts.get(data, 0) != 1:
+            return f"acknowledged proposal {data!r} appears {counts.get(data, 0)} times"
+    return None
+
+
+# ------------------------------------------------------------------ history
+
+
+@dataclass
+class SafetyChecker:
+    """History for the predicates above; every `observe_*` raises on a violation."""
+
+    def __post_init__(self) -> None:
+        self.leaders: dict[int, int] = {}
+        self.seen: dict[tuple[int, int], tuple[Entry, int]] = {}
+        self.committed: dict[int, Entry] = {}
+
+    @staticmethod
+    def _raise(problem: str | None) -> None:
+        if problem is not None:
+            raise SafetyViolation(problem)
+
+    def observe_leader(self, node_id: int, term: int, term_at: Callable[[int], int | None]) -> None:
+        if self.leaders.get(term) == node_id:
+            return
+        self._raise(check_leader_unique(self.leaders, term, node_id))
+        self._raise(check_leader_complete(self.committed, term_at, node_id, term))
+        self.leaders[term] = node_id
+
+    def observe_written(self, entries: Iterable[Entry], prev_term: int) -> None:
+        for entry in entries:
+            self._raise(check_log_matching(self.seen, entry, prev_term))
+            self.seen.setdefault((entry.index, entry.term), (entry, prev_term))
+            prev_term = entry.term
+
+    def observe_committed(self, entries: Iterable[Entry]) -> None:
+        for entry in entries:
+            self._raise(check_committed(self.committed, entry))
+            self.committed[entry.index] = entry
+
+    def observe_sent(
+        self, msg: Message, durable: HardState, durable_term_at: Callable[[int], int | None]
+    ) -> None:
+        self._raise(check_message_durable(msg, durable, durable_term_at))
+
+    def latest_committed(self) -> Entry | None:
+        return self.committed[max(self.committed)] if self.committed else None
+
+    def observe_electable(
+        self,
+        candidates: Mapping[int, tuple[bool, int, int]],
+        voters: Mapping[int, tuple[int, int]],
+    ) -> None:
+        latest = self.latest_committed()
+        if latest is not None:
+            self._raise(check_electable_complete(latest, candidates, voters))
+
+    def observe_durable_logs(
+        self, durable_term_at: Mapping[int, Callable[[int], int | None]]
+    ) -> None:
+        """Committed entries survive crashes: the last one is durable on a quorum."""
+        if not self.committed:
+            return
+        index = max(self.committed)
+        term = self.committed[index].term
+        holders = sum(1 for term_at in durable_term_at.values() if term_at(index) == term)
+        if holders < len(durable_term_at) // 2 + 1:
+            raise SafetyViolation(
+                f"committed entry {index}/{term} durable on only {holders} of "
+                f"{len(durable_term_at)} nodes"
+            )

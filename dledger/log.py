@@ -1,0 +1,164 @@
+"""The node's view of its log: persisted entries (storage) plus an unstable tail.
+
+Theory of operation
+-------------------
+Entries the core appends (leader proposals, entries received by a follower)
+go to `unstable` first. `take_unpersisted()` hands the not-yet-handed-out part
+to a `Ready`; once the driver reports them durable (`stable_to`) they leave
+`unstable` and are read back through `LogStorage`.
+
+Invariants:
+- entries with index < `offset` are read from storage, the rest from `unstable`;
+  last_index == offset - 1 + len(unstable).
+- offset - 1 <= in_progress <= last_index: entries up to `in_progress` were
+  already handed to a Ready.
+- storage may hold a stale tail beyond offset - 1 (written before a
+  truncation the driver has not persisted yet); it is never read.
+"""
+
+from __future__ import annotations
+
+from dledger.entry import Entry, PlaceFunction
+from dledger.storage import LogStorage
+
+
+class InvariantViolation(AssertionError):
+    """A broken Raft invariant inside the core: always a bug, never an operating error."""
+
+
+def invariant(condition: bool, message: str) -> None:
+    """Raise `InvariantViolation` unless `condition`; unlike `assert`, survives `-O`."""
+    if not condition:
+        raise InvariantViolation(message)
+
+
+class RaftLog:
+    """Storage plus unstable entries, with the position bookkeeping of the CommitLog."""
+
+    def __init__(self, storage: LogStorage, place: PlaceFunction) -> None:
+        self._storage = storage
+        self._place = place
+        self.offset = storage.last_index() + 1
+        self.unstable: list[Entry] = []
+        self.in_progress = self.offset - 1
+        # Byte position just past the last entry; the next entry is placed from it.
+        self.end_position = storage.end_position()
+
+    @property
+    def last_index(self) -> int:
+        return self.offset - 1 + len(self.unstable)
+
+    def last_term(self) -> int:
+        return self.term(self.last_index)
+
+    def term(self, index: int) -> int:
+        """Term of `index` (0 for index 0). Raises LookupError outside the log."""
+        if index >= self.offset:
+            return self.unstable[index - self.offset].term
+        return self._storage.term(index)
+
+    def term_or_none(self, index: int) -> int | None:
+        if index < 0 or index > self.last_index:
+            return None
+        try:
+            return self.term(index)
+        except LookupError:
+            return None
+
+    def match_term(self, index: int, term: int) -> bool:
+        return self.term_or_none(index) == term
+
+    def entries(self, lo: int, hi: int, max_bytes: int, max_count: int) -> list[Entry]:
+        """Up to `max_count` entries of [lo, hi) within `max_bytes` (at least one)."""
+        hi = min(hi, lo + max_count, self.last_index + 1)
+        if lo >= hi:
+            return []
+        out: list[Entry] = []
+        if lo < self.offset:
+            out = self._storage.entries(lo, min(hi, self.offset), max_bytes)
+            if len(out) < min(hi, self.offset) - lo:
+                return out  # byte limit reached inside storage
+        if hi <= self.offset:
+            return out
+        total = sum(e.size for e in out)
+        start = max(lo, self.offset)
+        for entry in self.unstable[start - self.offset : hi - self.offset]:
+            total += entry.size
+            if out and total > max_bytes:
+                break
+            out.append(entry)
+        return out
+
+    def entry(self, index: int) -> Entry:
+        if index >= self.offset:
+            return self.unstable[index - self.offset]
+        return self._storage.entries(index, index + 1, 1 << 62)[0]
+
+    def next_position(self, size: int) -> int:
+        """Position a new entry of `size` bytes gets at the end of this log (leader)."""
+        return self._place(self.end_position, size)
+
+    def append(self, entries: list[Entry] | tuple[Entry, ...], commit: int) -> None:
+        """Append `entries`, replacing any conflicting suffix from entries[0].index on.
+
+        `commit` guards Raft's core promise: a committed entry is never removed.
+        """
+        if not entries:
+            return
+        first = entries[0].index
+        invariant(first <= self.last_index + 1, f"gap: append at {first} after {self.last_index}")
+        invariant(first > commit, f"truncating committed entry {first} (commit {commit})")
+        prev_end = self.end_position if first == self.last_index + 1 else self._end_of(first - 1)
+        for entry in entries:
+            # Every replica must derive the same position from the same prefix.
+            expected = self._place(prev_end, entry.size)
+            invariant(
+                entry.position == expected,
+                f"entry {entry.index} at position {entry.position}, rule says {expected}",
+            )
+            prev_end = entry.end_position
+        if first == self.last_index + 1:
+            self.unstable.extend(entries)
+        elif first >= self.offset:
+            del self.unstable[first - self.offset :]
+            self.unstable.extend(entries)
+            self.in_progress = min(self.in_progress, first - 1)
+        else:
+            # The cut reaches into persisted entries: the unstable tail now
+            # starts at `first`; the driver truncates storage when it persists.
+            self.unstable = list(entries)
+            self.offset = first
+            self.in_progress = first - 1
+        self.end_position = prev_end
+
+    def _end_of(self, index: int) -> int:
+        return 0 if index == 0 else self.entry(index).end_position
+
+    def take_unpersisted(self) -> tuple[Entry, ...]:
+        """Entries not yet handed to a Ready; marks them as handed out."""
+        if self.in_progress >= self.last_index:
+            return ()
+        out = tuple(self.unstable[self.in_progress + 1 - self.offset :])
+        self.in_progress = self.last_index
+        return out
+
+    def has_unpersisted(self) -> bool:
+        return self.in_progress < self.last_index
+
+    def stable_to(self, index: int, term: int) -> bool:
+        """The driver made entries up to (index, term) durable; True if still current."""
+        if index < self.offset or not self.match_term(index, term):
+            return False  # superseded by a truncation since it was handed out
+        del self.unstable[: index + 1 - self.offset]
+        self.offset = index + 1
+        return True
+
+    def find_conflict_by_term(self, index: int, term: int) -> int:
+        """Largest i <= index whose term is <= `term` (fast backtracking)."""
+        index = min(index, self.last_index)
+        while index > 0:
+            t = self.term_or_none(index)
+            if t is None or t <= term:
+                return index
+            index -= 1
+        return 0

@@ -1,0 +1,70 @@
+"""Replication messages, plus re-exports of the election messages.
+
+`AppendRequest` is the only message on `CHANNEL_REPLICATION` with a body that
+can be large; everything else is small and time-critical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from dledger.entry import Entry
+from election.messages import (
+    CHANNEL_CONTROL,
+    CHANNEL_REPLICATION,
+    Heartbeat,
+    HeartbeatResponse,
+    Message,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+)
+
+__all__ = [
+    "CHANNEL_CONTROL",
+    "CHANNEL_REPLICATION",
+    "AppendRequest",
+    "AppendResponse",
+    "Heartbeat",
+    "HeartbeatResponse",
+    "Message",
+    "TimeoutNow",
+    "VoteRequest",
+    "VoteResponse",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest(Message):
+    """Entries following (prev_index, prev_term) in the leader's log, and its commit index.
+
+    An empty `entries` is a probe: it only asks whether the follower's log
+    matches at `prev_index`.
+    """
+
+    prev_index: int
+    prev_term: int
+    entries: tuple[Entry, ...]
+    commit: int
+
+    channel: ClassVar[str] = CHANNEL_REPLICATION
+    from_leader: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResponse(Message):
+    """A follower's answer to an `AppendRequest`.
+
+    On success `index` is the last index now known to match the leader's log.
+    On rejection `index` is the request's prev_index and (hint_index,
+    hint_term) is the follower's guess of the last index where the logs may
+    agree (fast backtracking: one round trip per divergent term, not per entry).
+    """
+
+    success: bool
+    index: int
+    hint_index: int = 0
+    hint_term: int = 0
+
+    channel: ClassVar[str] = CHANNEL_REPLICATION

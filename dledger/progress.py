@@ -1,0 +1,106 @@
+"""The leader's view of one follower: match/next index, probe/replicate state, in-flight window.
+
+    +--------+  append accepted   +-----------+
+    | PROBE  | -----------------> | REPLICATE |
+    |        | <----------------- |           |
+    +--------+  rejection, or no  +-----------+
+                progress within resend_ticks
+
+PROBE sends one append at a time (waiting for the answer) to find where the
+logs agree. REPLICATE streams: `next` moves optimistically past each batch
+sent, up to `inflight_max` unanswered batches (the pipelining window).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+
+
+class ProgressState(enum.IntEnum):
+    PROBE = 0
+    REPLICATE = 1
+
+
+class Progress:
+    """Invariant: 0 <= match < next."""
+
+    __slots__ = (
+        "inflight",
+        "inflight_max",
+        "match",
+        "next",
+        "probe_sent",
+        "recent_active",
+        "stall_ticks",
+        "state",
+    )
+
+    def __init__(self, next_index: int, inflight_max: int) -> None:
+        self.match = 0
+        self.next = next_index
+        self.state = ProgressState.PROBE
+        # PROBE: an append is outstanding; cleared by its answer or a heartbeat answer.
+        self.probe_sent = False
+        # REPLICATE: last index of each unanswered batch, oldest first.
+        self.inflight: deque[int] = deque()
+        self.inflight_max = inflight_max
+        # Heard from this follower since the last leader check (preferred leader health).
+        self.recent_active = False
+        # Ticks with batches in flight and no accepted answer: a lost batch
+        # would otherwise stall a full window forever.
+        self.stall_ticks = 0
+
+    def paused(self) -> bool:
+        if self.state is ProgressState.PROBE:
+            return self.probe_sent
+        return len(self.inflight) >= self.inflight_max
+
+    def become_probe(self) -> None:
+        self.state = ProgressState.PROBE
+        self.next = self.match + 1
+        self.probe_sent = False
+        self.inflight.clear()
+        self.stall_ticks = 0
+
+    def become_replicate(self) -> None:
+        self.state = ProgressState.REPLICATE
+        self.next = self.match + 1
+        self.probe_sent = False
+        self.inflight.clear()
+        self.stall_ticks = 0
+
+    def sent(self, last_index: int) -> None:
+        """An append ending at `last_index` went out."""
+        if self.state is ProgressState.REPLICATE:
+            if last_index >= self.next:
+                self.next = last_index + 1
+                self.inflight.append(last_index)
+        else:
+            self.probe_sent = True
+
+    def update(self, index: int) -> bool:
+        """The follower matches up to `index`; False if the answer is stale."""
+        if index <= self.match:
+            return False
+        self.match = index
+        self.next = max(self.next, index + 1)
+        self.probe_sent = False
+        self.stall_ticks = 0
+        while self.inflight and self.inflight[0] <= index:
+            self.inflight.popleft()
+        return True
+
+    def decrease(self, rejected: int, match_hint: int) -> bool:
+        """The follower rejected an append at prev_index `rejected`; False if stale."""
+        if self.state is ProgressState.REPLICATE:
+            if rejected <= self.match:
+                return False  # answer to an old request
+            self.become_probe()
+            self.next = max(min(rejected, match_hint + 1), self.match + 1)
+            return True
+        if self.next - 1 != rejected:
+            return False  # not the probe we are waiting for
+        self.next = max(min(rejected, match_hint + 1), self.match + 1)
+        self.probe_sent = False
+        return True

@@ -1,0 +1,530 @@
+"""`RaftNode`: election (from `election`) and log replication as one synchronous state machine.
+
+Theory of operation
+-------------------
+Inputs: `tick()`, `step(message)`, `propose(kind, data)`, `campaign()`,
+`transfer_leadership(to)`. They only change memory and queue messages.
+Outputs: `ready()` returns a `Ready` (see `dledger.ready` for the contract:
+persist, then send `messages_after_persist`, apply `committed_entries`), and
+`advance(ready)` tells the node the driver did all of it.
+
+Rules
+-----
+1. Messages are classified when a Ready is built: while term or vote differ
+   from the last hard state handed out, *every* message waits for the persist
+   (nothing leaves in a term that is not yet on disk); acknowledgements of
+   entries and granted votes always wait for the persist.
+2. The leader counts itself in the commit quorum only for entries the driver
+   reported durable (`stable_index`), and commits only an index whose entry
+   has the current term (Raft §5.4.2). A new leader appends a NOOP so that
+   earlier entries commit without waiting for a client write.
+3. Committed entries are handed out only when also durable locally, so every
+   applied entry survives a crash of this node.
+4. The leader assigns each new entry's CommitLog position with the injected
+   placement rule; followers check it (`RaftLog.append`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from dledger.config import Config
+from dledger.entry import Entry, EntryKind, HardState, PlaceFunction, segment_placement
+from dledger.log import RaftLog, invariant
+from dledger.messages import (
+    AppendRequest,
+    AppendResponse,
+    Heartbeat,
+    HeartbeatResponse,
+    Message,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+)
+from dledger.progress import Progress, ProgressState
+from dledger.quorum import quorum_index
+from dledger.ready import Ready, SoftState
+from dledger.storage import LogStorage
+from election.elector import Elector, RandomSource, TickAction
+from election.roles import Role
+from election.votes import VoteOutcome
+
+__all__ = ["FollowerStatus", "NotLeader", "Proposed", "RaftNode", "Status"]
+
+
+class NotLeader(Exception):
+    """A proposal reached a node that cannot accept it; `leader_id` is a hint (0 = unknown)."""
+
+    def __init__(self, leader_id: int) -> None:
+        super().__init__(f"not leader; try {leader_id}" if leader_id else "not leader")
+        self.leader_id = leader_id
+
+
+class Proposed(NamedTuple):
+    """Where a proposal went: it is committed iff the committed entry at `index` has `term`."""
+
+    index: int
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerStatus:
+    match: int
+    next: int
+    state: str
+    inflight: int
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """Observability snapshot for the broker's status page and metrics."""
+
+    node_id: int
+    role: Role
+    term: int
+    vote: int
+    leader_id: int
+    commit_index: int
+    applied_index: int
+    last_index: int
+    last_term: int
+    stable_index: int
+    progress: dict[int, FollowerStatus]
+
+
+class RaftNode:
+    """One Raft replica, sans I/O. Not thread-safe: the driver serialises calls."""
+
+    def __init__(
+        self,
+        config: Config,
+        storage: LogStorage,
+        rng: RandomSource,
+        place: PlaceFunction | None = None,
+        applied: int = 0,
+    ) -> None:
+        hard_state = storage.initial_state()
+        self.config = config
+        self.id = config.node_id
+        self.bugs = config.bugs
+        self.elector = Elector(
+            config.node_id, config.voters, config.election, rng, hard_state.term, hard_state.vote
+        )
+        self.log = RaftLog(storage, place or segment_placement())
+        # Invariant: applied <= commit <= last_index. The stored commit is a
+        # lower bound written lazily, so it can only be too low, never too high
+        # unless the log lost durable entries (clamped defensively).
+        self.commit = min(hard_state.commit, self.log.last_index)
+        self.applied = min(applied, self.commit)
+        # Highest index the driver reported durable (and still in our log).
+        self.stable_index = self.log.last_index
+        # Leader only: one Progress per peer.
+        self.progress: dict[int, Progress] = {}
+        self._outbox: list[Message] = []
+        # Hard and soft state as of the last Ready handed out.
+        self._last_hard_state = HardState(hard_state.term, hard_state.vote, self.commit)
+        self._last_soft_state = SoftState(Role.FOLLOWER, 0, hard_state.term)
+        self._in_flight: Ready | None = None
+        # Counters for the simulator and metrics.
+        self.elections_won = 0
+
+    # ------------------------------------------------------------ observation
+
+    @property
+    def role(self) -> Role:
+        return self.elector.role
+
+    @property
+    def term(self) -> int:
+        return self.elector.term
+
+    @property
+    def leader_id(self) -> int:
+        return self.elector.leader_id
+
+    def status(self) -> Status:
+        return Status(
+            node_id=self.id,
+            role=self.role,
+            term=self.term,
+            vote=self.elector.vote,
+            leader_id=self.leader_id,
+            commit_index=self.commit,
+            applied_index=self.applied,
+            last_index=self.log.last_index,
+            last_term=self.log.last_term(),
+            stable_index=self.stable_index,
+            progress={
+                peer: FollowerStatus(pr.match, pr.next, pr.state.name, len(pr.inflight))
+                for peer, pr in self.progress.items()
+            },
+        )
+
+    # ----------------------------------------------------------------- inputs
+
+    def tick(self) -> None:
+        """One unit of logical time."""
+        action = self.elector.tick()
+        if action & TickAction.CAMPAIGN:
+            self.campaign()
+        if action & TickAction.STEPPED_DOWN:
+            self.progress = {}
+        if action & TickAction.HEARTBEAT:
+            self._broadcast_heartbeat()
+        if action & TickAction.LEADER_CHECK:
+            self._check_preferred_leader()
+        if self.role is Role.LEADER:
+            self._tick_resend()
+
+    def propose(self, kind: int, data: bytes) -> Proposed:
+        """Append a client entry; raises `NotLeader` unless leading and not transferring."""
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.leader_id)
+        if self.elector.transferee:
+            raise NotLeader(self.elector.transferee)
+        entry = self._append_as_leader(kind, data)
+        self._broadcast_append()
+        return Proposed(entry.index, entry.term)
+
+    def campaign(self, transfer: bool = False) -> None:
+        """Start an election now (pre-vote first unless disabled or a transfer)."""
+        if self.role is Role.LEADER:
+            return
+        if not self.elector.config.pre_vote or transfer:
+            self._campaign_for_real(transfer)
+            return
+        self.elector.become_pre_candidate()
+        if self.elector.tally is not None and self.elector.tally.outcome() is VoteOutcome.WON:
+            self._won_round()  # single-node group
+            return
+        last_index, last_term = self.log.last_index, self.log.last_term()
+        for peer in self.elector.peers:
+            # Pre-vote asks for the term we *would* use; ours stays unchanged.
+            self._outbox.append(
+                VoteRequest(self.id, peer, self.term + 1, last_index, last_term, pre_vote=True)
+            )
+
+    def transfer_leadership(self, to: int) -> bool:
+        """Hand leadership to `to` once it is caught up; proposals fail until done or aborted."""
+        if self.role is not Role.LEADER or to == self.id or to not in self.progress:
+            return False
+        self.elector.transferee = to
+        pr = self.progress[to]
+        if pr.match == self.log.last_index:
+            self._outbox.append(TimeoutNow(self.id, to, self.term))
+        else:
+            self._send_append(to)
+        return True
+
+    def step(self, msg: Message) -> None:
+        """Feed one incoming message."""
+        invariant(msg.dst == self.id, f"message for {msg.dst} stepped into {self.id}")
+        process, reply = self.elector.filter_term(msg)
+        if reply is not None:
+            self._outbox.append(reply)
+        if self.role is not Role.LEADER:
+            self.progress = {}
+        if not process:
+            return
+        kind = type(msg)
+        if kind is AppendRequest:
+            self._handle_append(msg)  # type: ignore[arg-type]
+        elif kind is AppendResponse:
+            self._handle_append_response(msg)  # type: ignore[arg-type]
+        elif kind is Heartbeat:
+            self._handle_heartbeat(msg)  # type: ignore[arg-type]
+        elif kind is HeartbeatResponse:
+            self._handle_heartbeat_response(msg)
+        elif kind is VoteRequest:
+            self._handle_vote_request(msg)  # type: ignore[arg-type]
+        elif kind is VoteResponse:
+            self._handle_vote_response(msg)  # type: ignore[arg-type]
+        elif kind is TimeoutNow:
+            if self.role is not Role.LEADER:
+                self.campaign(transfer=True)
+        else:
+            raise TypeError(f"unknown message type {kind.__name__}")
+
+    # ---------------------------------------------------------------- outputs
+
+    def has_ready(self) -> bool:
+        if self._in_flight is not None:
+            return False
+        return bool(
+            self._outbox
+            or self.log.has_unpersisted()
+            or self._hard_state() != self._last_hard_state
+            or self._soft_state() != self._last_soft_state
+            or self.applied < self._apply_limit()
+        )
+
+    def ready(self) -> Ready:
+        """Collect pending work; call `advance` with it once it is done."""
+        invariant(self._in_flight is None, "ready() called before advance() of the previous Ready")
+        hard = self._hard_state()
+        last = self._last_hard_state
+        term_or_vote_changed = (hard.term, hard.vote) != (last.term, last.vote)
+        entries = self.log.take_unpersisted()
+        now: list[Message] = []
+        after: list[Message] = []
+        for msg in self._outbox:
+            kind = type(msg)
+            if kind is AppendResponse:
+                wait = not self.bugs.ack_before_persist
+            elif kind is VoteResponse and msg.granted and not msg.pre_vote:  # type: ignore[attr-defined]
+                wait = not self.bugs.vote_before_persist
+            else:
+                wait = term_or_vote_changed
+            (after if wait else now).append(msg)
+        self._outbox = []
+        limit = self._apply_limit()
+        committed = tuple(self.log.entries(self.applied + 1, limit + 1, 1 << 62, 1 << 62))
+        soft = self._soft_state()
+        ready = Ready(
+            hard_state=hard if hard != last else None,
+            must_sync=term_or_vote_changed or bool(entries),
+            entries=entries,
+            messages=tuple(now),
+            messages_after_persist=tuple(after),
+            committed_entries=committed,
+            soft_state=soft if soft != self._last_soft_state else None,
+        )
+        self._last_hard_state = hard
+        self._last_soft_state = soft
+        self._in_flight = ready
+        return ready
+
+    def advance(self, ready: Ready) -> None:
+        """The driver persisted, sent and applied everything in `ready`."""
+        invariant(ready is self._in_flight, "advance() with a Ready this node did not hand out")
+        self._in_flight = None
+        if ready.entries:
+            last = ready.entries[-1]
+            if self.log.stable_to(last.index, last.term):
+                self.stable_index = max(self.stable_index, last.index)
+        if ready.committed_entries:
+            self.applied = ready.committed_entries[-1].index
+        if self.role is Role.LEADER and self._maybe_commit():
+            self._broadcast_append()
+
+    # -------------------------------------------------------------- internals
+
+    def _hard_state(self) -> HardState:
+        return HardState(self.term, self.elector.vote, self.commit)
+
+    def _soft_state(self) -> SoftState:
+        return SoftState(self.role, self.leader_id, self.term)
+
+    def _apply_limit(self) -> int:
+        if self.bugs.apply_before_commit:
+            return self.stable_index
+        return min(self.commit, self.stable_index)
+
+    def _append_as_leader(self, kind: int, data: bytes) -> Entry:
+        size = 48 + len(data)
+        entry = Entry(self.log.last_index + 1, self.term, kind, data, self.log.next_position(size))
+        self.log.append([entry], self.commit)
+        return entry
+
+    def _won_round(self) -> None:
+        if self.role is Role.PRE_CANDIDATE:
+            self._campaign_for_real()
+        else:
+            self._become_leader()
+
+    def _campaign_for_real(self, transfer: bool = False) -> None:
+        self.elector.become_candidate()
+        if self.elector.tally is not None and self.elector.tally.outcome() is VoteOutcome.WON:
+            self._become_leader()
+            return
+        last_index, last_term = self.log.last_index, self.log.last_term()
+        for peer in self.elector.peers:
+            self._outbox.append(
+                VoteRequest(self.id, peer, self.term, last_index, last_term, transfer=transfer)
+            )
+
+    def _become_leader(self) -> None:
+        self.elector.become_leader()
+        self.elections_won += 1
+        next_index = self.log.last_index + 1
+        self.progress = {
+            peer: Progress(next_index, self.config.inflight_max) for peer in self.elector.peers
+        }
+        # The NOOP gives the new term an entry of its own: committing it
+        # commits every earlier entry (§5.4.2), which counting cannot.
+        self._append_as_leader(EntryKind.NOOP, b"")
+        self._broadcast_append()
+
+    # -- votes
+
+    def _handle_vote_request(self, msg: VoteRequest) -> None:
+        response = self.elector.decide_vote(
+            msg,
+            self.log.last_index,
+            self.log.last_term(),
+            check_log=not self.bugs.skip_log_up_to_date_check,
+        )
+        self._outbox.append(response)
+
+    def _handle_vote_response(self, msg: VoteResponse) -> None:
+        if self.role not in (Role.PRE_CANDIDATE, Role.CANDIDATE):
+            return
+        outcome = self.elector.record_vote(msg)
+        if outcome is VoteOutcome.WON:
+            self._won_round()
+        elif outcome is VoteOutcome.LOST:
+            self.elector.become_follower(self.term, 0)
+
+    # -- follower side
+
+    def _follow(self, leader_id: int) -> None:
+        if self.role is not Role.FOLLOWER:
+            invariant(self.role is not Role.LEADER, f"two leaders in term {self.term}")
+            self.elector.become_follower(self.term, leader_id)
+        self.elector.heard_from_leader(leader_id)
+
+    def _handle_append(self, msg: AppendRequest) -> None:
+        self._follow(msg.src)
+        prev_index, prev_term, entries = msg.prev_index, msg.prev_term, msg.entries
+        if prev_index < self.commit:
+            # Entries up to commit are already identical to the leader's;
+            # keep only what lies beyond and re-anchor at our commit index.
+            skip = min(self.commit - prev_index, len(entries))
+            entries = entries[skip:]
+            prev_index = prev_index + skip
+            prev_term = self.log.term(prev_index)
+        if prev_index <= self.log.last_index and (
+            self.bugs.skip_consistency_check or self.log.match_term(prev_index, prev_term)
+        ):
+            self._accept_entries(prev_index, entries, msg.commit)
+            last_new = prev_index + len(entries)
+            self._outbox.append(AppendResponse(self.id, msg.src, self.term, True, last_new))
+            return
+        hint_index = self.log.find_conflict_by_term(min(prev_index, self.log.last_index), prev_term)
+        hint_term = self.log.term_or_none(hint_index) or 0
+        reject = AppendResponse(
+            self.id, msg.src, self.term, False, msg.prev_index, hint_index, hint_term
+        )
+        self._outbox.append(reject)
+
+    def _accept_entries(self, prev_index: int, entries: tuple[Entry, ...], commit: int) -> None:
+        new_entries: tuple[Entry, ...] = ()
+        for i, entry in enumerate(entries):
+            if not self.log.match_term(entry.index, entry.term):
+                new_entries = entries[i:]
+                break
+        if new_entries:
+            first = new_entries[0].index
+            if first <= self.stable_index:
+                self.stable_index = first - 1  # the durable suffix is being replaced
+            self.log.append(new_entries, self.commit)
+        self._commit_to(min(commit, prev_index + len(entries)))
+
+    def _commit_to(self, index: int) -> None:
+        index = min(index, self.log.last_index)
+        if index > self.commit:
+            self.commit = index
+
+    def _handle_heartbeat(self, msg: Heartbeat) -> None:
+        self._follow(msg.src)
+        # The leader sends min(commit, our match), so our log agrees up to it.
+        self._commit_to(msg.commit)
+        self._outbox.append(HeartbeatResponse(self.id, msg.src, self.term))
+
+    # -- leader side
+
+    def _broadcast_heartbeat(self) -> None:
+        for peer, pr in self.progress.items():
+            self._outbox.append(Heartbeat(self.id, peer, self.term, min(self.commit, pr.match)))
+
+    def _broadcast_append(self) -> None:
+        for peer in self.progress:
+            self._send_append(peer)
+
+    def _send_append(self, peer: int) -> bool:
+        """Send the next batch to `peer` unless its window is full; True if entries went."""
+        pr = self.progress[peer]
+        if pr.paused():
+            return False
+        last_index = self.log.last_index
+        entries = self.log.entries(
+            pr.next, last_index + 1, self.config.append_bytes_max, self.config.append_entries_max
+        )
+        prev_index = pr.next - 1
+        msg = AppendRequest(
+            self.id, peer, self.term, prev_index, self.log.term(prev_index), tuple(entries),
+            self.commit,
+        )
+        pr.sent(entries[-1].index if entries else prev_index)
+        self._outbox.append(msg)
+        return bool(entries)
+
+    def _fill_window(self, peer: int) -> None:
+        """Pipelining: keep sending batches while the window has room and entries remain."""
+        pr = self.progress[peer]
+        while pr.next <= self.log.last_index and not pr.paused():
+            if not self._send_append(peer):
+                break
+
+    def _handle_append_response(self, msg: AppendResponse) -> None:
+        pr = self.progress.get(msg.src)
+        if pr is None or self.role is not Role.LEADER:
+            return
+        self.elector.mark_active(msg.src)
+        pr.recent_active = True
+        if not msg.success:
+            match_hint = msg.hint_index
+            if msg.hint_term > 0:
+                match_hint = self.log.find_conflict_by_term(msg.hint_index, msg.hint_term)
+            if pr.decrease(msg.index, match_hint):
+                self._send_append(msg.src)
+            return
+        if not pr.update(msg.index):
+            return
+        if pr.state is ProgressState.PROBE:
+            pr.become_replicate()
+        if self._maybe_commit():
+            self._broadcast_append()
+        self._fill_window(msg.src)
+        if self.elector.transferee == msg.src and pr.match == self.log.last_index:
+            self._outbox.append(TimeoutNow(self.id, msg.src, self.term))
+
+    def _handle_heartbeat_response(self, msg: Message) -> None:
+        pr = self.progress.get(msg.src)
+        if pr is None or self.role is not Role.LEADER:
+            return
+        self.elector.mark_active(msg.src)
+        pr.recent_active = True
+        if pr.state is ProgressState.PROBE:
+            pr.probe_sent = False  # the probe may have been lost: allow another
+        if pr.match < self.log.last_index:
+            self._send_append(msg.src)
+
+    def _maybe_commit(self) -> bool:
+        matches = [self.stable_index] + [pr.match for pr in self.progress.values()]
+        candidate = quorum_index(matches)
+        if candidate <= self.commit:
+            return False
+        if self.log.term(candidate) != self.term and not self.bugs.commit_old_term_by_counting:
+            return False  # only current-term entries commit by counting (Figure 8)
+        self.commit = candidate
+        return True
+
+    def _tick_resend(self) -> None:
+        for peer, pr in self.progress.items():
+            if pr.state is ProgressState.REPLICATE and pr.inflight:
+                pr.stall_ticks += 1
+                if pr.stall_ticks >= self.config.resend_ticks:
+                    pr.become_probe()
+                    self._send_append(peer)
+
+    def _check_preferred_leader(self) -> None:
+        preferred = self.elector.config.preferred_leader
+        pr = self.progress.get(preferred)
+        if pr is not None and not self.elector.transferee:
+            healthy = pr.recent_active and pr.state is ProgressState.REPLICATE
+            if healthy and self.log.last_index - pr.match <= self.config.preferred_lag_max:
+                self.transfer_leadership(preferred)
+        for other in self.progress.values():
+            other.recent_active = False

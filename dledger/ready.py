@@ -1,0 +1,63 @@
+"""`Ready`: everything the driver must do after feeding the core, and in which order.
+
+The contract (etcd's, in our words):
+
+1. Write `entries` to the log (truncating the stored log after
+   `entries[0].index - 1` first, since they may replace a suffix) and write
+   `hard_state` if not None. If `must_sync`, make both durable (fsync) now.
+2. `messages` may be sent at once, even before step 1 completes.
+3. `messages_after_persist` may be sent ONLY AFTER step 1 is durable: they
+   acknowledge entries or grant votes, or belong to a term not yet on disk.
+4. Apply `committed_entries` (dispatch to ConsumeQueues, answer clients). They
+   are committed and durable locally.
+5. Call `RaftNode.advance(ready)`. No new Ready is produced before that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dledger.entry import Entry, HardState
+from election.messages import Message
+from election.roles import Role
+
+
+@dataclass(frozen=True, slots=True)
+class SoftState:
+    """Volatile state the broker reacts to (role switch, routes); never persisted."""
+
+    role: Role
+    leader_id: int
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """One batch of work for the driver; see the module docstring for the order."""
+
+    # New hard state to write, or None if unchanged since the last Ready.
+    hard_state: HardState | None
+    # True when entries or a new term/vote must be fsynced before
+    # messages_after_persist go out; False when only the commit index moved
+    # (commit is a lazily persisted lower bound).
+    must_sync: bool
+    # Entries to append, possibly replacing a stored suffix from entries[0].index.
+    entries: tuple[Entry, ...]
+    # Sendable now.
+    messages: tuple[Message, ...]
+    # Sendable only after entries and hard_state are durable.
+    messages_after_persist: tuple[Message, ...]
+    # Newly committed entries to apply, in index order.
+    committed_entries: tuple[Entry, ...]
+    # Role/leader/term if changed since the last Ready, else None.
+    soft_state: SoftState | None
+
+    def is_empty(self) -> bool:
+        return not (
+            self.hard_state
+            or self.entries
+            or self.messages
+            or self.messages_after_persist
+            or self.committed_entries
+            or self.soft_state
+        )

@@ -1,0 +1,254 @@
+"""One seeded simulation run: a fault phase with client writes, then a healed liveness phase.
+
+`run_seed(seed)` is a pure function of its arguments: replaying a seed
+replays the run event for event. A run fails on the first safety violation
+(`dledger.invariants`), on a crash of the core's own invariant checks, or when
+the healed cluster does not converge in time (a leader, every replica caught
+up, every write decided).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from dledger.config import Bugs
+from dledger.invariants import (
+    SafetyViolation,
+    check_acked_exactly_once,
+    check_prefixes_identical,
+)
+from dledger.log import InvariantViolation
+from dledger.testing.cluster import SimCluster
+from election.roles import Role
+
+NO_BUGS = Bugs()
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Shape of a run; units are simulated time (a tick is about 10 units)."""
+
+    nodes: int = 3
+    fault_phase_units: int = 3000
+    liveness_phase_units: int = 4000
+    proposal_every_units: int = 40
+    nemesis_every_units: int = 250
+    crash_probability: float = 0.35
+    segment_size_bytes: int = 1024
+    bugs: Bugs = NO_BUGS
+
+
+@dataclass
+class RunResult:
+    seed: int
+    nodes: int
+    steps: int
+    elections: int
+    proposals: int
+    committed: int
+    acked: int
+    failed: int
+    crashes: int
+    violation: str | None
+    trace: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.violation is None
+
+
+def run_seed(
+    seed: int,
+    options: SimOptions | None = None,
+    trace: Callable[[str], None] | None = None,
+) -> RunResult:
+    """Run one seed; never raises for a violation, it is reported in the result."""
+    options = options or SimOptions()
+    cluster = SimCluster(
+        seed, options.nodes, options.bugs, segment_size_bytes=options.segment_size_bytes,
+        trace=trace,
+    )
+    violation: str | None = None
+    try:
+        _fault_phase(cluster, options)
+        violation = _liveness_phase(cluster, options)
+        if violation is None:
+            violation = _final_checks(cluster)
+    except (SafetyViolation, InvariantViolation) as exc:
+        violation = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # a crash of the core is a failure the seed must reproduce
+        violation = f"crash {type(exc).__name__}: {exc}"
+    if violation is not None:
+        cluster.log(f"VIOLATION {violation}")
+    committed = sum(1 for p in cluster.proposals if p.index and _is_committed(cluster, p))
+    return RunResult(
+        seed=seed,
+        nodes=options.nodes,
+        steps=cluster.stats.steps,
+        elections=cluster.stats.elections,
+        proposals=cluster.stats.proposals,
+        committed=committed,
+        acked=sum(1 for p in cluster.proposals if p.acked),
+        failed=len(cluster.proposals) - committed,
+        crashes=cluster.stats.crashes,
+        violation=violation,
+        trace=list(cluster.stats.trace) if violation else [],
+    )
+
+
+def _is_committed(cluster: SimCluster, proposal: object) -> bool:
+    entry = cluster.checker.committed.get(proposal.index)  # type: ignore[attr-defined]
+    return entry is not None and entry.term == proposal.term  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------ phases
+
+
+def _fault_phase(cluster: SimCluster, options: SimOptions) -> None:
+    rng = cluster.rng
+    # Swarm testing: each run draws its own fault intensities, so some runs
+    # are calm and some churn leaders hard (where multi-term bugs hide).
+    scale = rng.choice((0.4, 0.7, 1.0))
+    options = replace(
+        options,
+        nemesis_every_units=max(20, int(options.nemesis_every_units * scale)),
+        crash_probability=rng.choice((0.5, 1.0, 2.0)) * options.crash_probability,
+    )
+    cluster.leader_kill_probability = rng.choice((0.0, 0.0, 0.3))
+    cluster.network.faults.loss = rng.choice((0.0, 0.02, 0.1))
+    cluster.network.faults.duplication = rng.choice((0.0, 0.02, 0.05))
+    t = 0
+    counter = 0
+    while True:
+        t += rng.randint(1, 2 * options.proposal_every_units)
+        if t >= options.fault_phase_units:
+            break
+        counter += 1
+        # Sizes vary so entries roll over the small simulated segments.
+        data = f"p{counter}:".encode() + b"x" * rng.randint(0, 300)
+        cluster.call_at(t, lambda data=data: cluster.propose(data))
+    t = 0
+    while True:
+        t += rng.randint(options.nemesis_every_units // 2, options.nemesis_every_units * 3 // 2)
+        if t >= options.fault_phase_units:
+            break
+        cluster.call_at(t, lambda: _nemesis(cluster, options))
+    cluster.run_until(options.fault_phase_units)
+
+
+def _nemesis(cluster: SimCluster, options: SimOptions) -> None:
+    """One random fault (or repair), logged to the trace."""
+    rng = cluster.rng
+    ids = cluster.node_ids
+    down = [n for n in ids if cluster.nodes[n] is None]
+    roll = rng.random()
+    if roll < options.crash_probability:
+        if down and rng.random() < 0.5:
+            cluster.restart(rng.choice(down))
+        else:
+            leaders = [n.id for n in cluster.alive() if n.role is Role.LEADER]
+            victim = rng.choice(leaders) if leaders and rng.random() < 0.5 else rng.choice(ids)
+            cluster.crash(victim)
+        return
+    net = cluster.network
+    shape = rng.randint(0, 6)
+    leaders = [n.id for n in cluster.alive() if n.role is Role.LEADER]
+    if shape == 0:
+        net.heal()
+    elif shape == 1:
+        net.split(set(rng.sample(ids, rng.randint(1, len(ids) // 2))))
+    elif shape == 2:
+        net.split({leaders[0]} if leaders else {rng.choice(ids)})  # isolate the leader
+    elif shape == 3:
+        src = leaders[0] if leaders and rng.random() < 0.5 else rng.choice(ids)
+        others = [n for n in ids if n != src]
+        net.one_way(src, rng.sample(others, rng.randint(1, len(others))))
+    elif shape == 4:
+        net.bridge(rng.choice(ids))
+    elif shape == 5:
+        net.ring()
+    else:
+        net.faults.loss = rng.choice((0.0, 0.05, 0.2))
+        net.faults.duplication = rng.choice((0.0, 0.05))
+        cluster.log(f"network loss={net.faults.loss} dup={net.faults.duplication}")
+        return
+    cluster.log(f"network {net.shape}")
+
+
+def _liveness_phase(cluster: SimCluster, options: SimOptions) -> str | None:
+    cluster.leader_kill_probability = 0.0
+    cluster.network.heal()
+    cluster.network.faults.loss = 0.0
+    cluster.network.faults.duplication = 0.0
+    cluster.log("heal: network healed, all nodes restarted")
+    for n in cluster.node_ids:
+        cluster.restart(n)
+    deadline = cluster.now + options.liveness_phase_units
+    while cluster.now < deadline:
+        cluster.run_until(cluster.now + 50)
+        if _converged(cluster):
+            return None
+    return f"liveness: no convergence {options.liveness_phase_units} units after heal: " + (
+        _describe(cluster)
+    )
+
+
+def _converged(cluster: SimCluster) -> bool:
+    nodes = cluster.alive()
+    leaders = [n for n in nodes if n.role is Role.LEADER]
+    if len(nodes) != len(cluster.node_ids) or len(leaders) != 1:
+        return False
+    leader = leaders[0]
+    if leader.log.last_term() != leader.term or leader.commit != leader.log.last_index:
+        return False
+    for node in nodes:
+        if node.term != leader.term or node.leader_id != leader.id:
+            return False
+        if node.commit != leader.commit or node.applied != leader.commit:
+            return False
+        if node.log.last_index != leader.log.last_index or cluster.syncing[node.id] is not None:
+            return False
+    return True
+
+
+def _describe(cluster: SimCluster) -> str:
+    parts = []
+    for node in cluster.alive():
+        parts.append(
+            f"{node.id}:{node.role.name} t{node.term} lead{node.leader_id} "
+            f"last{node.log.last_index} commit{node.commit} applied{node.applied}"
+        )
+    return "; ".join(parts)
+
+
+def _final_checks(cluster: SimCluster) -> str | None:
+    logs = {n: cluster.disks[n].volatile.all_entries() for n in cluster.node_ids}
+    leader = next(node for node in cluster.alive() if node.role is Role.LEADER)
+    problem = check_prefixes_identical(logs, leader.commit)
+    if problem:
+        return problem
+    final_log = logs[leader.id]
+    cluster.checker.observe_committed(final_log)
+    acked = [p.data for p in cluster.proposals if p.acked]
+    problem = check_acked_exactly_once(acked, final_log)
+    if problem:
+        return problem
+    # Every write is decided: committed at its (index, term) or gone for good.
+    for p in cluster.proposals:
+        if p.index and p.index <= len(final_log):
+            entry = final_log[p.index - 1]
+            if entry.term == p.term and entry.data != p.data:
+                return f"proposal {p.data[:12]!r} at {p.index}/{p.term} holds other data"
+    return None
+
+
+def replay_hint(seed: int, nodes: int) -> str:
+    return f"replay with: ledgermq sim --seed {seed} --nodes {nodes} --trace"
+
+
+def fresh_seeds(count: int, source: random.Random | None = None) -> list[int]:
+    """Seeds for a CI run that explores new ground each time (callers print them)."""
+    rng = source or random.Random()
+    return [rng.randrange(1, 2**31) for _ in range(count)]

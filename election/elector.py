@@ -1,0 +1,285 @@
+"""The election state machine: term, vote, role, leader and election timers.
+
+Theory of operation
+-------------------
+`Elector` is driven by its owner (`dledger.raw_node.RaftNode`):
+
+- `tick()` advances the timers and returns a `TickAction` telling the owner
+  what is due: campaign, broadcast heartbeats, or check whether the preferred
+  leader should take over. Check-quorum step-down happens inside `tick()`.
+- `filter_term(msg)` applies Raft's term rules to every incoming message
+  before the owner looks at it (adopt a higher term, drop stale messages,
+  honour the leader lease). It may return a reply for the sender.
+- `decide_vote()` answers a `VoteRequest`; `record_vote()` counts answers.
+- `become_*()` change role through the table in `election.roles`.
+
+Rules
+-----
+1. `term` and `vote` are *hard state*: the owner must persist them durably
+   before any message produced in the new term, and before a granted vote,
+   leaves the node. The elector only changes them; `dledger` enforces the
+   ordering through `Ready.messages_after_persist`.
+2. A node votes at most once per term: `vote` is reset only when `term` grows.
+3. Randomness comes only from the injected `rng` (anything with `randint`), so
+   a seeded run is reproducible.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Protocol
+
+from election.config import ElectionConfig
+from election.messages import HeartbeatResponse, Message, VoteRequest, VoteResponse
+from election.roles import Role, check_transition
+from election.votes import VoteOutcome, VoteTally, log_up_to_date, quorum_size
+
+__all__ = ["Elector", "RandomSource", "TickAction", "VoteOutcome"]
+
+
+class RandomSource(Protocol):
+    """The slice of `random.Random` the elector needs; injected for determinism."""
+
+    def randint(self, a: int, b: int) -> int: ...
+
+
+class TickAction(enum.IntFlag):
+    """What a tick made due; the owner acts on each set flag."""
+
+    NONE = 0
+    CAMPAIGN = 1  # election timeout elapsed: start a (pre-)election
+    HEARTBEAT = 2  # leader: broadcast heartbeats
+    STEPPED_DOWN = 4  # leader: check-quorum failed, now a follower
+    LEADER_CHECK = 8  # leader: an election timeout passed (transfer abort, preferred leader)
+
+
+class Elector:
+    """Election state of one node. See the module docstring for the rules."""
+
+    def __init__(
+        self,
+        node_id: int,
+        voters: frozenset[int],
+        config: ElectionConfig,
+        rng: RandomSource,
+        term: int = 0,
+        vote: int = 0,
+    ) -> None:
+        if node_id not in voters:
+            raise ValueError(f"node {node_id} is not among the voters {sorted(voters)}")
+        if node_id <= 0 or any(v <= 0 for v in voters):
+            raise ValueError("node ids are positive integers (0 means 'none')")
+        self.node_id = node_id
+        self.voters = voters
+        self.peers = tuple(sorted(voters - {node_id}))
+        self.config = config
+        self._rng = rng
+        # Hard state. Invariant: vote != 0 only for a vote cast in `term`.
+        self.term = term
+        self.vote = vote
+        self.role = Role.FOLLOWER
+        # Leader of `term` as far as we know; 0 = unknown.
+        self.leader_id = 0
+        # Ticks since we last heard from the leader (follower) or since the
+        # last check-quorum round (leader).
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        # Invariant: election_timeout <= randomized_timeout < 2 * election_timeout.
+        self.randomized_timeout = config.election_timeout_ticks
+        self.tally: VoteTally | None = None
+        # Peers heard from since the last check-quorum round (leader only).
+        self.recent_active: set[int] = set()
+        # Leadership transfer target (leader only); 0 = none.
+        self.transferee = 0
+        self._reset_randomized_timeout()
+
+    # ----------------------------------------------------------------- queries
+
+    @property
+    def quorum(self) -> int:
+        return quorum_size(len(self.voters))
+
+    def in_lease(self) -> bool:
+        """A follower in contact with a live leader refuses to help depose it."""
+        return (
+            self.config.check_quorum
+            and self.leader_id != 0
+            and self.election_elapsed < self.config.election_timeout_ticks
+        )
+
+    # ------------------------------------------------------------ transitions
+
+    def _reset_randomized_timeout(self) -> None:
+        t = self.config.election_timeout_ticks
+        self.randomized_timeout = t + self._rng.randint(0, t - 1)
+
+    def _reset(self, term: int) -> None:
+        if term != self.term:
+            if term < self.term:
+                raise ValueError(f"term may not go backwards ({self.term} -> {term})")
+            self.term = term
+            self.vote = 0
+        self.leader_id = 0
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.tally = None
+        self.transferee = 0
+        self.recent_active = set()
+        self._reset_randomized_timeout()
+
+    def become_follower(self, term: int, leader_id: int) -> None:
+        check_transition(self.role, Role.FOLLOWER)
+        self._reset(term)
+        self.role = Role.FOLLOWER
+        self.leader_id = leader_id
+
+    def become_pre_candidate(self) -> None:
+        """Start a pre-vote round; term and vote stay untouched (thesis §9.6)."""
+        check_transition(self.role, Role.PRE_CANDIDATE)
+        # Only the timers and tally reset: the pre-candidate keeps its term and
+        # vote so that a failed pre-vote leaves no trace in hard state.
+        self.election_elapsed = 0
+        self.leader_id = 0
+        self._reset_randomized_timeout()
+        self.role = Role.PRE_CANDIDATE
+        self.tally = VoteTally(self.voters)
+        self.tally.record(self.node_id, True)
+
+    def become_candidate(self) -> None:
+        check_transition(self.role, Role.CANDIDATE)
+        self._reset(self.term + 1)
+        self.role = Role.CANDIDATE
+        self.vote = self.node_id
+        self.tally = VoteTally(self.voters)
+        self.tally.record(self.node_id, True)
+
+    def become_leader(self) -> None:
+        check_transition(self.role, Role.LEADER)
+        self._reset(self.term)
+        self.role = Role.LEADER
+        self.leader_id = self.node_id
+        self.recent_active = {self.node_id}
+
+    # ------------------------------------------------------------------ time
+
+    def tick(self) -> TickAction:
+        """Advance the timers by one tick and report what became due."""
+        if self.role is Role.LEADER:
+            return self._tick_leader()
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.randomized_timeout:
+            self.election_elapsed = 0
+            return TickAction.CAMPAIGN
+        return TickAction.NONE
+
+    def _tick_leader(self) -> TickAction:
+        action = TickAction.NONE
+        self.heartbeat_elapsed += 1
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.config.election_timeout_ticks:
+            self.election_elapsed = 0
+            if self.config.check_quorum and len(self.recent_active) < self.quorum:
+                # We could be on the minority side of a partition: a leader
+                # that cannot reach a quorum must not keep accepting writes.
+                self.become_follower(self.term, 0)
+                return TickAction.STEPPED_DOWN
+            self.recent_active = {self.node_id}
+            # A transfer that has not completed within an election timeout
+            # is abandoned so that proposals are accepted again.
+            self.transferee = 0
+            action |= TickAction.LEADER_CHECK
+        if self.heartbeat_elapsed >= self.config.heartbeat_interval_ticks:
+            self.heartbeat_elapsed = 0
+            action |= TickAction.HEARTBEAT
+        return action
+
+    def heard_from_leader(self, leader_id: int) -> None:
+        """A message from the current leader arrived: reset the election timer."""
+        self.leader_id = leader_id
+        self.election_elapsed = 0
+
+    def mark_active(self, peer: int) -> None:
+        """Leader: `peer` answered within this check-quorum round."""
+        self.recent_active.add(peer)
+
+    # ------------------------------------------------------------- term rules
+
+    def filter_term(self, msg: Message) -> tuple[bool, Message | None]:
+        """Apply Raft's term rules to `msg`.
+
+        Returns (process, reply): `process` is False when the message must be
+        dropped; `reply` is an answer to send regardless.
+        """
+        if msg.term > self.term:
+            if isinstance(msg, VoteRequest):
+                # Leader lease: while we hear from a leader, a higher-term vote
+                # request comes from a node that was cut off; ignoring it
+                # (without adopting its term) keeps the healthy leader in place.
+                if not msg.transfer and self.in_lease():
+                    return False, None
+                if msg.pre_vote:
+                    return True, None  # pre-votes never change our term
+            elif isinstance(msg, VoteResponse) and msg.pre_vote and msg.granted:
+                return True, None  # carries the term we are about to campaign in
+            self.become_follower(msg.term, msg.src if msg.from_leader else 0)
+            return True, None
+        if msg.term < self.term:
+            if msg.from_leader and (self.config.check_quorum or self.config.pre_vote):
+                # A deposed leader (or one cut off by pre-vote) would otherwise
+                # never learn of the new term; tell it so it steps down.
+                return False, HeartbeatResponse(src=self.node_id, dst=msg.src, term=self.term)
+            if isinstance(msg, VoteRequest) and msg.pre_vote:
+                return False, VoteResponse(
+                    src=self.node_id, dst=msg.src, term=self.term, granted=False, pre_vote=True
+                )
+            return False, None
+        return True, None
+
+    # ----------------------------------------------------------------- votes
+
+    def decide_vote(
+        self,
+        request: VoteRequest,
+        own_last_index: int,
+        own_last_term: int,
+        check_log: bool = True,
+    ) -> VoteResponse:
+        """Answer a vote request that passed `filter_term`, recording a real vote.
+
+        `check_log=False` exists only for bug injection (a vote without the
+        up-to-date check lets a stale node win and lose committed entries).
+        """
+        can_vote = (
+            self.vote == request.src
+            or (self.vote == 0 and self.leader_id == 0)
+            or (request.pre_vote and request.term > self.term)
+        )
+        if can_vote and (
+            not check_log
+            or log_up_to_date(request.last_term, request.last_index, own_last_term, own_last_index)
+        ):
+            if not request.pre_vote:
+                self.vote = request.src
+                self.election_elapsed = 0
+            return VoteResponse(
+                src=self.node_id,
+                dst=request.src,
+                term=request.term,
+                granted=True,
+                pre_vote=request.pre_vote,
+            )
+        return VoteResponse(
+            src=self.node_id,
+            dst=request.src,
+            term=self.term,
+            granted=False,
+            pre_vote=request.pre_vote,
+        )
+
+    def record_vote(self, response: VoteResponse) -> VoteOutcome:
+        """Count an answer for the round we are in; stray answers are PENDING."""
+        if self.tally is None:
+            return VoteOutcome.PENDING
+        if response.pre_vote != (self.role is Role.PRE_CANDIDATE):
+            return VoteOutcome.PENDING  # answer to a round we already left
+        return self.tally.record(response.src, response.granted)

@@ -1,0 +1,93 @@
+"""Election messages and the base class every Raft message shares.
+
+Every message names its sender (`src`), recipient (`dst`) and the sender's
+`term`. Two class-level attributes tell the driver how to treat it:
+
+- `channel`: `CHANNEL_CONTROL` messages (heartbeats, votes, TimeoutNow) are
+  tiny and time-critical; the driver sends them on their own connection or
+  ahead of bulk traffic, so replication batches cannot starve them and cause
+  spurious elections (DLedger issue #63). `CHANNEL_REPLICATION` carries
+  append traffic.
+- `from_leader`: sent only by a leader of `term`; receiving one tells a node
+  who leads and resets its election timer.
+
+Replication messages (`AppendRequest`, `AppendResponse`) live in
+`dledger.messages` and subclass `Message`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+CHANNEL_CONTROL = "control"
+CHANNEL_REPLICATION = "replication"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """Fields common to all messages."""
+
+    src: int
+    dst: int
+    term: int
+
+    channel: ClassVar[str] = CHANNEL_CONTROL
+    from_leader: ClassVar[bool] = False
+
+    @property
+    def is_heartbeat(self) -> bool:
+        """True for leader liveness traffic the driver must never delay."""
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class VoteRequest(Message):
+    """Ask for a vote (or, with `pre_vote`, whether a vote would be granted).
+
+    A pre-vote carries the term the sender *would* campaign in (its term + 1)
+    without the sender having moved to it. `transfer` marks a campaign started
+    by a leadership transfer, which may override a follower's leader lease.
+    """
+
+    last_index: int
+    last_term: int
+    pre_vote: bool = False
+    transfer: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class VoteResponse(Message):
+    """Answer to a `VoteRequest`; `pre_vote` echoes the request's flag."""
+
+    granted: bool
+    pre_vote: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TimeoutNow(Message):
+    """Leadership transfer: the leader tells a caught-up follower to campaign now."""
+
+    from_leader: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat(Message):
+    """Leader liveness; `commit` is min(leader commit, the follower's match index)."""
+
+    commit: int
+
+    from_leader: ClassVar[bool] = True
+
+    @property
+    def is_heartbeat(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResponse(Message):
+    """Follower liveness, counted by check-quorum; also tells a stale leader its term is over."""
+
+    @property
+    def is_heartbeat(self) -> bool:
+        return True

@@ -1,0 +1,71 @@
+"""Pure vote arithmetic: quorum size, the log up-to-date rule, vote tallies.
+
+Kept free of any node state so each rule can be read (and tested) on its own.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+def quorum_size(voters: int) -> int:
+    """Smallest majority of `voters`: any two quorums intersect."""
+    return voters // 2 + 1
+
+
+def log_up_to_date(
+    candidate_last_term: int,
+    candidate_last_index: int,
+    own_last_term: int,
+    own_last_index: int,
+) -> bool:
+    """Raft §5.4.1: the candidate's log is at least as up to date as ours.
+
+    Compare the terms of the last entries first; only on a tie does length
+    decide. Using the *current* term instead of the last entry's term is
+    DLedger bug #52 and lets a stale node win.
+    """
+    if candidate_last_term != own_last_term:
+        return candidate_last_term > own_last_term
+    return candidate_last_index >= own_last_index
+
+
+class VoteOutcome(enum.Enum):
+    """State of an election round from the candidate's point of view."""
+
+    PENDING = "pending"
+    WON = "won"
+    LOST = "lost"
+
+
+class VoteTally:
+    """Votes received in one round (pre-vote or real vote).
+
+    Invariant: each voter is counted once; a duplicated or re-ordered response
+    cannot change a recorded answer.
+    """
+
+    __slots__ = ("_answers", "_voters")
+
+    def __init__(self, voters: frozenset[int]) -> None:
+        self._voters = voters
+        self._answers: dict[int, bool] = {}
+
+    def record(self, voter: int, granted: bool) -> VoteOutcome:
+        """Record one answer (first one wins) and return the round's outcome."""
+        if voter in self._voters and voter not in self._answers:
+            self._answers[voter] = granted
+        return self.outcome()
+
+    def outcome(self) -> VoteOutcome:
+        need = quorum_size(len(self._voters))
+        granted = sum(1 for g in self._answers.values() if g)
+        if granted >= need:
+            return VoteOutcome.WON
+        rejected = len(self._answers) - granted
+        if rejected > len(self._voters) - need:
+            return VoteOutcome.LOST
+        return VoteOutcome.PENDING
+
+    def granted(self) -> int:
+        return sum(1 for g in self._answers.values() if g)

@@ -1,0 +1,117 @@
+"""Unit tests of the election rules: quorum, up-to-date check, tallies, transitions, timers."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from election import (
+    ElectionConfig,
+    Elector,
+    Heartbeat,
+    HeartbeatResponse,
+    Role,
+    TickAction,
+    VoteOutcome,
+    VoteRequest,
+    VoteResponse,
+    VoteTally,
+    log_up_to_date,
+    quorum_size,
+)
+from election.roles import IllegalTransition, check_transition
+
+
+def make(node_id: int = 1, voters: int = 3, **kw: object) -> Elector:
+    config = ElectionConfig(**kw)  # type: ignore[arg-type]
+    return Elector(node_id, frozenset(range(1, voters + 1)), config, random.Random(node_id))
+
+
+def test_quorum_sizes() -> None:
+    assert [quorum_size(n) for n in (1, 2, 3, 4, 5)] == [1, 2, 2, 3, 3]
+
+
+def test_up_to_date_compares_last_term_before_length() -> None:
+    assert log_up_to_date(3, 1, 2, 100)  # higher last term wins despite a shorter log
+    assert not log_up_to_date(2, 100, 3, 1)
+    assert log_up_to_date(2, 5, 2, 5)
+    assert not log_up_to_date(2, 4, 2, 5)
+
+
+def test_tally_counts_each_voter_once() -> None:
+    tally = VoteTally(frozenset({1, 2, 3, 4, 5}))
+    assert tally.record(1, True) is VoteOutcome.PENDING
+    assert tally.record(2, True) is VoteOutcome.PENDING
+    assert tally.record(2, True) is VoteOutcome.PENDING  # duplicate ignored
+    assert tally.record(3, False) is VoteOutcome.PENDING
+    assert tally.record(4, False) is VoteOutcome.PENDING
+    assert tally.record(5, False) is VoteOutcome.LOST
+    assert tally.record(9, True) is VoteOutcome.LOST  # not a voter
+
+
+def test_illegal_transition_raises() -> None:
+    with pytest.raises(IllegalTransition):
+        check_transition(Role.FOLLOWER, Role.LEADER)
+    with pytest.raises(IllegalTransition):
+        check_transition(Role.LEADER, Role.CANDIDATE)
+
+
+def test_randomized_timeout_in_range_and_campaign_due() -> None:
+    e = make(election_timeout_ticks=10)
+    assert 10 <= e.randomized_timeout < 20
+    actions = [e.tick() for _ in range(e.randomized_timeout)]
+    assert actions[-1] is TickAction.CAMPAIGN
+    assert all(a is TickAction.NONE for a in actions[:-1])
+
+
+def test_one_vote_per_term() -> None:
+    e = make(node_id=3, check_quorum=False)
+    e.filter_term(VoteRequest(1, 3, 5, 0, 0))
+    first = e.decide_vote(VoteRequest(1, 3, 5, 0, 0), 0, 0)
+    second = e.decide_vote(VoteRequest(2, 3, 5, 0, 0), 0, 0)
+    assert first.granted and not second.granted
+    assert (e.term, e.vote) == (5, 1)
+
+
+def test_pre_vote_does_not_change_term() -> None:
+    e = make(node_id=2, check_quorum=False)
+    process, _ = e.filter_term(VoteRequest(1, 2, 7, 0, 0, pre_vote=True))
+    assert process
+    answer = e.decide_vote(VoteRequest(1, 2, 7, 0, 0, pre_vote=True), 0, 0)
+    assert answer.granted and answer.term == 7
+    assert (e.term, e.vote) == (0, 0)
+
+
+def test_lease_ignores_vote_requests_but_not_transfers() -> None:
+    e = make(node_id=2)
+    e.become_follower(1, 1)
+    process, reply = e.filter_term(VoteRequest(3, 2, 2, 0, 0))
+    assert (process, reply, e.term) == (False, None, 1)
+    process, _ = e.filter_term(VoteRequest(3, 2, 2, 0, 0, transfer=True))
+    assert process and e.term == 2
+
+
+def test_stale_leader_is_told_the_new_term() -> None:
+    e = make(node_id=2)
+    e.become_follower(4, 3)
+    process, reply = e.filter_term(Heartbeat(1, 2, 3, 0))
+    assert not process
+    assert reply == HeartbeatResponse(2, 1, 4)
+
+
+def test_check_quorum_steps_down_alone() -> None:
+    e = make(node_id=1, election_timeout_ticks=4)
+    e.become_candidate()
+    e.become_leader()
+    for _ in range(3):
+        assert not e.tick() & TickAction.STEPPED_DOWN
+    assert e.tick() & TickAction.STEPPED_DOWN
+    assert e.role is Role.FOLLOWER
+
+
+def test_stray_prevote_answer_not_counted_in_real_round() -> None:
+    e = make(node_id=1)
+    e.become_candidate()
+    assert e.record_vote(VoteResponse(2, 1, e.term, True, pre_vote=True)) is VoteOutcome.PENDING
+    assert e.record_vote(VoteResponse(2, 1, e.term, True)) is VoteOutcome.WON
