@@ -25,6 +25,7 @@ def _root() -> None:
 COMMAND_MODULES: tuple[str, ...] = (
     "namesrv",
     "audit",
+    "sim",
 )
 
 for _name in COMMAND_MODULES:

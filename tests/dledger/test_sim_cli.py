@@ -1,0 +1,35 @@
+"""`ledgermq sim`: summary, JSON output, exit status on violations, single-seed replay."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from ledgermq.cli import app
+
+runner = CliRunner()
+
+
+def test_sim_json_summary_passes() -> None:
+    result = runner.invoke(app, ["sim", "--seeds", "3", "--nodes", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert summary["runs"] == 3 and summary["violations"] == 0 and summary["steps"] > 0
+
+
+def test_sim_exits_nonzero_on_violation_and_prints_seed() -> None:
+    result = runner.invoke(app, ["sim", "--seeds", "2", "--bug", "ack_before_persist"])
+    assert result.exit_code == 1
+    assert "seed=1" in result.output and "--seed 1" in result.output
+
+
+def test_sim_replays_one_seed_with_trace() -> None:
+    result = runner.invoke(app, ["sim", "--seed", "7", "--trace"])
+    assert result.exit_code == 0, result.output
+    assert "seed=7" in result.output and "leader" in result.output
+
+
+def test_sim_rejects_bad_node_count() -> None:
+    result = runner.invoke(app, ["sim", "--seeds", "1", "--nodes", "4"])
+    assert result.exit_code != 0
