@@ -108,6 +108,9 @@ class SimCluster:
         self._trace_out = trace
         # Nemesis "leader killer": chance that a new leader crashes shortly after winning.
         self.leader_kill_probability = 0.0
+        # Cleared when the liveness phase starts: faults already scheduled
+        # (a pending leader kill) must not fire into the healed cluster.
+        self.faults_active = True
         for n in self.node_ids:
             self._start(n)
             self._schedule(self.rng.randint(1, self.tick_period[n]), TICK, n)
@@ -177,6 +180,10 @@ class SimCluster:
         )
         self._check_electable()
 
+    def _kill(self, n: int) -> None:
+        if self.faults_active:
+            self.crash(n)
+
     def restart(self, n: int) -> None:
         if self.nodes[n] is not None:
             return
@@ -217,7 +224,7 @@ class SimCluster:
                 self.stats.elections += 1
                 self.log(f"leader {n} term={node.term} last={node.log.last_index}")
                 if self.rng.random() < self.leader_kill_probability:
-                    self.call_at(self.now + self.rng.randint(1, 30), lambda: self.crash(n))
+                    self.call_at(self.now + self.rng.randint(1, 30), lambda: self._kill(n))
         self._drain(n)
 
     def _send(self, n: int, messages: tuple[Message, ...]) -> None:

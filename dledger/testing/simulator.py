@@ -178,6 +178,7 @@ def _nemesis(cluster: SimCluster, options: SimOptions) -> None:
 
 
 def _liveness_phase(cluster: SimCluster, options: SimOptions) -> str | None:
+    cluster.faults_active = False
     cluster.leader_kill_probability = 0.0
     cluster.network.heal()
     cluster.network.faults.loss = 0.0
