@@ -16,7 +16,7 @@ import tempfile
 import zipfile
 
 DEFAULT_MASTER = "local[*]"
-DEFAULT_DRIVER_MEMORY = "2g"
+DEFAULT_DRIVER_MEMORY = "4g"
 
 
 def _package_zip() -> str:

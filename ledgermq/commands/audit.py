@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
             help="client history.jsonl (repeatable)")] = None,
         engine: Annotated[str, typer.Option(
             help="spark, or python (in-process, local paths only)")] = "spark",
-        driver_memory: Annotated[str, typer.Option(help="Spark driver memory")] = "2g",
+        driver_memory: Annotated[str, typer.Option(help="Spark driver memory")] = "4g",
         progress: Annotated[bool, typer.Option(help="Spark console progress bar")] = True,
         max_entry_size: Annotated[int, typer.Option(
             help="the brokers' entry_size_bytes_max")] = 64 * 1024 * 1024,

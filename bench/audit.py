@@ -1,0 +1,186 @@
+"""Benchmark of the Spark audit: 3 replicas, >= 5 million 1 KiB messages in total.
+
+Writes one replica by the format page (64 messages per entry, 256 MiB
+segments, 8 queues), copies it twice (replicas are byte-identical), audits the
+group on ``local[2]`` and prints one JSON line: entries and messages audited
+per second (overall and per core), wall times, and where the time goes. The
+data lives in a temporary directory that is deleted at the end.
+
+    .venv/bin/python bench/audit.py [--messages 5000000] [--master local[2]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from spark_audit import fmt, parse
+
+TOPIC = b"bench"
+HOST = b"10.0.0.1:5000"
+QUEUES = 8
+
+
+def write_replica(root: str, n_msgs: int, per_entry: int, msg_size: int, seg_size: int) -> dict:
+    """Stream one replica's files to ``root``; returns counts."""
+    for d in ("commitlog", "index", "consumequeue"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    body_len = msg_size - 68 - len(TOPIC) - len(HOST) - 4
+    payload = bytes(range(256)) * (body_len // 256 + 2)
+    tags = [b"", b"red"]
+    tag_hash = [fmt.tag_hash(t) for t in tags]
+    pack = fmt.MESSAGE_HEADER.pack
+    units = {q: bytearray() for q in range(QUEUES)}
+    index = bytearray()
+    seg_file = None
+    seg_start = -1
+    end = 0
+    entries = 0
+    seq = 0
+    term = 1
+    while seq < n_msgs:
+        n = min(per_entry, n_msgs - seq)
+        recs = []
+        offs = []
+        at = 0
+        for k in range(n):
+            s = seq + k
+            tag = tags[s & 1]
+            size = 68 + len(TOPIC) + len(tag) + len(HOST) + body_len
+            recs.append(pack(size, s % QUEUES, 0, 0, 1_700_000_000_000 + s, 1_700_000_000_000 + s,
+                             0x5EED, s, 0, len(TOPIC), len(tag), 0, len(HOST), 0, body_len))
+            recs.append(TOPIC + tag + HOST + payload[s % 256:s % 256 + body_len])
+            offs.append((s % QUEUES, at, size, tag_hash[s & 1]))
+            at += size
+        body = b"".join(recs)
+        size = 48 + len(body)
+        pos = end if end % seg_size + size <= seg_size else (end // seg_size + 1) * seg_size
+        if pos - pos % seg_size != seg_start:
+            if seg_file:
+                seg_file.close()
+            seg_start = pos - pos % seg_size
+            seg_file = open(os.path.join(root, "commitlog", f"{seg_start:020d}"), "wb")  # noqa: SIM115
+        entries += 1
+        bcrc = fmt.crc(body)
+        head = fmt.ENTRY_HEADER.pack(fmt.ENTRY_MAGIC, 1, 1, 0, size, bcrc, entries, term, pos, 0)
+        seg_file.write(head + struct.pack("<I", fmt.crc(head)) + body)
+        rec = fmt.INDEX_RECORD.pack(pos, term, size, 1, bcrc)
+        index += rec + struct.pack("<I", fmt.crc(rec))
+        for q, at, msize, th in offs:
+            units[q] += fmt.CQ_UNIT.pack(pos + 48 + at, msize, th)
+        end = pos + size
+        seq += n
+    seg_file.close()
+    per_file = fmt.DEFAULT_INDEX_FILE_RECORDS * 32
+    for i in range(0, len(index), per_file):
+        with open(os.path.join(root, "index", f"{1 + i // 32:020d}"), "wb") as f:
+            f.write(index[i:i + per_file])
+    cq_file = fmt.DEFAULT_CQ_UNITS_PER_FILE * 20
+    for q, buf in units.items():
+        d = os.path.join(root, "consumequeue", TOPIC.decode(), str(q))
+        os.makedirs(d, exist_ok=True)
+        for i in range(0, len(buf), cq_file):
+            with open(os.path.join(d, f"{i // 20:020d}"), "wb") as f:
+                f.write(buf[i:i + cq_file])
+    with open(os.path.join(root, "checkpoint"), "wb") as f:
+        f.write(fmt.encode_checkpoint(fmt.Checkpoint(entries, end, term, 1)))
+    with open(os.path.join(root, "hardstate"), "wb") as f:
+        f.write(fmt.encode_hardstate(fmt.HardState(term, 1, entries)))
+    with open(os.path.join(root, "consumequeue", "checkpoint"), "wb") as f:
+        f.write(fmt.encode_dispatch_checkpoint(fmt.DispatchCheckpoint(
+            entries, end, tuple((TOPIC.decode(), q, len(b) // 20) for q, b in units.items()))))
+    return {"entries": entries, "messages": n_msgs, "bytes": end}
+
+
+def parse_rate(root: str) -> dict:
+    """In-process parse of the first segment: the per-core cost of the pure parser."""
+    path = os.path.join(root, "commitlog", f"{0:020d}")
+    buf = np.fromfile(path, dtype=np.uint8)
+    parse.parse_segment(memoryview(buf[:1 << 20]), 0, parse.FileId(0, 0, 0))  # warm imports
+    t = time.perf_counter()
+    r = parse.parse_segment(memoryview(buf), 0, parse.FileId(0, 0, 0))
+    dt = time.perf_counter() - t
+    return {"segment_bytes": len(buf), "entries": r.entries.num_rows,
+            "messages": r.messages.num_rows, "seconds": round(dt, 3),
+            "entries_per_s": round(r.entries.num_rows / dt),
+            "messages_per_s": round(r.messages.num_rows / dt),
+            "mb_per_s": round(len(buf) / dt / 1e6)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--messages", type=int, default=5_000_000, help="total over 3 replicas")
+    ap.add_argument("--per-entry", type=int, default=64)
+    ap.add_argument("--msg-size", type=int, default=1024)
+    ap.add_argument("--segment-size", type=int, default=fmt.DEFAULT_SEGMENT_SIZE)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--dir", default=None, help="parent of the temporary data directory")
+    a = ap.parse_args()
+    cores = int(a.master[6:-1]) if a.master.startswith("local[") and a.master[6:-1].isdigit() \
+        else os.cpu_count()
+    tmp = tempfile.mkdtemp(prefix="ledgermq-audit-bench-", dir=a.dir)
+    try:
+        t = time.perf_counter()
+        per_replica = -(-a.messages // 3)
+        write_replica(os.path.join(tmp, "g1", "n1"), per_replica, a.per_entry,
+                      a.msg_size, a.segment_size)
+        for n in ("n2", "n3"):
+            shutil.copytree(os.path.join(tmp, "g1", "n1"), os.path.join(tmp, "g1", n))
+        gen_s = time.perf_counter() - t
+        pure = parse_rate(os.path.join(tmp, "g1", "n1"))
+
+        from spark_audit import cli, session
+
+        t0 = time.perf_counter()
+        spark = session.get_session(a.master, progress=False)
+        session_s = time.perf_counter() - t0
+        out = os.path.join(tmp, "out")
+        t1 = time.perf_counter()
+        rc = cli.run([os.path.join(tmp, "g1")], out=out, master=a.master, spark=spark,
+                     progress=False)
+        audit_s = time.perf_counter() - t1
+        with open(os.path.join(out, "summary.json")) as f:
+            summary = json.load(f)
+        spark.stop()
+        entries = summary["inputs"]["entries"]
+        messages = summary["inputs"]["messages"]
+        tm = summary["timings_s"]
+        result = {
+            "bench": "spark_audit", "master": a.master, "cores": cores, "valid": summary["valid"],
+            "exit_code": rc, "replicas": 3, "messages": messages, "entries": entries,
+            "bytes": summary["inputs"]["bytes"], "segments": summary["inputs"]["segments"],
+            "cq_units": summary["inputs"]["cq"], "index_records": summary["inputs"]["index"],
+            "session_start_s": round(session_s, 2), "audit_wall_s": round(audit_s, 2),
+            "total_wall_s": round(session_s + audit_s, 2),
+            "entries_per_s": round(entries / audit_s),
+            "entries_per_s_per_core": round(entries / audit_s / cores),
+            "messages_per_s": round(messages / audit_s),
+            "messages_per_s_per_core": round(messages / audit_s / cores),
+            "mb_per_s": round(summary["inputs"]["bytes"] / audit_s / 1e6),
+            "breakdown_s": {
+                "spark_parse_job": summary["inputs"].get("parse_job_s"),
+                "collect_compact_tables": round(tm["parse_s"]
+                                                - summary["inputs"].get("parse_job_s", 0), 2),
+                "log_checks_driver": tm["log_checks_s"],
+                "queue_checks_spark": tm["queue_checks_s"],
+                "duplicate_checks_spark": tm["duplicate_checks_s"],
+                "reports": round(audit_s - sum(tm.values()), 2),
+            },
+            "pure_parse_one_segment": pure, "generate_s": round(gen_s, 1),
+        }
+        print(json.dumps(result))
+        return 0 if rc == 0 else 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
