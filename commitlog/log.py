@@ -165,7 +165,9 @@ class CommitLog:
                     f"entry {entry.index} claims position {entry.position}, placement says "
                     f"{position}: the replicas' segment sizes or logs differ")
             encoded = encode_entry(entry.index, entry.term, entry.kind, position, entry.body)
-            if groups and position == end:
+            # One write per segment: an entry that starts a segment (even one
+            # directly after an entry that filled the previous) opens a new run.
+            if groups and position == end and position % segment_size:
                 groups[-1][1].append(encoded)
             else:
                 groups.append((position, [encoded]))

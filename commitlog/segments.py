@@ -76,6 +76,9 @@ class SegmentFiles:
                 f"write at {position} but segment {self.path(base)} ends at "
                 f"{base + self.lengths[base]}"
             )
+        if position - base + len(data) > self.segment_size:
+            raise PositionMismatchError(
+                f"write of {len(data)} bytes at {position} overruns segment {self.path(base)}")
         try:
             write_at_end(self._fds[base], position - base, data, self.path(base))
         except BaseException:
