@@ -91,7 +91,9 @@ def check_message_durable(
     if not pre_vote and msg.term > durable.term:
         return f"{msg} sent in term {msg.term} but durable term is {durable.term}"
     granted = isinstance(msg, VoteResponse) and msg.granted and not msg.pre_vote
-    if granted and (durable.term, durable.vote) != (msg.term, msg.dst):
+    # A durable term beyond the vote's term also settles it: the node can
+    # never vote in that term again (a stale duplicate grant is harmless).
+    if granted and durable.term == msg.term and durable.vote != msg.dst:
         return f"vote for {msg.dst} in term {msg.term} sent before durable (disk: {durable})"
     acked = isinstance(msg, AppendResponse) and msg.success and msg.index > 0
     if acked and durable_term_at(msg.index) is None:
