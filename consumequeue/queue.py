@@ -64,23 +64,33 @@ class ConsumeQueue:
                 self._lengths[base] = length - length % UNIT_SIZE
 
     def _find_bounds(self) -> None:
-        """max_offset = one past the last non-empty slot; min_offset = first
-        non-empty slot. Trailing empty slots (a torn write) are cut."""
-        self.max_offset = self.min_offset = 0
-        for base in sorted(self._fds, reverse=True):
-            units = decode_units(read_exact(self._fds[base], 0, self._lengths[base]))
-            filled = np.flatnonzero(units["size"] != 0)
-            if len(filled):
-                self.max_offset = base + int(filled[-1]) + 1
-                break
-        self.truncate_to(self.max_offset)
+        """min_offset = first filled slot; max_offset = end of the contiguous
+        filled run from there. Anything after a hole is cut: a crash can tear an
+        earlier file while a later one survives (writeback order is arbitrary),
+        and units after a hole cannot be trusted to be the next messages."""
+        self.min_offset = self.max_offset = 0
+        started = False
         for base in sorted(self._fds):
             units = decode_units(read_exact(self._fds[base], 0, self._lengths[base]))
-            filled = np.flatnonzero(units["size"] != 0)
-            if len(filled):
+            empty = np.flatnonzero(units["size"] == 0)
+            if not started:
+                filled = np.flatnonzero(units["size"] != 0)
+                if not len(filled):
+                    continue
+                started = True
                 self.min_offset = base + int(filled[0])
-                return
-        self.min_offset = self.max_offset
+                empty = empty[empty > filled[0]]
+            elif base != self.max_offset:
+                break  # a missing file: the run ended at the previous file
+            if len(empty):
+                self.max_offset = base + int(empty[0])
+                break
+            self.max_offset = base + len(units)
+            if len(units) < self.units_per_file:
+                break  # a short file ends the run
+        if not started:
+            self.min_offset = self.max_offset = 0
+        self.truncate_to(self.max_offset)
 
     def append(self, units: list[tuple[int, int, int]]) -> None:
         """Append units (physical offset, size, tag hash) at max_offset."""

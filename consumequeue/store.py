@@ -93,6 +93,12 @@ class ConsumeQueueStore:
             before = queue.max_offset
             queue.truncate_to(queue.first_offset_at_or_after(limit_end))
             self.recovery.units_dropped += before - queue.max_offset
+            if queue.max_offset == queue.min_offset:
+                # Nothing durable is left: the queue restarts where the log says
+                # (the rebuild below, when the checkpoint knows it), not at a
+                # slot a torn file happened to leave.
+                queue.truncate_to(0)
+                queue.start_at(0)
         self.dispatched_index, self.dispatched_end = limit_index, limit_end
         # The checkpoint's per-queue counts describe exactly `limit_index` only
         # when the log still holds everything the checkpoint covered.

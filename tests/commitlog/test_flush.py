@@ -1,0 +1,96 @@
+"""Flush policies on a real event loop and real files."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from storage_support import message_body
+
+from commitlog import KIND_MESSAGES, CommitLog, CommitLogConfig, Flusher, StorageError
+from commitlog.checkpoint import read_checkpoint
+
+
+def _config(flush: str, **extra: int) -> CommitLogConfig:
+    return CommitLogConfig(segment_size_bytes=1 << 20, flush=flush, **extra)
+
+
+def test_sync_appends_complete_only_when_durable_and_share_fsyncs(tmp_path) -> None:
+    async def scenario() -> tuple[int, int, list[int]]:
+        log = CommitLog.open(str(tmp_path), _config("sync"))
+        flusher = Flusher(log)
+        await flusher.start()
+        durable_at_ack: list[int] = []
+
+        async def appender(n: int) -> None:
+            for _ in range(n):
+                entries = log.build_entries(1, [(KIND_MESSAGES, message_body(1))])
+                await flusher.append(entries)
+                # The ack means this entry is covered by an fsync.
+                durable_at_ack.append(log.durable_index - entries[-1].index)
+
+        await asyncio.gather(*(appender(20) for _ in range(16)))
+        await flusher.close()
+        log.close()
+        return flusher.syncs, log.last_index, durable_at_ack
+
+    syncs, appended, margins = asyncio.run(scenario())
+    assert appended == 320
+    assert min(margins) >= 0
+    # Group commit: 16 concurrent appenders share fsyncs.
+    assert syncs < appended
+
+
+def test_async_appends_return_at_once_and_are_synced_in_the_background(tmp_path) -> None:
+    async def scenario() -> tuple[int, int]:
+        log = CommitLog.open(str(tmp_path), _config("async", flush_interval_ms=20,
+                                                    checkpoint_interval_ms=20))
+        flusher = Flusher(log)
+        await flusher.start()
+        for _ in range(50):
+            await flusher.append(log.build_entries(1, [(KIND_MESSAGES, message_body(1))]))
+        not_yet = log.durable_index
+        await flusher.wait_durable(log.last_index)  # the background flusher gets there
+        durable = log.durable_index
+        await flusher.close()
+        log.abandon()
+        return not_yet, durable
+
+    not_yet, durable = asyncio.run(scenario())
+    assert not_yet < 50 and durable == 50
+    checkpoint = read_checkpoint(str(tmp_path))
+    assert checkpoint is not None and checkpoint.durable_index == 50
+
+
+def test_async_flush_by_bytes_threshold(tmp_path) -> None:
+    async def scenario() -> int:
+        log = CommitLog.open(str(tmp_path), _config("async", flush_interval_ms=60_000,
+                                                    flush_bytes=4096))
+        flusher = Flusher(log)
+        await flusher.start()
+        for _ in range(10):
+            await flusher.append(log.build_entries(1, [(KIND_MESSAGES, message_body(1, 1000))]))
+        await flusher.wait_durable(5)  # woken by bytes, not by the minute-long interval
+        durable = log.durable_index
+        await flusher.close()
+        log.close()
+        return durable
+
+    assert asyncio.run(scenario()) >= 5
+
+
+def test_waiters_of_truncated_entries_fail_instead_of_hanging(tmp_path) -> None:
+    async def scenario() -> None:
+        log = CommitLog.open(str(tmp_path), _config("async", flush_interval_ms=60_000))
+        flusher = Flusher(log)
+        await flusher.start()
+        await flusher.append(log.build_entries(1, [(KIND_MESSAGES, message_body(1))] * 3))
+        waiter = asyncio.ensure_future(flusher.wait_durable(3))
+        log.truncate_after(1)
+        flusher.appended()
+        with pytest.raises(StorageError, match="truncated"):
+            await waiter
+        await flusher.close()
+        log.close()
+
+    asyncio.run(scenario())
