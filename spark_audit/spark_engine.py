@@ -130,11 +130,18 @@ class SparkEngine:
 
         if all(inputs.is_local(f.path) for f in files):
             # Local files: each task opens its file itself, so bytes never pass
-            # through the JVM (no heap copies, no 2 GB limit). One partition
-            # per file, largest first, so segments spread over the cores.
+            # through the JVM (no heap copies, no 2 GB limit). Files are dealt
+            # round-robin by size into a few partitions per core, so partitions
+            # carry similar bytes and tiny files do not each cost a task.
             order = sorted(files, key=lambda f: -f.length)
+            k = min(len(order), 4 * self.spark.sparkContext.defaultParallelism)
+            dealt = [f for j in range(k) for f in order[j::k]]
+            sizes = [len(order[j::k]) for j in range(k)]
+            # parallelize() cuts contiguous slices of equal count; glom() keeps them.
             rdd = self.spark.sparkContext.parallelize(
-                [(f.path,) for f in order], numSlices=len(order))
+                [(f.path,) for f in dealt], numSlices=k) if len(set(sizes)) == 1 else (
+                self.spark.sparkContext.parallelize(list(range(k)), numSlices=k)
+                .flatMap(lambda j, order=order, k=k: [(f.path,) for f in order[j::k]]))
             raw = self.spark.createDataFrame(rdd, "path string")
             parsed = raw.mapInArrow(parse_local, _spark_schema(UNION)).cache()
         else:
