@@ -27,9 +27,12 @@ def write_at_end(fd: int, length: int, data: bytes | memoryview, path: str) -> N
     On a full disk the file is cut back to `length` and DiskFullError is
     raised, so a failed append leaves nothing half-written behind.
     """
-    view = memoryview(data)
     done = 0
     try:
+        done = os.pwrite(fd, data, length)
+        if done == len(data):
+            return  # the common case: one call wrote everything
+        view = memoryview(data)
         while done < len(view):
             done += os.pwrite(fd, view[done:], length + done)
     except OSError as exc:

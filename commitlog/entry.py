@@ -74,13 +74,19 @@ def place(end: int, size: int, segment_size: int) -> int:
     return end
 
 
+def encode_header(index: int, term: int, kind: int, position: int, body: bytes
+                  ) -> tuple[bytes, int]:
+    """The 48-byte header of an entry with this body, and the body's CRC."""
+    body_crc = crc32c(body)
+    head = _HEAD.pack(ENTRY_MAGIC, ENTRY_VERSION, kind, 0, HEADER_SIZE + len(body), body_crc,
+                      index, term, position, 0)
+    return head + _CRC.pack(crc32c(head)), body_crc
+
+
 def encode_entry(index: int, term: int, kind: int, position: int, body: bytes) -> bytes:
     """Header + body, CRCs filled in."""
-    head = _HEAD.pack(
-        ENTRY_MAGIC, ENTRY_VERSION, kind, 0, HEADER_SIZE + len(body), crc32c(body),
-        index, term, position, 0,
-    )
-    return head + _CRC.pack(crc32c(head)) + body
+    header, _ = encode_header(index, term, kind, position, body)
+    return header + body
 
 
 def decode_header(buf: bytes | memoryview, offset: int = 0) -> EntryHeader:

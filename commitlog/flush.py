@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from commitlog.entry import Entry
 from commitlog.errors import StorageError
-from commitlog.log import CommitLog
+from commitlog.log import CommitLog, SyncToken
 
 
 class Flusher:
@@ -38,8 +36,13 @@ class Flusher:
         self._flush_bytes = log.config.flush_bytes
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync")
         self._wake = asyncio.Event()
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # heap by index
-        self._order = itertools.count()
+        # Waiters are grouped per sync round: the round in flight covers
+        # entries up to _inflight_index; everything appended later waits for
+        # the next round. Each waiter has its own future (so cancelling one
+        # waiter cannot cancel the others), completed together.
+        self._inflight: list[asyncio.Future[None]] | None = None
+        self._inflight_index = 0
+        self._next: list[asyncio.Future[None]] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._synced_end = log.end
@@ -53,51 +56,86 @@ class Flusher:
 
     async def append(self, entries: Sequence[Entry]) -> None:
         """Append; under `flush="sync"` return only once the entries are durable."""
-        self.log.append(entries)
-        self.appended()
-        if self.sync_mode:
-            await self.wait_durable(self.log.last_index)
+        log = self.log
+        log.append(entries)
+        if not self.sync_mode:
+            if log.end - self._synced_end >= self._flush_bytes:
+                self._wake.set()
+            return
+        # Inline of wait_durable for the hot path: join the next sync round.
+        index, generation = log.last_index, log.generation
+        future = asyncio.get_running_loop().create_future()
+        if self._next is None:
+            self._next = []
+            self._wake.set()
+        self._next.append(future)
+        await future
+        if log.durable_index < index or log.generation != generation:
+            await self.wait_durable(index, generation)  # rare: truncated, or a later round
 
     def appended(self) -> None:
         """Tell the flusher that bytes were written (after `log.append`)."""
         if self.sync_mode or self.log.end - self._synced_end >= self._flush_bytes:
             self._wake.set()
 
-    async def wait_durable(self, index: int) -> None:
-        """Wait until entry `index` is covered by an fsync."""
-        if self.log.durable_index >= index:
-            return
-        if self.log.failed is not None:
-            raise StorageError(f"commitlog failed: {self.log.failed}")
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (index, next(self._order), future))
-        self._wake.set()
-        await future
+    async def wait_durable(self, index: int, generation: int | None = None) -> None:
+        """Wait until entry `index` is covered by an fsync. Raises StorageError
+        if the log failed or the entry was truncated away meanwhile (since
+        `generation`, the log's generation when the entry was appended)."""
+        log = self.log
+        if generation is None:
+            generation = log.generation
+        while log.durable_index < index:
+            if log.failed is not None:
+                raise StorageError(f"commitlog failed: {log.failed}")
+            if index > log.last_index:
+                raise StorageError(f"entry {index} is not in the log (truncated)")
+            future = asyncio.get_running_loop().create_future()
+            if self._inflight is not None and index <= self._inflight_index:
+                self._inflight.append(future)
+            else:
+                if self._next is None:
+                    self._next = []
+                    self._wake.set()
+                self._next.append(future)
+            await future
+        cut = log.cut_since(generation)
+        if cut is not None and cut < index:
+            raise StorageError(f"entry {index} was truncated before it was synced")
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not self._waiters and not self._closing:
+            if self._next is None and not self._closing:
                 timeout = None if self.sync_mode else self._interval_s
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
+            round_waiters, self._next = self._next or [], None
             if self.log.durable_index < self.log.last_index:
                 token = self.log.begin_sync()
+                self._inflight, self._inflight_index = round_waiters, token.index
                 try:
                     await loop.run_in_executor(self._executor, self.log.run_sync, token)
                 except OSError as exc:
-                    self._fail(exc, token)
+                    self._fail(exc, token, round_waiters)
                     return
+                finally:
+                    self._inflight = None
                 before = self.log.durable_index
                 self.log.finish_sync(token)
                 self._synced_end = token.end
                 self.syncs += 1
                 self.synced_entries += self.log.durable_index - before
-            self._release()
+            for future in round_waiters:
+                if not future.done():
+                    future.set_result(None)
             if time.monotonic() - self._last_checkpoint >= self._checkpoint_interval_s:
                 await self._checkpoint(loop)
             if self._closing and self.log.durable_index >= self.log.last_index:
+                for future in self._next or ():
+                    if not future.done():
+                        future.set_result(None)
                 return
 
     async def _checkpoint(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -105,27 +143,15 @@ class Flusher:
         await loop.run_in_executor(self._executor, self.log.run_checkpoint, token)
         self._last_checkpoint = time.monotonic()
 
-    def _release(self) -> None:
-        durable = self.log.durable_index
-        while self._waiters and self._waiters[0][0] <= durable:
-            _, _, future = heapq.heappop(self._waiters)
-            if not future.done():
-                future.set_result(None)
-        # Entries truncated away (Raft repair) can no longer become durable at
-        # their old index: their waiters see the failure rather than hanging.
-        while self._waiters and self._waiters[0][0] > self.log.last_index:
-            _, _, future = heapq.heappop(self._waiters)
-            if not future.done():
-                future.set_exception(StorageError("entry was truncated before it was synced"))
-
-    def _fail(self, exc: OSError, token: object) -> None:
+    def _fail(self, exc: OSError, token: SyncToken,
+              round_waiters: list[asyncio.Future[None]]) -> None:
         with contextlib.suppress(StorageError):
-            self.log.finish_sync(token, exc)  # type: ignore[arg-type]
+            self.log.finish_sync(token, exc)
         error = StorageError(f"fsync failed: {exc}")
-        for _, _, future in self._waiters:
+        for future in [*round_waiters, *(self._next or ())]:
             if not future.done():
                 future.set_exception(error)
-        self._waiters.clear()
+        self._next = None
 
     async def close(self) -> None:
         """Sync what is left, write a checkpoint and stop the task."""

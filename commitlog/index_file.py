@@ -65,6 +65,14 @@ class IndexFiles:
         self._fds: dict[int, int] = {}  # file first index -> fd
         self._lengths: dict[int, int] = {}  # file first index -> bytes
         self._dirty: set[int] = set()
+        self._paths: dict[int, str] = {}
+        # Records appended but not yet written: index files are derived data,
+        # so they are written in large pieces (at the latest before a sync,
+        # a read of those records, a truncation or close) instead of one
+        # pwrite per append. Invariant: _pending holds indexes
+        # _pending_first .. _pending_first + len(_pending) - 1.
+        self._pending: list[bytes] = []
+        self._pending_first = 0
         self.foreign: list[str] = []
         for name in sorted(os.listdir(directory)):
             path = os.path.join(directory, name)
@@ -84,7 +92,10 @@ class IndexFiles:
         return (index - 1) // self.records_per_file * self.records_per_file + 1
 
     def _path(self, base: int) -> str:
-        return os.path.join(self.directory, f"{base:0{NAME_DIGITS}d}")
+        path = self._paths.get(base)
+        if path is None:
+            path = self._paths[base] = os.path.join(self.directory, f"{base:0{NAME_DIGITS}d}")
+        return path
 
     def _fd(self, base: int) -> int:
         fd = self._fds.get(base)
@@ -95,12 +106,15 @@ class IndexFiles:
 
     def covered_through(self) -> int:
         """Highest index whose record slot exists in the files (0 if none)."""
+        self.write_pending()
         if not self._fds:
             return 0
         base = max(self._fds)
         return base - 1 + self._lengths[base] // RECORD_SIZE
 
     def read(self, index: int) -> IndexRecord | None:
+        if self._pending and index >= self._pending_first:
+            self.write_pending()
         base = self._base_of(index)
         fd = self._fds.get(base)
         if fd is None or (index - base + 1) * RECORD_SIZE > self._lengths[base]:
@@ -110,6 +124,8 @@ class IndexFiles:
 
     def read_range(self, lo: int, hi: int) -> list[IndexRecord | None]:
         """Records of indexes [lo, hi); one pread per file touched."""
+        if self._pending and hi > self._pending_first:
+            self.write_pending()
         result: list[IndexRecord | None] = []
         index = lo
         while index < hi:
@@ -127,7 +143,25 @@ class IndexFiles:
         return result
 
     def append(self, first: int, records: list[bytes]) -> None:
-        """Write encoded records for indexes first, first+1, … (slots must be next)."""
+        """Queue encoded records for indexes first, first+1, … (slots must be next)."""
+        if self._pending:
+            if first != self._pending_first + len(self._pending):
+                raise ValueError(f"index record {first} does not follow the pending records")
+        else:
+            self._pending_first = first
+        self._pending += records
+        if len(self._pending) >= 2048:
+            self.write_pending()
+
+    def write_pending(self) -> None:
+        """Write queued records to the files (one pwrite per file touched)."""
+        if not self._pending:
+            return
+        records, first = self._pending, self._pending_first
+        self._pending = []
+        self._write(first, records)
+
+    def _write(self, first: int, records: list[bytes]) -> None:
         index = first
         start = 0
         while start < len(records):
@@ -145,6 +179,10 @@ class IndexFiles:
 
     def truncate_after(self, index: int) -> None:
         """Drop every record of an index greater than `index`."""
+        if self._pending:
+            keep = max(0, index - self._pending_first + 1)
+            del self._pending[keep:]
+            self.write_pending()
         for base in sorted(self._fds, reverse=True):
             if base > index:
                 self._remove(base)
@@ -158,6 +196,7 @@ class IndexFiles:
 
     def delete_before(self, index: int) -> None:
         """Remove files whose every record is below `index`."""
+        self.write_pending()
         for base in sorted(self._fds):
             if base + self.records_per_file <= index:
                 self._remove(base)
@@ -169,6 +208,7 @@ class IndexFiles:
         os.remove(self._path(base))
 
     def dirty_fds(self) -> list[int]:
+        self.write_pending()
         fds = [os.dup(self._fds[b]) for b in self._dirty if b in self._fds]
         self._dirty.clear()
         return fds
@@ -180,7 +220,11 @@ class IndexFiles:
             finally:
                 os.close(fd)
 
-    def close(self) -> None:
+    def close(self, write_pending: bool = True) -> None:
+        """Close the files; `write_pending=False` drops queued records (a crash)."""
+        if write_pending:
+            self.write_pending()
+        self._pending = []
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()

@@ -31,7 +31,7 @@ from commitlog.checkpoint import (
 )
 from commitlog.config import CommitLogConfig
 from commitlog.disk import lock_directory, sync_directory, sync_fd
-from commitlog.entry import HEADER_SIZE, KINDS, Entry, decode_header, encode_entry, place
+from commitlog.entry import HEADER_SIZE, KINDS, Entry, decode_header, encode_header, place
 from commitlog.errors import (
     CorruptionError,
     MessageTooLargeError,
@@ -95,6 +95,9 @@ class CommitLog:
         self.last_term = state.last_term
         self.end = state.end
         self._generation = 0
+        # (generation after the cut, index kept): lets a waiter learn that the
+        # entry it waits for was cut (and maybe replaced) meanwhile.
+        self._truncations: list[tuple[int, int]] = []
         self.failed: BaseException | None = None
         # Everything recovered is on disk now (a crash without power loss keeps
         # the page cache): make it durable so the checkpoint can cover it.
@@ -147,10 +150,12 @@ class CommitLog:
         limit = self.config.entry_size_limit
         segment_size = self.config.segment_size_bytes
         index, term, end = self.last_index, self.last_term, self.end
-        groups: list[tuple[int, list[bytes]]] = []  # (position, encoded) per segment run
+        runs: list[tuple[int, list[bytes]]] = []  # (position, parts) per segment run
+        parts: list[bytes] = []
         records: list[bytes] = []
         for entry in entries:
-            size = HEADER_SIZE + len(entry.body)
+            body = entry.body
+            size = HEADER_SIZE + len(body)
             if size > limit:
                 raise MessageTooLargeError("entry", size, limit)
             if entry.index != index + 1:
@@ -159,25 +164,27 @@ class CommitLog:
                 raise PositionMismatchError(f"entry term {entry.term} is below {term}")
             if entry.kind not in KINDS:
                 raise ValueError(f"unknown entry kind {entry.kind}")
-            position = place(end, size, segment_size)
+            position = end
+            if end % segment_size + size > segment_size:
+                position = (end // segment_size + 1) * segment_size  # see entry.place
             if entry.position != position:
                 raise PositionMismatchError(
                     f"entry {entry.index} claims position {entry.position}, placement says "
                     f"{position}: the replicas' segment sizes or logs differ")
-            encoded = encode_entry(entry.index, entry.term, entry.kind, position, entry.body)
+            header, body_crc = encode_header(entry.index, entry.term, entry.kind, position, body)
             # One write per segment: an entry that starts a segment (even one
             # directly after an entry that filled the previous) opens a new run.
-            if groups and position == end and position % segment_size:
-                groups[-1][1].append(encoded)
-            else:
-                groups.append((position, [encoded]))
-            records.append(encode_record(position, entry.term, size, entry.kind,
-                                         crc32c(entry.body)))
+            if position != end or position % segment_size == 0 or not runs:
+                parts = []
+                runs.append((position, parts))
+            parts.append(header)
+            parts.append(body)
+            records.append(encode_record(position, entry.term, size, entry.kind, body_crc))
             index, term, end = entry.index, entry.term, position + size
         old_end, old_last = self.end, self.last_index
         try:
-            for position, parts in groups:
-                self.segments.write(position, b"".join(parts))
+            for position, run in runs:
+                self.segments.write(position, b"".join(run))
             self.index.append(old_last + 1, records)
         except BaseException:
             self.segments.truncate(old_end)
@@ -208,6 +215,8 @@ class CommitLog:
             self.durable_index, self.durable_end, self.durable_term = index, new_end, new_term
             write_checkpoint(self.data_dir, self._checkpoint_value())
         self._generation += 1
+        self._truncations.append((self._generation, index))
+        del self._truncations[:-64]
         self.segments.truncate(new_end)
         self.index.truncate_after(index)
         self.last_index, self.last_term, self.end = index, new_term, new_end
@@ -228,6 +237,18 @@ class CommitLog:
         return len(removed)
 
     # ------------------------------------------------------------ durability
+
+    @property
+    def generation(self) -> int:
+        """Bumped by every truncation."""
+        return self._generation
+
+    def cut_since(self, generation: int) -> int | None:
+        """Lowest index kept by a truncation after `generation`, or None."""
+        kept = [index for gen, index in self._truncations if gen > generation]
+        if generation < self._generation - 64:
+            return 0  # too old to know: assume the worst
+        return min(kept) if kept else None
 
     def begin_sync(self) -> SyncToken:
         """Collect what a sync must cover (call on the owning thread)."""
@@ -412,7 +433,7 @@ class CommitLog:
         if self.segments is not None:
             self.segments.close()
         if self.index is not None:
-            self.index.close()
+            self.index.close(write_pending=False)
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1

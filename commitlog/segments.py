@@ -28,6 +28,7 @@ class SegmentFiles:
         self._dirty: set[int] = set()
         self._directory_dirty = False
         self.foreign: list[str] = []
+        self._paths: dict[int, str] = {}
         for name in sorted(os.listdir(directory)):
             path = os.path.join(directory, name)
             if name.endswith(".tmp"):
@@ -55,7 +56,10 @@ class SegmentFiles:
             self.lengths[base] = length
 
     def path(self, base: int) -> str:
-        return os.path.join(self.directory, f"{base:0{NAME_DIGITS}d}")
+        path = self._paths.get(base)
+        if path is None:
+            path = self._paths[base] = os.path.join(self.directory, f"{base:0{NAME_DIGITS}d}")
+        return path
 
     def base_of(self, position: int) -> int:
         return position // self.segment_size * self.segment_size
@@ -63,29 +67,29 @@ class SegmentFiles:
     def write(self, position: int, data: bytes) -> None:
         """Write `data` at `position`, which must be the end of the last segment
         or the start of a new segment after it."""
-        base = self.base_of(position)
-        if not self.bases or base > self.bases[-1]:
-            self._fds[base] = open_append(self.path(base))
+        base = position - position % self.segment_size
+        bases = self.bases
+        if not bases or base > bases[-1]:
+            self._fds[base] = open_append(self.path(base))  # also caches the path
             self.lengths[base] = 0
-            self.bases.append(base)
+            bases.append(base)
             self._directory_dirty = True
-        elif base != self.bases[-1]:
+        elif base != bases[-1]:
             raise PositionMismatchError(f"write at {position} is before the last segment")
-        if position - base != self.lengths[base]:
+        length = self.lengths[base]
+        if position - base != length:
             raise PositionMismatchError(
-                f"write at {position} but segment {self.path(base)} ends at "
-                f"{base + self.lengths[base]}"
-            )
-        if position - base + len(data) > self.segment_size:
+                f"write at {position} but segment {self.path(base)} ends at {base + length}")
+        if length + len(data) > self.segment_size:
             raise PositionMismatchError(
                 f"write of {len(data)} bytes at {position} overruns segment {self.path(base)}")
         try:
-            write_at_end(self._fds[base], position - base, data, self.path(base))
+            write_at_end(self._fds[base], length, data, self._paths.get(base) or "")
         except BaseException:
-            if self.lengths[base] == 0 and base == self.bases[-1] and len(self.bases) > 1:
+            if length == 0 and base == bases[-1] and len(bases) > 1:
                 self._remove(base)  # do not leave an empty segment for a failed roll
             raise
-        self.lengths[base] += len(data)
+        self.lengths[base] = length + len(data)
         self._dirty.add(base)
 
     def read(self, position: int, length: int) -> bytes:

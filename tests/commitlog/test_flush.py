@@ -85,11 +85,18 @@ def test_waiters_of_truncated_entries_fail_instead_of_hanging(tmp_path) -> None:
         flusher = Flusher(log)
         await flusher.start()
         await flusher.append(log.build_entries(1, [(KIND_MESSAGES, message_body(1))] * 3))
+        assert log.durable_index < 3
         waiter = asyncio.ensure_future(flusher.wait_durable(3))
+        await asyncio.sleep(0)  # the waiter is now waiting for a sync round
         log.truncate_after(1)
+        # Entry 3 is replaced by a different entry at the same index: the old
+        # waiter must not be told its entry is durable.
+        log.append(log.build_entries(2, [(KIND_MESSAGES, message_body(2))] * 2))
         flusher.appended()
         with pytest.raises(StorageError, match="truncated"):
             await waiter
+        with pytest.raises(StorageError, match="not in the log"):
+            await flusher.wait_durable(9)
         await flusher.close()
         log.close()
 
