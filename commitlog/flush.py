@@ -28,9 +28,10 @@ from commitlog.log import CommitLog, SyncToken
 class Flusher:
     """Runs one CommitLog's flush policy. Start it on the loop that appends."""
 
-    def __init__(self, log: CommitLog) -> None:
+    def __init__(self, log: CommitLog, sync: bool | None = None) -> None:
+        """`sync` overrides the log's configured policy (True: flush=sync)."""
         self.log = log
-        self.sync_mode = log.config.flush == "sync"
+        self.sync_mode = log.config.flush == "sync" if sync is None else sync
         self._interval_s = log.config.flush_interval_ms / 1000
         self._checkpoint_interval_s = log.config.checkpoint_interval_ms / 1000
         self._flush_bytes = log.config.flush_bytes

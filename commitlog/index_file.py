@@ -7,6 +7,7 @@ rebuilds any part that is behind, too long or damaged.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from crc32c import crc32c
 
 from commitlog.disk import open_append, read_exact, sync_fd, write_at_end
+from commitlog.errors import DiskFullError
 
 RECORD = struct.Struct("<QQIB3xI")  # 28 bytes covered by the record CRC
 RECORD_SIZE = 32
@@ -112,9 +114,17 @@ class IndexFiles:
         base = max(self._fds)
         return base - 1 + self._lengths[base] // RECORD_SIZE
 
+    def _queued(self, index: int) -> IndexRecord | bool | None:
+        """The queued record of `index`; None if queued but bad; False if not queued."""
+        at = index - self._pending_first
+        if not self._pending or not 0 <= at < len(self._pending):
+            return False
+        return decode_record(index, self._pending[at])
+
     def read(self, index: int) -> IndexRecord | None:
-        if self._pending and index >= self._pending_first:
-            self.write_pending()
+        queued = self._queued(index)
+        if queued is not False:
+            return queued
         base = self._base_of(index)
         fd = self._fds.get(base)
         if fd is None or (index - base + 1) * RECORD_SIZE > self._lengths[base]:
@@ -123,14 +133,14 @@ class IndexFiles:
         return decode_record(index, raw) if len(raw) == RECORD_SIZE else None
 
     def read_range(self, lo: int, hi: int) -> list[IndexRecord | None]:
-        """Records of indexes [lo, hi); one pread per file touched."""
-        if self._pending and hi > self._pending_first:
-            self.write_pending()
+        """Records of indexes [lo, hi): one pread per file touched; queued
+        records are served from memory."""
         result: list[IndexRecord | None] = []
+        in_files = min(hi, max(lo, self._pending_first)) if self._pending else hi
         index = lo
-        while index < hi:
+        while index < in_files:
             base = self._base_of(index)
-            stop = min(hi, base + self.records_per_file)
+            stop = min(in_files, base + self.records_per_file)
             fd = self._fds.get(base)
             raw = b""
             if fd is not None:
@@ -140,49 +150,50 @@ class IndexFiles:
                 ok = at + RECORD_SIZE <= len(raw)
                 result.append(decode_record(i, raw, at) if ok else None)
             index = stop
+        for i in range(index, hi):
+            queued = self._queued(i)
+            result.append(None if queued is False else queued)
         return result
 
     def append(self, first: int, records: list[bytes]) -> None:
         """Queue encoded records for indexes first, first+1, … (slots must be next)."""
         if self._pending:
             if first != self._pending_first + len(self._pending):
-                raise ValueError(f"index record {first} does not follow the pending records")
+                raise ValueError(f"index record {first} does not follow the queued records")
         else:
             self._pending_first = first
         self._pending += records
         if len(self._pending) >= 2048:
-            self.write_pending()
+            # Opportunistic: on a full disk the records stay queued (reads are
+            # served from memory) and the next sync reports the error.
+            with contextlib.suppress(DiskFullError):
+                self.write_pending()
 
     def write_pending(self) -> None:
-        """Write queued records to the files (one pwrite per file touched)."""
-        if not self._pending:
-            return
-        records, first = self._pending, self._pending_first
-        self._pending = []
-        self._write(first, records)
+        """Write queued records to the files, one pwrite per file touched.
+        A record leaves the queue only once it is written."""
+        while self._pending:
+            written = self._write_one_file(self._pending_first, self._pending)
+            del self._pending[:written]
+            self._pending_first += written
 
-    def _write(self, first: int, records: list[bytes]) -> None:
-        index = first
-        start = 0
-        while start < len(records):
-            base = self._base_of(index)
-            take = min(len(records) - start, base + self.records_per_file - index)
-            fd = self._fd(base)
-            at = (index - base) * RECORD_SIZE
-            if at != self._lengths[base]:
-                raise ValueError(f"index record {index} is not the next slot of {self._path(base)}")
-            write_at_end(fd, at, b"".join(records[start : start + take]), self._path(base))
-            self._lengths[base] = at + take * RECORD_SIZE
-            self._dirty.add(base)
-            index += take
-            start += take
+    def _write_one_file(self, first: int, records: list[bytes]) -> int:
+        """Write the leading records that belong to one file; return how many."""
+        base = self._base_of(first)
+        take = min(len(records), base + self.records_per_file - first)
+        fd = self._fd(base)
+        at = (first - base) * RECORD_SIZE
+        if at != self._lengths[base]:
+            raise ValueError(f"index record {first} is not the next slot of {self._path(base)}")
+        write_at_end(fd, at, b"".join(records[:take]), self._path(base))
+        self._lengths[base] = at + take * RECORD_SIZE
+        self._dirty.add(base)
+        return take
 
     def truncate_after(self, index: int) -> None:
         """Drop every record of an index greater than `index`."""
         if self._pending:
-            keep = max(0, index - self._pending_first + 1)
-            del self._pending[keep:]
-            self.write_pending()
+            del self._pending[max(0, index - self._pending_first + 1):]
         for base in sorted(self._fds, reverse=True):
             if base > index:
                 self._remove(base)

@@ -11,6 +11,7 @@ app = typer.Typer(
     help="LedgerMQ: a RocketMQ-style message broker with a Raft-replicated CommitLog.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_show_locals=False,
 )
 
 
@@ -26,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "namesrv",
     "audit",
     "sim",
+    "storage_demo",
 )
 
 for _name in COMMAND_MODULES:
