@@ -17,7 +17,7 @@ setup: $(STAMP)
 
 # The main job: see README.md.
 run: setup
-	$(BIN)/ledgermq demo
+	$(BIN)/ledgermq storage-demo
 
 # The whole test suite, lint first.
 test: setup
