@@ -63,6 +63,17 @@ def sync_fd(fd: int) -> None:
     os.fdatasync(fd)
 
 
+def sync_and_close(fds: list[int]) -> None:
+    """fdatasync every fd (duplicates owned by the caller), then close them all,
+    also when a sync fails."""
+    try:
+        for fd in fds:
+            sync_fd(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def sync_directory(path: str) -> None:
     """Make created, renamed or removed directory entries durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from commitlog.disk import open_append, read_exact, sync_fd, write_at_end
+from commitlog.disk import open_append, read_exact, sync_and_close, write_at_end
 from commitlog.errors import DiskFullError
 
 RECORD = struct.Struct("<QQIB3xI")  # 28 bytes covered by the record CRC
@@ -225,11 +225,7 @@ class IndexFiles:
         return fds
 
     def sync(self) -> None:
-        for fd in self.dirty_fds():
-            try:
-                sync_fd(fd)
-            finally:
-                os.close(fd)
+        sync_and_close(self.dirty_fds())
 
     def close(self, write_pending: bool = True) -> None:
         """Close the files; `write_pending=False` drops queued records (a crash)."""

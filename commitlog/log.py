@@ -30,7 +30,7 @@ from commitlog.checkpoint import (
     write_hard_state,
 )
 from commitlog.config import CommitLogConfig
-from commitlog.disk import lock_directory, sync_directory, sync_fd
+from commitlog.disk import lock_directory, sync_and_close, sync_directory
 from commitlog.entry import HEADER_SIZE, KINDS, Entry, decode_header, encode_header, place
 from commitlog.errors import (
     CorruptionError,
@@ -258,14 +258,9 @@ class CommitLog:
 
     def run_sync(self, token: SyncToken) -> None:
         """fdatasync the token's files; safe to run on another thread."""
-        try:
-            for fd in token.fds:
-                sync_fd(fd)
-            if token.directory_dirty:
-                sync_directory(self.segments.directory)
-        finally:
-            for fd in token.fds:
-                os.close(fd)
+        sync_and_close(token.fds)
+        if token.directory_dirty:
+            sync_directory(self.segments.directory)
 
     def finish_sync(self, token: SyncToken, error: BaseException | None = None) -> None:
         """Advance the durable point (call on the owning thread)."""
@@ -297,12 +292,7 @@ class CommitLog:
 
     def run_checkpoint(self, token: CheckpointToken) -> None:
         """Sync the index files, then record the checkpoint (any thread)."""
-        try:
-            for fd in token.fds:
-                sync_fd(fd)
-        finally:
-            for fd in token.fds:
-                os.close(fd)
+        sync_and_close(token.fds)
         write_checkpoint(self.data_dir, token.checkpoint)
 
     def checkpoint(self) -> Checkpoint:

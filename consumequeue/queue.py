@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commitlog.disk import open_append, read_exact, sync_fd, write_at_end
+from commitlog.disk import open_append, read_exact, sync_and_close, write_at_end
 from consumequeue.unit import NAME_DIGITS, UNIT_SIZE, decode_units, encode_units
 
 
@@ -199,11 +199,7 @@ class ConsumeQueue:
         return fds
 
     def sync(self) -> None:
-        for fd in self.dirty_fds():
-            try:
-                sync_fd(fd)
-            finally:
-                os.close(fd)
+        sync_and_close(self.dirty_fds())
 
     def close(self) -> None:
         for fd in self._fds.values():
