@@ -187,6 +187,21 @@ class RaftNode:
         self._broadcast_append()
         return Proposed(entry.index, entry.term)
 
+    def propose_many(self, items: list[tuple[int, bytes]]) -> list[Proposed]:
+        """`propose` for a batch: all entries are appended before one broadcast,
+        so a group commit of N proposals sends batched appends, not N small ones."""
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.leader_id)
+        if self.elector.transferee:
+            raise NotLeader(self.elector.transferee)
+        out = []
+        for kind, data in items:
+            entry = self._append_as_leader(kind, data)
+            out.append(Proposed(entry.index, entry.term))
+        if out:
+            self._broadcast_append()
+        return out
+
     def campaign(self, transfer: bool = False) -> None:
         """Start an election now (pre-vote first unless disabled or a transfer)."""
         if self.role is Role.LEADER:

@@ -1,0 +1,231 @@
+"""Compact msgpack encoding of the Raft messages for the peer transport.
+
+Each message is one msgpack array whose first element is a type code; a frame
+payload is several such arrays back to back (so a batch can be cut into
+frames of bounded size without re-encoding). Entry bodies stay `bytes`
+(msgpack bin), and the entries of an `AppendRequest` are contiguous from
+`prev_index + 1`, so their indexes are not sent at all:
+
+    VoteRequest        [1, src, dst, term, last_index, last_term, pre_vote, transfer]
+    VoteResponse       [2, src, dst, term, granted, pre_vote]
+    Heartbeat          [3, src, dst, term, commit]
+    HeartbeatResponse  [4, src, dst, term]
+    TimeoutNow         [5, src, dst, term]
+    AppendRequest      [6, src, dst, term, prev_index, prev_term, commit,
+                        [term, kind, position, data, term, kind, position, data, ...]]
+    AppendResponse     [7, src, dst, term, success, index, hint_index, hint_term]
+
+The connection handshake (first frame of every peer connection) is a msgpack
+map, see `encode_hello` / `decode_hello`.
+
+Decoding trusts nothing: every field is type- and range-checked and any
+problem raises `CodecError`, which makes the transport close that connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import msgpack
+
+from dledger.entry import Entry
+from dledger.messages import (
+    AppendRequest,
+    AppendResponse,
+    Heartbeat,
+    HeartbeatResponse,
+    Message,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+)
+
+HELLO_MAGIC = "ledgermq-raft"
+HELLO_VERSION = 1
+CHANNELS = ("control", "replication")
+
+_T_VOTE_REQ = 1
+_T_VOTE_RESP = 2
+_T_HEARTBEAT = 3
+_T_HEARTBEAT_RESP = 4
+_T_TIMEOUT_NOW = 5
+_T_APPEND_REQ = 6
+_T_APPEND_RESP = 7
+
+_MAX_U64 = 2**64 - 1
+
+
+class CodecError(ValueError):
+    """A peer sent bytes that are not a valid message batch or handshake."""
+
+
+# ------------------------------------------------------------------ encoding
+
+
+def _encode_one(msg: Message) -> list[Any]:
+    # Most frequent types first: this runs once per message sent.
+    if isinstance(msg, AppendRequest):
+        flat: list[Any] = []
+        for e in msg.entries:
+            flat += (e.term, e.kind, e.position, e.data)
+        return [_T_APPEND_REQ, msg.src, msg.dst, msg.term, msg.prev_index, msg.prev_term,
+                msg.commit, flat]
+    if isinstance(msg, AppendResponse):
+        return [_T_APPEND_RESP, msg.src, msg.dst, msg.term, msg.success, msg.index,
+                msg.hint_index, msg.hint_term]
+    if isinstance(msg, Heartbeat):
+        return [_T_HEARTBEAT, msg.src, msg.dst, msg.term, msg.commit]
+    if isinstance(msg, HeartbeatResponse):
+        return [_T_HEARTBEAT_RESP, msg.src, msg.dst, msg.term]
+    if isinstance(msg, VoteRequest):
+        return [_T_VOTE_REQ, msg.src, msg.dst, msg.term, msg.last_index, msg.last_term,
+                msg.pre_vote, msg.transfer]
+    if isinstance(msg, VoteResponse):
+        return [_T_VOTE_RESP, msg.src, msg.dst, msg.term, msg.granted, msg.pre_vote]
+    if isinstance(msg, TimeoutNow):
+        return [_T_TIMEOUT_NOW, msg.src, msg.dst, msg.term]
+    raise TypeError(f"cannot encode {type(msg).__name__}")
+
+
+def encode_message(msg: Message) -> bytes:
+    """One message as a msgpack array."""
+    return msgpack.packb(_encode_one(msg), use_bin_type=True)
+
+
+def encode_batches(messages: Iterable[Message], max_payload_bytes: int) -> list[bytes]:
+    """Frame payloads carrying `messages` in order, each at most about
+    `max_payload_bytes` (a single larger message gets a payload of its own)."""
+    payloads: list[bytes] = []
+    parts: list[bytes] = []
+    size = 0
+    for msg in messages:
+        raw = encode_message(msg)
+        if parts and size + len(raw) > max_payload_bytes:
+            payloads.append(b"".join(parts))
+            parts, size = [], 0
+        parts.append(raw)
+        size += len(raw)
+    if parts:
+        payloads.append(b"".join(parts))
+    return payloads
+
+
+def encode_hello(group: str, src: int, dst: int, channel: str) -> bytes:
+    return msgpack.packb(
+        {"hello": HELLO_MAGIC, "version": HELLO_VERSION, "group": group, "src": src, "dst": dst,
+         "channel": channel},
+        use_bin_type=True,
+    )
+
+
+# ------------------------------------------------------------------ decoding
+
+
+def _uint(value: Any, what: str) -> int:
+    # bool is an int subclass; a True where a number belongs is a broken peer.
+    if type(value) is not int or not 0 <= value <= _MAX_U64:
+        raise CodecError(f"{what} must be an unsigned integer, got {type(value).__name__}")
+    return value
+
+
+def _bool(value: Any, what: str) -> bool:
+    if type(value) is not bool:
+        raise CodecError(f"{what} must be a boolean, got {type(value).__name__}")
+    return value
+
+
+def _fields(obj: list[Any], n: int, name: str) -> None:
+    if len(obj) != n:
+        raise CodecError(f"{name} has {len(obj)} fields, expected {n}")
+
+
+def _decode_one(obj: Any) -> Message:
+    if type(obj) is not list or not obj:
+        raise CodecError(f"message must be a non-empty array, got {type(obj).__name__}")
+    t = obj[0]
+    if t == _T_APPEND_REQ and type(t) is int:
+        _fields(obj, 8, "AppendRequest")
+        src, dst, term = _uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term")
+        prev_index, prev_term = _uint(obj[4], "prev_index"), _uint(obj[5], "prev_term")
+        commit = _uint(obj[6], "commit")
+        flat = obj[7]
+        if type(flat) is not list or len(flat) % 4:
+            raise CodecError("AppendRequest entries must be an array of 4-tuples")
+        entries = []
+        index = prev_index
+        for k in range(0, len(flat), 4):
+            e_term, e_kind, position, data = flat[k : k + 4]
+            if type(data) is not bytes:
+                raise CodecError("entry data must be binary")
+            index += 1
+            entries.append(Entry(index, _uint(e_term, "entry term"), _uint(e_kind, "entry kind"),
+                                 data, _uint(position, "entry position")))
+        return AppendRequest(src, dst, term, prev_index, prev_term, tuple(entries), commit)
+    if type(t) is not int:
+        raise CodecError("message type must be an integer")
+    if t == _T_APPEND_RESP:
+        _fields(obj, 8, "AppendResponse")
+        return AppendResponse(_uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term"),
+                              _bool(obj[4], "success"), _uint(obj[5], "index"),
+                              _uint(obj[6], "hint_index"), _uint(obj[7], "hint_term"))
+    if t == _T_HEARTBEAT:
+        _fields(obj, 5, "Heartbeat")
+        return Heartbeat(_uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term"),
+                         _uint(obj[4], "commit"))
+    if t == _T_HEARTBEAT_RESP:
+        _fields(obj, 4, "HeartbeatResponse")
+        return HeartbeatResponse(_uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term"))
+    if t == _T_VOTE_REQ:
+        _fields(obj, 8, "VoteRequest")
+        return VoteRequest(_uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term"),
+                           _uint(obj[4], "last_index"), _uint(obj[5], "last_term"),
+                           _bool(obj[6], "pre_vote"), _bool(obj[7], "transfer"))
+    if t == _T_VOTE_RESP:
+        _fields(obj, 6, "VoteResponse")
+        return VoteResponse(_uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term"),
+                            _bool(obj[4], "granted"), _bool(obj[5], "pre_vote"))
+    if t == _T_TIMEOUT_NOW:
+        _fields(obj, 4, "TimeoutNow")
+        return TimeoutNow(_uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term"))
+    raise CodecError(f"unknown message type {t}")
+
+
+def decode_batch(payload: bytes, max_bin_len: int) -> list[Message]:
+    """All messages of one frame payload; `CodecError` if any byte is wrong."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(payload), 1),
+                                max_bin_len=max_bin_len, max_str_len=1024,
+                                max_array_len=1 << 24, max_map_len=0)
+    unpacker.feed(payload)
+    out: list[Message] = []
+    try:
+        it: Iterator[Any] = iter(unpacker)
+        for obj in it:
+            out.append(_decode_one(obj))
+    except CodecError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise CodecError(f"payload is not valid msgpack: {type(exc).__name__}: {exc}") from None
+    if not out:
+        raise CodecError("empty message batch")
+    return out
+
+
+def decode_hello(payload: bytes) -> dict[str, Any]:
+    """The handshake map, shape-checked (group str, src/dst ints, known channel)."""
+    try:
+        obj = msgpack.unpackb(payload, raw=False, max_str_len=4096, max_bin_len=0,
+                              max_array_len=0, max_map_len=16)
+    except Exception as exc:
+        raise CodecError(f"handshake is not valid msgpack: {type(exc).__name__}") from None
+    if type(obj) is not dict or obj.get("hello") != HELLO_MAGIC:
+        raise CodecError("not a LedgerMQ Raft peer handshake")
+    if obj.get("version") != HELLO_VERSION:
+        raise CodecError(f"unsupported peer protocol version {obj.get('version')!r}")
+    if type(obj.get("group")) is not str:
+        raise CodecError("handshake group must be a string")
+    _uint(obj.get("src"), "handshake src")
+    _uint(obj.get("dst"), "handshake dst")
+    if obj.get("channel") not in CHANNELS:
+        raise CodecError(f"unknown channel {obj.get('channel')!r}")
+    return obj

@@ -1,0 +1,138 @@
+"""`CommitLogStorage`: the CommitLog seen through the Raft core's `LogStorage` port.
+
+The core reads persisted entries through this adapter (terms for the
+consistency check, entries to replicate); the runtime writes through it
+(`write`), which converts the core's `dledger.Entry` (index, term, kind, data,
+position) into `commitlog.Entry` (index, term, kind, position, body),
+truncates a replaced suffix first and keeps an in-memory tail cache.
+
+The tail cache holds the most recently written entries (bounded in bytes) as
+`dledger.Entry` objects, so the leader's replication reads of fresh entries
+and the follower's term lookups never touch the disk or re-check CRCs; only a
+follower that fell further behind than the cache is served from the files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import commitlog
+from dledger.entry import Entry, HardState
+from dledger.log import invariant
+from dledger.storage import LogUnavailable
+
+DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
+
+
+class CommitLogStorage:
+    """Read port for the core plus the writer the runtime uses. Loop thread only."""
+
+    def __init__(self, log: commitlog.CommitLog, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.log = log
+        self._cache_bytes_max = cache_bytes
+        # Invariant: _cache[k].index == _cache_first + k, and the last cached
+        # entry is the log's last entry (or the cache is empty).
+        self._cache: list[Entry] = []
+        self._cache_first = log.last_index + 1
+        self._cache_bytes = 0
+        self.cache_hits = 0
+        self.disk_reads = 0
+
+    # ------------------------------------------------------------ LogStorage
+
+    def initial_state(self) -> HardState:
+        hs = self.log.load_hard_state()
+        return HardState(hs.term, hs.vote, hs.commit)
+
+    def first_index(self) -> int:
+        return self.log.first_index
+
+    def last_index(self) -> int:
+        return self.log.last_index
+
+    def term(self, index: int) -> int:
+        if index == 0:
+            return 0
+        if not self.log.first_index <= index <= self.log.last_index:
+            raise LogUnavailable(index)
+        k = index - self._cache_first
+        if 0 <= k < len(self._cache):
+            return self._cache[k].term
+        return self.log.term_at(index)
+
+    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        if lo < self.log.first_index or hi > self.log.last_index + 1 or lo > hi:
+            raise LogUnavailable((lo, hi))
+        if lo == hi:
+            return []
+        if lo >= self._cache_first:
+            self.cache_hits += 1
+            out: list[Entry] = []
+            total = 0
+            for entry in self._cache[lo - self._cache_first : hi - self._cache_first]:
+                total += entry.size
+                if out and total > max_bytes:
+                    break
+                out.append(entry)
+            return out
+        self.disk_reads += 1
+        return [
+            Entry(e.index, e.term, e.kind, e.body, e.position)
+            for e in self.log.read_entries(lo, hi, max_bytes)
+        ]
+
+    def end_position(self) -> int:
+        return self.log.end
+
+    # --------------------------------------------------------------- writer
+
+    def write(self, entries: Sequence[Entry], commit: int) -> list[commitlog.Entry]:
+        """Store `entries` (from a Ready), first cutting the suffix they replace.
+
+        `commit` is the highest index known committed: cutting at or below it
+        would destroy a committed entry, which Raft forbids (checked here too,
+        so a core bug cannot reach the disk). Returns the stored entries.
+        """
+        if not entries:
+            return []
+        first = entries[0].index
+        log = self.log
+        invariant(first <= log.last_index + 1, f"gap: writing {first} after {log.last_index}")
+        if first <= log.last_index:
+            invariant(first > commit, f"truncating committed entry {first} (commit {commit})")
+            log.truncate_after(first - 1)
+            self._cut_cache(first - 1)
+        stored = [commitlog.Entry(e.index, e.term, e.kind, e.position, e.data) for e in entries]
+        log.append(stored)
+        self._cache_append(entries)
+        return stored
+
+    def _cut_cache(self, keep: int) -> None:
+        k = keep + 1 - self._cache_first
+        if k <= 0:
+            self._cache = []
+            self._cache_bytes = 0
+            self._cache_first = keep + 1
+            return
+        for entry in self._cache[k:]:
+            self._cache_bytes -= entry.size
+        del self._cache[k:]
+
+    def _cache_append(self, entries: Sequence[Entry]) -> None:
+        if entries[0].index != self._cache_first + len(self._cache):
+            self._cache = []
+            self._cache_bytes = 0
+            self._cache_first = entries[0].index
+        self._cache.extend(entries)
+        self._cache_bytes += sum(e.size for e in entries)
+        if self._cache_bytes > self._cache_bytes_max:
+            drop = 0
+            while self._cache_bytes > self._cache_bytes_max // 2 and drop < len(self._cache) - 1:
+                self._cache_bytes -= self._cache[drop].size
+                drop += 1
+            del self._cache[:drop]
+            self._cache_first += drop
+
+    @property
+    def cached_entries(self) -> int:
+        return len(self._cache)

@@ -1,0 +1,240 @@
+"""The node runtime: three `RaftGroupNode`s on one event loop over real TCP and real CommitLogs."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from node_harness import Cluster, log_entries, wait_until
+
+import commitlog
+from dledger.node import NodeConfig, NotLeaderError, ProposalUnknown
+from ledgermq.loop import run
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def body(i: int) -> bytes:
+    return b"message-%06d" % i
+
+
+async def propose_all(node, bodies: list[bytes]) -> list[commitlog.Entry]:
+    return list(await asyncio.gather(*(node.propose(commitlog.KIND_MESSAGES, b) for b in bodies)))
+
+
+def test_replicate_failover_and_catch_up(tmp_path: Path) -> None:
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start_all()
+        try:
+            leader = await cluster.wait_leader()
+            acked = await propose_all(leader, [body(i) for i in range(1000)])
+            assert [e.body for e in acked] == [body(i) for i in range(1000)]
+            assert [e.index for e in acked] == sorted(e.index for e in acked)
+            # Group commit: far fewer fsyncs/appends than proposals.
+            assert leader.status()["proposal_batches"] < 1000
+
+            commit = await cluster.wait_converged()
+            assert commit >= acked[-1].index
+            reference = log_entries(leader, commit)
+            for node_id, node in cluster.nodes.items():
+                assert log_entries(node, commit) == reference, node_id
+                applied = [(e.index, e.term, e.kind, e.position, e.body)
+                           for e in cluster.applied[node_id]]
+                assert applied == reference[: len(applied)]
+                assert len(applied) == commit
+            # Every replica stored every entry at the same byte position.
+            assert {e.body for e in acked} <= {r[4] for r in reference}
+
+            follower = next(n for n in cluster.nodes.values() if n is not leader)
+            with pytest.raises(NotLeaderError) as info:
+                await follower.propose(commitlog.KIND_MESSAGES, b"x")
+            assert info.value.leader_id == leader.config.node_id
+
+            # Kill the leader (clean stop: its sockets close at once).
+            old_id = leader.config.node_id
+            timeout_s = leader.config.tick_ms * leader.config.election_timeout_ticks / 1000
+            loop = asyncio.get_running_loop()
+            await cluster.stop(old_id)
+            stopped_at = loop.time()
+            new_leader = await cluster.wait_leader(timeout=20 * timeout_s)
+            failover = loop.time() - stopped_at
+            assert new_leader.config.node_id != old_id
+            print(f"failover after clean stop: {failover * 1000:.0f} ms "
+                  f"(election timeout {timeout_s * 1000:.0f} ms)")
+
+            more = await propose_all(new_leader, [body(i) for i in range(1000, 1100)])
+            assert more[-1].index > acked[-1].index
+
+            # The old leader comes back and catches up from its own files.
+            restarted = await cluster.start(old_id)
+            commit = await cluster.wait_converged()
+            assert restarted.applied_index == commit
+            assert log_entries(restarted, commit) == log_entries(new_leader, commit)
+            assert [e.index for e in cluster.applied[old_id]] == list(range(1, commit + 1))
+            st = new_leader.status()
+            assert st["elections"] >= 1 and st["leader_changes"] >= 1
+            assert all(f["lag"] == 0 for f in st["followers"].values())
+        finally:
+            await cluster.stop_all()
+
+    run(main())
+
+
+def test_divergent_uncommitted_suffix_is_truncated(tmp_path: Path) -> None:
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start_all()
+        try:
+            leader = await cluster.wait_leader()
+            await propose_all(leader, [body(i) for i in range(20)])
+            commit = await cluster.wait_converged()
+            old_id = leader.config.node_id
+            others = [n for n in cluster.peers if n != old_id]
+            for n in others:
+                await cluster.stop(n)
+            # Alone, the leader appends entries that can never commit.
+            before = leader.last_index
+            results = await asyncio.gather(
+                *(leader.propose(commitlog.KIND_MESSAGES, b"doomed-%d" % i, timeout=0.3)
+                  for i in range(5)), return_exceptions=True)
+            assert all(isinstance(r, (ProposalUnknown, NotLeaderError)) for r in results)
+            assert leader.last_index > before, "nothing was appended: no divergence provoked"
+            assert leader.commit_index == commit
+            await cluster.stop(old_id)
+
+            for n in others:
+                await cluster.start(n)
+            new_leader = await cluster.wait_leader()
+            await propose_all(new_leader, [body(i) for i in range(100, 110)])
+            restarted = await cluster.start(old_id)
+            commit = await cluster.wait_converged()
+            assert restarted.log.generation >= 1, "the divergent suffix was not truncated"
+            entries = log_entries(restarted, restarted.log.last_index)
+            assert entries == log_entries(new_leader, new_leader.log.last_index)
+            assert not any(e[4].startswith(b"doomed") for e in entries)
+        finally:
+            await cluster.stop_all()
+
+    run(main())
+
+
+def test_flush_sync_followers_fsync_before_ack(tmp_path: Path) -> None:
+    async def main() -> None:
+        cluster = Cluster(tmp_path, flush="sync")
+        await cluster.start_all()
+        try:
+            leader = await cluster.wait_leader()
+            acked = await propose_all(leader, [body(i) for i in range(300)])
+            await cluster.wait_converged()
+            for node in cluster.nodes.values():
+                st = node.status()
+                assert st["durable_index"] >= acked[-1].index
+                if node is leader:
+                    assert st["entries_per_fsync"] > 1, st  # group commit
+                    continue
+                assert st["acks_sent"] > 0 and st["fsyncs"] > 0
+                # Every acknowledgement left after the fsync that covered it.
+                assert st["acks_not_durable"] == 0, st
+        finally:
+            await cluster.stop_all()
+
+    run(main())
+
+
+def test_flush_async_acks_before_fsync(tmp_path: Path) -> None:
+    async def main() -> None:
+        cluster = Cluster(tmp_path, flush="async")
+        await cluster.start_all()
+        try:
+            leader = await cluster.wait_leader()
+            await propose_all(leader, [body(i) for i in range(300)])
+            await cluster.wait_converged()
+            followers = [n for n in cluster.nodes.values() if n is not leader]
+            assert sum(n.status()["acks_not_durable"] for n in followers) > 0
+        finally:
+            await cluster.stop_all()
+
+    run(main())
+
+
+def test_replicate_async_acks_before_commit(tmp_path: Path) -> None:
+    async def main() -> None:
+        cluster = Cluster(tmp_path, replicate="async", flush="sync")
+        await cluster.start_all()
+        try:
+            leader = await cluster.wait_leader()
+            await propose_all(leader, [body(i) for i in range(10)])
+            await cluster.wait_converged()
+            for n in [n for n in cluster.peers if n != leader.config.node_id]:
+                await cluster.stop(n)
+            # No follower is left, yet the leader acknowledges after its own fsync.
+            entry = await leader.propose(commitlog.KIND_MESSAGES, b"async-ack", timeout=1.0)
+            assert leader.commit_index < entry.index
+            assert leader.log.durable_index >= entry.index
+        finally:
+            await cluster.stop_all()
+
+    run(main())
+
+
+def test_bad_peer_input_closes_only_that_connection(tmp_path: Path) -> None:
+    from dledger.runtime_codec import encode_hello
+    from ledgermq.wire.codec import encode_frame
+
+    async def closed_by_server(port: int, data: bytes) -> bool:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(data)
+        try:
+            got = await asyncio.wait_for(reader.read(1), 5.0)
+        finally:
+            writer.close()
+        return got == b""
+
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start_all()
+        try:
+            leader = await cluster.wait_leader()
+            port = cluster.peers[leader.config.node_id][1]
+            other = next(n for n in cluster.peers if n != leader.config.node_id)
+            good_hello = encode_frame(encode_hello("g1", other, leader.config.node_id, "control"))
+            cases = [
+                b"\x00\x00\x00\x05\x80garbage",                            # unknown frame flag
+                b"GET / HTTP/1.1\r\n\r\n",                                 # not our protocol
+                encode_frame(encode_hello("other-group", other, leader.config.node_id,
+                                          "control")),                    # wrong group
+                encode_frame(encode_hello("g1", 99, leader.config.node_id, "control")),
+                good_hello + encode_frame(b"\xc1\xc1"),                    # invalid msgpack
+                good_hello + encode_frame(b"\x93\x01\x02\x03"),            # wrong shape
+            ]
+            for data in cases:
+                assert await closed_by_server(port, data), data
+            await wait_until(
+                lambda: leader.status()["transport"]["rejected_connections"] >= len(cases),
+                5.0, "rejections counted")
+            # The node, and the cluster, keep working.
+            entry = await leader.propose(commitlog.KIND_MESSAGES, b"still-alive")
+            assert entry.body == b"still-alive"
+            assert cluster.ready_leader() is leader
+        finally:
+            await cluster.stop_all()
+
+    run(main())
+
+
+def test_config_validation(tmp_path: Path) -> None:
+    peers = {1: ("127.0.0.1", 1)}
+    with pytest.raises(ValueError):
+        NodeConfig("g", 2, peers, str(tmp_path))
+    with pytest.raises(ValueError):
+        NodeConfig("g", 1, peers, str(tmp_path), flush="maybe")
+    with pytest.raises(ValueError):
+        NodeConfig("g", 1, peers, str(tmp_path), replicate="never")
+    with pytest.raises(ValueError):
+        NodeConfig("g", 1, peers, str(tmp_path), heartbeat_interval_ticks=10)
+    cfg = NodeConfig("g", 1, peers, str(tmp_path), flush="sync",
+                     commitlog=commitlog.CommitLogConfig(segment_size_bytes=1 << 20))
+    assert cfg.commitlog_config().flush == "sync"
+    assert cfg.commitlog_config().segment_size_bytes == 1 << 20

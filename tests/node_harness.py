@@ -1,0 +1,110 @@
+"""In-process clusters of `RaftGroupNode`s on one event loop, over real TCP (test helper)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import commitlog
+from dledger.node import NodeConfig, RaftGroupNode, SoftStateInfo
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct ports that were free a moment ago (bound then released)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+async def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
+                     interval: float = 0.01) -> Any:
+    """Poll `predicate` until truthy; fail with `what` after `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+class Cluster:
+    """N nodes; `applied[n]` records every entry node n applied, in order."""
+
+    def __init__(self, root: Path, n: int = 3, **knobs: Any) -> None:
+        self.root = root
+        ports = free_ports(n)
+        self.peers = {i + 1: ("127.0.0.1", ports[i]) for i in range(n)}
+        self.knobs = knobs
+        self.nodes: dict[int, RaftGroupNode] = {}
+        self.applied: dict[int, list[commitlog.Entry]] = {}
+        self.soft: dict[int, list[SoftStateInfo]] = {}
+
+    def config(self, node_id: int) -> NodeConfig:
+        return NodeConfig(group="g1", node_id=node_id, peers=self.peers,
+                          data_dir=str(self.root / f"n{node_id}"),
+                          segment_size_bytes=1 << 20, **self.knobs)
+
+    async def start(self, node_id: int) -> RaftGroupNode:
+        applied: list[commitlog.Entry] = []
+        self.applied[node_id] = applied
+        self.soft[node_id] = []
+
+        def apply(entries: Sequence[commitlog.Entry]) -> None:
+            applied.extend(entries)
+
+        node = RaftGroupNode(self.config(node_id), apply, self.soft[node_id].append)
+        await node.start(0)
+        self.nodes[node_id] = node
+        return node
+
+    async def start_all(self) -> None:
+        for node_id in self.peers:
+            await self.start(node_id)
+
+    async def stop(self, node_id: int) -> None:
+        node = self.nodes.pop(node_id)
+        await node.stop()
+
+    async def stop_all(self) -> None:
+        for node_id in list(self.nodes):
+            await self.stop(node_id)
+
+    def ready_leader(self) -> RaftGroupNode | None:
+        leaders = [n for n in self.nodes.values() if n.leader_ready]
+        return leaders[0] if len(leaders) == 1 else None
+
+    async def wait_leader(self, timeout: float = 15.0) -> RaftGroupNode:
+        node = await wait_until(self.ready_leader, timeout, "a ready leader")
+        assert isinstance(node, RaftGroupNode)
+        return node
+
+    async def wait_converged(self, timeout: float = 15.0) -> int:
+        """Every running node applied up to the leader's commit index; returns it."""
+        def converged() -> int | None:
+            leader = self.ready_leader()
+            if leader is None:
+                return None
+            commit = leader.commit_index
+            if all(n.applied_index >= commit for n in self.nodes.values()):
+                return commit
+            return None
+        result = await wait_until(converged, timeout, "all nodes applied the leader's commit")
+        return int(result)
+
+
+def log_entries(node: RaftGroupNode, hi: int) -> list[tuple[int, int, int, int, bytes]]:
+    return [(e.index, e.term, e.kind, e.position, e.body)
+            for e in node.log.read_entries(1, hi + 1)]
