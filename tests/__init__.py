@@ -1,0 +1,1 @@
+"""LedgerMQ test suite: tiers mirror the package layout."""
