@@ -23,3 +23,16 @@ class RequestCode(IntEnum):
     BROKER_HEARTBEAT = 102
     GET_ROUTE = 103
     GET_CLUSTER = 104
+
+    # Broker (client-facing); bodies in docs/protocol.md "Broker".
+    SEND_MESSAGES = 200
+    PULL_MESSAGES = 201
+    CREATE_TOPIC = 202
+    DELETE_TOPIC = 203
+    GET_TOPICS = 204
+    COMMIT_OFFSETS = 205
+    QUERY_OFFSET = 206
+    CLIENT_HEARTBEAT = 207
+    GET_MEMBERS = 208
+    GET_QUEUE_OFFSETS = 209
+    BROKER_STATUS = 210

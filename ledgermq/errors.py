@@ -41,6 +41,7 @@ class ErrorCode(IntEnum):
     TIMEOUT = 20
     SERVICE_UNAVAILABLE = 21
     DISK_FULL = 22
+    OUTCOME_UNKNOWN = 23
 
     INTERNAL = 50
 
@@ -149,6 +150,13 @@ class DiskFullError(LedgerMQError):
     default_code = ErrorCode.DISK_FULL
 
 
+class OutcomeUnknownError(LedgerMQError):
+    """A write was proposed but leadership changed before its fate was known:
+    it may or may not be stored. Retry with the same producer id and sequence."""
+
+    default_code = ErrorCode.OUTCOME_UNKNOWN
+
+
 class InternalError(LedgerMQError):
     default_code = ErrorCode.INTERNAL
 
@@ -179,6 +187,7 @@ _BY_CODE: dict[int, type[LedgerMQError]] = {
         RequestTimeoutError,
         ServiceUnavailableError,
         DiskFullError,
+        OutcomeUnknownError,
         InternalError,
     )
 }

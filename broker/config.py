@@ -1,0 +1,209 @@
+"""Broker configuration: one TOML file per node, every key documented in
+docs/configuration.md. `load_config` validates everything up front so that a
+typo fails at start-up with the key's name, not later inside the Raft runtime.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+MIB = 1024 * 1024
+
+
+class BrokerConfigError(ValueError):
+    """The configuration file is missing a key or has a wrong value."""
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One node of the group: where its Raft transport and its clients connect."""
+
+    raft: str
+    client: str
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    group: str
+    node_id: int
+    data_dir: str
+    peers: Mapping[int, Peer]
+    cluster: str = "DefaultCluster"
+    # Client listen address; default: this node's `client` address in peers.
+    listen: str = ""
+    # Raft bind host; default: the host of this node's `raft` address.
+    raft_bind_host: str = ""
+    namesrv: tuple[str, ...] = ()
+    flush: str = "async"
+    replicate: str = "sync"
+    tick_ms: int = 50
+    election_timeout_ticks: int = 10
+    heartbeat_interval_ticks: int = 1
+    preferred_leader: int = 0
+    segment_size_bytes: int = 256 * MIB
+    message_size_bytes_max: int = 4 * MIB
+    auto_create_topics: bool = True
+    default_queues: int = 4
+    long_poll_timeout_ms: int = 15_000
+    pull_max_messages: int = 256
+    batch_max_messages: int = 4096
+    batch_max_bytes: int = 4 * MIB
+    max_inflight_proposals: int = 2
+    propose_timeout_ms: int = 3_000
+    namesrv_register_interval_ms: int = 1_000
+    member_expiry_ms: int = 10_000
+    dedup_window: int = 4096
+    dedup_producers_max: int = 100_000
+    cq_checkpoint_interval_ms: int = 1_000
+    log_level: str = "INFO"
+
+    @property
+    def client_address(self) -> str:
+        return self.listen or self.peers[self.node_id].client
+
+    def client_address_of(self, node_id: int) -> str | None:
+        peer = self.peers.get(node_id)
+        return peer.client if peer else None
+
+    def raft_peers(self) -> dict[int, tuple[str, int]]:
+        return {nid: split_address(p.raft) for nid, p in self.peers.items()}
+
+    def with_overrides(self, **values: Any) -> BrokerConfig:
+        """A copy with the given keys replaced (None values are ignored)."""
+        changed = replace(self, **{k: v for k, v in values.items() if v is not None})
+        validate(changed)
+        return changed
+
+
+def split_address(value: str) -> tuple[str, int]:
+    """'host:port' -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise BrokerConfigError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+_RAFT_KEYS = {
+    "tick_ms", "election_timeout_ticks", "heartbeat_interval_ticks", "preferred_leader",
+    "segment_size_bytes", "bind_host",
+}
+_TOP_LEVEL = {f.name for f in fields(BrokerConfig)} - {"peers", "raft_bind_host"} - _RAFT_KEYS
+_TOP_LEVEL |= {"raft"}
+
+
+def parse_config(raw: Mapping[str, Any]) -> BrokerConfig:
+    """Build a BrokerConfig from the TOML document's mapping."""
+    unknown = set(raw) - _TOP_LEVEL - {"peers"}
+    if unknown:
+        raise BrokerConfigError(f"unknown configuration keys: {sorted(unknown)}")
+    values: dict[str, Any] = {k: v for k, v in raw.items() if k not in ("raft", "peers")}
+    raft = raw.get("raft", {})
+    if not isinstance(raft, Mapping):
+        raise BrokerConfigError("[raft] must be a table")
+    bad = set(raft) - _RAFT_KEYS
+    if bad:
+        raise BrokerConfigError(f"unknown [raft] keys: {sorted(bad)}")
+    for key, value in raft.items():
+        values["raft_bind_host" if key == "bind_host" else key] = value
+    for key in ("group", "node_id", "data_dir"):
+        if key not in values:
+            raise BrokerConfigError(f"missing required key {key!r}")
+    raw_peers = raw.get("peers")
+    if not isinstance(raw_peers, Mapping) or not raw_peers:
+        raise BrokerConfigError("[peers] must list every node: [peers.<id>] raft=..., client=...")
+    peers: dict[int, Peer] = {}
+    for key, spec in raw_peers.items():
+        if not str(key).isdigit() or int(key) < 1:
+            raise BrokerConfigError(f"peer id {key!r} must be a positive integer")
+        if not isinstance(spec, Mapping) or not {"raft", "client"} <= set(spec):
+            raise BrokerConfigError(f"[peers.{key}] needs 'raft' and 'client' addresses")
+        peers[int(key)] = Peer(str(spec["raft"]), str(spec["client"]))
+    values["peers"] = peers
+    if isinstance(values.get("namesrv"), str):
+        values["namesrv"] = (values["namesrv"],)
+    values["namesrv"] = tuple(values.get("namesrv", ()))
+    try:
+        config = BrokerConfig(**values)
+    except TypeError as exc:
+        raise BrokerConfigError(str(exc)) from None
+    validate(config)
+    return config
+
+
+def load_config(path: str) -> BrokerConfig:
+    """Read and validate a broker TOML file."""
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except OSError as exc:
+        raise BrokerConfigError(f"cannot read {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise BrokerConfigError(f"{path}: {exc}") from None
+    return parse_config(raw)
+
+
+def _check_int(config: BrokerConfig, name: str, lo: int) -> None:
+    value = getattr(config, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+        raise BrokerConfigError(f"{name} must be an integer >= {lo}, got {value!r}")
+
+
+def validate(config: BrokerConfig) -> None:
+    if not isinstance(config.group, str) or not config.group:
+        raise BrokerConfigError("group must be a non-empty string")
+    _check_int(config, "node_id", 1)
+    if config.node_id not in config.peers:
+        raise BrokerConfigError(f"node_id {config.node_id} is not in [peers]")
+    if config.flush not in ("sync", "async"):
+        raise BrokerConfigError(f"flush must be 'sync' or 'async', not {config.flush!r}")
+    if config.replicate not in ("sync", "async"):
+        raise BrokerConfigError(f"replicate must be 'sync' or 'async', not {config.replicate!r}")
+    for name in ("tick_ms", "election_timeout_ticks", "heartbeat_interval_ticks",
+                 "message_size_bytes_max", "default_queues", "pull_max_messages",
+                 "batch_max_messages", "batch_max_bytes", "max_inflight_proposals",
+                 "propose_timeout_ms", "namesrv_register_interval_ms", "member_expiry_ms",
+                 "dedup_window", "dedup_producers_max", "cq_checkpoint_interval_ms"):
+        _check_int(config, name, 1)
+    _check_int(config, "preferred_leader", 0)
+    _check_int(config, "long_poll_timeout_ms", 0)
+    _check_int(config, "segment_size_bytes", 4096)
+    if config.default_queues > 1024:
+        raise BrokerConfigError("default_queues must be at most 1024")
+    if not isinstance(config.auto_create_topics, bool):
+        raise BrokerConfigError("auto_create_topics must be true or false")
+    for peer in config.peers.values():
+        split_address(peer.raft)
+        split_address(peer.client)
+    for address in config.namesrv:
+        split_address(address)
+    if config.listen:
+        split_address(config.listen)
+
+
+def render_config(values: Mapping[str, Any], peers: Mapping[int, Peer],
+                  raft: Mapping[str, Any] | None = None) -> str:
+    """A TOML document for these values (used by the local-cluster launcher)."""
+    lines = [f"{key} = {_toml_value(value)}" for key, value in values.items()]
+    if raft:
+        lines.append("\n[raft]")
+        lines += [f"{key} = {_toml_value(value)}" for key, value in raft.items()]
+    for nid, peer in sorted(peers.items()):
+        lines.append(f"\n[peers.{nid}]")
+        lines.append(f"raft = {_toml_value(peer.raft)}")
+        lines.append(f"client = {_toml_value(peer.client)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot render {value!r} as TOML")

@@ -1,0 +1,54 @@
+"""CONTROL entry bodies: broker metadata replicated through the Raft log.
+
+Schema (msgpack map, documented in docs/broker.md):
+
+    {"v": 1, "ops": [op, ...]}
+    op = {"op": "topic.put",      "topic": str, "queues": int, "perm": int}
+       | {"op": "topic.delete",   "topic": str}
+       | {"op": "offsets.commit", "offsets": [[group, topic, queue_id, offset], ...]}
+
+Several operations share one entry so that concurrent offset commits cost one
+proposal (group commit). Unknown ops are skipped by the state machine, so a
+newer broker can add operations that an older replica ignores rather than
+crashes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+CONTROL_VERSION = 1
+PERM_READ = 4
+PERM_WRITE = 2
+PERM_RW = PERM_READ | PERM_WRITE
+MAX_QUEUES = 1024
+
+
+def topic_put(topic: str, queues: int, perm: int = PERM_RW) -> dict[str, Any]:
+    return {"op": "topic.put", "topic": topic, "queues": queues, "perm": perm}
+
+
+def topic_delete(topic: str) -> dict[str, Any]:
+    return {"op": "topic.delete", "topic": topic}
+
+
+def offsets_commit(offsets: Sequence[tuple[str, str, int, int]]) -> dict[str, Any]:
+    return {"op": "offsets.commit", "offsets": [list(o) for o in offsets]}
+
+
+def encode_control(ops: Sequence[dict[str, Any]]) -> bytes:
+    return msgpack.packb({"v": CONTROL_VERSION, "ops": list(ops)}, use_bin_type=True)
+
+
+def decode_control(body: bytes) -> list[dict[str, Any]]:
+    """The operations of a CONTROL body; ValueError if it is not this schema."""
+    try:
+        doc = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise ValueError(f"CONTROL body is not msgpack: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("ops"), list):
+        raise ValueError("CONTROL body must be a map with an 'ops' list")
+    return [op for op in doc["ops"] if isinstance(op, dict)]

@@ -1,0 +1,361 @@
+"""The broker process: one node of a Raft-replicated broker group.
+
+Composes the Raft node runtime (`dledger.node`, whose log is the CommitLog),
+the ConsumeQueues, the replicated state machine (`broker.state`) and the
+client protocol (`broker.handlers`). Everything a replica must agree on —
+messages, topics, consumer offsets, producer sequences — goes through the log;
+membership (client heartbeats) and long-poll waiters are local and soft.
+
+Start-up replays the committed log into the state machine and the
+ConsumeQueues *before* the node starts, so the node hands `apply` only what
+came after (`node.start(applied_index)`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import time
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from broker.config import BrokerConfig, split_address
+from broker.control import encode_control
+from broker.group_commit import GroupCommitter
+from broker.longpoll import LongPoll
+from broker.members import Membership
+from broker.registrar import Registrar
+from broker.state import BrokerState, Stored
+from commitlog import KIND_CONTROL, CommitLogConfig, Entry
+from consumequeue import ConsumeQueueStore
+from ledgermq.errors import (
+    NotLeaderError,
+    OutcomeUnknownError,
+    RequestTimeoutError,
+    ServiceUnavailableError,
+)
+from ledgermq.wire import RpcServer
+
+log = logging.getLogger(__name__)
+
+# Results of applied MESSAGES entries are kept this long (in entries) for the
+# proposer to pick up; far more than can be in flight at once.
+_RESULTS_KEPT = 4096
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class Broker:
+    """One broker node. `runtime` is the module providing NodeConfig,
+    RaftGroupNode, NotLeaderError and ProposalUnknown (dledger.node by default)."""
+
+    def __init__(self, config: BrokerConfig, runtime: ModuleType | None = None) -> None:
+        self.config = config
+        self.runtime = runtime or importlib.import_module("dledger.node")
+        self.state = BrokerState(config.dedup_window, config.dedup_producers_max)
+        self.longpoll = LongPoll()
+        self.members = Membership(config.member_expiry_ms)
+        self.node: Any = None
+        self.cq: ConsumeQueueStore | None = None
+        self.rpc: RpcServer | None = None
+        self.address: tuple[str, int] | None = None
+        self.registrar = Registrar(config.namesrv, self.registration,
+                                   config.namesrv_register_interval_ms / 1000,
+                                   f"{config.group}/n{config.node_id}")
+        self._results: dict[int, list[Stored]] = {}
+        self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._topics_version_seen = 0
+        self._last_role: str | None = None
+        self.sends: GroupCommitter[list[tuple[bytes, int]]] | None = None
+        self.controls: GroupCommitter[dict[str, Any]] | None = None
+        self.entry_limit = 0
+        self.advertised = config.client_address
+
+    # ------------------------------------------------------------- lifecycle
+
+    def _node_config(self) -> Any:
+        c = self.config
+        raft_host, _ = split_address(c.peers[c.node_id].raft)
+        log_config = CommitLogConfig(
+            segment_size_bytes=c.segment_size_bytes, flush=c.flush,
+            message_size_bytes_max=c.message_size_bytes_max,
+            entry_size_bytes_max=max(8 << 20, c.batch_max_bytes + (1 << 20)),
+        )
+        return self.runtime.NodeConfig(
+            group=c.group, node_id=c.node_id, peers=c.raft_peers(), data_dir=c.data_dir,
+            flush=c.flush, replicate=c.replicate, tick_ms=c.tick_ms,
+            election_timeout_ticks=c.election_timeout_ticks,
+            heartbeat_interval_ticks=c.heartbeat_interval_ticks,
+            preferred_leader=c.preferred_leader, segment_size_bytes=c.segment_size_bytes,
+            commitlog=log_config, bind_host=c.raft_bind_host or raft_host,
+        )
+
+    async def start(self) -> tuple[str, int]:
+        """Recover, start the Raft node, then listen for clients."""
+        from broker.handlers import handlers_for  # the handlers need a started broker
+
+        c = self.config
+        self.node = self.runtime.RaftGroupNode(
+            self._node_config(), apply=self._apply, on_soft_state=self._on_soft_state)
+        log_ = self.node.log
+        self.entry_limit = log_.config.entry_size_limit
+        self.cq = ConsumeQueueStore(c.data_dir, log_)
+        applied = self._recover()
+        self.sends = GroupCommitter(self._flush_sends, max_count=c.batch_max_messages,
+                                    max_bytes=min(c.batch_max_bytes, self.entry_limit - 64),
+                                    max_inflight=c.max_inflight_proposals)
+        self.controls = GroupCommitter(self._flush_controls, max_count=4096,
+                                       max_bytes=1 << 20, max_inflight=1)
+        await self.node.start(applied)
+        self.rpc = RpcServer(f"broker {c.group}/n{c.node_id}", handlers_for(self))
+        host, port = split_address(c.client_address)
+        self.address = await self.rpc.start(host, port)
+        if port == 0:  # an ephemeral port (tests): advertise the one bound
+            self.advertised = f"{host}:{self.address[1]}"
+        self.registrar.start()
+        self._tasks.append(asyncio.create_task(self._checkpoint_loop()))
+        return self.address
+
+    def _recover(self) -> int:
+        """Replay the committed log into the state machine and the ConsumeQueues."""
+        assert self.cq is not None
+        log_ = self.node.log
+        applied = max(log_.load_hard_state().commit, self.cq.dispatched_index)
+        applied = min(applied, log_.last_index)
+        index = log_.first_index
+        while index <= applied:
+            entries = log_.read_entries(index, applied + 1, 8 << 20)
+            for entry in entries:
+                self.state.apply(entry)
+            index = entries[-1].index + 1
+        if applied > self.state.applied_index:
+            self.state.applied_index = applied
+        self.cq.dispatch_committed(applied)
+        # The two counts of messages per queue come from the same log; if the
+        # ConsumeQueue disagrees (a log whose head was removed), it is the truth.
+        for key, queue in self.cq.queues.items():
+            if self.state.queue_next.get(key, 0) != queue.max_offset:
+                log.warning("queue %s: log replay counts %d messages, ConsumeQueue %d",
+                            key, self.state.queue_next.get(key, 0), queue.max_offset)
+                self.state.queue_next[key] = queue.max_offset
+        self._topics_version_seen = self.state.topics_version
+        log.info("recovered: applied index %d, %d topics, %d queues", applied,
+                 len(self.state.topics), len(self.cq.queues))
+        return applied
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.registrar.stop()
+        if self.rpc is not None:
+            await self.rpc.close(grace=2.0)
+        for committer in (self.sends, self.controls):
+            if committer is not None:
+                await committer.close()
+        if self.cq is not None:
+            with contextlib.suppress(Exception):
+                self.cq.close()
+        if self.node is not None:
+            await self.node.stop()
+
+    async def _checkpoint_loop(self) -> None:
+        """Keep ConsumeQueue recovery short: checkpoint the dispatched point."""
+        assert self.cq is not None
+        interval = self.config.cq_checkpoint_interval_ms / 1000
+        last = -1
+        while True:
+            await asyncio.sleep(interval)
+            if self.cq.dispatched_index != last:
+                last = self.cq.dispatched_index
+                try:
+                    self.cq.checkpoint()
+                except OSError as exc:
+                    log.error("ConsumeQueue checkpoint failed: %s", exc)
+
+    # ----------------------------------------------------------------- apply
+
+    def _apply(self, entries: Sequence[Entry]) -> None:
+        """Committed entries, in order, exactly once (called by the node)."""
+        assert self.cq is not None
+        touched: set[tuple[str, int]] = set()
+        keep = self.node is not None and self.node.role == "leader"
+        for entry in entries:
+            stored = self.state.apply(entry)
+            if stored:
+                touched.update((s.topic, s.queue_id) for s in stored)
+                if keep:
+                    self._results[entry.index] = stored
+        self.cq.dispatch(entries)
+        if len(self._results) > _RESULTS_KEPT:
+            for index in list(self._results)[: len(self._results) - _RESULTS_KEPT]:
+                del self._results[index]
+        if touched:
+            self.longpoll.notify(touched)
+        if self.state.topics_version != self._topics_version_seen:
+            self._topics_version_seen = self.state.topics_version
+            self.registrar.kick()
+        if self._apply_waiters:
+            applied = self.state.applied_index
+            still = []
+            for index, future in self._apply_waiters:
+                if index <= applied:
+                    if not future.done():
+                        future.set_result(None)
+                else:
+                    still.append((index, future))
+            self._apply_waiters = still
+
+    async def wait_applied(self, index: int, timeout: float) -> None:
+        if self.state.applied_index >= index:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._apply_waiters.append((index, future))
+        try:
+            await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise RequestTimeoutError(f"entry {index} not applied within {timeout:g}s") from None
+
+    def _on_soft_state(self, info: Any) -> None:
+        role = getattr(info, "role", None)
+        if role != self._last_role:
+            log.info("role %s -> %s (term %s, leader %s)", self._last_role, role,
+                     getattr(info, "term", None), getattr(info, "leader_id", None))
+            self._last_role = role
+            if role != "leader":
+                self._results.clear()
+        self.registrar.kick()
+        if role == "leader":
+            self._tasks = [t for t in self._tasks if not t.done()]
+            self._tasks.append(asyncio.create_task(self._register_when_ready()))
+
+    async def _register_when_ready(self) -> None:
+        """Clients are sent to a leader only once it can serve writes."""
+        with contextlib.suppress(Exception):
+            await self.node.wait_leader_ready(30.0)
+        self.registrar.kick()
+
+    # ----------------------------------------------------------- leadership
+
+    def leader_client_address(self) -> str | None:
+        leader = self.node.leader_id if self.node is not None else None
+        return self.config.client_address_of(leader) if leader else None
+
+    def require_writable(self) -> None:
+        """Writes go to the leader of this term, once its no-op is applied."""
+        node = self.node
+        if node.role != "leader":
+            leader = self.leader_client_address()
+            raise NotLeaderError(
+                f"node {self.config.node_id} of {self.config.group} is {node.role};"
+                f" the leader is {leader or 'unknown'}", leader=leader)
+        if not node.leader_ready:
+            raise ServiceUnavailableError(
+                f"node {self.config.node_id} leads term {node.term} but has not applied"
+                " its first entry yet; retry shortly")
+
+    async def propose(self, kind: int, body: bytes) -> Entry:
+        try:
+            return await self.node.propose(
+                kind, body, timeout=self.config.propose_timeout_ms / 1000)
+        except self.runtime.NotLeaderError as exc:
+            leader_id = getattr(exc, "leader_id", None)
+            if leader_id is None and exc.args and isinstance(exc.args[0], int):
+                leader_id = exc.args[0]
+            leader = self.config.client_address_of(leader_id) if leader_id else None
+            raise NotLeaderError(f"leadership lost: {exc}", leader=leader) from None
+        except (self.runtime.ProposalUnknown, TimeoutError) as exc:
+            raise OutcomeUnknownError(
+                f"the write may or may not be stored ({type(exc).__name__}: {exc});"
+                " retry with the same producer id and sequence") from None
+
+    # ------------------------------------------------------------ group commit
+
+    async def _flush_sends(self, batch: list) -> None:
+        """One MESSAGES entry for every send request in `batch`."""
+        from broker.codec import message_id
+
+        stamp = now_ms().to_bytes(8, "little", signed=True)
+        parts: list[bytes] = []
+        offsets: list[int] = []
+        at = 0
+        for pending in batch:
+            for record, _queue_id in pending.payload:
+                # The store timestamp is the leader's clock when the entry is built.
+                parts.append(record[:24])
+                parts.append(stamp)
+                parts.append(record[32:])
+                offsets.append(at)
+                at += len(record)
+        entry = await self.propose(1, b"".join(parts))
+        stored = self._results.pop(entry.index, None)
+        base = entry.position + 48
+        k = 0
+        group = self.config.group
+        for pending in batch:
+            out = []
+            for _record, queue_id in pending.payload:
+                queue_offset = stored[k].queue_offset if stored else None
+                out.append({"msg_id": message_id(group, base + offsets[k]),
+                            "queue_id": queue_id, "queue_offset": queue_offset,
+                            "duplicate": False})
+                k += 1
+            if not pending.future.done():
+                pending.future.set_result(out)
+
+    async def _flush_controls(self, batch: list) -> None:
+        """One CONTROL entry for every control operation in `batch`."""
+        entry = await self.propose(KIND_CONTROL, encode_control([p.payload for p in batch]))
+        await self.wait_applied(entry.index, self.config.propose_timeout_ms / 1000)
+        for pending in batch:
+            if not pending.future.done():
+                pending.future.set_result(entry.index)
+
+    # ------------------------------------------------------------ NameServer
+
+    def registration(self) -> dict[str, Any]:
+        node = self.node
+        role = "follower"
+        if node is not None:
+            if node.role == "leader":
+                role = "leader" if node.leader_ready else "candidate"
+            elif node.role in ("candidate", "precandidate", "pre_candidate"):
+                role = "candidate"
+        return {
+            "cluster": self.config.cluster, "group": self.config.group,
+            "node_id": f"n{self.config.node_id}", "address": self.advertised,
+            "role": role, "term": int(node.term) if node is not None else 0,
+            "topics": {t: c.to_wire() for t, c in self.state.topics.items()},
+        }
+
+    def status(self) -> dict[str, Any]:
+        node = self.node
+        info: dict[str, Any] = {}
+        with contextlib.suppress(Exception):
+            info.update(node.status())
+        info.update({
+            "group": self.config.group, "node_id": self.config.node_id,
+            "address": self.advertised, "role": node.role, "term": node.term,
+            "leader_id": node.leader_id, "leader_address": self.leader_client_address(),
+            "leader_ready": bool(node.leader_ready), "last_index": node.last_index,
+            "commit_index": node.commit_index, "applied_index": self.state.applied_index,
+            "dispatched_index": self.cq.dispatched_index if self.cq else 0,
+            "topics": len(self.state.topics), "flush": self.config.flush,
+            "replicate": self.config.replicate,
+            "send_batches": self.sends.batches if self.sends else 0,
+            "send_requests": self.sends.items if self.sends else 0,
+        })
+        return {k: v for k, v in info.items() if isinstance(
+            v, (str, int, float, bool, type(None), list, dict))}

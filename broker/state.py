@@ -1,0 +1,181 @@
+"""The broker's replicated state machine: topics, consumer offsets, queue
+offsets and the idempotent-producer table, all derived from committed entries.
+
+Plain class, no I/O: `apply(entry)` is called for every committed entry in log
+order on every replica (and again over the whole log on recovery), so every
+replica reaches the same state. The ConsumeQueue files are fed separately by
+the broker; `queue_next` here counts the same thing (messages per queue) so a
+message's queue offset is known the moment its entry is applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from broker.control import MAX_QUEUES, PERM_RW, decode_control
+from commitlog import HEADER_SIZE, KIND_CONTROL, KIND_MESSAGES, Entry, iter_records
+from commitlog.message import MESSAGE_HEAD_SIZE
+
+log = logging.getLogger(__name__)
+
+QueueKey = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    queues: int
+    perm: int = PERM_RW
+
+    def to_wire(self) -> dict[str, int]:
+        return {"queues": self.queues, "perm": self.perm}
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """Where one message ended up."""
+
+    physical_offset: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+
+
+@dataclass
+class _Producer:
+    last_sequence: int = -1
+    recent: OrderedDict[int, Stored] = field(default_factory=OrderedDict)
+
+
+class ProducerTable:
+    """Last sequences of idempotent producers and where their messages went.
+
+    Per producer the `window` most recent sequences keep their location; at
+    most `producers_max` producers are tracked (least recently written first
+    out). A sequence at or below the producer's last one but no longer in the
+    window is reported as an old duplicate without a location.
+    """
+
+    def __init__(self, window: int = 4096, producers_max: int = 100_000) -> None:
+        self.window = window
+        self.producers_max = producers_max
+        self._producers: OrderedDict[int, _Producer] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._producers)
+
+    def record(self, producer_id: int, sequence: int, stored: Stored) -> None:
+        producer = self._producers.get(producer_id)
+        if producer is None:
+            producer = self._producers[producer_id] = _Producer()
+            if len(self._producers) > self.producers_max:
+                self._producers.popitem(last=False)
+        else:
+            self._producers.move_to_end(producer_id)
+        if sequence in producer.recent:
+            return  # a duplicate that reached the log anyway: keep the first copy
+        producer.recent[sequence] = stored
+        producer.last_sequence = max(producer.last_sequence, sequence)
+        if len(producer.recent) > self.window:
+            producer.recent.popitem(last=False)
+
+    def lookup(self, producer_id: int, sequence: int) -> tuple[bool, Stored | None]:
+        """(already stored?, its location if still known)."""
+        producer = self._producers.get(producer_id)
+        if producer is None:
+            return False, None
+        stored = producer.recent.get(sequence)
+        if stored is not None:
+            return True, stored
+        oldest = next(iter(producer.recent), None)
+        if len(producer.recent) >= self.window and oldest is not None and sequence < oldest:
+            return True, None
+        return False, None
+
+
+class BrokerState:
+    """Everything the committed log says, except message bodies."""
+
+    def __init__(self, dedup_window: int = 4096, dedup_producers_max: int = 100_000) -> None:
+        self.topics: dict[str, TopicConfig] = {}
+        self.offsets: dict[tuple[str, str, int], int] = {}
+        self.queue_next: dict[QueueKey, int] = {}
+        self.producers = ProducerTable(dedup_window, dedup_producers_max)
+        self.applied_index = 0
+        self.topics_version = 0
+        self.bad_control_entries = 0
+
+    # ----------------------------------------------------------------- apply
+
+    def apply(self, entry: Entry) -> list[Stored]:
+        """Apply one committed entry; for MESSAGES, where each message went."""
+        if entry.index <= self.applied_index:
+            raise ValueError(f"entry {entry.index} applied twice (applied {self.applied_index})")
+        self.applied_index = entry.index
+        if entry.kind == KIND_MESSAGES:
+            return self._apply_messages(entry)
+        if entry.kind == KIND_CONTROL:
+            self._apply_control(entry)
+        return []
+
+    def _apply_messages(self, entry: Entry) -> list[Stored]:
+        body = entry.body
+        base = entry.position + HEADER_SIZE
+        result = []
+        queue_next = self.queue_next
+        for offset, fields in iter_records(body):
+            p = offset + MESSAGE_HEAD_SIZE
+            topic = body[p : p + fields[9]].decode()
+            key = (topic, fields[1])
+            queue_offset = queue_next.get(key, 0)
+            queue_next[key] = queue_offset + 1
+            stored = Stored(base + offset, topic, fields[1], queue_offset)
+            result.append(stored)
+            if fields[6]:
+                self.producers.record(fields[6], fields[7], stored)
+        return result
+
+    def _apply_control(self, entry: Entry) -> None:
+        try:
+            ops = decode_control(entry.body)
+        except ValueError as exc:
+            # Stored and committed: every replica skips it the same way.
+            self.bad_control_entries += 1
+            log.warning("entry %d: %s", entry.index, exc)
+            return
+        for op in ops:
+            kind = op.get("op")
+            if kind == "topic.put":
+                self._put_topic(op)
+            elif kind == "topic.delete":
+                if self.topics.pop(str(op.get("topic")), None) is not None:
+                    self.topics_version += 1
+            elif kind == "offsets.commit":
+                self._commit_offsets(op.get("offsets"))
+
+    def _put_topic(self, op: dict) -> None:
+        topic, queues, perm = op.get("topic"), op.get("queues"), op.get("perm", PERM_RW)
+        if (isinstance(topic, str) and isinstance(queues, int) and 1 <= queues <= MAX_QUEUES
+                and isinstance(perm, int) and not perm & ~PERM_RW):
+            self.topics[topic] = TopicConfig(queues, perm)
+            self.topics_version += 1
+
+    def _commit_offsets(self, offsets: object) -> None:
+        if not isinstance(offsets, list):
+            return
+        for item in offsets:
+            if not (isinstance(item, list) and len(item) == 4):
+                continue
+            group, topic, queue_id, offset = item
+            key = (group, topic, queue_id)
+            # Offsets only move forward: a consumer that lost its queue in a
+            # rebalance and commits late cannot rewind the one that took over.
+            if isinstance(offset, int) and offset > self.offsets.get(key, -1):
+                self.offsets[key] = offset
+
+    # ----------------------------------------------------------------- reads
+
+    def offset_of(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed consumer offset, -1 if the group never committed one."""
+        return self.offsets.get((group, topic, queue_id), -1)

@@ -1,0 +1,82 @@
+"""Value types of the client SDK: what is sent, what comes back, and where."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, order=True)
+class MessageQueue:
+    """One queue of a topic, on one broker group."""
+
+    topic: str
+    group: str
+    queue_id: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}@{self.group}#{self.queue_id}"
+
+
+@dataclass
+class Message:
+    """A message to send. `properties` are free-form string pairs."""
+
+    body: bytes
+    tags: str = ""
+    keys: str = ""
+    properties: dict[str, str] = field(default_factory=dict)
+    flag: int = 0
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """Where a sent message was stored. `queue_offset` is None when the group
+    acknowledges before commit (replicate=async), or for an old duplicate."""
+
+    msg_id: str | None
+    queue: MessageQueue
+    queue_offset: int | None
+    duplicate: bool = False
+
+
+@dataclass
+class ReceivedMessage:
+    msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    body: bytes
+    tags: str
+    keys: str
+    properties: dict[str, str]
+    born_timestamp_ms: int
+    store_timestamp_ms: int
+    producer_id: int
+    sequence: int
+    reconsume_times: int
+    group: str = ""
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any], group: str) -> ReceivedMessage:
+        return cls(
+            msg_id=raw["msg_id"], topic=raw["topic"], queue_id=raw["queue_id"],
+            queue_offset=raw["queue_offset"], body=raw["body"], tags=raw.get("tags", ""),
+            keys=raw.get("keys", ""), properties=raw.get("properties") or {},
+            born_timestamp_ms=raw.get("born_timestamp_ms", 0),
+            store_timestamp_ms=raw.get("store_timestamp_ms", 0),
+            producer_id=raw.get("producer_id", 0), sequence=raw.get("sequence", 0),
+            reconsume_times=raw.get("reconsume_times", 0), group=group,
+        )
+
+    @property
+    def queue(self) -> MessageQueue:
+        return MessageQueue(self.topic, self.group, self.queue_id)
+
+
+@dataclass(frozen=True)
+class PullResult:
+    messages: list[ReceivedMessage]
+    next_offset: int
+    min_offset: int
+    max_offset: int

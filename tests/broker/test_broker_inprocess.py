@@ -1,0 +1,283 @@
+"""Broker handlers over real sockets, in one process, on a one-node group.
+
+The node is `standin_node` (the dledger.node contract for a single node), so
+these tests pin the client protocol — every request, every error code — and
+the SDK against it; the multi-process tests cover replication and failover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+from types import ModuleType
+
+import pytest
+
+from broker.config import BrokerConfig, Peer
+from broker.server import Broker
+from client import Producer, PullConsumer, PushConsumer
+from client.model import MessageQueue
+from ledgermq import loop
+from ledgermq.codes import RequestCode
+from ledgermq.errors import (
+    ErrorCode,
+    InvalidRequestError,
+    LedgerMQError,
+    MalformedFrameError,
+    MessageTooLargeError,
+    NoPermissionError,
+    NotLeaderError,
+    OffsetOutOfRangeError,
+    UnknownRequestError,
+    UnknownTopicError,
+)
+from ledgermq.wire import RpcClient
+from namesrv.server import NameServer
+from tests.broker import standin_node
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def make_config(tmp_path, **overrides) -> BrokerConfig:
+    values = dict(
+        group="g1", node_id=1, data_dir=str(tmp_path / "n1"),
+        peers={1: Peer("127.0.0.1:1", "127.0.0.1:0"), 2: Peer("127.0.0.1:2", "127.0.0.1:9")},
+        segment_size_bytes=1 << 20, message_size_bytes_max=64 * 1024,
+        namesrv_register_interval_ms=100,
+    )
+    values.update(overrides)
+    return BrokerConfig(**values)
+
+
+class Env:
+    def __init__(self, tmp_path, runtime: ModuleType = standin_node, **overrides) -> None:
+        self.tmp_path = tmp_path
+        self.runtime = runtime
+        self.overrides = overrides
+        self.namesrv: NameServer | None = None
+        self.broker: Broker | None = None
+
+    async def __aenter__(self) -> Env:
+        self.namesrv = NameServer(expiry_ms=5000)
+        host, port = await self.namesrv.start("127.0.0.1", 0)
+        self.ns = f"{host}:{port}"
+        config = make_config(self.tmp_path, namesrv=(self.ns,), **self.overrides)
+        self.broker = Broker(config, runtime=self.runtime)
+        bhost, bport = await self.broker.start()
+        self.address = f"{bhost}:{bport}"
+        self.client = await RpcClient.connect(bhost, bport)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.close()
+        await self.broker.stop()
+        await self.namesrv.close()
+
+    async def req(self, code: int, body: object) -> dict:
+        return await self.client.request(code, body)
+
+    async def wait_route(self, topic: str) -> None:
+        for _ in range(200):
+            with contextlib.suppress(UnknownTopicError):
+                self.namesrv.registry.route(topic)
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"no route for {topic}")
+
+
+def msg(topic: str, body: bytes, **fields) -> dict:
+    return {"topic": topic, "body": body, **fields}
+
+
+def run(coro):
+    return loop.run(coro)
+
+
+def test_send_pull_roundtrip_with_tags_and_offsets(tmp_path) -> None:
+    async def main() -> None:
+        async with Env(tmp_path) as env:
+            await env.req(RequestCode.CREATE_TOPIC, {"topic": "t", "queues": 2})
+            reply = await env.req(RequestCode.SEND_MESSAGES, {"messages": [
+                msg("t", b"a", tags="x", keys="k1"), msg("t", b"b", tags="y"),
+                msg("t", b"c", tags="x", properties={"p": "v"}), msg("t", b"d", queue_id=1)]})
+            results = reply["results"]
+            assert [r["queue_offset"] for r in results] == [0, 1, 2, 0]
+            assert all(r["msg_id"].startswith("g1@") and len(r["msg_id"]) == 19 for r in results)
+            pulled = await env.req(RequestCode.PULL_MESSAGES,
+                                   {"topic": "t", "queue_id": 0, "offset": 0})
+            assert [m["body"] for m in pulled["messages"]] == [b"a", b"b", b"c"]
+            assert pulled["next_offset"] == 3 and pulled["max_offset"] == 3
+            assert pulled["messages"][2]["properties"] == {"p": "v"}
+            assert pulled["messages"][0]["store_timestamp_ms"] > 0
+            assert pulled["messages"][0]["msg_id"] == results[0]["msg_id"]
+            filtered = await env.req(RequestCode.PULL_MESSAGES,
+                                     {"topic": "t", "queue_id": 0, "offset": 0, "tags": ["x"]})
+            assert [m["body"] for m in filtered["messages"]] == [b"a", b"c"]
+            assert filtered["next_offset"] == 3
+            await env.req(RequestCode.COMMIT_OFFSETS, {"group": "cg", "offsets": [["t", 0, 2]]})
+            got = await env.req(RequestCode.QUERY_OFFSET,
+                                {"group": "cg", "topic": "t", "queue_id": 0})
+            assert got == {"offset": 2}
+            # Offsets only move forward.
+            await env.req(RequestCode.COMMIT_OFFSETS, {"group": "cg", "offsets": [["t", 0, 1]]})
+            got = await env.req(RequestCode.QUERY_OFFSET,
+                                {"group": "cg", "topic": "t", "queue_id": 0})
+            assert got == {"offset": 2}
+            topics = await env.req(RequestCode.GET_TOPICS, None)
+            assert topics["topics"]["t"]["queues"] == 2
+    run(main())
+
+
+def test_state_survives_restart(tmp_path) -> None:
+    async def main() -> None:
+        async with Env(tmp_path) as env:
+            await env.req(RequestCode.CREATE_TOPIC, {"topic": "t", "queues": 1, "perm": 6})
+            await env.req(RequestCode.SEND_MESSAGES, {"messages": [
+                msg("t", b"%d" % i, producer_id=7, sequence=i) for i in range(5)]})
+            await env.req(RequestCode.COMMIT_OFFSETS, {"group": "cg", "offsets": [["t", 0, 3]]})
+        async with Env(tmp_path) as env:
+            assert (await env.req(RequestCode.QUERY_OFFSET,
+                                  {"group": "cg", "topic": "t", "queue_id": 0}))["offset"] == 3
+            again = await env.req(RequestCode.SEND_MESSAGES, {"messages": [
+                msg("t", b"4", producer_id=7, sequence=4), msg("t", b"5", producer_id=7,
+                                                               sequence=5)]})
+            assert again["results"][0]["duplicate"] and again["results"][0]["queue_offset"] == 4
+            assert not again["results"][1]["duplicate"]
+            assert again["results"][1]["queue_offset"] == 5
+            pulled = await env.req(RequestCode.PULL_MESSAGES,
+                                   {"topic": "t", "queue_id": 0, "offset": 0, "max_messages": 99})
+            assert [m["body"] for m in pulled["messages"]] == [b"0", b"1", b"2", b"3", b"4", b"5"]
+    run(main())
+
+
+def test_long_poll_waits_for_a_message(tmp_path) -> None:
+    async def main() -> None:
+        async with Env(tmp_path) as env:
+            await env.req(RequestCode.CREATE_TOPIC, {"topic": "t", "queues": 1})
+            poll = asyncio.create_task(env.req(RequestCode.PULL_MESSAGES, {
+                "topic": "t", "queue_id": 0, "offset": 0, "wait_ms": 10_000}))
+            while env.broker.longpoll.waiting == 0:
+                await asyncio.sleep(0.01)
+            assert not poll.done()
+            await env.req(RequestCode.SEND_MESSAGES, {"messages": [msg("t", b"late")]})
+            reply = await poll
+            assert [m["body"] for m in reply["messages"]] == [b"late"]
+            empty = await env.req(RequestCode.PULL_MESSAGES, {
+                "topic": "t", "queue_id": 0, "offset": 1, "wait_ms": 50})
+            assert empty["messages"] == [] and empty["next_offset"] == 1
+    run(main())
+
+
+def test_bad_input_gets_distinct_codes_and_loses_nothing(tmp_path) -> None:
+    async def main() -> None:
+        async with Env(tmp_path, auto_create_topics=False) as env:
+            await env.req(RequestCode.CREATE_TOPIC, {"topic": "t", "queues": 1})
+            await env.req(RequestCode.CREATE_TOPIC, {"topic": "ro", "queues": 1, "perm": 4})
+            stored = await env.req(RequestCode.SEND_MESSAGES, {"messages": [msg("t", b"keep")]})
+            codes = {}
+            cases = {
+                "unknown_request": (399, {}),
+                "unknown_topic": (RequestCode.SEND_MESSAGES, {"messages": [msg("nope", b"x")]}),
+                "too_large": (RequestCode.SEND_MESSAGES,
+                              {"messages": [msg("t", b"x" * 70_000)]}),
+                "out_of_range": (RequestCode.PULL_MESSAGES,
+                                 {"topic": "t", "queue_id": 0, "offset": 5}),
+                "commit_beyond_end": (RequestCode.COMMIT_OFFSETS,
+                                      {"group": "g", "offsets": [["t", 0, 9]]}),
+                "read_only": (RequestCode.SEND_MESSAGES, {"messages": [msg("ro", b"x")]}),
+                "invalid": (RequestCode.PULL_MESSAGES, {"topic": "t"}),
+                "bad_queue": (RequestCode.SEND_MESSAGES, {"messages": [msg("t", b"x",
+                                                                           queue_id=3)]}),
+            }
+            for name, (code, body) in cases.items():
+                with pytest.raises(LedgerMQError) as info:
+                    await env.req(code, body)
+                codes[name] = (info.value.code, type(info.value))
+            assert codes["unknown_request"][1] is UnknownRequestError
+            assert codes["unknown_topic"][1] is UnknownTopicError
+            assert codes["too_large"][1] is MessageTooLargeError
+            assert codes["out_of_range"][1] is OffsetOutOfRangeError
+            assert codes["commit_beyond_end"][1] is OffsetOutOfRangeError
+            assert codes["read_only"][1] is NoPermissionError
+            assert codes["invalid"][1] is InvalidRequestError
+            assert codes["bad_queue"][1] is InvalidRequestError
+            with pytest.raises(OffsetOutOfRangeError) as info:
+                await env.req(RequestCode.PULL_MESSAGES, {"topic": "t", "queue_id": 0,
+                                                          "offset": 5})
+            assert info.value.data == {"min_offset": 0, "max_offset": 1}
+
+            # A follower answers writes with NOT_LEADER and the leader's client address.
+            env.broker.node.step_down(2)
+            with pytest.raises(NotLeaderError) as info:
+                await env.req(RequestCode.SEND_MESSAGES, {"messages": [msg("t", b"x")]})
+            assert info.value.code == ErrorCode.NOT_LEADER and info.value.leader == "127.0.0.1:9"
+            # ... and still serves pulls of committed data.
+            pulled = await env.req(RequestCode.PULL_MESSAGES,
+                                   {"topic": "t", "queue_id": 0, "offset": 0})
+            assert [m["msg_id"] for m in pulled["messages"]] == [stored["results"][0]["msg_id"]]
+
+            # Malformed and truncated frames close that connection only.
+            host, port = env.address.split(":")
+            other = await RpcClient.connect(host, int(port))
+            for junk in (struct.pack(">IB", 5, 0) + b"\xc1\xc1\xc1\xc1\xc1",
+                         struct.pack(">IB", 100, 0) + b"\x80"):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(junk)
+                await writer.drain()
+                writer.write_eof()
+                answer = await asyncio.wait_for(reader.read(), 5)
+                assert answer  # one error frame, then end of stream
+                writer.close()
+            bad = await RpcClient.connect(host, int(port))
+            bad._writer.send(b"\x00\x00\x00\x03\x00\xc1\xc1\xc1")
+            with pytest.raises(MalformedFrameError):
+                await bad.request(RequestCode.PING, 1)
+            assert bad.closed
+            await bad.close()
+            assert await other.request(RequestCode.PING, 7) == 7
+            await other.close()
+            pulled = await env.req(RequestCode.PULL_MESSAGES,
+                                   {"topic": "t", "queue_id": 0, "offset": 0})
+            assert [m["body"] for m in pulled["messages"]] == [b"keep"]
+    run(main())
+
+
+def test_sdk_producer_and_push_consumer(tmp_path) -> None:
+    async def main() -> None:
+        async with Env(tmp_path) as env:
+            producer = Producer([env.ns])
+            await producer.create_topic("orders", queues=4)
+            await env.wait_route("orders")
+            sent = [await producer.send("orders", b"m%d" % i, tags="a" if i % 2 else "b")
+                    for i in range(20)]
+            batch = await producer.send_batch("orders", [b"x", b"y"], sharding_key="k")
+            assert batch[0].queue == batch[1].queue
+            assert {r.queue.queue_id for r in sent} == {0, 1, 2, 3}
+            got: list[bytes] = []
+            done = asyncio.Event()
+            failures = {"n": 0}
+
+            def handle(message) -> None:
+                if message.body == b"m3" and failures["n"] < 2:
+                    failures["n"] += 1
+                    raise RuntimeError("transient")
+                got.append(message.body)
+                if len(got) == 22:
+                    done.set()
+
+            consumer = PushConsumer([env.ns], "cg", "orders", handle, long_poll_ms=500)
+            await consumer.start()
+            await asyncio.wait_for(done.wait(), 20)
+            await consumer.stop()
+            assert sorted(got) == sorted([b"m%d" % i for i in range(20)] + [b"x", b"y"])
+            assert failures["n"] == 2
+            puller = PullConsumer([env.ns], "cg")
+            total = 0
+            for q in range(4):
+                committed = await puller.committed(MessageQueue("orders", "g1", q))
+                total += committed
+            assert total == 22
+            await puller.close()
+            await producer.close()
+    run(main())
