@@ -457,13 +457,14 @@ class RaftGroupNode:
         try:
             for msg in messages:
                 core.step(msg)
-        except InvariantViolation as exc:
+        except (InvariantViolation, LookupError, ValueError, TypeError) as exc:
             # A peer's message broke a rule the core checks (e.g. an entry at
-            # the wrong position): refuse that peer's connection, keep serving.
+            # the wrong position; checks run before any state changes):
+            # refuse that peer's connection, keep serving the others.
             self.counters["peer_errors"] += 1
-            log.error("raft %s/%d: message rejected by the core: %s", self.config.group,
+            log.error("raft %s/%d: message rejected by the core: %r", self.config.group,
                       self.config.node_id, exc)
-            raise CodecError(f"message rejected: {exc}") from exc
+            raise CodecError(f"message rejected: {exc!r}") from exc
         finally:
             self._wake.set()
 

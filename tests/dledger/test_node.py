@@ -238,3 +238,28 @@ def test_config_validation(tmp_path: Path) -> None:
                      commitlog=commitlog.CommitLogConfig(segment_size_bytes=1 << 20))
     assert cfg.commitlog_config().flush == "sync"
     assert cfg.commitlog_config().segment_size_bytes == 1 << 20
+
+
+def test_transfer_leadership_and_soft_state(tmp_path: Path) -> None:
+    async def main() -> None:
+        cluster = Cluster(tmp_path, tick_ms=20)
+        await cluster.start_all()
+        try:
+            leader = await cluster.wait_leader()
+            await propose_all(leader, [body(i) for i in range(10)])
+            await cluster.wait_converged()
+            target = next(n for n in cluster.peers if n != leader.config.node_id)
+            assert await leader.transfer_leadership(target, timeout=5.0)
+            new_leader = cluster.nodes[target]
+            assert await new_leader.wait_leader_ready(5.0)
+            assert leader.role == "follower" and leader.leader_id == target
+            entry = await new_leader.propose(commitlog.KIND_MESSAGES, b"after-transfer")
+            assert entry.term == new_leader.term
+            # The broker heard about every role change of the new leader.
+            assert cluster.soft[target][-1].role == "leader"
+            assert cluster.soft[target][-1].leader_id == target
+            assert not await leader.wait_leader_ready(0.05)
+        finally:
+            await cluster.stop_all()
+
+    run(main())
