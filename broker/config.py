@@ -88,7 +88,7 @@ def split_address(value: str) -> tuple[str, int]:
 
 _RAFT_KEYS = {
     "tick_ms", "election_timeout_ticks", "heartbeat_interval_ticks", "preferred_leader",
-    "segment_size_bytes", "bind_host",
+    "bind_host",
 }
 _TOP_LEVEL = {f.name for f in fields(BrokerConfig)} - {"peers", "raft_bind_host"} - _RAFT_KEYS
 _TOP_LEVEL |= {"raft"}

@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "audit",
     "sim",
     "storage_demo",
+    "broker",
 )
 
 for _name in COMMAND_MODULES:

@@ -1,0 +1,187 @@
+"""Evidence tests on real processes: a NameServer and a broker group on 127.0.0.1.
+
+Every process is started by `broker.launcher.LocalCluster` and stopped by PID.
+Waits poll with deadlines; nothing asserts on elapsed time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from broker.launcher import LocalCluster, wait_leader
+from client import Producer, PullConsumer, PushConsumer
+from client.model import MessageQueue
+from ledgermq import loop
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+SETTINGS = {"segment_size_bytes": 4 << 20, "replicate": "sync", "flush": "async"}
+
+
+async def until(predicate, timeout: float, what: str, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def send_all(producer: Producer, topic: str, count: int, *, in_flight: int = 64,
+                   on_acked=None, start: int = 0) -> dict[bytes, str]:
+    """Send `count` numbered messages with `in_flight` concurrent sends; body -> msg id."""
+    acked: dict[bytes, str] = {}
+    sem = asyncio.Semaphore(in_flight)
+    failures: list[BaseException] = []
+
+    async def one(i: int) -> None:
+        async with sem:
+            body = b"m-%06d" % i
+            try:
+                result = await producer.send(topic, body)
+            except Exception as exc:  # counted: an unacknowledged send is not "lost"
+                failures.append(exc)
+                return
+            acked[body] = result.msg_id
+            if on_acked is not None:
+                on_acked(len(acked))
+
+    await asyncio.gather(*(one(i) for i in range(start, start + count)))
+    assert len(failures) <= count // 100, f"too many failed sends: {failures[:3]}"
+    return acked
+
+
+async def consume_all(namesrv: str, group: str, topic: str, expected: set[bytes],
+                      timeout: float = 60.0) -> set[bytes]:
+    got: set[bytes] = set()
+    consumer = PushConsumer([namesrv], group, topic, lambda m: got.add(m.body),
+                            long_poll_ms=500, batch_size=256)
+    await consumer.start()
+    try:
+        await until(lambda: expected <= got, timeout, f"{len(expected - got)} messages")
+    finally:
+        await consumer.stop()
+    return got
+
+
+def failover_run(tmp_path, nodes: int, kill: int) -> None:
+    async def main() -> None:
+        with LocalCluster(tmp_path, nodes=nodes, settings=SETTINGS) as cluster:
+            first = await wait_leader(cluster)
+            producer = Producer([cluster.namesrv_address], retry_timeout=20.0)
+            await producer.create_topic("t", queues=4)
+            killed: list[int] = []
+            kill_at = asyncio.Event()
+
+            def on_acked(n: int) -> None:
+                if n == 3000:
+                    kill_at.set()
+
+            async def killer() -> None:
+                await kill_at.wait()
+                victims = [first, *[n for n in cluster.alive() if n != first][: kill - 1]]
+                for nid in victims:
+                    cluster.kill(nid)  # SIGKILL, mid-stream
+                    killed.append(nid)
+
+            killer_task = asyncio.create_task(killer())
+            acked = await send_all(producer, "t", 10_000, on_acked=on_acked)
+            await killer_task
+            assert killed and killed[0] == first
+            new = await wait_leader(cluster, exclude=tuple(killed))
+            assert new != first
+            assert len(acked) >= 9_900
+            got = await consume_all(cluster.namesrv_address, "cg", "t", set(acked))
+            lost = set(acked) - got
+            assert not lost
+            assert producer.retries > 0  # the clients failed over by themselves
+            await producer.close()
+
+    loop.run(main())
+
+
+def test_three_nodes_leader_sigkill_loses_no_acknowledged_message(tmp_path) -> None:
+    failover_run(tmp_path, nodes=3, kill=1)
+
+
+def test_five_nodes_losing_two_loses_no_acknowledged_message(tmp_path) -> None:
+    failover_run(tmp_path, nodes=5, kill=2)
+
+
+def test_rebalance_broadcast_and_offsets_across_a_leader_change(tmp_path) -> None:
+    async def main() -> None:
+        with LocalCluster(tmp_path, nodes=3, settings=SETTINGS) as cluster:
+            ns = cluster.namesrv_address
+            leader = await wait_leader(cluster)
+            producer = Producer([ns])
+            await producer.create_topic("r", queues=4)
+            acked = await send_all(producer, "r", 400)
+
+            # Clustering: a second member takes half of the queues, and all of
+            # them go back to the first when it leaves.
+            a_got: list[bytes] = []
+            b_got: list[bytes] = []
+            a = PushConsumer([ns], "grp", "r", lambda m: a_got.append(m.body), client_id="a",
+                             rebalance_interval=0.2, heartbeat_interval=0.2, long_poll_ms=300)
+            await a.start()
+            await until(lambda: len(a.assigned) == 4, 20, "a owns every queue")
+            b = PushConsumer([ns], "grp", "r", lambda m: b_got.append(m.body), client_id="b",
+                             rebalance_interval=0.2, heartbeat_interval=0.2, long_poll_ms=300)
+            await b.start()
+            await until(lambda: len(a.assigned) == 2 and len(b.assigned) == 2, 20,
+                        "queues shared out")
+            assert set(a.assigned).isdisjoint(b.assigned)
+            assert [q.queue_id for q in a.assigned] == [0, 1]
+            await until(lambda: set(acked) <= set(a_got) | set(b_got), 30, "all consumed")
+            await b.stop()
+            await until(lambda: len(a.assigned) == 4, 20, "a takes the queues back")
+
+            # Offsets are committed through the log: a leader change does not rewind them.
+            puller = PullConsumer([ns], "grp")
+            queues = [MessageQueue("r", "broker-a", q) for q in range(4)]
+
+            async def committed() -> list[int]:
+                return [await puller.committed(q) for q in queues]
+
+            before: list[int] = []
+
+            async def settle() -> None:
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:
+                    before[:] = await committed()
+                    if sum(before) == 400:
+                        return
+                    await asyncio.sleep(0.1)
+                raise AssertionError(f"offsets never reached 400: {before}")
+
+            await settle()
+            await a.stop()
+            cluster.kill(leader)
+            await wait_leader(cluster, exclude=(leader,))
+            after = await committed()
+            assert after == before
+
+            # Broadcasting: every member gets every message, offsets in local files.
+            more = await send_all(producer, "r", 100, start=1000)
+            c_got: set[bytes] = set()
+            d_got: set[bytes] = set()
+            c = PushConsumer([ns], "bc", "r", lambda m: c_got.add(m.body), mode="broadcasting",
+                             client_id="c", offsets_path=str(tmp_path / "c.json"),
+                             long_poll_ms=300)
+            d = PushConsumer([ns], "bc", "r", lambda m: d_got.add(m.body), mode="broadcasting",
+                             client_id="d", offsets_path=str(tmp_path / "d.json"),
+                             long_poll_ms=300)
+            await c.start()
+            await d.start()
+            everything = set(acked) | set(more)
+            await until(lambda: everything <= c_got and everything <= d_got, 30,
+                        "both broadcast members got everything")
+            await c.stop()
+            await d.stop()
+            assert (tmp_path / "c.json").exists() and (tmp_path / "d.json").exists()
+            await puller.close()
+            await producer.close()
+
+    loop.run(main())
