@@ -63,14 +63,42 @@ def sync_fd(fd: int) -> None:
     os.fdatasync(fd)
 
 
-def sync_and_close(fds: list[int]) -> None:
-    """fdatasync every fd (duplicates owned by the caller), then close them all,
-    also when a sync fails."""
+# Durability trace for the chaos harness's power-loss fault: when enabled,
+# every real fsync records how many bytes of the file it made durable in
+# `<file>.durable`, and the nemesis cuts each file back to that length to drop
+# exactly what a power cut would. Off in production (one small write per sync).
+TRACE_ENV = "LEDGERMQ_DURABILITY_TRACE"
+_trace = os.environ.get(TRACE_ENV, "") not in ("", "0")
+
+
+def set_durability_trace(enabled: bool) -> None:
+    global _trace
+    _trace = enabled
+
+
+def record_durable(path: str, length: int) -> None:
+    """Write `<path>.durable` = the file's fsynced length (tracing only)."""
+    fd = os.open(path + ".durable", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        for fd in fds:
-            sync_fd(fd)
+        os.write(fd, f"{length}\n".encode())
     finally:
-        for fd in fds:
+        os.close(fd)
+
+
+# A file to sync: a duplicated fd (owned by whoever syncs it), its path, and
+# its length when the sync was requested (what the sync makes durable).
+DirtyFile = tuple[int, str, int]
+
+
+def sync_and_close(files: list[DirtyFile]) -> None:
+    """fdatasync every file, then close all the fds, also when a sync fails."""
+    try:
+        for fd, path, length in files:
+            sync_fd(fd)
+            if _trace:
+                record_durable(path, length)
+    finally:
+        for fd, _path, _length in files:
             os.close(fd)
 
 
@@ -94,6 +122,8 @@ def atomic_replace(path: str, data: bytes) -> None:
         os.close(fd)
     os.replace(tmp, path)
     sync_directory(os.path.dirname(path) or ".")
+    if _trace:
+        record_durable(path, len(data))
 
 
 def read_small_file(path: str) -> bytes | None:

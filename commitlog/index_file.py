@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from commitlog.disk import open_append, read_exact, sync_and_close, write_at_end
+from commitlog.disk import DirtyFile, open_append, read_exact, sync_and_close, write_at_end
 from commitlog.errors import DiskFullError
 
 RECORD = struct.Struct("<QQIB3xI")  # 28 bytes covered by the record CRC
@@ -78,6 +78,8 @@ class IndexFiles:
         self.foreign: list[str] = []
         for name in sorted(os.listdir(directory)):
             path = os.path.join(directory, name)
+            if name.endswith(".durable"):
+                continue  # the chaos harness's durability trace
             if name.endswith(".tmp"):
                 os.remove(path)
             elif len(name) == NAME_DIGITS and name.isdigit() and self._is_base(int(name)):
@@ -218,9 +220,10 @@ class IndexFiles:
         self._dirty.discard(base)
         os.remove(self._path(base))
 
-    def dirty_fds(self) -> list[int]:
+    def dirty_fds(self) -> list[DirtyFile]:
         self.write_pending()
-        fds = [os.dup(self._fds[b]) for b in self._dirty if b in self._fds]
+        fds = [(os.dup(self._fds[b]), self._path(b), self._lengths[b])
+               for b in self._dirty if b in self._fds]
         self._dirty.clear()
         return fds
 

@@ -30,7 +30,7 @@ from commitlog.checkpoint import (
     write_hard_state,
 )
 from commitlog.config import CommitLogConfig
-from commitlog.disk import lock_directory, sync_and_close, sync_directory
+from commitlog.disk import DirtyFile, lock_directory, sync_and_close, sync_directory
 from commitlog.entry import HEADER_SIZE, KINDS, Entry, decode_header, encode_header, place
 from commitlog.errors import (
     CorruptionError,
@@ -50,9 +50,9 @@ KNOWN_TOP_LEVEL = frozenset(("LOCK", "checkpoint", "hardstate", "commitlog", "in
 
 @dataclass
 class SyncToken:
-    """What one sync covers: fds to fdatasync and the log state they reach."""
+    """What one sync covers: files to fdatasync and the log state they reach."""
 
-    fds: list[int]
+    fds: list[DirtyFile]
     directory_dirty: bool
     index: int
     end: int
@@ -62,7 +62,7 @@ class SyncToken:
 
 @dataclass
 class CheckpointToken:
-    fds: list[int]
+    fds: list[DirtyFile]
     checkpoint: Checkpoint
 
 
@@ -258,9 +258,11 @@ class CommitLog:
 
     def run_sync(self, token: SyncToken) -> None:
         """fdatasync the token's files; safe to run on another thread."""
-        sync_and_close(token.fds)
+        # The directory first: a new segment's name must be durable before the
+        # trace may say its bytes are.
         if token.directory_dirty:
             sync_directory(self.segments.directory)
+        sync_and_close(token.fds)
 
     def finish_sync(self, token: SyncToken, error: BaseException | None = None) -> None:
         """Advance the durable point (call on the owning thread)."""

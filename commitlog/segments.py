@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from commitlog.disk import open_append, read_exact, sync_directory, write_at_end
+from commitlog.disk import DirtyFile, open_append, read_exact, sync_directory, write_at_end
 from commitlog.errors import ConfigError, PositionMismatchError
 
 NAME_DIGITS = 20
@@ -31,6 +31,8 @@ class SegmentFiles:
         self._paths: dict[int, str] = {}
         for name in sorted(os.listdir(directory)):
             path = os.path.join(directory, name)
+            if name.endswith(".durable"):
+                continue  # the chaos harness's durability trace
             if name.endswith(".tmp"):
                 os.remove(path)
                 continue
@@ -130,11 +132,13 @@ class SegmentFiles:
         os.remove(self.path(base))
         self._directory_dirty = True
 
-    def take_dirty(self) -> tuple[list[int], bool]:
-        """Duplicated fds of segments written since the last call, and whether
-        the directory changed. The caller syncs and closes them; dup() keeps a
-        concurrent truncate from closing an fd under a syncing thread."""
-        fds = [os.dup(self._fds[b]) for b in self._dirty if b in self._fds]
+    def take_dirty(self) -> tuple[list[DirtyFile], bool]:
+        """Segments written since the last call (duplicated fd, path, length),
+        and whether the directory changed. The caller syncs and closes them;
+        dup() keeps a concurrent truncate from closing an fd under a syncing
+        thread."""
+        fds = [(os.dup(self._fds[b]), self.path(b), self.lengths[b])
+               for b in self._dirty if b in self._fds]
         self._dirty.clear()
         directory_dirty, self._directory_dirty = self._directory_dirty, False
         return fds, directory_dirty

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commitlog.disk import open_append, read_exact, sync_and_close, write_at_end
+from commitlog.disk import DirtyFile, open_append, read_exact, sync_and_close, write_at_end
 from consumequeue.unit import NAME_DIGITS, UNIT_SIZE, decode_units, encode_units
 
 
@@ -47,6 +47,8 @@ class ConsumeQueue:
                 self._lengths[int(name)] = os.fstat(fd).st_size
             elif name.endswith(".tmp"):
                 os.remove(path)
+            elif name.endswith(".durable"):
+                continue  # the chaos harness's durability trace
             else:
                 self.foreign.append(path)
         self.max_offset = 0
@@ -193,8 +195,9 @@ class ConsumeQueue:
             self.min_offset = max(self.min_offset, end)
         return removed
 
-    def dirty_fds(self) -> list[int]:
-        fds = [os.dup(self._fds[b]) for b in self._dirty if b in self._fds]
+    def dirty_fds(self) -> list[DirtyFile]:
+        fds = [(os.dup(self._fds[b]), self._path(b), self._lengths[b])
+               for b in self._dirty if b in self._fds]
         self._dirty.clear()
         return fds
 

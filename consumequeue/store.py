@@ -112,7 +112,7 @@ class ConsumeQueueStore:
     def _open_existing(self) -> None:
         for topic in sorted(os.listdir(self.directory)):
             topic_dir = os.path.join(self.directory, topic)
-            if topic in ("checkpoint",) or topic.endswith(".tmp"):
+            if topic == "checkpoint" or topic.endswith((".tmp", ".durable")):
                 continue
             if not (os.path.isdir(topic_dir) and _TOPIC_DIR.match(topic)):
                 self.recovery.foreign_files.append(topic_dir)
