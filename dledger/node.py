@@ -364,7 +364,7 @@ class RaftGroupNode:
         with contextlib.suppress(Exception):
             await self._flusher.close()
         if self.failed is None:
-            await self._save_hard_state(self._hs_latest)
+            await self._save_hard_state()
         self.log.close()
         self._notify_state()
 
@@ -489,7 +489,7 @@ class RaftGroupNode:
             self._wake.set()
             n += 1
             if n % commit_every == 0 and self._hs_latest.commit > self._hs_saved.commit:
-                self._spawn(self._save_hard_state(self._hs_latest))
+                self._spawn(self._save_hard_state())
 
     async def _drive(self) -> None:
         core = self._require_core()
@@ -531,7 +531,7 @@ class RaftGroupNode:
             if term_or_vote:
                 # Always durable, whatever `flush` says: a forgotten vote or
                 # term lets a node vote twice in one term.
-                waits.append(self._save_hard_state(hs))
+                waits.append(self._save_hard_state())
         if waits:
             await asyncio.gather(*waits)
         if rd.messages_after_persist:
@@ -603,9 +603,15 @@ class RaftGroupNode:
             except Exception:
                 log.exception("on_soft_state callback failed")
 
-    async def _save_hard_state(self, hs: HardState) -> None:
-        # Serialised: two concurrent atomic replaces of one file would race.
+    async def _save_hard_state(self) -> None:
+        """Durably write the latest hard state handed out by the core.
+
+        Serialised, and always the *latest* value read under the lock: a lazy
+        commit-only save that started earlier must never overwrite a newer
+        term or vote written meanwhile.
+        """
         async with self._hs_lock:
+            hs = self._hs_latest
             if hs == self._hs_saved:
                 return
             state = commitlog.HardState(hs.term, hs.vote, hs.commit)

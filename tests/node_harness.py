@@ -57,7 +57,8 @@ class Cluster:
                           data_dir=str(self.root / f"n{node_id}"),
                           segment_size_bytes=1 << 20, **self.knobs)
 
-    async def start(self, node_id: int) -> RaftGroupNode:
+    async def start(self, node_id: int, applied_index: int = 0,
+                    node: RaftGroupNode | None = None) -> RaftGroupNode:
         applied: list[commitlog.Entry] = []
         self.applied[node_id] = applied
         self.soft[node_id] = []
@@ -65,8 +66,11 @@ class Cluster:
         def apply(entries: Sequence[commitlog.Entry]) -> None:
             applied.extend(entries)
 
-        node = RaftGroupNode(self.config(node_id), apply, self.soft[node_id].append)
-        await node.start(0)
+        if node is None:
+            node = RaftGroupNode(self.config(node_id), apply, self.soft[node_id].append)
+        else:
+            node._apply_cb = apply
+        await node.start(applied_index)
         self.nodes[node_id] = node
         return node
 

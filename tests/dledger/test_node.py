@@ -9,7 +9,7 @@ import pytest
 from node_harness import Cluster, log_entries, wait_until
 
 import commitlog
-from dledger.node import NodeConfig, NotLeaderError, ProposalUnknown
+from dledger.node import NodeConfig, NotLeaderError, ProposalUnknown, RaftGroupNode
 from ledgermq.loop import run
 
 pytestmark = pytest.mark.timeout(120)
@@ -259,6 +259,34 @@ def test_transfer_leadership_and_soft_state(tmp_path: Path) -> None:
             assert cluster.soft[target][-1].role == "leader"
             assert cluster.soft[target][-1].leader_id == target
             assert not await leader.wait_leader_ready(0.05)
+        finally:
+            await cluster.stop_all()
+
+    run(main())
+
+
+def test_restart_replays_to_persisted_commit_then_applies_only_new_entries(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.start_all()
+        try:
+            leader = await cluster.wait_leader()
+            await propose_all(leader, [body(i) for i in range(50)])
+            commit = await cluster.wait_converged()
+            follower_id = next(n for n in cluster.peers if n != leader.config.node_id)
+            await cluster.stop(follower_id)
+            # Before start() the broker sees the persisted commit and can replay
+            # the log up to it from `node.log`.
+            reopened = RaftGroupNode(cluster.config(follower_id), lambda entries: None)
+            assert reopened.commit_index == commit
+            assert [e.index for e in reopened.log.read_entries(1, commit + 1)] == list(
+                range(1, commit + 1))
+            await cluster.start(follower_id, applied_index=commit, node=reopened)
+            await propose_all(leader, [body(i) for i in range(50, 60)])
+            new_commit = await cluster.wait_converged()
+            assert [e.index for e in cluster.applied[follower_id]] == list(
+                range(commit + 1, new_commit + 1))
         finally:
             await cluster.stop_all()
 
