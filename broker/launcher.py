@@ -116,8 +116,9 @@ class LocalCluster:
 
     def __init__(self, base_dir: str | Path, *, nodes: int = 3, group: str = "broker-a",
                  settings: dict[str, Any] | None = None, raft: dict[str, Any] | None = None,
-                 log_level: str = "WARNING") -> None:
+                 log_level: str = "WARNING", namesrv_listen: str = "127.0.0.1:0") -> None:
         self.base = Path(base_dir)
+        self.namesrv_listen = namesrv_listen
         self.nodes = nodes
         self.group = group
         self.settings = dict(settings or {})
@@ -140,7 +141,8 @@ class LocalCluster:
         (self.base / "logs").mkdir(parents=True, exist_ok=True)
         try:
             self.namesrv = _spawn(
-                "namesrv", ["namesrv", "--listen", "127.0.0.1:0", "--broker-expiry-ms", "5000",
+                "namesrv", ["namesrv", "--listen", self.namesrv_listen,
+                            "--broker-expiry-ms", "5000",
                             "--log-level", self.log_level],
                 self.base / "logs" / "namesrv.log", _NAMESRV_READY)
             self.namesrv.wait_ready(timeout)

@@ -29,6 +29,12 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sim",
     "storage_demo",
     "broker",
+    "dev",
+    "topic",
+    "send",
+    "consume",
+    "status",
+    "demo",
 )
 
 for _name in COMMAND_MODULES:
