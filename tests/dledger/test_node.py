@@ -145,7 +145,9 @@ def test_flush_sync_followers_fsync_before_ack(tmp_path: Path) -> None:
 
 def test_flush_async_acks_before_fsync(tmp_path: Path) -> None:
     async def main() -> None:
-        cluster = Cluster(tmp_path, flush="async")
+        # bind_host: outgoing peer sockets take this source address (chaos
+        # runs nodes on 127.0.0.N).
+        cluster = Cluster(tmp_path, flush="async", bind_host="127.0.0.1")
         await cluster.start_all()
         try:
             leader = await cluster.wait_leader()
