@@ -1,8 +1,9 @@
-"""Broker handlers over real sockets, in one process, on a one-node group.
+"""Broker handlers over real sockets, in one process, on a one-node Raft group.
 
-The node is `standin_node` (the dledger.node contract for a single node), so
-these tests pin the client protocol — every request, every error code — and
-the SDK against it; the multi-process tests cover replication and failover.
+A single node is its own quorum, so these tests pin the client protocol —
+every request, every error code — and the SDK without replication timing in
+the way; the multi-process tests (test_cluster.py) cover replication,
+followers and failover.
 """
 
 from __future__ import annotations
@@ -10,31 +11,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
-from types import ModuleType
 
 import pytest
 
 from broker.config import BrokerConfig, Peer
+from broker.launcher import free_port
 from broker.server import Broker
 from client import Producer, PullConsumer, PushConsumer
 from client.model import MessageQueue
 from ledgermq import loop
 from ledgermq.codes import RequestCode
 from ledgermq.errors import (
-    ErrorCode,
     InvalidRequestError,
     LedgerMQError,
     MalformedFrameError,
     MessageTooLargeError,
     NoPermissionError,
-    NotLeaderError,
     OffsetOutOfRangeError,
     UnknownRequestError,
     UnknownTopicError,
 )
 from ledgermq.wire import RpcClient
 from namesrv.server import NameServer
-from tests.broker import standin_node
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,8 +40,8 @@ pytestmark = pytest.mark.timeout(60)
 def make_config(tmp_path, **overrides) -> BrokerConfig:
     values = dict(
         group="g1", node_id=1, data_dir=str(tmp_path / "n1"),
-        peers={1: Peer("127.0.0.1:1", "127.0.0.1:0"), 2: Peer("127.0.0.1:2", "127.0.0.1:9")},
-        segment_size_bytes=1 << 20, message_size_bytes_max=64 * 1024,
+        peers={1: Peer(f"127.0.0.1:{free_port()}", "127.0.0.1:0")},
+        segment_size_bytes=1 << 20, message_size_bytes_max=64 * 1024, tick_ms=10,
         namesrv_register_interval_ms=100,
     )
     values.update(overrides)
@@ -51,9 +49,8 @@ def make_config(tmp_path, **overrides) -> BrokerConfig:
 
 
 class Env:
-    def __init__(self, tmp_path, runtime: ModuleType = standin_node, **overrides) -> None:
+    def __init__(self, tmp_path, **overrides) -> None:
         self.tmp_path = tmp_path
-        self.runtime = runtime
         self.overrides = overrides
         self.namesrv: NameServer | None = None
         self.broker: Broker | None = None
@@ -63,8 +60,9 @@ class Env:
         host, port = await self.namesrv.start("127.0.0.1", 0)
         self.ns = f"{host}:{port}"
         config = make_config(self.tmp_path, namesrv=(self.ns,), **self.overrides)
-        self.broker = Broker(config, runtime=self.runtime)
+        self.broker = Broker(config)
         bhost, bport = await self.broker.start()
+        await self.broker.node.wait_leader_ready(10)
         self.address = f"{bhost}:{bport}"
         self.client = await RpcClient.connect(bhost, bport)
         return self
@@ -145,9 +143,16 @@ def test_state_survives_restart(tmp_path) -> None:
             assert again["results"][0]["duplicate"] and again["results"][0]["queue_offset"] == 4
             assert not again["results"][1]["duplicate"]
             assert again["results"][1]["queue_offset"] == 5
+            # Two concurrent sends of one (producer id, sequence): stored once.
+            first, second = await asyncio.gather(*(env.req(RequestCode.SEND_MESSAGES, {
+                "messages": [msg("t", b"6", producer_id=7, sequence=6)]}) for _ in range(2)))
+            assert first["results"][0]["msg_id"] == second["results"][0]["msg_id"]
+            assert {first["results"][0]["duplicate"], second["results"][0]["duplicate"]} == {
+                False, True}
             pulled = await env.req(RequestCode.PULL_MESSAGES,
                                    {"topic": "t", "queue_id": 0, "offset": 0, "max_messages": 99})
-            assert [m["body"] for m in pulled["messages"]] == [b"0", b"1", b"2", b"3", b"4", b"5"]
+            assert [m["body"] for m in pulled["messages"]] == [
+                b"0", b"1", b"2", b"3", b"4", b"5", b"6"]
     run(main())
 
 
@@ -202,20 +207,11 @@ def test_bad_input_gets_distinct_codes_and_loses_nothing(tmp_path) -> None:
             assert codes["read_only"][1] is NoPermissionError
             assert codes["invalid"][1] is InvalidRequestError
             assert codes["bad_queue"][1] is InvalidRequestError
+            assert len({code for code, _ in codes.values()}) == 6
             with pytest.raises(OffsetOutOfRangeError) as info:
                 await env.req(RequestCode.PULL_MESSAGES, {"topic": "t", "queue_id": 0,
                                                           "offset": 5})
             assert info.value.data == {"min_offset": 0, "max_offset": 1}
-
-            # A follower answers writes with NOT_LEADER and the leader's client address.
-            env.broker.node.step_down(2)
-            with pytest.raises(NotLeaderError) as info:
-                await env.req(RequestCode.SEND_MESSAGES, {"messages": [msg("t", b"x")]})
-            assert info.value.code == ErrorCode.NOT_LEADER and info.value.leader == "127.0.0.1:9"
-            # ... and still serves pulls of committed data.
-            pulled = await env.req(RequestCode.PULL_MESSAGES,
-                                   {"topic": "t", "queue_id": 0, "offset": 0})
-            assert [m["msg_id"] for m in pulled["messages"]] == [stored["results"][0]["msg_id"]]
 
             # Malformed and truncated frames close that connection only.
             host, port = env.address.split(":")
@@ -240,6 +236,7 @@ def test_bad_input_gets_distinct_codes_and_loses_nothing(tmp_path) -> None:
             pulled = await env.req(RequestCode.PULL_MESSAGES,
                                    {"topic": "t", "queue_id": 0, "offset": 0})
             assert [m["body"] for m in pulled["messages"]] == [b"keep"]
+            assert pulled["messages"][0]["msg_id"] == stored["results"][0]["msg_id"]
     run(main())
 
 

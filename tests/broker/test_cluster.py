@@ -14,7 +14,11 @@ import pytest
 from broker.launcher import LocalCluster, wait_leader
 from client import Producer, PullConsumer, PushConsumer
 from client.model import MessageQueue
+from client.routes import split
 from ledgermq import loop
+from ledgermq.codes import RequestCode
+from ledgermq.errors import NotLeaderError
+from ledgermq.wire import RpcClient
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -118,6 +122,32 @@ def test_rebalance_broadcast_and_offsets_across_a_leader_change(tmp_path) -> Non
             producer = Producer([ns])
             await producer.create_topic("r", queues=4)
             acked = await send_all(producer, "r", 400)
+
+            # A follower answers writes with NOT_LEADER naming the leader's client
+            # address, and serves pulls of committed data.
+            follower = next(n for n in cluster.alive() if n != leader)
+            host, port = split(cluster.client_address(follower))
+            direct = await RpcClient.connect(host, port)
+            with pytest.raises(NotLeaderError) as info:
+                await direct.request(RequestCode.SEND_MESSAGES,
+                                     {"messages": [{"topic": "r", "body": b"x"}]})
+            assert info.value.leader == cluster.client_address(leader)
+            pulled: list[bytes] = []
+
+            async def pull_follower() -> None:
+                deadline = time.monotonic() + 20
+                while len(pulled) < 400:
+                    assert time.monotonic() < deadline, f"follower served {len(pulled)}"
+                    pulled.clear()
+                    for q in range(4):
+                        reply = await direct.request(RequestCode.PULL_MESSAGES, {
+                            "topic": "r", "queue_id": q, "offset": 0, "max_messages": 256})
+                        pulled.extend(m["body"] for m in reply["messages"])
+                    await asyncio.sleep(0.05)
+
+            await pull_follower()
+            assert set(pulled) == set(acked)
+            await direct.close()
 
             # Clustering: a second member takes half of the queues, and all of
             # them go back to the first when it leaves.
