@@ -96,14 +96,16 @@ def append_async(directory: str, total: int, batch: int, encode: bool) -> tuple[
     return count * batch / elapsed, count * len(body) / elapsed / 1e6
 
 
-def append_sync(directory: str, appenders: int, seconds: float) -> tuple[float, float, int]:
-    """(messages/s, entries per fsync, fsyncs) with flush=sync and N appenders."""
+def append_sync(directory: str, appenders: int, seconds: float, batch: int = 1
+                ) -> tuple[float, float, int]:
+    """(messages/s, entries per fsync, fsyncs) with flush=sync, N appenders,
+    each appending entries of `batch` messages and waiting for durability."""
 
     async def run() -> tuple[float, float, int]:
         log = CommitLog.open(directory, CommitLogConfig(flush="sync"))
         flusher = Flusher(log)
         await flusher.start()
-        record = one_kib_record(0)
+        record = b"".join(one_kib_record(i) for i in range(batch))
         deadline = time.perf_counter() + seconds
         done = 0
 
@@ -111,7 +113,7 @@ def append_sync(directory: str, appenders: int, seconds: float) -> tuple[float, 
             nonlocal done
             while time.perf_counter() < deadline:
                 await flusher.append(log.build_entries(1, [(KIND_MESSAGES, record)]))
-                done += 1
+                done += batch
 
         started = time.perf_counter()
         await asyncio.gather(*(appender() for _ in range(appenders)))
@@ -197,14 +199,16 @@ def main() -> None:
                 emit(bench="append", flush="async", batch=batch, encode=encode,
                      messages_per_s=round(rate), mb_per_s=round(mbs, 1),
                      raw_write_mb_per_s=round(raw, 1), ratio_to_raw=round(mbs / raw, 3))
-        baseline = None
-        for appenders in (1, 8, 64):
-            rate, per_sync, syncs = append_sync(os.path.join(root, "s"), appenders,
-                                                args.sync_seconds)
-            baseline = baseline or rate
-            emit(bench="append", flush="sync", batch=1, appenders=appenders,
-                 messages_per_s=round(rate), entries_per_fsync=round(per_sync, 1), fsyncs=syncs,
-                 speedup_vs_one_fsync_per_message=round(rate / baseline, 1))
+        baseline = None  # one fsync per message: batch 1, one appender
+        for batch in (1, 64):
+            for appenders in (1, 8, 64):
+                rate, per_sync, syncs = append_sync(os.path.join(root, "s"), appenders,
+                                                    args.sync_seconds, batch)
+                baseline = baseline or rate
+                emit(bench="append", flush="sync", batch=batch, appenders=appenders,
+                     messages_per_s=round(rate), entries_per_fsync=round(per_sync, 1),
+                     fsyncs=syncs,
+                     speedup_vs_one_fsync_per_message=round(rate / baseline, 1))
         log_dir = os.path.join(root, "r")
         size = build_log(log_dir, total)
         per_message, by_range = reads(log_dir)
