@@ -278,3 +278,37 @@ def test_sdk_producer_and_push_consumer(tmp_path) -> None:
             await puller.close()
             await producer.close()
     run(main())
+
+
+def test_sync_wrapper_send_async_and_oneway(tmp_path) -> None:
+    from client.sync import SyncProducer, SyncPullConsumer
+
+    def blocking(ns: str) -> list[bytes]:
+        with SyncProducer([ns]) as producer:
+            producer.create_topic("s", queues=1)
+            first = producer.send("s", b"sync", tags="a")
+            later = producer.send_async("s", b"async")
+            batch = producer.send_batch("s", [b"b1", b"b2"])
+            producer.send_oneway("s", b"oneway")
+            assert later.result(10).queue_offset == 1
+            assert [r.queue_offset for r in batch] == [2, 3]
+            assert first.msg_id.startswith("g1@")
+        consumer = SyncPullConsumer([ns], "sg")
+        mq = consumer.queues("s")[0]
+        bodies: list[bytes] = []
+        deadline = 200
+        while len(bodies) < 5 and deadline:
+            deadline -= 1
+            result = consumer.pull(mq, len(bodies), 10, wait_ms=100)
+            bodies += [m.body for m in result.messages]
+        consumer.commit(mq, len(bodies))
+        assert consumer.committed(mq) == len(bodies)
+        consumer.close()
+        return bodies
+
+    async def run_it() -> None:
+        async with Env(tmp_path) as env:
+            bodies = await asyncio.to_thread(blocking, env.ns)
+            assert bodies == [b"sync", b"async", b"b1", b"b2", b"oneway"]
+
+    run(run_it())
