@@ -17,7 +17,7 @@ setup: $(STAMP)
 
 # The main job: see README.md.
 run: setup
-	$(BIN)/ledgermq storage-demo
+	$(BIN)/ledgermq demo
 
 # The whole test suite, lint first.
 test: setup
