@@ -201,7 +201,8 @@ class Producer:
                         for r in reply["results"]]
             except NotLeaderError as exc:
                 error: BaseException = exc
-                if exc.leader and exc.leader != address:
+                if (exc.leader and exc.leader != address
+                        and not self.cluster.is_suspect(exc.leader)):
                     self.cluster.note_leader(route.group, exc.leader)
                     refresh = False
                     self.retries += 1

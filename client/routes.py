@@ -33,6 +33,7 @@ PERM_WRITE = 2
 
 # Errors after which the same request may succeed elsewhere or later.
 RETRIABLE = (ConnectionClosedError, ConnectionError, OSError, RequestTimeoutError)
+SUSPECT_SECONDS = 2.0
 
 
 def split(address: str) -> tuple[str, int]:
@@ -65,6 +66,10 @@ class Cluster:
         self._conns: dict[str, RpcClient] = {}
         self._connecting: dict[str, asyncio.Future[RpcClient]] = {}
         self._ns_next = 0
+        # Addresses that just failed (connection refused, reset, timed out):
+        # skipped for a moment when choosing where writes go, so a dead
+        # leader's followers are asked instead and answer with the new leader.
+        self._suspects: dict[str, float] = {}
 
     # ------------------------------------------------------------ connections
 
@@ -91,6 +96,7 @@ class Cluster:
             conn = await self.connection(address)
             return await conn.request(code, body, timeout=timeout or self.timeout)
         except RETRIABLE:
+            self._suspects[address] = time.monotonic() + SUSPECT_SECONDS
             await self.drop(address)
             raise
 
@@ -167,20 +173,23 @@ class Cluster:
         if address:
             self._hints[group] = address
 
+    def is_suspect(self, address: str) -> bool:
+        return self._suspects.get(address, 0) >= time.monotonic()
+
     def forget_leader(self, group: str) -> None:
         self._hints.pop(group, None)
 
     def leader_address(self, route: GroupRoute, attempt: int = 0) -> str:
         """Where writes for the group go: the hint, the route's leader, or (no
         leader known) the nodes in turn, which answer NOT_LEADER with a hint."""
-        hint = self._hints.get(route.group)
-        if hint:
-            return hint
-        if route.leader:
-            return route.leader
+        now = time.monotonic()
+        for known in (self._hints.get(route.group), route.leader):
+            if known and self._suspects.get(known, 0) < now:
+                return known
         if not route.nodes:
             raise LedgerMQError(f"group {route.group} has no known nodes")
-        return route.nodes[attempt % len(route.nodes)]
+        healthy = [n for n in route.nodes if self._suspects.get(n, 0) < now] or route.nodes
+        return healthy[attempt % len(healthy)]
 
     def read_addresses(self, route: GroupRoute) -> list[str]:
         """Nodes to read from, the leader first (freshest), then the others."""

@@ -1,0 +1,128 @@
+"""Produce benchmark: a 3-node group on loopback, 1 KiB messages, JSON out.
+
+For flush = async and flush = sync (replicate = sync in both):
+  (a) per-message sends, 64 in flight;
+  (b) batches of 64 messages (send_batch), 4 batches in flight;
+acknowledged messages per second and per-request latency p50/p99.
+Then failover: SIGKILL the leader while a prober sends, time to the first
+acknowledged send after the kill (it can only be on the new leader), over
+`--kills` kills (the killed node is restarted before the next one); p50, max.
+
+The client runs in this process, the NameServer and brokers in children: on a
+2-core machine all of them share the CPUs, so the figures are for the whole
+system on one box.
+
+    .venv/bin/python bench/produce.py [--seconds 5] [--kills 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from broker.launcher import LocalCluster, wait_leader
+from client import Producer
+from ledgermq import loop
+
+BODY = b"x" * 1024
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def run_load(producer: Producer, seconds: float, batch: int, in_flight: int
+                   ) -> dict[str, float]:
+    latencies: list[float] = []
+    acked = 0
+    deadline = time.monotonic() + seconds
+
+    async def worker() -> None:
+        nonlocal acked
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            if batch == 1:
+                await producer.send("bench", BODY)
+            else:
+                await producer.send_batch("bench", [BODY] * batch)
+            latencies.append(time.monotonic() - started)
+            acked += batch
+
+    started = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    elapsed = time.monotonic() - started
+    return {"msgs_per_s": round(acked / elapsed), "acked": acked,
+            "p50_ms": round(percentile(latencies, 0.5) * 1000, 2),
+            "p99_ms": round(percentile(latencies, 0.99) * 1000, 2)}
+
+
+async def throughput(base: Path, flush: str, seconds: float) -> dict[str, object]:
+    cluster = LocalCluster(base / f"tp-{flush}", settings={
+        "flush": flush, "replicate": "sync", "segment_size_bytes": 64 << 20})
+    await asyncio.to_thread(cluster.start)
+    try:
+        await wait_leader(cluster)
+        producer = Producer([cluster.namesrv_address])
+        await producer.create_topic("bench", queues=8)
+        await run_load(producer, 1.0, 1, 16)  # warm-up: connections, routes
+        single = await run_load(producer, seconds, 1, 64)
+        batched = await run_load(producer, seconds, 64, 4)
+        await producer.close()
+        return {"flush": flush, "replicate": "sync", "single_64_in_flight": single,
+                "batch_64": batched}
+    finally:
+        await asyncio.to_thread(cluster.stop)
+
+
+async def failover(base: Path, kills: int) -> dict[str, object]:
+    cluster = LocalCluster(base / "failover", settings={
+        "flush": "async", "replicate": "sync", "segment_size_bytes": 64 << 20})
+    await asyncio.to_thread(cluster.start)
+    times: list[float] = []
+    try:
+        producer = Producer([cluster.namesrv_address], send_timeout=1.0, retry_timeout=30.0)
+        await wait_leader(cluster)
+        await producer.create_topic("fo", queues=4)
+        for _ in range(kills):
+            leader = await wait_leader(cluster)
+            for _ in range(20):  # the prober has a warm connection to the leader
+                await producer.send("fo", b"warm")
+            cluster.kill(leader)
+            killed_at = time.monotonic()
+            await producer.send("fo", b"probe")
+            times.append(time.monotonic() - killed_at)
+            await asyncio.to_thread(cluster.start_node, leader)
+            # Wait until the restarted node is a follower again before the next kill.
+            await wait_leader(cluster)
+        await producer.close()
+    finally:
+        await asyncio.to_thread(cluster.stop)
+    return {"kills": kills, "p50_s": round(statistics.median(times), 3),
+            "max_s": round(max(times), 3), "all_s": [round(t, 3) for t in times]}
+
+
+async def main(args: argparse.Namespace) -> None:
+    base = Path(tempfile.mkdtemp(prefix="ledgermq-bench-"))
+    results = {"bench": "produce", "nodes": 3, "message_bytes": len(BODY), "runs": []}
+    for flush in ("async", "sync"):
+        results["runs"].append(await throughput(base, flush, args.seconds))
+    results["failover"] = await failover(base, args.kills)
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="per throughput run")
+    parser.add_argument("--kills", type=int, default=10, help="leader kills for failover")
+    loop.run(main(parser.parse_args()))
