@@ -1,0 +1,146 @@
+"""The cluster backend interface: one set of operations, whatever runs the nodes.
+
+A backend starts a NameServer and a broker group, and lets nemeses act on the
+nodes: stop/start, signals (kill -9, SIGSTOP/SIGCONT), cutting and healing
+directed links, packet loss, link shaping, per-node clock offsets, and the
+node's data directory for file faults. `netns` runs processes in a private
+network namespace; a docker backend maps the same operations onto the
+containers of a compose deployment (`docker kill -s`, iptables inside the
+containers with NET_ADMIN, faketime env vars, the same durability trace on a
+bind-mounted data directory).
+
+Every backend reports what it can inject (`capabilities`): a nemesis whose
+fault cannot be injected here is refused loudly before the run starts, never
+silently turned into a no-op.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Fault kinds a nemesis may need; the backend says which it can inject.
+FAULTS = ("partition", "loss", "delay", "kill", "pause", "power-loss", "file", "clock")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What to run: node count, durability settings and Raft timing."""
+
+    nodes: int = 3
+    group: str = "chaos"
+    flush: str = "sync"
+    replicate: str = "sync"
+    # Raft timing: 50 ms ticks, elections after ~1 s; slow enough for two
+    # shared cores under load, fast enough that failover fits a short run.
+    tick_ms: int = 50
+    election_timeout_ticks: int = 20
+    heartbeat_interval_ticks: int = 2
+    segment_size_bytes: int = 4 << 20
+    durability_trace: bool = True
+    proxied: bool = False
+    faketime: bool = False
+    log_level: str = "INFO"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class CannotInject(RuntimeError):
+    """A fault this backend cannot inject on this machine."""
+
+
+class Backend(abc.ABC):
+    """A running cluster the harness can break. Use as a context manager."""
+
+    spec: ClusterSpec
+    out: Path
+
+    @property
+    def node_ids(self) -> list[int]:
+        return list(range(1, self.spec.nodes + 1))
+
+    # lifecycle ---------------------------------------------------------------
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Create the environment, start the NameServer and every node."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Tear down everything this backend created (idempotent; safe after errors)."""
+
+    def __enter__(self) -> Backend:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @abc.abstractmethod
+    def capabilities(self) -> dict[str, str | None]:
+        """Per fault kind: None if it can be injected, else why not."""
+
+    def require(self, fault: str) -> None:
+        reason = self.capabilities().get(fault, "unknown fault kind")
+        if reason is not None:
+            raise CannotInject(f"cannot inject {fault}: {reason}")
+
+    # addresses ---------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def namesrv_address(self) -> str: ...
+
+    @abc.abstractmethod
+    def client_address(self, node: int) -> str: ...
+
+    @abc.abstractmethod
+    def client_thread_init(self) -> Callable[[], None]:
+        """Called first in the thread that runs the clients (e.g. enter the namespace)."""
+
+    # nodes -------------------------------------------------------------------
+    @abc.abstractmethod
+    def start_node(self, node: int) -> None: ...
+
+    @abc.abstractmethod
+    def wait_node_ready(self, node: int, timeout: float) -> bool: ...
+
+    @abc.abstractmethod
+    def signal_node(self, node: int, sig: int) -> None: ...
+
+    @abc.abstractmethod
+    def node_alive(self, node: int) -> bool: ...
+
+    @abc.abstractmethod
+    def wait_node_exit(self, node: int, timeout: float) -> bool: ...
+
+    @abc.abstractmethod
+    def data_dir(self, node: int) -> Path: ...
+
+    @abc.abstractmethod
+    def run_on(self, node: int, argv: list[str], timeout: float = 30.0) -> tuple[int, str]:
+        """Run a command where the node runs; (exit status, output)."""
+
+    # network -----------------------------------------------------------------
+    @abc.abstractmethod
+    def drop(self, src: int, dst: int, probability: float = 1.0) -> None:
+        """Drop packets from `src` to `dst` (all of them, or at random with `probability`)."""
+
+    @abc.abstractmethod
+    def heal(self) -> None:
+        """Remove every drop rule and shaping this backend added."""
+
+    @abc.abstractmethod
+    def shape(self, src: int, dst: int, delay_ms: float, jitter_ms: float = 0.0,
+              rate_bytes_s: float = 0.0) -> None:
+        """Delay/jitter/bandwidth on the directed link src -> dst."""
+
+    # clock -------------------------------------------------------------------
+    @abc.abstractmethod
+    def set_clock_offset(self, node: int, seconds: float) -> None:
+        """Shift the node's wall clock (monotonic time untouched)."""
+
+    # evidence ----------------------------------------------------------------
+    @abc.abstractmethod
+    def collect(self) -> dict[str, str]:
+        """Make logs and data directories available under `out`; what was collected."""

@@ -1,0 +1,262 @@
+"""Checkers over a history: Jepsen's total-queue categories plus offset checks.
+
+Message identity is the workload's unique `value` (also the message body).
+A send is *acknowledged* when its invoke completed `ok`, *failed* when it
+completed `fail` (the client knows it was not stored), *unknown* when it
+completed `info` or never completed. Messages are seen by `poll` ok ops, live
+consumers and the final drain alike.
+
+Categories (counts and the first examples of each are in the result):
+
+- `lost`: acknowledged and never seen, not even by the drain. A violation.
+- `unexpected`: seen but never sent by anyone. A violation.
+- `phantom`: seen although its send *failed*. A violation (G1a): "fail" must
+  mean "not stored". Seen values whose send was unknown are `recovered`
+  (info), never violations.
+- `redelivered` (info): the same queue offset delivered more than once, which
+  at-least-once consumption allows (rebalance, consumer restart).
+- `retry_duplicated`: one value stored at two or more offsets, where its send
+  was retried or unknown (an idempotence failure the client could cause).
+  Reported separately; not a violation unless `strict_idempotence`.
+- `duplicated`: one value at two or more offsets with a single clean attempt:
+  the broker stored it twice on its own. A violation.
+- `inconsistent_offsets`: one (group, topic, queue, offset) with two values,
+  in acks or in reads. A violation (replicas disagree about the queue).
+- `skipped_offsets`: an offset inside a queue's [0, highest seen] range that
+  nothing ever read, or a gap inside one poll or the drain's sequential
+  reads (a within-poll jump is one of those). A violation: consumers would
+  never see that message.
+- `backward_offsets`: one consumer's offsets of a queue went backwards without
+  a rebalance in between. A violation. After a rebalance it is `rebalance_resets` (info).
+- `order`: one producer sent x then y (sequentially) to the same queue and y
+  sits at an earlier offset than x. A violation.
+- `unknown`: sends whose outcome is unknown; never counted as lost.
+
+valid = no lost, unexpected, phantom, duplicated, inconsistent, skipped,
+backward or order anomaly.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chaos.history import Op, pairs
+
+EXAMPLES = 10
+VIOLATIONS = ("lost", "unexpected", "phantom", "duplicated", "inconsistent_offsets",
+              "skipped_offsets", "backward_offsets", "order")
+INFO = ("recovered", "redelivered", "retry_duplicated", "rebalance_resets", "unknown")
+
+QueueKey = tuple[str, str, int]  # (group, topic, queue)
+
+
+@dataclass
+class Seen:
+    """One message observed by a read."""
+
+    value: int
+    queue: QueueKey
+    offset: int
+    process: int | str
+    time_ns: int
+    epoch: int  # the consumer's rebalance count when it saw the message
+    drain: bool
+
+
+def _queue_key(v: dict[str, Any]) -> QueueKey | None:
+    if v.get("queue") is None:
+        return None
+    return (str(v.get("group") or ""), str(v.get("topic") or ""), int(v["queue"]))
+
+
+def messages_of(op: Op) -> list[dict[str, Any]]:
+    """The messages a poll op carries (one in `value`, or several in `value.messages`)."""
+    value = op.value or {}
+    if isinstance(value, dict) and isinstance(value.get("messages"), list):
+        return [m for m in value["messages"] if isinstance(m, dict)]
+    return [value] if isinstance(value, dict) and "value" in value else []
+
+
+class _Anomalies:
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = defaultdict(int)
+        self.examples: dict[str, list[Any]] = defaultdict(list)
+
+    def add(self, kind: str, example: Any, count: int = 1) -> None:
+        self.counts[kind] += count
+        if len(self.examples[kind]) < EXAMPLES:
+            self.examples[kind].append(example)
+
+
+def check(ops: Sequence[Op], *, strict_idempotence: bool = False) -> dict[str, Any]:
+    """Run every check; returns a JSON-ready dict with `valid` and per-kind results."""
+    out = _Anomalies()
+    client_ops = [op for op in ops if not op.is_nemesis]
+
+    # --- sends: attempts, outcomes and where acks say the value went
+    attempted: dict[int, dict[str, Any]] = {}
+    outcome: dict[int, str] = {}
+    retried: set[int] = set()
+    acked_order: dict[tuple[Any, QueueKey], list[tuple[int, int]]] = defaultdict(list)
+    slot_values: dict[tuple[QueueKey, int], set[int]] = defaultdict(set)
+    for invoke, done in pairs(op for op in client_ops if op.f == "send"):
+        value = int(invoke.value["value"])
+        attempted[value] = invoke.value
+        kind = done.type if done is not None else "info"
+        outcome[value] = kind
+        done_value = (done.value or {}) if done is not None else {}
+        if int(done_value.get("attempts", 1)) > 1 or kind == "info":
+            retried.add(value)
+        if kind == "ok":
+            key = _queue_key(done_value)
+            if key is not None and done_value.get("offset") is not None:
+                slot_values[(key, int(done_value["offset"]))].add(value)
+            if key is not None:
+                acked_order[(done_value.get("producer_id", invoke.process), key)].append(
+                    (done.index, value))
+
+    # --- reads
+    seen: list[Seen] = []
+    for op in client_ops:
+        if op.f != "poll" or op.type != "ok":
+            continue
+        epoch = int((op.value or {}).get("epoch", 0)) if isinstance(op.value, dict) else 0
+        drain = bool((op.value or {}).get("drain")) if isinstance(op.value, dict) else False
+        batch: list[Seen] = []
+        for m in messages_of(op):
+            key = _queue_key(m)
+            if key is None or m.get("offset") is None:
+                continue
+            batch.append(Seen(int(m["value"]), key, int(m["offset"]), op.process, op.time_ns,
+                              epoch, drain))
+        seen.extend(batch)
+
+    seen_values: dict[int, set[tuple[QueueKey, int]]] = defaultdict(set)
+    slot_reads: dict[tuple[QueueKey, int], int] = defaultdict(int)
+    for s in seen:
+        seen_values[s.value].add((s.queue, s.offset))
+        slot_values[(s.queue, s.offset)].add(s.value)
+        slot_reads[(s.queue, s.offset)] += 1
+
+    # lost / unexpected / phantom / recovered
+    for value, kind in outcome.items():
+        if kind == "ok" and value not in seen_values:
+            out.add("lost", {"value": value, **_brief(attempted[value])})
+    for value, slots in seen_values.items():
+        where = [[*q, o] for q, o in sorted(slots)][:3]
+        if value not in attempted:
+            out.add("unexpected", {"value": value, "at": where})
+        elif outcome[value] == "fail":
+            out.add("phantom", {"value": value, "at": where})
+        elif outcome[value] == "info":
+            out.add("recovered", {"value": value, "at": where})
+    unknown = [v for v, k in outcome.items() if k == "info"]
+    for value in unknown:
+        out.add("unknown", {"value": value, "seen": value in seen_values})
+
+    # one value at several offsets
+    for value, slots in seen_values.items():
+        if len(slots) > 1:
+            kind = "retry_duplicated" if value in retried else "duplicated"
+            out.add(kind, {"value": value, "at": [[*q, o] for q, o in sorted(slots)]},
+                    count=len(slots) - 1)
+    # one offset read more than once
+    for (q, o), reads in slot_reads.items():
+        if reads > 1:
+            out.add("redelivered", {"queue": list(q), "offset": o, "reads": reads},
+                    count=reads - 1)
+    # one offset, two values
+    for (q, o), values in slot_values.items():
+        if len(values) > 1:
+            out.add("inconsistent_offsets", {"queue": list(q), "offset": o,
+                                             "values": sorted(values)})
+
+    _check_coverage(seen, out)
+    _check_consumer_order(seen, out)
+    final_offset = _final_offsets(seen)
+    _check_send_order(acked_order, final_offset, out)
+
+    if strict_idempotence and out.counts.get("retry_duplicated"):
+        out.counts["duplicated"] += out.counts["retry_duplicated"]
+
+    acked = sum(1 for k in outcome.values() if k == "ok")
+    counts = {k: out.counts.get(k, 0) for k in (*VIOLATIONS, *INFO)}
+    bad = [k for k in VIOLATIONS if counts[k]]
+    return {
+        "valid": not bad,
+        "bad_kinds": bad,
+        "counts": counts,
+        "examples": {k: out.examples[k] for k in (*VIOLATIONS, *INFO) if out.examples.get(k)},
+        "sends": {"attempted": len(attempted), "acknowledged": acked,
+                  "failed": sum(1 for k in outcome.values() if k == "fail"),
+                  "unknown": len(unknown),
+                  "unknown_seen": sum(1 for v in unknown if v in seen_values)},
+        "reads": {"messages": len(seen), "distinct_values": len(seen_values),
+                  "drain": sum(1 for s in seen if s.drain)},
+    }
+
+
+def _brief(invoke_value: dict[str, Any]) -> dict[str, Any]:
+    return {k: invoke_value[k] for k in ("topic", "producer_id", "sequence")
+            if k in invoke_value}
+
+
+def _check_coverage(seen: Iterable[Seen], out: _Anomalies) -> None:
+    """Every offset from 0 to the highest read of a queue must have been read."""
+    offsets: dict[QueueKey, set[int]] = defaultdict(set)
+    for s in seen:
+        offsets[s.queue].add(s.offset)
+    for q, got in sorted(offsets.items()):
+        missing = [o for o in range(max(got) + 1) if o not in got]
+        if missing:
+            out.add("skipped_offsets", {"queue": list(q), "never_read": missing[:20],
+                                        "count": len(missing)}, count=len(missing))
+
+
+def _check_consumer_order(seen: Iterable[Seen], out: _Anomalies) -> None:
+    """Per consumer and queue, offsets advance by one between reads of one assignment."""
+    last: dict[tuple[int | str, QueueKey], Seen] = {}
+    for s in seen:
+        key = (s.process, s.queue)
+        prev = last.get(key)
+        last[key] = s
+        if prev is None or s.offset == prev.offset + 1:
+            continue
+        if s.epoch != prev.epoch:
+            out.add("rebalance_resets", {"queue": list(s.queue), "process": s.process,
+                                         "from": prev.offset, "to": s.offset})
+        elif s.offset <= prev.offset:
+            out.add("backward_offsets", {"queue": list(s.queue), "process": s.process,
+                                         "from": prev.offset, "to": s.offset})
+        else:
+            out.add("skipped_offsets", {"queue": list(s.queue), "process": s.process,
+                                        "from": prev.offset, "to": s.offset})
+
+
+def _final_offsets(seen: Iterable[Seen]) -> dict[int, tuple[QueueKey, int]]:
+    """Where each value sits (its lowest offset; duplicates are reported elsewhere)."""
+    best: dict[int, tuple[QueueKey, int]] = {}
+    for s in seen:
+        cur = best.get(s.value)
+        if cur is None or (s.queue, s.offset) < cur:
+            best[s.value] = (s.queue, s.offset)
+    return best
+
+
+def _check_send_order(acked_order: dict[tuple[Any, QueueKey], list[tuple[int, int]]],
+                      final_offset: dict[int, tuple[QueueKey, int]], out: _Anomalies) -> None:
+    """A sequential producer's acked sends to one queue sit at increasing offsets."""
+    for (producer, q), sends in acked_order.items():
+        previous: tuple[int, int] | None = None  # (value, offset)
+        for _index, value in sorted(sends):
+            where = final_offset.get(value)
+            if where is None or where[0] != q:
+                continue
+            if previous is not None and where[1] < previous[1]:
+                out.add("order", {"queue": list(q), "producer": producer,
+                                  "earlier": {"value": previous[0], "offset": previous[1]},
+                                  "later": {"value": value, "offset": where[1]}})
+            previous = (value, where[1])
