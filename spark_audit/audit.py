@@ -6,9 +6,10 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
-from spark_audit import checks, engine, fmt, history, inputs
+from spark_audit import checks, engine, fmt, history, inputs, replicas, tasks
 from spark_audit.checks import INFO, VIOLATION, Findings
 
 
@@ -39,25 +40,25 @@ class AuditResult:
 
 def run_audit(opts: AuditOptions, eng) -> AuditResult:
     """Run every check with ``eng`` (``LocalEngine`` or ``SparkEngine``)."""
-    t = {}
+    tm = {}
     t0 = time.perf_counter()
-    replicas = inputs.parse_group_specs(opts.specs, eng.lister)
-    files = inventory = inputs.inventory(replicas, eng.lister)
-    t["discover_s"] = time.perf_counter() - t0
+    replicas_ = inputs.parse_group_specs(opts.specs, eng.lister)
+    files = inventory = inputs.inventory(replicas_, eng.lister)
+    tm["discover_s"] = time.perf_counter() - t0
     out = Findings()
 
     groups: dict[int, checks.GroupState] = {}
-    for r in replicas:
+    for r in replicas_:
         st = groups.setdefault(r.gid, checks.GroupState(r.gid, r.group, {}))
         st.replicas[r.rid] = checks.ReplicaMeta(r.rid, r.name)
     small = [f for f in inventory if f.kind in (inputs.CHECKPOINT, inputs.HARDSTATE,
                                                  inputs.CQ_CHECKPOINT)]
     t1 = time.perf_counter()
-    data = eng.read_small(small)
+    small_data = eng.read_small(small)
     for f in small:
         meta = groups[f.gid].replicas[f.rid]
         try:
-            value = engine.decode_small(f.kind, data[f.fid])
+            value = engine.decode_small(f.kind, small_data[f.fid])
         except fmt.FormatError as exc:
             out.add("corruption", f"bad_{f.kind}", VIOLATION, gid=f.gid, rid=f.rid, fid=f.fid,
                     detail=f"{f.path}: {exc}")
@@ -75,64 +76,160 @@ def run_audit(opts: AuditOptions, eng) -> AuditResult:
             out.add("corruption", "unknown_file", INFO, gid=f.gid, rid=f.rid, fid=f.fid,
                     detail=f"{f.path} is not part of the format (reported, not read)")
     bulk = [f for f in inventory if f.kind in inputs.BULK_KINDS]
-    t["read_small_s"] = time.perf_counter() - t1
+    tm["read_small_s"] = time.perf_counter() - t1
 
-    parsed = eng.parse(bulk, opts.max_entry_size)
-    t["parse_s"] = parsed.seconds
-
+    # Pass 1: every bulk file once; the reference replica's records fully decoded.
     t2 = time.perf_counter()
+    refs = {gid: reference_replica(st) for gid, st in groups.items()}
+    todo = []
+    for f in bulk:
+        is_ref = f.rid == refs[f.gid]
+        mode = {inputs.SEGMENT: tasks.SCAN_MSGS if is_ref else tasks.SCAN,
+                inputs.INDEX: tasks.INDEX,
+                inputs.CQ: tasks.CQ_UNITS if is_ref else tasks.CQ_HASH}[f.kind]
+        todo.append(tasks.FileTask(len(todo), f, mode))
+    results = sorted(eng.run_tasks(todo, opts.max_entry_size), key=lambda r: r.tid)
+    tm["scan_job_s"] = time.perf_counter() - t2
+    task_s: dict[str, float] = defaultdict(float)
+    for task, res in zip(todo, results, strict=True):
+        task_s[task.mode] += res.seconds
+
+    t3 = time.perf_counter()
+    topics = replicas.Topics()
+    data = {gid: replicas.Group(gid, refs[gid], {rid: replicas.ReplicaLog(gid, rid)
+                                                 for rid in st.replicas})
+            for gid, st in groups.items()}
+    units: dict[tuple, np.ndarray] = {}
+    problem_rows: list[dict] = []
+    counts: dict[str, int] = defaultdict(int)
+    seg_slices: dict[int, tuple[int, int]] = {}  # task id -> rows in its replica's entries
+    by_replica: dict[tuple[int, int], list[tuple[tasks.FileTask, tasks.FileResult]]] = (
+        defaultdict(list))
+    for task, res in zip(todo, results, strict=True):
+        by_replica[(task.info.gid, task.info.rid)].append((task, res))
+        f = task.info
+        problem_rows += [dict(gid=f.gid, rid=f.rid, fid=f.fid, file_offset=p[0], index=p[1],
+                              problem=p[2], detail=p[3]) for p in res.problems]
+    for (gid, rid), done in by_replica.items():
+        rep = data[gid].replicas[rid]
+        segs = sorted(((t, r) for t, r in done if t.info.kind == inputs.SEGMENT),
+                      key=lambda tr: tr[0].info.start)
+        at = 0
+        for t, r in segs:
+            seg_slices[t.tid] = (at, at + len(r.entries))
+            at += len(r.entries)
+        if segs:
+            rep.entries = np.concatenate([r.entries for _, r in segs])
+            rep.fid = np.concatenate([np.full(len(r.entries), t.info.fid, np.int32)
+                                      for t, r in segs])
+        idx = sorted(((t, r) for t, r in done if t.info.kind == inputs.INDEX),
+                     key=lambda tr: tr[0].info.start)
+        if idx:
+            rep.index = np.concatenate([r.index for _, r in idx])
+            rep.index_fid = np.concatenate([np.full(len(r.index), t.info.fid, np.int32)
+                                            for t, r in idx])
+        for t, r in sorted(((t, r) for t, r in done if t.info.kind == inputs.CQ),
+                           key=lambda tr: tr[0].info.start):
+            ck = replicas.cq_content_key(t.info, r)
+            if r.units is not None:
+                units[ck] = r.units
+            q = int(topics.qkey(np.array([topics.id(t.info.topic)]),
+                                np.array([t.info.queue_id]))[0])
+            rep.cq.setdefault(q, []).append((t.info, ck))
+            counts["cq"] += r.count
+    counts["entries"] = sum(len(r.entries) for g in data.values() for r in g.replicas.values())
+    counts["index"] = sum(len(r.index) for g in data.values() for r in g.replicas.values())
+
     found = [out.table()]
-    ent_by_g = engine.split_by(parsed.entries, ["gid"])
     for gid, st in groups.items():
-        e = ent_by_g.get((gid,), parsed.entries.schema.empty_table())
-        found.append(checks.check_group(e, st, opts.max_examples, opts.segment_size))
-    ent_by_r = engine.split_by(parsed.entries, ["gid", "rid"])
-    idx_by_r = engine.split_by(parsed.index, ["gid", "rid"])
-    for r in replicas:
-        found.append(checks.check_index_files(
-            idx_by_r.get((r.gid, r.rid), parsed.index.schema.empty_table()),
-            ent_by_r.get((r.gid, r.rid), parsed.entries.schema.empty_table()),
-            r.gid, r.rid, opts.max_examples))
+        reps = [data[gid].replicas[r] for r in sorted(st.replicas)]
+        found.append(checks.check_group(replicas.entries_table(reps), st, opts.max_examples,
+                                        opts.segment_size))
+        for rep in reps:
+            found.append(checks.check_index_files(
+                replicas.index_table(rep), replicas.entries_table([rep]), gid, rep.rid,
+                opts.max_examples))
+        data[gid].assign_identities()
+    for task, res in zip(todo, results, strict=True):
+        if task.mode == tasks.SCAN_MSGS:
+            g = data[task.info.gid]
+            lo, hi = seg_slices[task.tid]
+            g.add_decoded(g.replicas[task.info.rid].eid[lo:hi], res, task.info, topics)
+    tm["log_checks_s"] = time.perf_counter() - t3
+
+    # Pass 2: only what no decoded replica shares (usually nothing).
+    t4 = time.perf_counter()
+    todo2: list[tasks.FileTask] = []
+    eids2: dict[int, np.ndarray] = {}
+    files_by_id = {f.fid: f for f in files}
+    for g in data.values():
+        for rep, rows in g.missing():
+            for fid in np.unique(rep.fid[rows]):
+                mine = rows[rep.fid[rows] == fid]
+                eids2[len(todo2)] = rep.eid[mine]
+                todo2.append(tasks.FileTask(len(todo2), files_by_id[int(fid)], tasks.MSGS,
+                                            rep.entries[mine].tobytes()))
+    wanted: set[tuple] = set()
+    for g in data.values():
+        for rep in g.replicas.values():
+            for files_q in rep.cq.values():
+                for f, ck in files_q:
+                    if ck not in units and ck not in wanted:
+                        wanted.add(ck)
+                        todo2.append(tasks.FileTask(len(todo2), f, tasks.CQ_UNITS))
+    for res in eng.run_tasks(todo2, opts.max_entry_size):
+        task = todo2[res.tid]
+        task_s[task.mode] += res.seconds
+        if task.mode == tasks.MSGS:
+            data[task.info.gid].add_decoded(eids2[res.tid], res, task.info, topics)
+        else:
+            units[replicas.cq_content_key(task.info, res)] = res.units
+    for g in data.values():
+        g.seal()
+        problem_rows += g.problem_rows()
+    counts["decode_tasks"] = len(todo2)
     starts = {f.fid: f.start for f in files}
     kinds = {f.fid: f.kind for f in files}
     durable_end = {(g, rid): (m.checkpoint.durable_end if m.checkpoint else 0)
                    for g, st in groups.items() for rid, m in st.replicas.items()}
-    found.append(checks.problem_findings(parsed.problems, starts, kinds, durable_end))
-    t["log_checks_s"] = time.perf_counter() - t2
+    found.append(checks.problem_findings(replicas.problems_table(problem_rows), starts, kinds,
+                                         durable_end))
+    counts["problems"] = len(problem_rows)
+    tm["decode_job_s"] = time.perf_counter() - t4
 
-    t3 = time.perf_counter()
-    ctxs = {}
+    t5 = time.perf_counter()
+    names = {(r.gid, r.rid): r.name for r in replicas_}
     for gid, st in groups.items():
-        must, log_start = {}, {}
-        for rid, m in st.replicas.items():
-            bound = min(st.committed, m.agree_end)
-            if m.dispatch is not None:
-                bound = min(bound, m.dispatch.dispatched_index)
-            must[rid] = bound
-            log_start[rid] = min(m.segment_starts) if m.segment_starts else 0
-        ctxs[gid] = checks.QueueContext(st.committed, must, log_start)
-    found.append(eng.queue_findings(ctxs, opts.max_examples))
-    t["queue_checks_s"] = time.perf_counter() - t3
-    t4 = time.perf_counter()
-    sources = {gid: st.sources for gid, st in groups.items()}
-    found.append(eng.duplicate_findings(sources, opts.max_examples))
-    t["duplicate_checks_s"] = time.perf_counter() - t4
+        g = data[gid]
+        counts["messages"] += sum(g.message_count(r) for r in g.replicas)
+        counts["messages_decoded"] += len(g.pool)
+        counts["cq_units_decoded"] += sum(len(u) for u in units.values())
+        found.append(queue_checks(g, st, units, topics, names, counts, opts.max_examples))
+    tm["queue_checks_s"] = time.perf_counter() - t5
+
+    t6 = time.perf_counter()
+    dup = Findings()
+    committed = {gid: data[gid].committed_messages(st.sources) for gid, st in groups.items()}
+    for gid, msgs in committed.items():
+        checks.find_duplicate_ids(dup, gid, msgs, opts.max_examples)
+    found.append(dup.table())
+    tm["duplicate_checks_s"] = time.perf_counter() - t6
 
     hstats: dict = {}
     if opts.history:
-        t5 = time.perf_counter()
+        t7 = time.perf_counter()
         msgs, nops = history.read_history(opts.history)
         gids = {st.name: gid for gid, st in groups.items()}
         keys = history.history_keys(msgs, gids)
-        matched = eng.lookup(keys, sources)
+        matched = pa.concat_tables([checks.lookup_keys(gid, committed[gid], keys)
+                                    for gid in groups])
         hf, hstats = history.check_history(msgs, matched, gids, opts.max_examples)
         hstats["ops"] = nops
         found.append(hf)
-        t["history_s"] = time.perf_counter() - t5
+        tm["history_s"] = time.perf_counter() - t7
 
-    counts = dict(parsed.counts)
     counts.update({
-        "groups": len(groups), "replicas": len(replicas), "files": len(files),
+        "groups": len(groups), "replicas": len(replicas_), "files": len(files),
         "bytes": sum(f.length for f in files),
         "segments": sum(f.kind == inputs.SEGMENT for f in files),
         "segment_bytes": sum(f.length for f in files if f.kind == inputs.SEGMENT),
@@ -141,4 +238,92 @@ def run_audit(opts: AuditOptions, eng) -> AuditResult:
     for f in files:
         by_kind[f.kind] += 1
     counts["files_by_kind"] = dict(by_kind)
-    return AuditResult(replicas, files, groups, checks.concat_findings(found), counts, hstats, t)
+    # CPU seconds inside the file tasks, by mode (summed over tasks, whichever core ran them).
+    tm.update({f"tasks_{k}_cpu_s": v for k, v in task_s.items()})
+    return AuditResult(replicas_, files, groups, checks.concat_findings(found), dict(counts),
+                       hstats, tm)
+
+
+def reference_replica(st: checks.GroupState) -> int:
+    """The replica whose records are all decoded: the most durable one, lowest id on ties.
+
+    Any choice gives the same findings (replicas that differ from it are
+    decoded where they differ); the most durable one most likely holds the
+    committed log, so that nothing else needs decoding.
+    """
+    return max(st.replicas.values(), key=lambda m: (
+        m.checkpoint.durable_index if m.checkpoint else -1, -m.rid)).rid
+
+
+_SHAREABLE = {"cq_beyond_commit"}  # findings without a file id: valid for an identical copy
+
+
+def queue_checks(g: replicas.Group, st: checks.GroupState, units: dict[tuple, np.ndarray],
+                 topics: replicas.Topics, names: dict[tuple[int, int], str],
+                 counts: dict[str, int], max_examples: int) -> pa.Table:
+    """Every replica's ConsumeQueues of one group against its messages.
+
+    A replica whose MESSAGES entries are identical to the reference replica's
+    (same eids) and whose bounds are equal has the same messages per queue;
+    where its ConsumeQueue files of a queue are also byte-identical (same
+    content keys) it would get exactly the reference's findings, so the
+    reference's are copied instead of validating again (only when those carry
+    no file ids, i.e. there is nothing but ``cq_beyond_commit``; otherwise it
+    is validated for its own file names). ``cq_same_as_reference`` (info)
+    says how many queues of a replica were covered this way.
+    """
+    out = Findings()
+    gid = g.gid
+    bounds = {}
+    for rid, m in st.replicas.items():
+        must = min(st.committed, m.agree_end)
+        if m.dispatch is not None:
+            must = min(must, m.dispatch.dispatched_index)
+        bounds[rid] = checks.QueueBounds(st.committed, must,
+                                         min(m.segment_starts) if m.segment_starts else 0)
+    ref = g.replicas[g.ref]
+    slices = {g.ref: replicas.queue_slices(g.messages(g.ref), topics)}
+    same = {}
+    for rid, rep in g.replicas.items():
+        same[rid] = rid == g.ref or (bounds[rid] == bounds[g.ref]
+                                     and np.array_equal(rep.msg_eids, ref.msg_eids))
+        if rid not in slices:
+            slices[rid] = (slices[g.ref] if same[rid]
+                           else replicas.queue_slices(g.messages(rid), topics))
+    qkeys = sorted({q for s in slices.values() for q in s}
+                   | {q for rep in g.replicas.values() for q in rep.cq})
+    empty = np.zeros(0, g.pool.dtype)
+    shared = dict.fromkeys(g.replicas, 0)
+    order = [g.ref, *sorted(r for r in g.replicas if r != g.ref)]
+    for q in qkeys:
+        topic, qid = topics.split(q)
+        content = {rid: [ck for _, ck in g.replicas[rid].cq.get(q, [])] for rid in order}
+        ref_rows: list[dict] = []
+        for rid in order:
+            rep = g.replicas[rid]
+            if (rid != g.ref and same[rid] and content[rid] == content[g.ref]
+                    and all(r["kind"] in _SHAREABLE for r in ref_rows)):
+                out.rows += [{**r, "rid": rid} for r in ref_rows]
+                shared[rid] += 1
+                continue
+            u, ufid = replicas.queue_units(rep, q, units)
+            local = Findings()
+            checks.check_queue_replica(local, gid, topic, qid, rid,
+                                       slices[rid].get(q, empty), u, ufid, rep.entry_fid,
+                                       bounds[rid], max_examples)
+            if rid == g.ref:
+                ref_rows = local.rows
+            out.rows += local.rows
+        if len({tuple(c) for c in content.values() if c}) > 1:
+            views = [(rid, replicas.queue_units(g.replicas[rid], q, units)[0])
+                     for rid in sorted(g.replicas)]
+            checks.slot_conflicts(out, gid, topic, qid, [v for v in views if len(v[1])],
+                                  max_examples)
+    for rid, n in shared.items():
+        if n:
+            counts["cq_queues_shared"] += n
+            out.add("index_validity", "cq_same_as_reference", INFO, gid=gid, rid=rid, count=n,
+                    detail=f"{n} of {len(qkeys)} queues: ConsumeQueue files byte-identical "
+                           f"(per-file CRC and length) to replica {names[(gid, g.ref)]}'s over "
+                           "an identical log, validated once on that replica")
+    return out.table()

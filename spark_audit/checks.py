@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_audit import fmt
 
@@ -381,154 +382,195 @@ def problem_findings(problems: pa.Table, starts: dict[int, int], kinds: dict[int
 
 
 @dataclass
-class QueueContext:
-    """What the per-queue check needs to know about each replica of a group."""
+class QueueBounds:
+    """What the queue check needs to know about one replica of a group."""
 
-    committed: int
-    # rid -> last index whose messages must be in that replica's ConsumeQueues.
-    must_index: dict[int, int]
-    # rid -> first log position still on disk (units below it point at retained data).
-    log_start: dict[int, int]
+    committed: int  # the group's committed index
+    must_index: int  # last index whose messages must be in this replica's ConsumeQueues
+    log_start: int  # first log position still on disk (units below it point at retained data)
 
 
-def check_queue(msgs: pa.Table, units: pa.Table, ctx: QueueContext,
-                max_examples: int = 20) -> pa.Table:
-    """Check one (group, topic, queue): every replica's units against its messages.
+def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid: int,
+                        msgs: np.ndarray, units: np.ndarray, unit_fid: np.ndarray,
+                        msg_fid, bounds: QueueBounds, max_examples: int = 20) -> None:
+    """One replica's units of one (topic, queue) against its messages of that queue.
 
-    ``msgs`` and ``units`` hold all replicas' rows for that queue (the
-    distribution key). Per replica: units point at real messages of this topic
-    and queue with the right size and tag hash, offsets increase with the slot,
-    no hole, no message indexed twice, every message that must be dispatched is
-    indexed. Across replicas: the same slot points at the same offset.
+    ``msgs`` (``parse.MSG_DTYPE``) are in log order, ``units``
+    (``parse.UNIT_DTYPE``) in slot order with the file id of each in
+    ``unit_fid``; ``msg_fid(phys_offsets)`` gives the segment file ids of
+    messages (only called for reported examples). Units must point at real
+    messages of this queue with the right size and tag hash, offsets increase
+    with the slot, no hole, no message indexed twice, and every message that
+    must be dispatched is indexed.
     """
-    out = Findings()
-    m_all = msgs.to_pandas() if msgs.num_rows else None
-    u_all = units.to_pandas() if units.num_rows else None
-    src = m_all if m_all is not None else u_all
-    if src is None:
-        return out.table()
-    gid = int(src["gid"].iloc[0])
-    topic = str(src["topic"].iloc[0])
-    qid = int(src["queue_id"].iloc[0])
-    kw = dict(gid=gid, topic=topic, queue_id=qid)
+    kw = dict(gid=gid, topic=topic, queue_id=queue_id, rid=rid)
 
-    def num(r, name: str) -> int:
-        v = r.get(name, -1)
-        return -1 if v is None or pd.isna(v) else int(v)
-
-    def emit(check, kind, sev, rows, rid, text):
-        for _, r in rows.head(max_examples).iterrows():
-            out.add(check, kind, sev, rid=rid, fid=num(r, "fid"), slot=num(r, "slot"),
-                    phys_offset=num(r, "offset"), index=num(r, "index"), detail=text(r),
-                    **kw)
-        if len(rows) > max_examples:
-            out.add(check, kind, sev, rid=rid, count=len(rows) - max_examples,
+    def emit(check: str, kind: str, sel: np.ndarray, fid: np.ndarray, slot: np.ndarray,
+             off: np.ndarray, idx: np.ndarray, text) -> None:
+        for j in sel[:max_examples]:
+            out.add(check, kind, VIOLATION, fid=int(fid[j]), slot=int(slot[j]),
+                    phys_offset=int(off[j]), index=int(idx[j]), detail=text(j), **kw)
+        if len(sel) > max_examples:
+            out.add(check, kind, VIOLATION, count=len(sel) - max_examples,
                     detail="further occurrences not listed", **kw)
 
-    rids = sorted(set(ctx.must_index))
-    slot_maps = []
-    for rid in rids:
-        m = (m_all[m_all["rid"] == rid] if m_all is not None else pd.DataFrame(
-            columns=msgs.schema.names)).sort_values("phys_offset")
-        u = (u_all[u_all["rid"] == rid] if u_all is not None else pd.DataFrame(
-            columns=units.schema.names)).sort_values("slot")
-        if len(u):
-            slot_maps.append(u[["slot", "offset"]].assign(rid=rid))
-            slots = u["slot"].to_numpy()
-            gaps = np.nonzero(np.diff(slots) > 1)[0]
-            emit("lost_offsets", "cq_hole", VIOLATION, u.iloc[gaps + 1], rid,
-                 lambda r: f"empty slot(s) before slot {r['slot']} after a non-empty slot")
-            offs = u["offset"].to_numpy()
-            back = np.nonzero(np.diff(offs) <= 0)[0]
-            emit("index_validity", "cq_out_of_order", VIOLATION, u.iloc[back + 1], rid,
-                 lambda r: f"slot {r['slot']} offset {r['offset']} does not increase")
-            twice = u[u.duplicated("offset", keep="first")]
-            emit("duplicates", "indexed_twice", VIOLATION, twice, rid,
-                 lambda r: f"message at {r['offset']} is indexed again at slot {r['slot']}")
-            j = u.merge(m.rename(columns={"phys_offset": "offset", "msg_size": "m_size",
-                                          "tag_hash": "m_tag", "fid": "m_fid"})[
-                ["offset", "m_size", "m_tag", "index"]], on="offset", how="left")
-            start = ctx.log_start.get(rid, 0)
-            found = j["m_size"].notna()
-            dangling = j[~found & (j["offset"] >= start)]
-            emit("index_validity", "cq_dangling", VIOLATION, dangling, rid,
-                 lambda r: f"slot {r['slot']} points at {r['offset']}, where no message of "
-                           f"{topic}/{qid} starts")
-            hit = j[found]
-            emit("index_validity", "cq_size_mismatch", VIOLATION,
-                 hit[hit["msg_size"] != hit["m_size"]], rid,
-                 lambda r: f"slot {r['slot']} size {r['msg_size']}, message is {int(r['m_size'])}")
-            emit("index_validity", "cq_tag_mismatch", VIOLATION,
-                 hit[hit["tag_hash"] != hit["m_tag"]], rid,
-                 lambda r: f"slot {r['slot']} tag hash {r['tag_hash']:#x}, message has "
-                           f"{int(r['m_tag']):#x}")
-            late = hit[hit["index"] > ctx.committed]
+    m_off = msgs["phys_offset"]
+    if len(units):
+        slots = units["slot"]
+        offs = units["offset"]
+        none = np.full(len(units), -1, np.int64)
+        gaps = np.nonzero(np.diff(slots) > 1)[0] + 1
+        emit("lost_offsets", "cq_hole", gaps, unit_fid, slots, offs, none,
+             lambda j: f"empty slot(s) before slot {slots[j]} after a non-empty slot")
+        back = np.nonzero(np.diff(offs) <= 0)[0] + 1
+        emit("index_validity", "cq_out_of_order", back, unit_fid, slots, offs, none,
+             lambda j: f"slot {slots[j]} offset {offs[j]} does not increase")
+        # Later units (in slot order) repeating an earlier unit's offset; none
+        # when offsets strictly increase (the usual case, no sort needed).
+        again = np.zeros(len(offs), bool)
+        if len(back):
+            order = np.argsort(offs, kind="stable")
+            again[order[1:][offs[order][1:] == offs[order][:-1]]] = True
+        emit("duplicates", "indexed_twice", np.nonzero(again)[0], unit_fid, slots, offs, none,
+             lambda j: f"message at {offs[j]} is indexed again at slot {slots[j]}")
+        at = np.searchsorted(m_off, offs)
+        at_c = np.minimum(at, max(len(m_off) - 1, 0))
+        found = (at < len(m_off)) & (m_off[at_c] == offs) if len(m_off) else np.zeros(
+            len(offs), bool)
+        m_idx = np.where(found, msgs["index"][at_c] if len(m_off) else none, -1)
+        dangling = np.nonzero(~found & (offs >= bounds.log_start))[0]
+        emit("index_validity", "cq_dangling", dangling, unit_fid, slots, offs, none,
+             lambda j: f"slot {slots[j]} points at {offs[j]}, where no message of "
+                       f"{topic}/{queue_id} starts")
+        if len(m_off):
+            m_size = msgs["size"][at_c]
+            m_tag = msgs["tag_hash"][at_c]
+            size_bad = np.nonzero(found & (units["size"] != m_size))[0]
+            emit("index_validity", "cq_size_mismatch", size_bad, unit_fid, slots, offs, m_idx,
+                 lambda j: f"slot {slots[j]} size {units['size'][j]}, message is {m_size[j]}")
+            tag_bad = np.nonzero(found & (units["tag_hash"] != m_tag))[0]
+            emit("index_validity", "cq_tag_mismatch", tag_bad, unit_fid, slots, offs, m_idx,
+                 lambda j: f"slot {slots[j]} tag hash {units['tag_hash'][j]:#x}, message has "
+                           f"{m_tag[j]:#x}")
+            late = np.nonzero(found & (m_idx > bounds.committed))[0]
             if len(late):
-                r = late.iloc[0]
-                out.add("index_validity", "cq_beyond_commit", INFO, rid=rid,
-                        slot=int(r["slot"]), phys_offset=int(r["offset"]),
-                        index=int(r["index"]), count=len(late),
+                j = late[0]
+                out.add("index_validity", "cq_beyond_commit", INFO, slot=int(slots[j]),
+                        phys_offset=int(offs[j]), index=int(m_idx[j]), count=len(late),
                         detail=f"{len(late)} units point at entries beyond the known "
-                               f"committed index {ctx.committed} (hardstate commit is lazy)",
+                               f"committed index {bounds.committed} (hardstate commit is lazy)",
                         **kw)
-        need = m[m["index"] <= ctx.must_index[rid]]
-        if len(need):
-            indexed = set(u["offset"].tolist()) if len(u) else set()
-            miss = need[~need["phys_offset"].isin(indexed)].rename(
-                columns={"phys_offset": "offset"})
-            emit("index_validity", "cq_not_indexed", VIOLATION, miss, rid,
-                 lambda r: f"committed message at {r['offset']} (entry {r['index']}) has no "
-                           f"unit in {topic}/{qid}")
-    if len(slot_maps) > 1:
-        s = pd.concat(slot_maps)
-        per = s.groupby("slot")["offset"].nunique()
-        clash = per[per > 1]
-        for slot in clash.index[:max_examples]:
-            views = s[s["slot"] == slot]
-            out.add("duplicates", "cq_slot_conflict", VIOLATION, slot=int(slot),
-                    count=1, detail="slot points at different offsets on replicas: " + ", ".join(
-                        f"rid {r.rid}->{r.offset}" for r in views.itertuples()), **kw)
-        if len(clash) > max_examples:
-            out.add("duplicates", "cq_slot_conflict", VIOLATION,
-                    count=len(clash) - max_examples, detail="further occurrences not listed",
-                    **kw)
-    return out.table()
+    need = np.nonzero(msgs["index"] <= bounds.must_index)[0]
+    if len(need):
+        indexed = _member(m_off[need], units["offset"]) if len(units) else np.zeros(
+            len(need), bool)
+        miss = need[~indexed]
+        if len(miss):
+            shown = miss[:max_examples]
+            fid = np.full(len(m_off), -1, np.int64)
+            fid[shown] = msg_fid(m_off[shown])
+            emit("index_validity", "cq_not_indexed", miss, fid, np.full(len(m_off), -1),
+                 m_off, msgs["index"],
+                 lambda j: f"committed message at {m_off[j]} (entry {msgs['index'][j]}) has no "
+                           f"unit in {topic}/{queue_id}")
 
 
-def find_duplicate_ids(msgs: pa.Table, max_examples: int = 20) -> pa.Table:
+def _member(values: np.ndarray, sorted_or_not: np.ndarray) -> np.ndarray:
+    """``np.isin`` for int64 arrays, by binary search (no sort when already sorted)."""
+    ref = sorted_or_not
+    if len(ref) > 1 and not (ref[1:] > ref[:-1]).all():
+        ref = np.unique(ref)
+    at = np.minimum(np.searchsorted(ref, values), len(ref) - 1)
+    return ref[at] == values
+
+
+def slot_conflicts(out: Findings, gid: int, topic: str, queue_id: int,
+                   views: list[tuple[int, np.ndarray]], max_examples: int = 20) -> None:
+    """The same slot of one queue pointing at different offsets on different replicas.
+
+    ``views`` holds (rid, units) for every replica that has units of the queue.
+    """
+    if len(views) < 2:
+        return
+    slot = np.concatenate([u["slot"] for _, u in views])
+    off = np.concatenate([u["offset"] for _, u in views])
+    rid = np.concatenate([np.full(len(u), r) for r, u in views])
+    order = np.lexsort((off, slot))
+    s, o = slot[order], off[order]
+    differs = (s[1:] == s[:-1]) & (o[1:] != o[:-1])
+    clash = np.unique(s[1:][differs])
+    kw = dict(gid=gid, topic=topic, queue_id=queue_id)
+    for c in clash[:max_examples]:
+        at = np.nonzero(slot == c)[0]
+        out.add("duplicates", "cq_slot_conflict", VIOLATION, slot=int(c), count=1,
+                detail="slot points at different offsets on replicas: " + ", ".join(
+                    f"rid {rid[j]}->{off[j]}" for j in at), **kw)
+    if len(clash) > max_examples:
+        out.add("duplicates", "cq_slot_conflict", VIOLATION, count=len(clash) - max_examples,
+                detail="further occurrences not listed", **kw)
+
+
+def find_duplicate_ids(out: Findings, gid: int, msgs: np.ndarray, max_examples: int = 20
+                       ) -> None:
     """The same client identity (producer_id, sequence) at more than one offset.
 
-    ``msgs`` are committed messages of one or more groups (as read from each
-    group's source replicas); producer id 0 means "no identity".
+    ``msgs`` (``parse.MSG_DTYPE``) are the committed messages of one group in
+    log order;
+    producer id 0 means "no identity". One finding per duplicated identity,
+    identities in (producer id, sequence) order, the first ``max_examples``
+    with the offsets.
     """
-    out = Findings()
-    if not msgs.num_rows:
-        return out.table()
-    df = msgs.select(["gid", "producer_id", "sequence", "phys_offset", "index"]).to_pandas()
-    df = df[df["producer_id"] != 0]
-    dup = df[df.duplicated(["gid", "producer_id", "sequence"], keep=False)]
-    if not len(dup):
-        return out.table()
-    groups = dup.groupby(["gid", "producer_id", "sequence"], sort=True)
-    for shown, ((gid, pid, seq), g) in enumerate(groups):
-        g = g.sort_values("phys_offset")
+    m = msgs[msgs["producer_id"] != 0]
+    if len(m) < 2:
+        return
+    pid, seq = m["producer_id"], m["sequence"]
+    # lexsort is stable: equal identities stay in log order (ascending offsets).
+    order = np.lexsort((seq, pid))
+    pid, seq = pid[order], seq[order]
+    same = (pid[1:] == pid[:-1]) & (seq[1:] == seq[:-1])
+    if not same.any():
+        return
+    # Runs of equal identities: a run starts where ``same`` turns on.
+    edge = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
+    starts = np.nonzero(edge == 1)[0]
+    ends = np.nonzero(edge == -1)[0]  # last row of each run
+    for shown, (a, b) in enumerate(zip(starts, ends, strict=True)):
+        rows = order[a:b + 1]
         if shown < max_examples:
-            out.add("duplicates", "duplicate_client_id", VIOLATION, gid=int(gid),
-                    index=int(g["index"].iloc[1]), phys_offset=int(g["phys_offset"].iloc[1]),
-                    count=len(g) - 1,
-                    detail=f"producer {int(pid) & 0xFFFFFFFFFFFFFFFF:#x} sequence {seq} stored at "
-                           + ", ".join(str(x) for x in g["phys_offset"]))
+            out.add("duplicates", "duplicate_client_id", VIOLATION, gid=gid,
+                    index=int(m["index"][rows[1]]), phys_offset=int(m["phys_offset"][rows[1]]),
+                    count=len(rows) - 1,
+                    detail=f"producer {int(pid[a]) & 0xFFFFFFFFFFFFFFFF:#x} sequence {seq[a]} "
+                           "stored at " + ", ".join(str(x) for x in m["phys_offset"][rows]))
         else:
-            out.add("duplicates", "duplicate_client_id", VIOLATION, gid=int(gid),
-                    count=len(g) - 1, detail="further occurrences not listed")
-    return out.table()
+            out.add("duplicates", "duplicate_client_id", VIOLATION, gid=gid,
+                    count=len(rows) - 1, detail="further occurrences not listed")
 
 
-def in_sources(gid: np.ndarray, rid: np.ndarray, index: np.ndarray,
-               sources: dict[int, list[tuple[int, int, int]]]) -> np.ndarray:
-    """Mask of rows that belong to the committed log as read from its source replicas."""
-    mask = np.zeros(len(index), bool)
-    for g, spans in sources.items():
-        for lo, hi, r in spans:
-            mask |= (gid == g) & (rid == r) & (index >= lo) & (index <= hi)
-    return mask
+def _pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two int64 columns as one 16-byte value per row (for set operations)."""
+    return np.ascontiguousarray(np.stack([a, b], axis=1)).view("V16")[:, 0]
+
+
+def lookup_keys(gid: int, msgs: np.ndarray, keys: pa.Table) -> pa.Table:
+    """Committed messages of group ``gid`` named by history keys.
+
+    A key names a message by (producer_id, sequence) when its producer id is
+    non-zero, else by physical offset. Returns distinct (gid, producer_id,
+    sequence, phys_offset) rows.
+    """
+    cols = ["gid", "producer_id", "sequence", "phys_offset"]
+    k = keys.filter(pc.equal(keys.column("gid"), gid))
+    kp = k.column("producer_id").to_numpy()
+    ks = k.column("sequence").to_numpy()
+    ko = k.column("phys_offset").to_numpy()
+    by_id = np.zeros(len(msgs), bool)
+    if (kp != 0).any():
+        by_id = (msgs["producer_id"] != 0) & np.isin(
+            _pairs(msgs["producer_id"], msgs["sequence"]), _pairs(kp[kp != 0], ks[kp != 0]))
+    by_off = np.isin(msgs["phys_offset"], ko[ko >= 0])
+    hit = msgs[by_id | by_off]
+    return pa.table({"gid": pa.array(np.full(len(hit), gid, np.int32)),
+                     "producer_id": pa.array(hit["producer_id"]),
+                     "sequence": pa.array(hit["sequence"]),
+                     "phys_offset": pa.array(hit["phys_offset"])}).select(cols)

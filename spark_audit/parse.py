@@ -1,16 +1,23 @@
-"""Bulk parsers: one file's bytes in, Arrow tables out.
+"""Bulk parsers: one file's bytes in, compact numpy arrays out.
 
-Each function takes a whole file as a buffer and returns Arrow tables whose
-schemas are fixed below, so that the same function can run in-process or inside
-a Spark ``mapInArrow`` task. Entry headers are variable-length records walked
-with a tight ``struct`` loop; message records, index records and ConsumeQueue
-units are decoded with numpy over whole buffers (the message walk advances all
-entries of a segment in lock step, one record per step).
+Each function takes a whole file as a buffer and returns numpy structured
+arrays of fixed dtypes (below) plus a short list of problems, so the same
+function runs in-process or inside a Spark task, and its output crosses the
+JVM as a few binary blobs per file, never as rows per record.
 
-The ``gid``/``rid``/``fid`` columns are small integer ids the caller assigns to
-the group, replica and file; they keep rows narrow (no repeated path strings).
-Unsigned 64-bit fields (producer id, sequence) are stored as int64 with the
-same bits, because Spark has no unsigned types.
+A segment is read in two steps because the second is needed for one replica
+only (see docs/audit.md, "Who decodes what"):
+
+- ``scan_segment`` walks the entry headers (a tight ``struct`` loop over a
+  few thousand entries per segment) and checks every body CRC; cost is one
+  pass of hardware CRC over the bytes.
+- ``parse_messages`` decodes the message records of chosen MESSAGES entries
+  with numpy over the whole buffer: all bodies are walked in lock step (one
+  record per step), then the 68-byte record headers are copied row-wise
+  out of a strided window and viewed as a structured dtype.
+
+Unsigned 64-bit fields (producer id, sequence, tag hash) are kept as int64
+with the same bits, matching the Arrow/Spark tables the findings use.
 """
 
 from __future__ import annotations
@@ -23,70 +30,33 @@ import pyarrow as pa
 
 from spark_audit import fmt
 
-ID_FIELDS = [("gid", pa.int32()), ("rid", pa.int32()), ("fid", pa.int32())]
-
-ENTRY_SCHEMA = pa.schema([
-    *ID_FIELDS,
-    ("file_offset", pa.int64()),
-    ("index", pa.int64()),
-    ("term", pa.int64()),
-    ("position", pa.int64()),
-    ("size", pa.int32()),
-    ("kind", pa.int8()),
-    ("body_crc", pa.int64()),
-    ("crc_ok", pa.bool_()),
+# One row per valid entry header. ``file_offset`` is where the header is in
+# its file, ``position`` where that is in the log (segment base + offset);
+# ``crc_ok`` is false when only the body CRC fails (the header, and so the
+# entry's identity, is still trustworthy); ``has_msgs`` marks MESSAGES entries
+# of a known version, the ones whose records are decoded.
+ENTRY_DTYPE = np.dtype([
+    ("file_offset", "<i8"), ("index", "<i8"), ("term", "<i8"), ("position", "<i8"),
+    ("body_crc", "<u4"), ("size", "<i4"), ("kind", "i1"), ("crc_ok", "?"), ("has_msgs", "?"),
 ])
 
-MESSAGE_SCHEMA = pa.schema([
-    *ID_FIELDS,
-    ("index", pa.int64()),
-    ("phys_offset", pa.int64()),
-    ("msg_size", pa.int32()),
-    ("topic", pa.string()),
-    ("queue_id", pa.int32()),
-    ("producer_id", pa.int64()),
-    ("sequence", pa.int64()),
-    ("tag_hash", pa.int64()),
+# One row per decoded message record. ``topic`` indexes the topic list returned
+# with the array (per file; the driver maps it to global ids).
+MSG_DTYPE = np.dtype([
+    ("index", "<i8"), ("phys_offset", "<i8"), ("producer_id", "<i8"), ("sequence", "<i8"),
+    ("tag_hash", "<i8"), ("size", "<i4"), ("queue_id", "<i4"), ("topic", "<i4"),
 ])
 
-INDEX_SCHEMA = pa.schema([
-    *ID_FIELDS,
-    ("index", pa.int64()),
-    ("position", pa.int64()),
-    ("term", pa.int64()),
-    ("size", pa.int32()),
-    ("kind", pa.int8()),
-    ("body_crc", pa.int64()),
-    ("rec_ok", pa.bool_()),
+# One row per non-empty Raft-index record; ``rec_ok`` is its record CRC.
+INDEX_OUT_DTYPE = np.dtype([
+    ("index", "<i8"), ("position", "<i8"), ("term", "<i8"), ("body_crc", "<u4"),
+    ("size", "<i4"), ("kind", "i1"), ("rec_ok", "?"),
 ])
 
-CQ_SCHEMA = pa.schema([
-    *ID_FIELDS,
-    ("topic", pa.string()),
-    ("queue_id", pa.int32()),
-    ("slot", pa.int64()),
-    ("offset", pa.int64()),
-    ("msg_size", pa.int32()),
-    ("tag_hash", pa.int64()),
-])
+# One row per non-empty ConsumeQueue unit.
+UNIT_DTYPE = np.dtype([("slot", "<i8"), ("offset", "<i8"), ("tag_hash", "<i8"), ("size", "<i4")])
 
-PROBLEM_SCHEMA = pa.schema([
-    *ID_FIELDS,
-    ("file_offset", pa.int64()),
-    ("index", pa.int64()),
-    ("problem", pa.string()),
-    ("detail", pa.string()),
-])
-
-TABLES = {
-    "entries": ENTRY_SCHEMA,
-    "messages": MESSAGE_SCHEMA,
-    "index": INDEX_SCHEMA,
-    "cq": CQ_SCHEMA,
-    "problems": PROBLEM_SCHEMA,
-}
-
-# Message record layout as a numpy structured dtype (68 bytes, packed).
+# On-disk layouts.
 MESSAGE_DTYPE = np.dtype([
     ("size", "<u4"), ("queue_id", "<u4"), ("flag", "<u4"), ("sys_flag", "<u4"),
     ("born_ts", "<i8"), ("store_ts", "<i8"), ("producer_id", "<u8"), ("sequence", "<u8"),
@@ -101,57 +71,48 @@ INDEX_DTYPE = np.dtype([
 ])
 CQ_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u4"), ("tag_hash", "<u8")])
 
-# Message headers are gathered in blocks so the (records x 68) index matrix
-# stays a few MiB whatever the segment size.
-_GATHER_BLOCK = 16384
-_HEADER_COLS = np.arange(fmt.MESSAGE_HEADER_SIZE, dtype=np.int64)
+# A problem: (file_offset, index, kind, detail); -1 when not known.
+Problem = tuple[int, int, str, str]
 
 
 @dataclass
-class FileId:
-    """Ids stamped on every row parsed from one file."""
+class SegmentScan:
+    """Entry headers of one segment and what was wrong with the file."""
 
-    gid: int
-    rid: int
-    fid: int
+    entries: np.ndarray  # ENTRY_DTYPE, in file order
+    problems: list[Problem] = field(default_factory=list)
+    valid_end: int = 0  # file offset just past the last valid entry
 
 
 @dataclass
-class Problems:
-    """Accumulates problem rows (corruption, torn tails, malformed records)."""
+class MessageScan:
+    """Decoded records of some entries of one segment."""
 
-    ids: FileId
-    rows: list[tuple[int, int, str, str]] = field(default_factory=list)
-
-    def add(self, file_offset: int, index: int, problem: str, detail: str) -> None:
-        self.rows.append((file_offset, index, problem, detail))
-
-    def table(self) -> pa.Table:
-        n = len(self.rows)
-        cols = list(zip(*self.rows, strict=True)) if n else [[], [], [], []]
-        return pa.table({
-            "gid": pa.array([self.ids.gid] * n, pa.int32()),
-            "rid": pa.array([self.ids.rid] * n, pa.int32()),
-            "fid": pa.array([self.ids.fid] * n, pa.int32()),
-            "file_offset": pa.array(cols[0], pa.int64()),
-            "index": pa.array(cols[1], pa.int64()),
-            "problem": pa.array(cols[2], pa.string()),
-            "detail": pa.array(cols[3], pa.string()),
-        }, schema=PROBLEM_SCHEMA)
-
-
-def _ids(ids: FileId, n: int) -> dict[str, pa.Array]:
-    return {
-        "gid": pa.array(np.full(n, ids.gid, np.int32)),
-        "rid": pa.array(np.full(n, ids.rid, np.int32)),
-        "fid": pa.array(np.full(n, ids.fid, np.int32)),
-    }
+    messages: np.ndarray  # MSG_DTYPE, in log order
+    topics: list[str]  # values of MSG_DTYPE["topic"]
+    counts: np.ndarray  # records decoded per entry given (aligned with the entries)
+    # (file_offset, index, kind, detail, row of the entry given)
+    problems: list[tuple[int, int, str, str, int]] = field(default_factory=list)
 
 
 def _u32_at(a: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """Little-endian u32 at each (unaligned) byte position of ``a``."""
     return (a[pos].astype(np.uint32) | (a[pos + 1].astype(np.uint32) << 8)
             | (a[pos + 2].astype(np.uint32) << 16) | (a[pos + 3].astype(np.uint32) << 24))
+
+
+def gather_rows(a: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+    """``a[s:s+width]`` for every start as a (len(starts), width) copy.
+
+    Indexing the first axis of a strided window copies whole rows, which is
+    several times faster than an element-wise gather with an index matrix.
+    Every row must lie inside ``a``.
+    """
+    if not len(starts):
+        return np.zeros((0, width), np.uint8)
+    win = np.lib.stride_tricks.as_strided(a, shape=(len(a) - width + 1, width),
+                                          strides=(1, 1), writeable=False)
+    return win[starts]
 
 
 def gather_binary(a: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
@@ -168,41 +129,22 @@ def gather_binary(a: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.
     )
 
 
-def binary_to_string(arr: pa.Array) -> pa.Array:
-    """Cast to string; a corrupt (non UTF-8) value is decoded with replacement characters."""
-    try:
-        return arr.cast(pa.string())
-    except pa.ArrowInvalid:
-        return pa.array([None if v is None else v.decode("utf-8", "replace")
-                         for v in arr.to_pylist()], pa.string())
-
-
 def tag_hashes(tags: pa.Array) -> np.ndarray:
     """Tag hash of every value, computing the CRC once per distinct tag."""
     enc = tags.dictionary_encode()
     uniq = [fmt.tag_hash(v) for v in enc.dictionary.to_pylist()]
-    table = np.array(uniq, dtype=np.int64) if uniq else np.zeros(0, np.int64)
+    table = np.array(uniq, dtype=np.uint64).view(np.int64) if uniq else np.zeros(0, np.int64)
     return table[enc.indices.to_numpy(zero_copy_only=False)]
 
 
-@dataclass
-class SegmentResult:
-    entries: pa.Table
-    messages: pa.Table
-    problems: pa.Table
-    valid_end: int  # file offset just past the last valid entry
-
-
-def _resync(buf: bytes | memoryview, start: int, base: int, n: int, raw: list) -> int:
-    """Offset of the next plausible entry header after ``start``, or ``n``.
+def _resync(data: bytes, start: int, base: int) -> int:
+    """Offset of the next plausible entry header after ``start``, or ``len(data)``.
 
     A header is plausible when its magic, header CRC and self-recorded
     position all agree: a position equal to the offset it is found at cannot
     be matched by chance inside a message body that is not a copied header.
     """
-    if not raw:
-        raw.append(bytes(buf))
-    data = raw[0]
+    n = len(data)
     at = start + 1
     while True:
         at = data.find(fmt.ENTRY_MAGIC_BYTES, at)
@@ -215,136 +157,117 @@ def _resync(buf: bytes | memoryview, start: int, base: int, n: int, raw: list) -
         at += 1
 
 
-def parse_segment(
-    buf: bytes | memoryview | pa.Buffer,
-    base_position: int,
-    ids: FileId,
-    max_entry_size: int = fmt.DEFAULT_MAX_ENTRY_SIZE,
-) -> SegmentResult:
-    """Parse one CommitLog segment that starts at log position ``base_position``.
+def scan_segment(buf, base_position: int,
+                 max_entry_size: int = fmt.DEFAULT_MAX_ENTRY_SIZE) -> SegmentScan:
+    """Walk the entry headers of one segment that starts at log position ``base_position``.
 
-    Every valid entry becomes a row of ``entries`` (with ``crc_ok`` false when
-    only its body CRC fails, since its header, and so its identity, is still
-    trustworthy); every record of a MESSAGES entry a row of ``messages``.
-    Damaged headers are reported and skipped by scanning for the next
-    plausible header; bytes after the last valid entry are a torn tail.
+    Every valid header becomes a row (with ``crc_ok`` false when only its body
+    CRC fails). Damaged headers are reported and skipped by scanning for the
+    next plausible header; bytes after the last valid entry are a torn tail.
     """
-    mv = memoryview(buf)
+    mv = memoryview(buf).cast("B")
     n = len(mv)
     crc = fmt.crc
     unpack_head = fmt.ENTRY_HEADER.unpack_from
     unpack_u32 = struct.Struct("<I").unpack_from
-    probs = Problems(ids)
-    raw: list = []
+    probs: list[Problem] = []
+    raw: list[bytes] = []  # the file as bytes, made only if a resync is needed
 
-    e_off: list[int] = []
-    e_index: list[int] = []
-    e_term: list[int] = []
-    e_pos: list[int] = []
-    e_size: list[int] = []
-    e_kind: list[int] = []
-    e_bcrc: list[int] = []
-    e_ok: list[bool] = []
-    body_start: list[int] = []
-    body_end: list[int] = []
-    body_entry: list[int] = []
+    def resync(at: int) -> int:
+        if not raw:
+            raw.append(bytes(mv))
+        return _resync(raw[0], at, base_position)
 
+    rows: list[tuple] = []
     off = 0
     valid_end = 0
     while off < n:
         if n - off < fmt.ENTRY_HEADER_SIZE:
-            probs.add(off, -1, "torn_tail", f"{n - off} bytes after the last entry")
+            probs.append((off, -1, "torn_tail", f"{n - off} bytes after the last entry"))
             break
         magic, version, kind, _flags, size, bcrc, index, term, position, _r = unpack_head(mv, off)
         if magic != fmt.ENTRY_MAGIC or crc(mv[off:off + 44]) != unpack_u32(mv, off + 44)[0]:
             what = "bad_magic" if magic != fmt.ENTRY_MAGIC else "header_crc"
-            nxt = _resync(mv, off, base_position, n, raw)
+            nxt = resync(off)
             if nxt >= n:
-                probs.add(off, -1, what,
-                          f"{what}; no valid header in the {n - off} bytes to end of file")
+                probs.append((off, -1, what,
+                              f"{what}; no valid header in the {n - off} bytes to end of file"))
                 break
-            probs.add(off, -1, what, f"{what}; skipped {nxt - off} bytes to the next header")
+            probs.append((off, -1, what, f"{what}; skipped {nxt - off} bytes to the next header"))
             off = nxt
             continue
         if version != fmt.FORMAT_VERSION:
-            probs.add(off, index, "unknown_version", f"entry version {version}")
+            probs.append((off, index, "unknown_version", f"entry version {version}"))
         elif kind not in fmt.KINDS:
-            probs.add(off, index, "unknown_kind", f"entry kind {kind}")
+            probs.append((off, index, "unknown_kind", f"entry kind {kind}"))
         if size < fmt.ENTRY_HEADER_SIZE or size > max_entry_size:
-            probs.add(off, index, "bad_size", f"entry size {size}")
-            nxt = _resync(mv, off, base_position, n, raw)
+            probs.append((off, index, "bad_size", f"entry size {size}"))
+            nxt = resync(off)
             if nxt >= n:
                 break
             off = nxt
             continue
         if off + size > n:
-            probs.add(off, index, "torn_tail",
-                      f"entry of {size} bytes ends {off + size - n} bytes past end of file")
+            probs.append((off, index, "torn_tail",
+                          f"entry of {size} bytes ends {off + size - n} bytes past end of file"))
             break
         if position != base_position + off:
-            probs.add(off, index, "position_mismatch",
-                      f"header position {position} found at {base_position + off}")
+            probs.append((off, index, "position_mismatch",
+                          f"header position {position} found at {base_position + off}"))
         ok = crc(mv[off + 48:off + size]) == bcrc
         if not ok:
-            probs.add(off, index, "body_crc", f"body CRC mismatch in entry {index}")
+            probs.append((off, index, "body_crc", f"body CRC mismatch in entry {index}"))
         if version == fmt.FORMAT_VERSION and kind == fmt.KIND_NOOP and size != 48:
-            probs.add(off, index, "bad_noop", f"NOOP entry with a {size - 48}-byte body")
-        e_off.append(off)
-        e_index.append(index)
-        e_term.append(term)
-        e_pos.append(base_position + off)
-        e_size.append(size)
-        e_kind.append(kind)
-        e_bcrc.append(bcrc)
-        e_ok.append(ok)
-        if kind == fmt.KIND_MESSAGES and version == fmt.FORMAT_VERSION:
-            body_start.append(off + 48)
-            body_end.append(off + size)
-            body_entry.append(len(e_off) - 1)
+            probs.append((off, index, "bad_noop", f"NOOP entry with a {size - 48}-byte body"))
+        rows.append((off, index, term, base_position + off, bcrc, size, kind, ok,
+                     kind == fmt.KIND_MESSAGES and version == fmt.FORMAT_VERSION))
         off += size
         valid_end = off
 
-    m = len(e_off)
-    entries = pa.table({
-        **_ids(ids, m),
-        "file_offset": pa.array(e_off, pa.int64()),
-        "index": pa.array(np.array(e_index, np.uint64).view(np.int64)),
-        "term": pa.array(np.array(e_term, np.uint64).view(np.int64)),
-        "position": pa.array(e_pos, pa.int64()),
-        "size": pa.array(e_size, pa.int32()),
-        "kind": pa.array(e_kind, pa.int8()),
-        "body_crc": pa.array(e_bcrc, pa.int64()),
-        "crc_ok": pa.array(e_ok, pa.bool_()),
-    }, schema=ENTRY_SCHEMA)
-    a = np.frombuffer(mv, dtype=np.uint8)
-    messages = _parse_messages(a, np.array(body_start, np.int64), np.array(body_end, np.int64),
-                               np.array(body_entry, np.int64), entries, base_position, ids, probs)
-    return SegmentResult(entries, messages, probs.table(), valid_end)
+    entries = np.zeros(len(rows), ENTRY_DTYPE)
+    if rows:
+        cols = list(zip(*rows, strict=True))
+        for name, col in zip(ENTRY_DTYPE.names, cols, strict=True):
+            if name in ("index", "term"):
+                # u64 on disk; kept as the int64 with the same bits.
+                entries[name] = np.array(col, np.uint64).view(np.int64)
+            else:
+                entries[name] = col
+    return SegmentScan(entries, probs, valid_end)
 
 
-def _parse_messages(a: np.ndarray, starts: np.ndarray, ends: np.ndarray, entry_row: np.ndarray,
-                    entries: pa.Table, base: int, ids: FileId, probs: Problems) -> pa.Table:
-    """Walk every MESSAGES body of a segment in lock step and decode the records."""
-    entry_index = entries.column("index").to_numpy()
-    entry_off = entries.column("file_offset").to_numpy()
-    rec_start: list[np.ndarray] = []
-    rec_entry: list[np.ndarray] = []
-    pos, end, row = starts, ends, entry_row
+def parse_messages(buf, base_position: int, entries: np.ndarray) -> MessageScan:
+    """Decode the records of the ``has_msgs`` rows of ``entries`` (rows of this segment).
+
+    Records that do not fit their entry, or whose length fields disagree with
+    their size, are reported (``bad_message``) and not decoded; the walk of
+    that entry stops at the first record that does not fit.
+    """
+    a = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
+    probs: list[tuple[int, int, str, str, int]] = []
+    entry_index = entries["index"]
+    entry_off = entries["file_offset"]
+    want = np.nonzero(entries["has_msgs"])[0]
+    pos = entry_off[want] + fmt.ENTRY_HEADER_SIZE
+    end = entry_off[want] + entries["size"][want].astype(np.int64)
+    row = want.astype(np.int64)
     empty = pos >= end
     for r in row[empty]:
-        probs.add(int(entry_off[r]), int(entry_index[r]), "bad_message",
-                  "MESSAGES entry with an empty body")
+        probs.append((int(entry_off[r]), int(entry_index[r]), "bad_message",
+                      "MESSAGES entry with an empty body", int(r)))
     keep = ~empty
     pos, end, row = pos[keep], end[keep], row[keep]
+    rec_start: list[np.ndarray] = []
+    rec_entry: list[np.ndarray] = []
     while len(pos):
         fits = pos + fmt.MESSAGE_HEADER_SIZE <= end
         size = np.zeros(len(pos), np.int64)
         size[fits] = _u32_at(a, pos[fits])
         bad = ~fits | (size < fmt.MESSAGE_HEADER_SIZE) | (pos + size > end)
         for p, r in zip(pos[bad], row[bad], strict=True):
-            probs.add(int(p), int(entry_index[r]), "bad_message",
-                      f"message record at body offset {int(p - entry_off[r] - 48)} "
-                      "does not fit its entry")
+            probs.append((int(p), int(entry_index[r]), "bad_message",
+                          f"message record at body offset {int(p - entry_off[r] - 48)} "
+                          "does not fit its entry", int(r)))
         good = ~bad
         rec_start.append(pos[good])
         rec_entry.append(row[good])
@@ -353,101 +276,99 @@ def _parse_messages(a: np.ndarray, starts: np.ndarray, ends: np.ndarray, entry_r
         more = pos < end
         pos, end, row = pos[more], end[more], row[more]
 
-    starts_all = np.concatenate(rec_start) if rec_start else np.zeros(0, np.int64)
-    rows_all = np.concatenate(rec_entry) if rec_entry else np.zeros(0, np.int64)
+    starts = np.concatenate(rec_start) if rec_start else np.zeros(0, np.int64)
+    rows = np.concatenate(rec_entry) if rec_entry else np.zeros(0, np.int64)
     # Records were produced step by step; put them back in log order.
-    order = np.argsort(starts_all, kind="stable")
-    starts_all, rows_all = starts_all[order], rows_all[order]
-    k = len(starts_all)
-    head = np.empty(k, MESSAGE_DTYPE)
-    for b in range(0, k, _GATHER_BLOCK):
-        blk = starts_all[b:b + _GATHER_BLOCK]
-        head[b:b + len(blk)] = a[blk[:, None] + _HEADER_COLS].view(MESSAGE_DTYPE)[:, 0]
+    order = np.argsort(starts, kind="stable")
+    starts, rows = starts[order], rows[order]
+    head = gather_rows(a, starts, fmt.MESSAGE_HEADER_SIZE).view(MESSAGE_DTYPE)[:, 0]
     lens = (68 + head["topic_len"].astype(np.int64) + head["tags_len"] + head["keys_len"]
             + head["host_len"] + head["props_len"].astype(np.int64)
             + head["body_len"].astype(np.int64))
     mismatch = lens != head["size"]
-    for p, r in zip(starts_all[mismatch], rows_all[mismatch], strict=True):
-        probs.add(int(p), int(entry_index[r]), "bad_message",
-                  "message record size does not match its field lengths")
+    for p, r in zip(starts[mismatch], rows[mismatch], strict=True):
+        probs.append((int(p), int(entry_index[r]), "bad_message",
+                      "message record size does not match its field lengths", int(r)))
     if mismatch.any():
         ok = ~mismatch
-        starts_all, rows_all, head = starts_all[ok], rows_all[ok], head[ok]
-        k = len(starts_all)
-    topic_at = starts_all + fmt.MESSAGE_HEADER_SIZE
-    topics = binary_to_string(gather_binary(a, topic_at, head["topic_len"]))
+        starts, rows, head = starts[ok], rows[ok], head[ok]
+    topic_at = starts + fmt.MESSAGE_HEADER_SIZE
+    enc = gather_binary(a, topic_at, head["topic_len"]).dictionary_encode()
+    # A corrupt (non UTF-8) topic is decoded with replacement characters.
+    topics = [v.decode("utf-8", "replace") for v in enc.dictionary.to_pylist()]
     tags = gather_binary(a, topic_at + head["topic_len"], head["tags_len"])
-    return pa.table({
-        **_ids(ids, k),
-        "index": pa.array(entry_index[rows_all] if k else np.zeros(0, np.int64)),
-        "phys_offset": pa.array(starts_all + base, pa.int64()),
-        "msg_size": pa.array(head["size"].astype(np.int32)),
-        "topic": topics,
-        "queue_id": pa.array(head["queue_id"].astype(np.int32)),
-        "producer_id": pa.array(head["producer_id"].view(np.int64)),
-        "sequence": pa.array(head["sequence"].view(np.int64)),
-        "tag_hash": pa.array(tag_hashes(tags)),
-    }, schema=MESSAGE_SCHEMA)
+    out = np.empty(len(starts), MSG_DTYPE)
+    out["index"] = entry_index[rows]
+    out["phys_offset"] = starts + base_position
+    out["producer_id"] = head["producer_id"].view(np.int64)
+    out["sequence"] = head["sequence"].view(np.int64)
+    out["tag_hash"] = tag_hashes(tags)
+    out["size"] = head["size"].astype(np.int32)
+    out["queue_id"] = head["queue_id"].view(np.int32)
+    out["topic"] = enc.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+    counts = np.bincount(rows, minlength=len(entries)).astype(np.int32)
+    return MessageScan(out, topics, counts, probs)
 
 
-def parse_index_file(buf: bytes | memoryview | pa.Buffer, first_index: int, ids: FileId
-                     ) -> tuple[pa.Table, pa.Table]:
+def parse_index_file(buf, first_index: int) -> tuple[np.ndarray, list[Problem]]:
     """Parse a Raft-index file; all-zero records ("no entry") are dropped.
 
     Returns the records (``rec_ok`` false when the record CRC fails) and the
     problems (a trailing partial record).
     """
-    probs = Problems(ids)
-    mv = memoryview(buf)
+    probs: list[Problem] = []
+    mv = memoryview(buf).cast("B")
     n = len(mv) // fmt.INDEX_RECORD_SIZE
     if len(mv) % fmt.INDEX_RECORD_SIZE:
-        probs.add(n * fmt.INDEX_RECORD_SIZE, -1, "index_partial_record",
-                  f"{len(mv) % fmt.INDEX_RECORD_SIZE} trailing bytes")
+        probs.append((n * fmt.INDEX_RECORD_SIZE, -1, "index_partial_record",
+                      f"{len(mv) % fmt.INDEX_RECORD_SIZE} trailing bytes"))
     raw = np.frombuffer(mv[:n * fmt.INDEX_RECORD_SIZE], dtype=np.uint8).reshape(n, 32)
-    nonzero = raw.any(axis=1)
-    rec = raw.view(INDEX_DTYPE)[:, 0]
-    slots = np.nonzero(nonzero)[0]
-    rec = rec[slots]
+    slots = np.nonzero(raw.any(axis=1))[0]
+    rec = raw.view(INDEX_DTYPE)[slots, 0]
     ok = np.fromiter((fmt.crc(raw[i, :28].tobytes()) for i in slots), np.uint32, len(slots))
-    ok = ok == rec["record_crc"]
-    table = pa.table({
-        **_ids(ids, len(slots)),
-        "index": pa.array(slots.astype(np.int64) + first_index),
-        "position": pa.array(rec["position"].view(np.int64)),
-        "term": pa.array(rec["term"].view(np.int64)),
-        "size": pa.array(rec["size"].astype(np.int32)),
-        "kind": pa.array(rec["kind"].astype(np.int8)),
-        "body_crc": pa.array(rec["body_crc"].astype(np.int64)),
-        "rec_ok": pa.array(ok),
-    }, schema=INDEX_SCHEMA)
-    return table, probs.table()
+    out = np.empty(len(slots), INDEX_OUT_DTYPE)
+    out["index"] = slots.astype(np.int64) + first_index
+    out["position"] = rec["position"].view(np.int64)
+    out["term"] = rec["term"].view(np.int64)
+    out["body_crc"] = rec["body_crc"]
+    out["size"] = rec["size"].view(np.int32)
+    out["kind"] = rec["kind"].view(np.int8)
+    out["rec_ok"] = ok == rec["record_crc"]
+    return out, probs
 
 
-def parse_cq_file(buf: bytes | memoryview | pa.Buffer, topic: str, queue_id: int,
-                  first_slot: int, ids: FileId) -> tuple[pa.Table, pa.Table]:
+def cq_partial(length: int) -> list[Problem]:
+    """The problem of a ConsumeQueue file whose length is not a multiple of a unit."""
+    n = length // fmt.CQ_UNIT_SIZE
+    if length % fmt.CQ_UNIT_SIZE:
+        return [(n * fmt.CQ_UNIT_SIZE, -1, "cq_partial_unit",
+                 f"{length % fmt.CQ_UNIT_SIZE} trailing bytes")]
+    return []
+
+
+def parse_cq_file(buf, first_slot: int) -> tuple[np.ndarray, list[Problem]]:
     """Parse a ConsumeQueue file; empty (all-zero) slots are dropped.
 
     Holes are found later from the slot numbers of the remaining units, which
     also catches holes spanning a missing file.
     """
-    probs = Problems(ids)
-    mv = memoryview(buf)
+    mv = memoryview(buf).cast("B")
     n = len(mv) // fmt.CQ_UNIT_SIZE
-    if len(mv) % fmt.CQ_UNIT_SIZE:
-        probs.add(n * fmt.CQ_UNIT_SIZE, -1, "cq_partial_unit",
-                  f"{len(mv) % fmt.CQ_UNIT_SIZE} trailing bytes")
     units = np.frombuffer(mv[:n * fmt.CQ_UNIT_SIZE], dtype=CQ_DTYPE)
     nonzero = (units["offset"] != 0) | (units["size"] != 0) | (units["tag_hash"] != 0)
     slots = np.nonzero(nonzero)[0]
     units = units[slots]
-    k = len(slots)
-    table = pa.table({
-        **_ids(ids, k),
-        "topic": pa.array([topic] * k, pa.string()),
-        "queue_id": pa.array(np.full(k, queue_id, np.int32)),
-        "slot": pa.array(slots.astype(np.int64) + first_slot),
-        "offset": pa.array(units["offset"].view(np.int64)),
-        "msg_size": pa.array(units["size"].astype(np.int32)),
-        "tag_hash": pa.array(units["tag_hash"].view(np.int64)),
-    }, schema=CQ_SCHEMA)
-    return table, probs.table()
+    out = np.empty(len(slots), UNIT_DTYPE)
+    out["slot"] = slots.astype(np.int64) + first_slot
+    out["offset"] = units["offset"].view(np.int64)
+    out["tag_hash"] = units["tag_hash"].view(np.int64)
+    out["size"] = units["size"].view(np.int32)
+    return out, cq_partial(len(mv))
+
+
+def cq_unit_count(buf) -> int:
+    """Number of non-empty units of a ConsumeQueue file (without keeping them)."""
+    mv = memoryview(buf).cast("B")
+    n = len(mv) // fmt.CQ_UNIT_SIZE
+    raw = np.frombuffer(mv[:n * fmt.CQ_UNIT_SIZE], dtype=np.uint8).reshape(n, fmt.CQ_UNIT_SIZE)
+    return int(raw.any(axis=1).sum()) if n else 0

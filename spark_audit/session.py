@@ -64,3 +64,20 @@ def get_session(master: str = DEFAULT_MASTER, *, app_name: str = "ledgermq-audit
         spark.sparkContext.addPyFile(_package_zip())
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def warm_up(spark) -> None:
+    """Start the Python workers and import the audit in them with a trivial job.
+
+    The first Arrow job of a session pays several seconds once (worker
+    processes, imports, JVM code paths); a long-lived session pays it here,
+    before any audit, and later audits on the same session do not.
+    """
+
+    def touch(batches):
+        from spark_audit import tasks  # noqa: F401  (imports numpy, pyarrow, crc32c, msgpack)
+
+        yield from batches
+
+    n = spark.sparkContext.defaultParallelism
+    spark.range(0, n, 1, n).mapInArrow(touch, "id long").toArrow()

@@ -12,9 +12,6 @@ from spark_audit import fmt, inputs, parse
 from . import scenarios
 from .replica_builder import Msg, encode_entry, make_log, write_replica
 
-IDS = parse.FileId(0, 0, 0)
-
-
 def test_crc_is_crc32c():
     assert fmt.crc(b"123456789") == 0xE3069283
     assert fmt.ENTRY_MAGIC_BYTES == b"LMQE"
@@ -36,25 +33,48 @@ def test_small_files_round_trip_and_reject_damage():
         fmt.parse_checkpoint(bytes(bad))
 
 
+def _parse(buf: bytes, start: int = 0):
+    scan = parse.scan_segment(buf, start)
+    return scan, parse.parse_messages(buf, start, scan.entries)
+
+
 def test_segment_messages_match_what_was_written(tmp_path):
     lay = write_replica(str(tmp_path / "r"), make_log(scenarios.batches(40, per_entry=5)),
                         segment_size=8192)
-    seen = []
+    entries, msgs, topics = [], [], []
     for start in sorted({p.segment for p in lay.entries}):
         with open(lay.segment_path(start), "rb") as f:
-            r = parse.parse_segment(f.read(), start, IDS)
-        assert r.problems.num_rows == 0
-        seen.append(r)
-    entries = [row for r in seen for row in r.entries.to_pylist()]
-    assert [(e["index"], e["position"], e["size"], e["body_crc"]) for e in entries] == [
-        (p.index, p.position, p.size, p.body_crc) for p in lay.entries]
-    msgs = [row for r in seen for row in r.messages.to_pylist()]
+            scan, m = _parse(f.read(), start)
+        assert scan.problems == [] and m.problems == []
+        assert m.counts.tolist() == [5] * len(scan.entries)
+        entries += scan.entries.tolist()
+        msgs += m.messages.tolist()
+        topics += [m.topics[t] for t in m.messages["topic"]]
+    names = parse.ENTRY_DTYPE.names
+    got = [dict(zip(names, e, strict=True)) for e in entries]
+    assert [(e["index"], e["position"], e["size"], e["body_crc"], e["crc_ok"]) for e in got] == [
+        (p.index, p.position, p.size, p.body_crc, True) for p in lay.entries]
+    mnames = parse.MSG_DTYPE.names
+    rows = [dict(zip(mnames, m, strict=True)) for m in msgs]
     want = [(p.index, *m) for p in lay.entries for m in p.messages]
-    assert [(m["index"], m["topic"], m["queue_id"], m["phys_offset"], m["msg_size"],
-             m["tag_hash"]) for m in msgs] == want
+    assert [(m["index"], t, m["queue_id"], m["phys_offset"], m["size"], m["tag_hash"])
+            for m, t in zip(rows, topics, strict=True)] == want
     # u64 producer ids are kept as the int64 with the same bits (Spark has no u64).
-    assert msgs[0]["producer_id"] == 0xABCDEF0123456789 - (1 << 64)
-    assert [m["sequence"] for m in msgs] == list(range(200))
+    assert rows[0]["producer_id"] == 0xABCDEF0123456789 - (1 << 64)
+    assert [m["sequence"] for m in rows] == list(range(200))
+
+
+def test_only_the_given_entries_are_decoded(tmp_path):
+    lay = write_replica(str(tmp_path / "r"), make_log(scenarios.batches(10, per_entry=3)))
+    with open(lay.segment_path(0), "rb") as f:
+        buf = f.read()
+    scan = parse.scan_segment(buf, 0)
+    some = scan.entries[[2, 7]]
+    m = parse.parse_messages(buf, 0, some)
+    assert m.counts.tolist() == [3, 3]
+    assert sorted(set(m.messages["index"].tolist())) == [3, 8]
+    assert m.messages["phys_offset"].tolist() == [off for i in (3, 8)
+                                                  for _, _, off, _, _ in lay.entry(i).messages]
 
 
 def test_malformed_record_inside_a_valid_entry_is_reported():
@@ -63,22 +83,31 @@ def test_malformed_record_inside_a_valid_entry_is_reported():
     rec = bytearray(encode_message(Msg("t", 1, b"body")))
     rec[0] += 3  # record size no longer matches its field lengths (and overruns)
     seg = encode_entry(1, 1, fmt.KIND_MESSAGES, 0, bytes(rec))
-    r = parse.parse_segment(seg, 0, IDS)
-    assert r.entries.num_rows == 1 and r.messages.num_rows == 0
-    assert r.problems.column("problem").to_pylist() == ["bad_message"]
+    scan, m = _parse(seg)
+    assert len(scan.entries) == 1 and len(m.messages) == 0
+    assert [(p[2], p[4]) for p in m.problems] == [("bad_message", 0)]
+
+
+def test_body_crc_failure_keeps_the_entry_and_flags_it():
+    seg = bytearray(encode_entry(1, 1, fmt.KIND_CONTROL, 0, b"payload"))
+    seg[50] ^= 1
+    scan = parse.scan_segment(bytes(seg), 0)
+    assert scan.entries["crc_ok"].tolist() == [False]
+    assert [p[2] for p in scan.problems] == ["body_crc"]
 
 
 def test_garbage_between_entries_is_skipped_by_resync():
     a = encode_entry(1, 1, fmt.KIND_NOOP, 0, b"")
     junk = b"LMQE" + b"\x07" * 60
     b = encode_entry(2, 1, fmt.KIND_NOOP, len(a) + len(junk), b"")
-    r = parse.parse_segment(a + junk + b, 0, IDS)
-    assert r.entries.column("index").to_pylist() == [1, 2]
-    assert r.problems.column("problem").to_pylist() == ["header_crc"]
+    scan = parse.scan_segment(a + junk + b, 0)
+    assert scan.entries["index"].tolist() == [1, 2]
+    assert [p[2] for p in scan.problems] == ["header_crc"]
 
 
-def test_gather_binary_and_tag_hashes():
+def test_gather_rows_binary_and_tag_hashes():
     a = np.frombuffer(b"xxabcyyTAGzz", np.uint8)
+    assert parse.gather_rows(a, np.array([2, 7, 9]), 3).tobytes() == b"abcTAGGzz"
     arr = parse.gather_binary(a, np.array([2, 7, 0]), np.array([3, 3, 0]))
     assert arr.to_pylist() == [b"abc", b"TAG", b""]
     assert parse.tag_hashes(arr).tolist() == [fmt.crc(b"abc"), fmt.crc(b"TAG"), 0]
@@ -87,12 +116,14 @@ def test_gather_binary_and_tag_hashes():
 def test_index_and_cq_files_skip_empty_slots():
     rec = fmt.INDEX_RECORD.pack(48, 2, 100, 1, 77)
     rec += fmt.crc(rec).to_bytes(4, "little")
-    t, p = parse.parse_index_file(b"\x00" * 32 + rec + b"\x01", 11, IDS)
-    assert t.column("index").to_pylist() == [12] and t.column("rec_ok").to_pylist() == [True]
-    assert p.column("problem").to_pylist() == ["index_partial_record"]
+    t, p = parse.parse_index_file(b"\x00" * 32 + rec + b"\x01", 11)
+    assert t["index"].tolist() == [12] and t["rec_ok"].tolist() == [True]
+    assert [x[2] for x in p] == ["index_partial_record"]
     units = b"\x00" * 20 + fmt.CQ_UNIT.pack(96, 80, 5)
-    t, p = parse.parse_cq_file(units, "t", 3, 600, IDS)
-    assert t.column("slot").to_pylist() == [601] and p.num_rows == 0
+    t, p = parse.parse_cq_file(units, 600)
+    assert t["slot"].tolist() == [601] and t["offset"].tolist() == [96] and p == []
+    assert parse.cq_unit_count(units) == 1
+    assert [x[2] for x in parse.parse_cq_file(units + b"\x01", 0)[1]] == ["cq_partial_unit"]
 
 
 def test_group_specs_root_and_explicit(tmp_path):
