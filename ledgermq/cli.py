@@ -35,6 +35,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "consume",
     "status",
     "demo",
+    "chaos",
 )
 
 for _name in COMMAND_MODULES:

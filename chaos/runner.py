@@ -1,0 +1,211 @@
+"""One chaos run, start to finish.
+
+1. Start the cluster on a backend (for netns: a private namespace) and wait
+   for a ready leader; create the topic.
+2. Start the consumers and producers; drive the nemeses on their schedule
+   for `time_limit` seconds.
+3. Final heal: every active nemesis is stopped (links healed, nodes resumed
+   and restarted), then wait for a leader again.
+4. Stop the producers, then the consumers; drain every queue from offset 0.
+5. Stop the cluster; check the history; write results.json, plots and
+   index.html next to history.jsonl, the node logs and data directories.
+
+The clients run on an asyncio loop in a thread of their own that first
+enters the backend's client context (the namespace), while the main thread
+stays outside and owns teardown, so Ctrl-C or SIGTERM still stops every
+process and deletes the namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos import nemesis as nemesis_lib
+from chaos.backend import Backend, CannotInject, ClusterSpec
+from chaos.checker import check
+from chaos.history import History
+from chaos.report import write_report
+from chaos.schedule import Schedule, run_schedule
+from chaos.stats import latencies, latency_summary, unavailability
+from chaos.workload import Workload, WorkloadSpec, find_leader, wait_leader
+
+
+@dataclass
+class RunConfig:
+    out: Path
+    nodes: int = 3
+    nemesis: str = "partition-halves"
+    time_limit: float = 30.0
+    rate: float = 50.0
+    flush: str = "sync"
+    replicate: str = "sync"
+    backend: str = "netns"
+    seed: int | None = None
+    schedule: Schedule = field(default_factory=Schedule)
+    producers: int = 4
+    consumers: int = 2
+    queues: int = 4
+    recovery_timeout: float = 60.0
+    drain_timeout: float = 90.0
+    log_level: str = "INFO"
+
+
+def make_backend(config: RunConfig, spec: ClusterSpec, log: Callable[[str], None],
+                 seed: int) -> Backend:
+    if config.backend == "netns":
+        from chaos.netns import NetnsBackend
+
+        return NetnsBackend(spec, config.out, log=log, seed=seed)
+    if config.backend == "docker":
+        raise CannotInject("the docker backend arrives with the compose deployment "
+                           "(docker/); use --backend netns")
+    raise ValueError(f"unknown backend {config.backend!r}")
+
+
+def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run one chaos test; returns results (also written to `out`)."""
+    seed = config.seed if config.seed is not None else random.randrange(1 << 31)
+    rng = random.Random(seed)
+    nemeses = nemesis_lib.parse(config.nemesis)
+    wanted = nemesis_lib.needs(nemeses)
+    spec = ClusterSpec(nodes=config.nodes, flush=config.flush, replicate=config.replicate,
+                       proxied="delay" in wanted, faketime="clock" in wanted,
+                       log_level=config.log_level)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    history = History(out / "history.jsonl")
+    params = {**asdict(config), "out": str(out), "seed": seed,
+              "schedule": asdict(config.schedule), "nemeses": [n.name for n in nemeses]}
+    log(f"chaos: run {json.dumps(params, default=str)}")
+    backend = make_backend(config, spec, log, seed)
+    outcome: dict[str, Any] = {}
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        backend.start()
+        for need in sorted(wanted):
+            backend.require(need)  # refuse loudly before any fault, never a silent no-op
+        _run_clients(config, backend, nemeses, history, rng, outcome, log)
+    finally:
+        with contextlib.suppress(Exception):
+            backend.close()
+        history.close()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+    collected = backend.collect()
+    ops = history.ops
+    results = {
+        "valid": None,
+        "run": params,
+        "checker": check(ops),
+        "availability": unavailability(ops),
+        "latency": latency_summary(latencies(ops)),
+        "phases": outcome,
+        "capabilities": backend.capabilities(),
+        "collected": collected,
+    }
+    results["valid"] = results["checker"]["valid"] and not outcome.get("error")
+    write_report(ops, results, out)
+    return results
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _run_clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_lib.Nemesis],
+                 history: History, rng: random.Random, outcome: dict[str, Any],
+                 log: Callable[[str], None]) -> None:
+    """Run the asyncio client side in its own thread; Ctrl-C cancels it cleanly."""
+    loop_box: list[asyncio.AbstractEventLoop] = []
+    task_box: list[asyncio.Task[None]] = []
+    failure: list[BaseException] = []
+    ready = threading.Event()
+
+    def thread_main() -> None:
+        try:
+            backend.client_thread_init()()
+            loop = asyncio.new_event_loop()
+            loop_box.append(loop)
+            task = loop.create_task(_clients(config, backend, nemeses, history, rng,
+                                             outcome, log, loop))
+            task_box.append(task)
+            ready.set()
+            loop.run_until_complete(task)
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            ready.set()
+            if loop_box:
+                loop_box[0].close()
+
+    thread = threading.Thread(target=thread_main, name="chaos-clients")
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.2)
+    except KeyboardInterrupt:
+        log("chaos: interrupted; stopping the clients and the cluster")
+        outcome["error"] = "interrupted"
+        ready.wait(10)
+        if loop_box and task_box:
+            loop_box[0].call_soon_threadsafe(task_box[0].cancel)
+        thread.join(60)
+        raise
+    if failure and not isinstance(failure[0], asyncio.CancelledError):
+        outcome["error"] = repr(failure[0])
+        log(f"chaos: client side failed: {failure[0]!r}")
+
+
+async def _clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_lib.Nemesis],
+                   history: History, rng: random.Random, outcome: dict[str, Any],
+                   log: Callable[[str], None], loop: asyncio.AbstractEventLoop) -> None:
+    addresses = {n: backend.client_address(n) for n in backend.node_ids}
+    t0 = time.monotonic()
+
+    def phase(name: str) -> None:
+        outcome.setdefault("phase_times_s", {})[name] = round(time.monotonic() - t0, 3)
+        log(f"chaos: {name} at {time.monotonic() - t0:.1f}s")
+
+    if await wait_leader(addresses, config.recovery_timeout) is None:
+        raise RuntimeError("no leader elected at start")
+    workload = Workload(WorkloadSpec(queues=config.queues, rate=config.rate,
+                                     producers=config.producers, consumers=config.consumers),
+                        backend.namesrv_address, history)
+    await workload.setup()
+    phase("workload")
+    await workload.start()
+
+    def leader() -> int | None:
+        return asyncio.run_coroutine_threadsafe(find_leader(addresses), loop).result(10)
+
+    ctx = nemesis_lib.Context(backend, rng, leader, log)
+    try:
+        await run_schedule(nemeses, config.schedule, ctx, history, config.time_limit, rng)
+        phase("healed")
+        outcome["leader_after_heal"] = await wait_leader(addresses, config.recovery_timeout)
+        # Give sends in flight at the heal a chance to finish against the new leader.
+        await asyncio.sleep(2.0)
+    finally:
+        await workload.stop_producers()
+        phase("producers stopped")
+        await workload.stop_consumers()
+    phase("drain")
+    outcome["drained"] = await workload.drain(config.drain_timeout)
+    phase("done")
+
+
+def main_log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

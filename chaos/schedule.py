@@ -1,0 +1,81 @@
+"""When nemeses strike: fixed on/off periods or random subsets with quiet periods.
+
+Every start and stop is recorded in the history (process "nemesis": an invoke
+when the harness begins the action, an info with what was done when it
+finishes), and whatever is active when the time is up is stopped: the final
+heal before the drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+
+from chaos.history import NEMESIS, History
+from chaos.nemesis import Context, Nemesis
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """`fixed`: quiet `off_s`, all nemeses on for `on_s`, repeat. `random`: each
+    period a random subset of the nemeses (about a quarter of periods quiet),
+    lasting between half and one and a half times `on_s`."""
+
+    kind: str = "fixed"
+    on_s: float = 10.0
+    off_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("fixed", "random"):
+            raise ValueError("schedule must be 'fixed' or 'random'")
+
+
+async def _act(nemesis: Nemesis, what: str, ctx: Context, history: History) -> None:
+    action = nemesis.start if what == "start" else nemesis.stop
+    history.record(NEMESIS, "invoke", what, {"nemesis": nemesis.name})
+    try:
+        detail = await asyncio.to_thread(action, ctx)
+    except Exception as exc:
+        history.record(NEMESIS, "info", what, {"nemesis": nemesis.name, "error": repr(exc)},
+                       error=repr(exc))
+        ctx.log(f"chaos: nemesis {nemesis.name} {what} failed: {exc!r}")
+        return
+    history.record(NEMESIS, "info", what, {"nemesis": nemesis.name, "detail": detail})
+    ctx.log(f"chaos: {nemesis.name} {what}: {detail}")
+
+
+async def run_schedule(nemeses: list[Nemesis], schedule: Schedule, ctx: Context,
+                       history: History, time_limit: float, rng: random.Random) -> None:
+    """Drive the nemeses for `time_limit` seconds, then stop every active one."""
+    deadline = time.monotonic() + time_limit
+    active: list[Nemesis] = []
+
+    async def sleep_until(t: float) -> None:
+        await asyncio.sleep(max(0.0, min(t, deadline) - time.monotonic()))
+
+    try:
+        while time.monotonic() < deadline and nemeses:
+            await sleep_until(time.monotonic() + schedule.off_s)
+            if time.monotonic() >= deadline:
+                break
+            if schedule.kind == "fixed":
+                chosen = list(nemeses)
+                length = schedule.on_s
+            else:
+                chosen = [] if rng.random() < 0.25 else \
+                    rng.sample(nemeses, rng.randint(1, len(nemeses)))
+                length = rng.uniform(schedule.on_s / 2, schedule.on_s * 1.5)
+            for nemesis in chosen:
+                await _act(nemesis, "start", ctx, history)
+                active.append(nemesis)
+            await sleep_until(time.monotonic() + length)
+            for nemesis in reversed(active):
+                await _act(nemesis, "stop", ctx, history)
+            active.clear()
+        await sleep_until(deadline)
+    finally:
+        # The final heal: also after a cancellation (Ctrl-C), nothing stays broken.
+        for nemesis in reversed(active):
+            await asyncio.shield(_act(nemesis, "stop", ctx, history))

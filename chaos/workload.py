@@ -1,0 +1,264 @@
+"""The workload: producers at a set rate, a consumer group, and the final drain.
+
+Every message body is a unique integer (the op's `value`). Each producer
+worker owns one client `Producer` and sends one message at a time, so the
+idempotence sequence the client assigns is this worker's own counter, which
+is recorded with every send (the audit matches messages by producer id and
+sequence). A send that ends in an error is `info` (it may have been stored:
+the client retries internally, and an earlier attempt may have landed), and
+the worker continues as a fresh process id, as Jepsen retires a process after
+an indeterminate op; only errors the broker gives before storing anything
+(unknown topic, too large, no permission, invalid request) on a single
+attempt are `fail`.
+
+Consumers are client `PushConsumer`s in one group (clustering mode,
+committing offsets); each delivered message is a `poll` ok op carrying the
+consumer's rebalance count, so the checker can tell a rebalance reset from a
+backwards step. The drain, after the faults are healed, reads every queue
+from offset 0 with a fresh `PullConsumer` until nothing new arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chaos.history import History
+from client import Producer, PullConsumer, PushConsumer
+from client.model import MessageQueue, ReceivedMessage
+from ledgermq.codes import RequestCode
+from ledgermq.errors import (
+    InvalidRequestError,
+    MessageTooLargeError,
+    NoPermissionError,
+    UnknownTopicError,
+)
+from ledgermq.wire import RpcClient
+
+DEFINITE_FAILURES = (UnknownTopicError, MessageTooLargeError, NoPermissionError,
+                     InvalidRequestError)
+CONSUMER_PROCESS_BASE = 1000
+DRAIN_PROCESS = 2000
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    topic: str = "chaos"
+    queues: int = 4
+    rate: float = 50.0  # sends per second, all producers together
+    producers: int = 4
+    consumers: int = 2
+    group: str = "chaos-consumers"
+    send_timeout: float = 2.0
+    retry_timeout: float = 5.0
+
+
+async def node_status(address: str, timeout: float = 1.0) -> dict[str, Any] | None:
+    """A node's BROKER_STATUS, None if it does not answer in time."""
+    host, _, port = address.rpartition(":")
+    try:
+        client = await asyncio.wait_for(
+            RpcClient.connect(host, int(port), role="admin", timeout=timeout), timeout)
+    except Exception:
+        return None
+    try:
+        return await asyncio.wait_for(client.request(RequestCode.BROKER_STATUS, None), timeout)
+    except Exception:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
+
+
+async def find_leader(addresses: dict[int, str]) -> int | None:
+    """The ready leader with the highest term among the nodes that answer."""
+    statuses = await asyncio.gather(*(node_status(a) for a in addresses.values()))
+    best: tuple[int, int] | None = None
+    for node, status in zip(addresses, statuses, strict=True):
+        if status and status.get("role") == "leader" and status.get("leader_ready"):
+            term = int(status.get("term", 0))
+            if best is None or term > best[0]:
+                best = (term, node)
+    return best[1] if best else None
+
+
+async def wait_leader(addresses: dict[int, str], timeout: float) -> int | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        leader = await find_leader(addresses)
+        if leader is not None:
+            return leader
+        await asyncio.sleep(0.2)
+    return None
+
+
+class Workload:
+    def __init__(self, spec: WorkloadSpec, namesrv: str, history: History) -> None:
+        self.spec = spec
+        self.namesrv = namesrv
+        self.history = history
+        self._values = itertools.count(1)
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._consumers: list[PushConsumer] = []
+        self.acked = 0
+
+    async def setup(self, timeout: float = 60.0) -> None:
+        """Create the topic (retrying until a leader takes it)."""
+        producer = Producer([self.namesrv], retry_timeout=timeout, name="chaos-setup")
+        try:
+            await producer.create_topic(self.spec.topic, queues=self.spec.queues)
+        finally:
+            await producer.close()
+
+    async def start(self) -> None:
+        for i in range(self.spec.consumers):
+            await self._start_consumer(i)
+        for i in range(self.spec.producers):
+            self._tasks.append(asyncio.create_task(self._producer(i)))
+
+    async def stop_producers(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def stop_consumers(self) -> None:
+        for consumer in self._consumers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(consumer.stop(), 30)
+
+    # ------------------------------------------------------------ producers
+
+    async def _producer(self, worker: int) -> None:
+        spec = self.spec
+        producer = Producer([self.namesrv], send_timeout=spec.send_timeout,
+                            retry_timeout=spec.retry_timeout, name=f"chaos-producer-{worker}")
+        process = worker
+        sequence = 0
+        interval = spec.producers / spec.rate
+        next_at = time.monotonic() + interval * worker / spec.producers
+        try:
+            while not self._stop.is_set():
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+                next_at = max(next_at + interval, time.monotonic())
+                if self._stop.is_set():
+                    break
+                value = next(self._values)
+                sequence += 1
+                base = {"topic": spec.topic, "value": value,
+                        "producer_id": producer.producer_id, "sequence": sequence}
+                self.history.record(process, "invoke", "send", dict(base))
+                retries = producer.retries
+                try:
+                    result = await producer.send(spec.topic, str(value).encode())
+                except asyncio.CancelledError:
+                    self.history.record(process, "info", "send", dict(base),
+                                        error="cancelled")
+                    raise
+                except Exception as exc:
+                    attempts = producer.retries - retries + 1
+                    definite = isinstance(exc, DEFINITE_FAILURES) and attempts == 1
+                    self.history.record(process, "fail" if definite else "info", "send",
+                                        dict(base, attempts=attempts),
+                                        error=f"{type(exc).__name__}: {exc}")
+                    if not definite:
+                        process += spec.producers  # retire the process (Jepsen's rule)
+                    continue
+                self.acked += 1
+                self.history.record(process, "ok", "send", dict(
+                    base, attempts=producer.retries - retries + 1, group=result.queue.group,
+                    queue=result.queue.queue_id, offset=result.queue_offset,
+                    msg_id=result.msg_id, duplicate=result.duplicate))
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.close(), 10)
+
+    # ------------------------------------------------------------ consumers
+
+    async def _start_consumer(self, index: int) -> None:
+        process = CONSUMER_PROCESS_BASE + index
+        holder: list[PushConsumer] = []
+
+        def on_message(message: ReceivedMessage) -> None:
+            epoch = holder[0].rebalances if holder else 0
+            self.history.record(process, "ok", "poll", {
+                "epoch": epoch, "messages": [message_record(message)]})
+
+        consumer = PushConsumer([self.namesrv], self.spec.group, self.spec.topic, on_message,
+                                client_id=f"chaos-consumer-{index}", long_poll_ms=500,
+                                batch_size=64)
+        holder.append(consumer)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                await consumer.start()
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        self._consumers.append(consumer)
+
+    # ------------------------------------------------------------ drain
+
+    async def drain(self, timeout: float = 90.0, quiet_passes: int = 3) -> int:
+        """Read every queue from offset 0 until `quiet_passes` passes find nothing new."""
+        puller = PullConsumer([self.namesrv], "chaos-drain", timeout=3.0, name="chaos-drain")
+        deadline = time.monotonic() + timeout
+        next_offset: dict[MessageQueue, int] = {}
+        total = 0
+        quiet = 0
+        try:
+            while time.monotonic() < deadline and quiet < quiet_passes:
+                new = 0
+                try:
+                    queues = await puller.queues(self.spec.topic, refresh=True)
+                except Exception:
+                    await asyncio.sleep(0.5)
+                    continue
+                for mq in queues:
+                    new += await self._drain_queue(puller, mq, next_offset, deadline)
+                total += new
+                quiet = quiet + 1 if new == 0 else 0
+                if quiet < quiet_passes:
+                    await asyncio.sleep(0.5)
+        finally:
+            await puller.close()
+        return total
+
+    async def _drain_queue(self, puller: PullConsumer, mq: MessageQueue,
+                           next_offset: dict[MessageQueue, int], deadline: float) -> int:
+        got = 0
+        while time.monotonic() < deadline:
+            offset = next_offset.get(mq, 0)
+            try:
+                result = await puller.pull(mq, offset, 256)
+            except Exception:
+                return got
+            if result.messages:
+                self.history.record(DRAIN_PROCESS, "ok", "poll", {
+                    "drain": True, "messages": [message_record(m) for m in result.messages]})
+                got += len(result.messages)
+            if result.next_offset <= offset:
+                return got
+            next_offset[mq] = result.next_offset
+            if not result.messages and result.next_offset >= result.max_offset:
+                return got
+
+
+def message_record(message: ReceivedMessage) -> dict[str, Any]:
+    try:
+        value: int | str = int(message.body)
+    except ValueError:
+        value = message.body.decode(errors="replace")
+    return {"topic": message.topic, "queue": message.queue_id, "offset": message.queue_offset,
+            "msg_id": message.msg_id, "group": message.group,
+            "producer_id": message.producer_id, "sequence": message.sequence, "value": value}
+
+
+def addresses_of(nodes: Sequence[int], address: Any) -> dict[int, str]:
+    return {n: address(n) for n in nodes}

@@ -1,0 +1,75 @@
+"""`ledgermq chaos run|list`: run a chaos test against a real cluster, list the nemeses.
+
+`chaos run` exits 0 when the checker finds nothing wrong, 1 when it finds an
+anomaly (or the run could not complete), 2 when a requested fault cannot be
+injected on this machine.
+"""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    chaos = typer.Typer(help="Chaos tests: faults against a real cluster, checked histories.",
+                        no_args_is_help=True)
+    app.add_typer(chaos, name="chaos")
+
+    @chaos.command("list")
+    def list_nemeses() -> None:
+        """List the nemeses, what each needs and what it does."""
+        from chaos.nemesis import REGISTRY
+
+        for name, cls in REGISTRY.items():
+            typer.echo(f"{name:20} [{', '.join(cls.needs)}]\n    {cls.doc}")
+
+    @chaos.command("run")
+    def run(
+        nodes: int = typer.Option(3, help="Nodes in the broker group (3 or 5)."),
+        nemesis: str = typer.Option("partition-halves", help="NAME[,NAME...]; parameters "
+                                    "as NAME:key=value+key=value."),
+        time_limit: float = typer.Option(60.0, "--time-limit", help="Seconds of faults."),
+        rate: float = typer.Option(50.0, help="Sends per second, all producers together."),
+        flush: str = typer.Option("sync", help="sync or async."),
+        replicate: str = typer.Option("sync", help="sync or async."),
+        backend: str = typer.Option("netns", help="netns or docker."),
+        out: str = typer.Option(None, help="Run directory (default chaos-runs/<time>)."),
+        seed: int = typer.Option(None, help="Random seed (targets, schedule)."),
+        schedule: str = typer.Option("fixed", help="fixed (on/off periods) or random."),
+        on: float = typer.Option(10.0, help="Seconds a fault period lasts."),
+        off: float = typer.Option(10.0, help="Seconds of quiet between fault periods."),
+        producers: int = typer.Option(4, help="Producer workers."),
+        consumers: int = typer.Option(2, help="Consumers in the group."),
+    ) -> None:
+        """Run one chaos test; the report lands in --out (index.html, results.json)."""
+        import time
+        from pathlib import Path
+
+        from chaos.backend import CannotInject
+        from chaos.runner import RunConfig, main_log
+        from chaos.runner import run as run_chaos
+        from chaos.schedule import Schedule
+
+        if nodes not in (3, 5):
+            raise typer.BadParameter("--nodes must be 3 or 5")
+        for name, value in (("flush", flush), ("replicate", replicate)):
+            if value not in ("sync", "async"):
+                raise typer.BadParameter(f"--{name} must be sync or async")
+        directory = Path(out or f"chaos-runs/{time.strftime('%Y%m%d-%H%M%S')}")
+        config = RunConfig(out=directory, nodes=nodes, nemesis=nemesis, time_limit=time_limit,
+                           rate=rate, flush=flush, replicate=replicate, backend=backend,
+                           seed=seed, schedule=Schedule(schedule, on, off),
+                           producers=producers, consumers=consumers)
+        try:
+            results = run_chaos(config, log=main_log)
+        except CannotInject as exc:
+            main_log(f"chaos: {exc}")
+            raise typer.Exit(2) from None
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        check = results["checker"]
+        typer.echo(f"valid: {results['valid']}  sends: {check['sends']}")
+        typer.echo(f"anomalies: {({k: v for k, v in check['counts'].items() if v})}")
+        typer.echo(f"longest unavailability: {results['availability']['longest_s']} s")
+        typer.echo(f"report: {directory / 'index.html'}")
+        raise typer.Exit(0 if results["valid"] else 1)
