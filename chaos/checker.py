@@ -8,7 +8,10 @@ consumers and the final drain alike.
 
 Categories (counts and the first examples of each are in the result):
 
-- `lost`: acknowledged and never seen, not even by the drain. A violation.
+- `lost`: acknowledged and not read by the final drain (by any read when the
+  history has no drain). A violation. Those a live consumer had read before
+  they vanished (a failover or power cut took them back) are also counted
+  as `lost_after_consumed` (info).
 - `unexpected`: seen but never sent by anyone. A violation.
 - `phantom`: seen although its send *failed*. A violation (G1a): "fail" must
   mean "not stored". Seen values whose send was unknown are `recovered`
@@ -52,8 +55,8 @@ from chaos.history import Op, pairs
 EXAMPLES = 10
 VIOLATIONS = ("lost", "unexpected", "phantom", "duplicated", "inconsistent_offsets",
               "skipped_offsets", "order")
-INFO = ("backward_offsets", "recovered", "redelivered", "retry_duplicated", "rebalance_resets",
-        "unknown")
+INFO = ("lost_after_consumed", "backward_offsets", "recovered", "redelivered",
+        "retry_duplicated", "rebalance_resets", "unknown")
 
 QueueKey = tuple[str, str, int]  # (group, topic, queue)
 
@@ -147,10 +150,16 @@ def check(ops: Sequence[Op], *, strict_idempotence: bool = False) -> dict[str, A
         if not s.drain:  # the drain re-reads everything by design
             slot_reads[(s.queue, s.offset)] += 1
 
-    # lost / unexpected / phantom / recovered
+    # lost: judged by the drain when there was one (a message consumed live and
+    # then dropped by a failover or a power cut is lost too), else by all reads.
+    drained = {s.value for s in seen if s.drain}
+    final = drained if drained else set(seen_values)
     for value, kind in outcome.items():
-        if kind == "ok" and value not in seen_values:
-            out.add("lost", {"value": value, **_brief(attempted[value])})
+        if kind == "ok" and value not in final:
+            out.add("lost", {"value": value, "consumed_before_loss": value in seen_values,
+                             **_brief(attempted[value])})
+            if value in seen_values:
+                out.add("lost_after_consumed", {"value": value})
     for value, slots in seen_values.items():
         where = [[*q, o] for q, o in sorted(slots)][:3]
         if value not in attempted:

@@ -126,3 +126,15 @@ def test_nemesis_ops_are_ignored_by_the_checker() -> None:
     b.nemesis("start", "kill")
     b.nemesis("stop", "kill")
     assert check(b.ops)["valid"]
+
+
+def test_lost_is_judged_by_the_drain() -> None:
+    b = Builder()
+    b.send(1, 1, queue=0, offset=0)
+    b.send(1, 2, queue=0, offset=1)
+    b.poll(10, [(1, 0, 0), (2, 0, 1)])          # consumed live ...
+    b.poll("drain", [(1, 0, 0)], drain=True)   # ... but 2 is gone when the drain reads
+    result = check(b.ops)
+    assert result["counts"]["lost"] == 1 and result["counts"]["lost_after_consumed"] == 1
+    assert result["examples"]["lost"][0] == {"value": 2, "consumed_before_loss": True,
+                                             "topic": "t", "producer_id": 1, "sequence": 2}
