@@ -70,7 +70,7 @@ async def run_load(producer: Producer, seconds: float, batch: int, in_flight: in
 async def throughput(base: Path, flush: str, seconds: float) -> dict[str, object]:
     cluster = LocalCluster(base / f"tp-{flush}", settings={
         "flush": flush, "replicate": "sync", "segment_size_bytes": 64 << 20})
-    await asyncio.to_thread(cluster.start)
+    cluster.start()
     try:
         await wait_leader(cluster)
         producer = Producer([cluster.namesrv_address])
@@ -88,7 +88,7 @@ async def throughput(base: Path, flush: str, seconds: float) -> dict[str, object
 async def failover(base: Path, kills: int) -> dict[str, object]:
     cluster = LocalCluster(base / "failover", settings={
         "flush": "async", "replicate": "sync", "segment_size_bytes": 64 << 20})
-    await asyncio.to_thread(cluster.start)
+    cluster.start()
     times: list[float] = []
     try:
         producer = Producer([cluster.namesrv_address], send_timeout=1.0, retry_timeout=30.0)
@@ -102,7 +102,7 @@ async def failover(base: Path, kills: int) -> dict[str, object]:
             killed_at = time.monotonic()
             await producer.send("fo", b"probe")
             times.append(time.monotonic() - killed_at)
-            await asyncio.to_thread(cluster.start_node, leader)
+            cluster.start_node(leader)
             # Wait until the restarted node is a follower again before the next kill.
             await wait_leader(cluster)
         await producer.close()

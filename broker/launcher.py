@@ -5,12 +5,15 @@ benchmarks. Every child is started here and stopped here by its PID (SIGTERM,
 then SIGKILL after a grace period), never by name. Ports are picked by binding
 port 0 and releasing it just before the child binds it: a small race other
 processes could win, acceptable on a test machine and reported clearly (the
-child exits and `start` raises with its output).
+child exits and `start` raises with its output). Children also get SIGTERM
+when the thread that launched them dies, so call `start` and `start_node`
+from a long-lived thread (the main thread), not a short-lived worker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import signal
@@ -91,6 +94,17 @@ class Child:
         return self.proc.returncode
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the launching thread dies
+    (Linux prctl PR_SET_PDEATHSIG), so a launcher killed by SIGKILL or a test
+    timeout does not leave a cluster running. Elsewhere: no-op."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 def _spawn(name: str, args: list[str], log_path: Path, pattern: re.Pattern[str]) -> Child:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -100,7 +114,7 @@ def _spawn(name: str, args: list[str], log_path: Path, pattern: re.Pattern[str])
         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
         # Own process group: a Ctrl-C in the terminal reaches the parent only,
         # which then stops every child in order.
-        start_new_session=True,
+        start_new_session=True, preexec_fn=_die_with_parent,
     )
     child = Child(name, proc, log_path, pattern)
     threading.Thread(target=child.pump, daemon=True, name=f"pump-{name}").start()

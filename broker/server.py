@@ -46,6 +46,15 @@ log = logging.getLogger(__name__)
 _RESULTS_KEPT = 4096
 
 
+async def _bounded(step: Any, seconds: float, what: str) -> None:
+    try:
+        await asyncio.wait_for(step, seconds)
+    except TimeoutError:
+        log.error("stopping the %s took more than %g s; going on without it", what, seconds)
+    except Exception as exc:
+        log.error("stopping the %s failed: %r", what, exc)
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -154,22 +163,27 @@ class Broker:
         return applied
 
     async def stop(self) -> None:
+        """Stop serving, then the node. Every step is bounded: a peer or client
+        that never answers must not keep a stopping broker alive (the log is
+        crash-safe, so giving up on a step loses nothing committed)."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.registrar.stop()
+        await _bounded(self.registrar.stop(), 3.0, "NameServer registrar")
         if self.rpc is not None:
-            await self.rpc.close(grace=2.0)
+            await _bounded(self.rpc.close(grace=2.0), 5.0, "client listener")
         for committer in (self.sends, self.controls):
             if committer is not None:
-                await committer.close()
+                await _bounded(committer.close(), 6.0, "group commit")
         if self.cq is not None:
-            with contextlib.suppress(Exception):
+            try:
                 self.cq.close()
+            except Exception as exc:
+                log.error("ConsumeQueue close failed: %s", exc)
         if self.node is not None:
-            await self.node.stop()
+            await _bounded(self.node.stop(), 15.0, "Raft node")
 
     async def _checkpoint_loop(self) -> None:
         """Keep ConsumeQueue recovery short: checkpoint the dispatched point."""

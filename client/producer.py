@@ -10,6 +10,9 @@ a hash of `sharding_key` when the order of related messages matters (same key
   the queue);
 - UNKNOWN_TOPIC, MESSAGE_TOO_LARGE, NO_PERMISSION, INVALID_REQUEST: never.
 
+Concurrent sends to one broker share requests (`client.coalesce`), so many
+in-flight `send` calls cost a few round trips, not one each.
+
 Idempotence: every message gets (producer_id, sequence) on its first attempt
 and keeps it across retries, so a retry of a send whose first attempt was
 stored (but whose answer was lost) returns the stored result instead of
@@ -29,6 +32,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from client.coalesce import SendCoalescer
 from client.model import Message, MessageQueue, SendResult
 from client.routes import PERM_WRITE, RETRIABLE, Cluster, GroupRoute
 from ledgermq.codes import RequestCode
@@ -65,6 +69,13 @@ class Producer:
         self._background: set[asyncio.Task[Any]] = set()
         self.born_host = f"{socket.gethostname()}:0"
         self.retries = 0
+        self.coalescer = SendCoalescer(self._send_request)
+
+    async def _send_request(self, address: str, messages: list[dict[str, Any]]
+                            ) -> list[dict[str, Any]]:
+        reply = await self.cluster.request(address, RequestCode.SEND_MESSAGES,
+                                           {"messages": messages}, timeout=self.send_timeout)
+        return reply["results"]
 
     async def start(self) -> Producer:
         return self
@@ -190,15 +201,14 @@ class Producer:
             address = self.cluster.leader_address(route, attempt)
             attempt += 1
             try:
-                reply = await self.cluster.request(
-                    address, RequestCode.SEND_MESSAGES, self._payload(mq, messages, sequences),
-                    timeout=self.send_timeout)
+                results = await self.coalescer.submit(
+                    address, self._payload(mq, messages, sequences)["messages"])
                 return [SendResult(r["msg_id"], MessageQueue(topic, route.group,
                                                              r["queue_id"]
                                                              if r["queue_id"] is not None
                                                              else mq.queue_id),
                                    r["queue_offset"], bool(r.get("duplicate")))
-                        for r in reply["results"]]
+                        for r in results]
             except NotLeaderError as exc:
                 error: BaseException = exc
                 if (exc.leader and exc.leader != address

@@ -62,7 +62,7 @@ async def _demo(console: Any, base: str, total: int, nodes: int, replicate: str,
     deliveries = 0
     try:
         with console.status(f"starting a NameServer and a {nodes}-node broker group"):
-            await asyncio.to_thread(cluster.start)
+            cluster.start()  # main thread: the children outlive no launcher thread
             leader = await wait_leader(cluster)
         console.print(f"cluster up under {base}: NameServer {cluster.namesrv_address}, "
                       f"leader [bold]n{leader}[/bold] (pids {cluster.pids()})")

@@ -1,0 +1,124 @@
+"""Client-side batching of concurrent sends to one broker (like Kafka's linger=0).
+
+Python pays per request, not per byte, on both ends of a connection. While
+`max_inflight` SEND_MESSAGES requests to an address are outstanding, further
+sends to it wait and then go out together as one request; each caller still
+gets its own per-message results. With no load a send goes out at once, alone.
+
+If a combined request fails with an error that concerns the whole request
+(NOT_LEADER, unavailable, connection lost, outcome unknown) every caller gets
+it and retries on its own; an error that may concern one message only
+(MESSAGE_TOO_LARGE, INVALID_REQUEST, NO_PERMISSION, UNKNOWN_TOPIC) is
+attributed by re-sending each caller's messages separately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledgermq.errors import (
+    InvalidRequestError,
+    MessageTooLargeError,
+    NoPermissionError,
+    UnknownTopicError,
+)
+
+Send = Callable[[str, list[dict[str, Any]]], Awaitable[list[dict[str, Any]]]]
+_PER_MESSAGE = (MessageTooLargeError, InvalidRequestError, NoPermissionError, UnknownTopicError)
+
+
+@dataclass(eq=False)
+class _Waiting:
+    messages: list[dict[str, Any]]
+    size: int
+    future: asyncio.Future[list[dict[str, Any]]] = field(repr=False)
+
+
+@dataclass
+class _Address:
+    queue: deque[_Waiting] = field(default_factory=deque)
+    inflight: int = 0
+
+
+class SendCoalescer:
+    def __init__(self, send: Send, *, max_inflight: int = 4, max_messages: int = 1024,
+                 max_bytes: int = 2 << 20) -> None:
+        self._send = send
+        self.max_inflight = max_inflight
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self._addresses: dict[str, _Address] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.requests = 0
+
+    async def submit(self, address: str, messages: list[dict[str, Any]]
+                     ) -> list[dict[str, Any]]:
+        size = sum(len(m.get("body", b"")) + 64 for m in messages)
+        future = asyncio.get_running_loop().create_future()
+        state = self._addresses.setdefault(address, _Address())
+        state.queue.append(_Waiting(messages, size, future))
+        self._kick(address, state)
+        return await future
+
+    def _kick(self, address: str, state: _Address) -> None:
+        while state.queue and state.inflight < self.max_inflight:
+            batch = [state.queue.popleft()]
+            count, size = len(batch[0].messages), batch[0].size
+            while state.queue:
+                nxt = state.queue[0]
+                if (count + len(nxt.messages) > self.max_messages
+                        or size + nxt.size > self.max_bytes):
+                    break
+                batch.append(state.queue.popleft())
+                count += len(nxt.messages)
+                size += nxt.size
+            state.inflight += 1
+            task = asyncio.create_task(self._run(address, state, batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, address: str, state: _Address, batch: list[_Waiting]) -> None:
+        try:
+            combined = [m for w in batch for m in w.messages]
+            self.requests += 1
+            try:
+                results = await self._send(address, combined)
+            except _PER_MESSAGE as exc:
+                if len(batch) == 1:
+                    _fail(batch[0], exc)
+                    return
+                await asyncio.gather(*(self._alone(address, w) for w in batch))
+                return
+            except BaseException as exc:
+                for waiting in batch:
+                    _fail(waiting, exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                return
+            at = 0
+            for waiting in batch:
+                n = len(waiting.messages)
+                if not waiting.future.done():
+                    waiting.future.set_result(results[at : at + n])
+                at += n
+        finally:
+            state.inflight -= 1
+            self._kick(address, state)
+
+    async def _alone(self, address: str, waiting: _Waiting) -> None:
+        try:
+            results = await self._send(address, waiting.messages)
+        except Exception as exc:
+            _fail(waiting, exc)
+        else:
+            if not waiting.future.done():
+                waiting.future.set_result(results)
+
+
+def _fail(waiting: _Waiting, exc: BaseException) -> None:
+    if not waiting.future.done():
+        waiting.future.set_exception(exc)
