@@ -1,16 +1,18 @@
 """Messages on the client wire <-> message records in the CommitLog.
 
 A SEND_MESSAGES request carries messages as msgpack maps (docs/protocol.md);
-`parse_message` validates one into a commitlog.Message and raises the typed
-error the client should see. `message_view` is the map a pull returns.
+`encode_wire_message` validates one and encodes its CommitLog record in one
+pass, raising the typed error the client should see. `message_view` is the
+map a pull returns.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-from commitlog import Message, StoredMessage
-from commitlog.message import valid_topic
+from commitlog import StoredMessage
+from commitlog.errors import MessageTooLargeError as StorageTooLarge
+from commitlog.message import MESSAGE_HEAD, MESSAGE_HEAD_SIZE, encode_properties, valid_topic
 from ledgermq.errors import InvalidRequestError
 
 _U32 = 2**32 - 1
@@ -18,47 +20,72 @@ _I64 = 2**63 - 1
 _U64 = 2**64 - 1
 
 
-def _int(raw: dict, key: str, hi: int, default: int = 0) -> int:
-    value = raw.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
-        raise InvalidRequestError(f"message field {key!r} must be an integer in [0, {hi}]")
-    return value
+class Parsed(NamedTuple):
+    """One validated message, already encoded as its CommitLog record."""
+
+    record: bytes
+    topic: str
+    queue_id: int
+    producer_id: int
+    sequence: int
 
 
-def _str(raw: dict, key: str, default: str = "") -> str:
-    value = raw.get(key, default)
-    if not isinstance(value, str):
-        raise InvalidRequestError(f"message field {key!r} must be a string")
-    return value
+_INT_FIELDS = (("queue_id", _U32), ("flag", _U32), ("born_timestamp_ms", _I64),
+               ("producer_id", _U64), ("sequence", _U64), ("reconsume_times", _U32))
 
 
-def parse_message(raw: Any) -> Message:
-    """A commitlog.Message from a wire map (store timestamp left 0)."""
-    if not isinstance(raw, dict):
+def encode_wire_message(raw: Any, size_max: int) -> Parsed:
+    """Validate a wire map and encode its record in one pass (the send hot
+    path: no intermediate Message object). Raises InvalidRequestError or
+    MessageTooLargeError (with `.size`)."""
+    if type(raw) is not dict:
         raise InvalidRequestError("each message must be a map")
-    topic = _str(raw, "topic")
-    if not valid_topic(topic):
+    get = raw.get
+    topic = get("topic")
+    if type(topic) is not str or not valid_topic(topic):
         raise InvalidRequestError(
             f"invalid topic name {topic!r}: 1-127 characters of [A-Za-z0-9_%|-]")
-    body = raw.get("body", b"")
-    if isinstance(body, str):
+    ints = []
+    for key, hi in _INT_FIELDS:
+        value = get(key, 0)
+        if type(value) is not int or not 0 <= value <= hi:
+            raise InvalidRequestError(f"message field {key!r} must be an integer in [0, {hi}]")
+        ints.append(value)
+    queue_id, flag, born, producer_id, sequence, reconsume = ints
+    texts = []
+    for key in ("tags", "keys", "born_host"):
+        value = get(key, "")
+        if type(value) is not str:
+            raise InvalidRequestError(f"message field {key!r} must be a string")
+        encoded = value.encode()
+        if len(encoded) > 0xFFFF:
+            raise InvalidRequestError(f"message field {key!r} is longer than 65535 bytes")
+        texts.append(encoded)
+    tags, keys, host = texts
+    body = get("body", b"")
+    if type(body) is str:
         body = body.encode()
-    if not isinstance(body, bytes):
+    elif type(body) is not bytes:
         raise InvalidRequestError("message field 'body' must be binary")
-    properties = raw.get("properties") or {}
-    if not isinstance(properties, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
-        raise InvalidRequestError("message field 'properties' must map strings to strings")
-    for text in (*properties.keys(), *properties.values()):
-        if "\x01" in text or "\x02" in text:
-            raise InvalidRequestError("property names and values must not contain 0x01 or 0x02")
-    return Message(
-        topic=topic, body=body, queue_id=_int(raw, "queue_id", _U32), tags=_str(raw, "tags"),
-        keys=_str(raw, "keys"), properties=properties, flag=_int(raw, "flag", _U32),
-        born_timestamp_ms=_int(raw, "born_timestamp_ms", _I64), born_host=_str(raw, "born_host"),
-        producer_id=_int(raw, "producer_id", _U64), sequence=_int(raw, "sequence", _U64),
-        reconsume_times=_int(raw, "reconsume_times", _U32),
-    )
+    properties = get("properties")
+    props = b""
+    if properties:
+        if type(properties) is not dict or not all(
+                type(k) is str and type(v) is str for k, v in properties.items()):
+            raise InvalidRequestError("message field 'properties' must map strings to strings")
+        try:
+            props = encode_properties(properties)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+    name = topic.encode()
+    size = (MESSAGE_HEAD_SIZE + len(name) + len(tags) + len(keys) + len(host) + len(props)
+            + len(body))
+    if size > size_max:
+        raise StorageTooLarge("message", size, size_max)
+    head = MESSAGE_HEAD.pack(size, queue_id, flag, 0, born, 0, producer_id, sequence, reconsume,
+                             len(name), len(tags), len(keys), len(host), len(props), len(body))
+    return Parsed(b"".join((head, name, tags, keys, host, props, body)), topic, queue_id,
+                  producer_id, sequence)
 
 
 def message_id(group: str, physical_offset: int) -> str:

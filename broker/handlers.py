@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from broker.codec import message_id, message_view, parse_message
+from broker.codec import encode_wire_message, message_id, message_view
 from broker.control import MAX_QUEUES, PERM_READ, PERM_RW, PERM_WRITE, topic_delete, topic_put
 from broker.state import Stored, TopicConfig
-from commitlog import StoredMessage, decode_message_at, encode_message, tag_hash
+from commitlog import StoredMessage, decode_message_at, tag_hash
 from commitlog.errors import MessageTooLargeError as StorageTooLarge
 from commitlog.message import valid_topic
 from consumequeue import Unit
@@ -61,7 +61,7 @@ class Handlers:
     def __init__(self, broker: Broker) -> None:
         self.b = broker
         self._creating: dict[str, asyncio.Task[None]] = {}
-        self._inflight_seq: dict[tuple[int, int], asyncio.Future[dict]] = {}
+        self._inflight_seq: dict[tuple[int, int], tuple[asyncio.Future[list[dict]], int]] = {}
 
     # ------------------------------------------------------------- topics
 
@@ -141,8 +141,15 @@ class Handlers:
         if not isinstance(raw, list) or not raw:
             raise InvalidRequestError("field 'messages' must be a non-empty list")
         self.b.require_writable()
-        messages = [parse_message(m) for m in raw]
         limit = self.b.config.message_size_bytes_max
+        messages = []
+        for i, m in enumerate(raw):
+            try:
+                messages.append(encode_wire_message(m, limit))
+            except StorageTooLarge as exc:
+                raise MessageTooLargeError(
+                    f"message {i} of {exc.size} bytes exceeds message_size_bytes_max {limit}",
+                    data={"index": i, "size": exc.size, "limit": limit}) from None
         for topic in {m.topic for m in messages}:
             config = await self._topic_for_write(topic)
             for m in messages:
@@ -151,7 +158,7 @@ class Handlers:
                         f"queue {m.queue_id} does not exist: topic {topic!r} has"
                         f" {config.queues} queues")
         results: list[dict | None] = [None] * len(messages)
-        waits: list[tuple[int, asyncio.Future[dict]]] = []
+        waits: list[tuple[int, tuple[asyncio.Future[list[dict]], int]]] = []
         fresh: list[tuple[bytes, int]] = []
         fresh_at: list[int] = []
         producers = self.b.state.producers
@@ -165,16 +172,7 @@ class Handlers:
                 if earlier is not None:
                     waits.append((i, earlier))
                     continue
-            try:
-                record = encode_message(m, limit)
-            except StorageTooLarge as exc:
-                raise MessageTooLargeError(
-                    f"message {i} of {exc.size} bytes exceeds message_size_bytes_max {limit}",
-                    data={"index": i, "size": exc.size, "limit": limit}
-                ) from None
-            except ValueError as exc:
-                raise InvalidRequestError(f"message {i}: {exc}") from None
-            fresh.append((record, m.queue_id))
+            fresh.append((m.record, m.queue_id))
             fresh_at.append(i)
         if fresh:
             total = sum(len(r) for r, _ in fresh)
@@ -182,38 +180,32 @@ class Handlers:
                 raise MessageTooLargeError(
                     f"batch of {total} bytes exceeds the entry limit {self.b.entry_limit}",
                     data={"limit": self.b.entry_limit})
-            mine = self._claim(messages, fresh_at)
+            # One future for the whole request: a concurrent retry of any of its
+            # idempotent messages waits on it and takes its own slot.
+            shared: asyncio.Future[list[dict]] = asyncio.get_running_loop().create_future()
+            mine = []
+            for k, i in enumerate(fresh_at):
+                m = messages[i]
+                if m.producer_id:
+                    key = (m.producer_id, m.sequence)
+                    self._inflight_seq[key] = (shared, k)
+                    mine.append(key)
             try:
                 assert self.b.sends is not None
                 out = await self.b.sends.submit(fresh, total, len(fresh))
             except BaseException as exc:
-                for future in mine.values():
-                    if not future.done():
-                        future.set_exception(exc)
-                        future.exception()  # retrieved: waiters may be none
+                shared.set_exception(exc)
+                shared.exception()  # retrieved: there may be no waiter
                 raise
             finally:
                 for key in mine:
                     self._inflight_seq.pop(key, None)
+            shared.set_result(out)
             for k, i in enumerate(fresh_at):
                 results[i] = out[k]
-                future = mine.get((messages[i].producer_id, messages[i].sequence))
-                if future is not None and not future.done():
-                    future.set_result(dict(out[k], duplicate=True))
-        for i, future in waits:
-            results[i] = await asyncio.shield(future)
+        for i, (future, k) in waits:
+            results[i] = dict((await asyncio.shield(future))[k], duplicate=True)
         return {"results": results}
-
-    def _claim(self, messages: list, fresh_at: list[int]) -> dict[tuple[int, int], asyncio.Future]:
-        """Mark idempotent messages in flight so a concurrent retry waits for them."""
-        mine = {}
-        loop = asyncio.get_running_loop()
-        for i in fresh_at:
-            m = messages[i]
-            if m.producer_id:
-                key = (m.producer_id, m.sequence)
-                mine[key] = self._inflight_seq[key] = loop.create_future()
-        return mine
 
     # --------------------------------------------------------------- pull
 

@@ -89,6 +89,10 @@ class Broker:
         self.controls: GroupCommitter[dict[str, Any]] | None = None
         self.entry_limit = 0
         self.advertised = config.client_address
+        if split_address(config.client_address)[0] in ("0.0.0.0", "::"):
+            # Listening on every interface (a container): clients must be told
+            # the address this node has in [peers], not the wildcard.
+            self.advertised = config.peers[config.node_id].client
 
     # ------------------------------------------------------------- lifecycle
 

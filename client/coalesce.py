@@ -45,7 +45,7 @@ class _Address:
 
 
 class SendCoalescer:
-    def __init__(self, send: Send, *, max_inflight: int = 4, max_messages: int = 1024,
+    def __init__(self, send: Send, *, max_inflight: int = 2, max_messages: int = 1024,
                  max_bytes: int = 2 << 20) -> None:
         self._send = send
         self.max_inflight = max_inflight

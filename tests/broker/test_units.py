@@ -142,3 +142,28 @@ def test_membership_expires_silent_members() -> None:
     assert members.members("g", 60) == ["a", "b"]
     assert members.members("g", 120) == ["a"]
     assert members.leave("g", "a") and members.members("g", 120) == []
+
+
+def test_wire_encoder_matches_the_storage_encoder() -> None:
+    from broker.codec import encode_wire_message
+    from commitlog import encode_message
+    from commitlog.errors import MessageTooLargeError as StorageTooLarge
+    from ledgermq.errors import InvalidRequestError
+
+    wire = {"topic": "t-1", "body": b"payload", "queue_id": 3, "tags": "tg", "keys": "k1 k2",
+            "properties": {"a": "b"}, "flag": 7, "born_timestamp_ms": 123, "born_host": "h:1",
+            "producer_id": 9, "sequence": 4, "reconsume_times": 2}
+    parsed = encode_wire_message(wire, 1 << 20)
+    expected = encode_message(Message(
+        "t-1", b"payload", queue_id=3, tags="tg", keys="k1 k2", properties={"a": "b"}, flag=7,
+        born_timestamp_ms=123, born_host="h:1", producer_id=9, sequence=4, reconsume_times=2,
+    ), 1 << 20)
+    assert parsed.record == expected
+    assert (parsed.topic, parsed.queue_id, parsed.producer_id, parsed.sequence) == (
+        "t-1", 3, 9, 4)
+    for bad in ({"topic": "a b"}, {"topic": "t", "queue_id": -1}, {"topic": "t", "body": 5},
+                {"topic": "t", "properties": {"a": "\x01"}}, {"topic": "t", "tags": 1}, []):
+        with pytest.raises(InvalidRequestError):
+            encode_wire_message(bad, 1 << 20)
+    with pytest.raises(StorageTooLarge):
+        encode_wire_message({"topic": "t", "body": b"x" * 100}, 100)
