@@ -20,6 +20,9 @@ class AuditOptions:
     max_entry_size: int = fmt.DEFAULT_MAX_ENTRY_SIZE
     segment_size: int = 0  # 0: inferred from segment file names
     max_examples: int = 20
+    # False: decode and validate every replica from its own bytes, sharing
+    # nothing between identical replicas (slower; cross-checks the sharing).
+    share_identical: bool = True
 
 
 @dataclass
@@ -130,7 +133,7 @@ def run_audit(opts: AuditOptions, eng) -> AuditResult:
                                             for t, r in idx])
         for t, r in sorted(((t, r) for t, r in done if t.info.kind == inputs.CQ),
                            key=lambda tr: tr[0].info.start):
-            ck = replicas.cq_content_key(t.info, r)
+            ck = replicas.cq_content_key(t.info, r, opts.share_identical)
             if r.units is not None:
                 units[ck] = r.units
             q = int(topics.qkey(np.array([topics.id(t.info.topic)]),
@@ -149,7 +152,7 @@ def run_audit(opts: AuditOptions, eng) -> AuditResult:
             found.append(checks.check_index_files(
                 replicas.index_table(rep), replicas.entries_table([rep]), gid, rep.rid,
                 opts.max_examples))
-        data[gid].assign_identities()
+        data[gid].assign_identities(opts.share_identical)
     for task, res in zip(todo, results, strict=True):
         if task.mode == tasks.SCAN_MSGS:
             g = data[task.info.gid]
@@ -183,7 +186,7 @@ def run_audit(opts: AuditOptions, eng) -> AuditResult:
         if task.mode == tasks.MSGS:
             data[task.info.gid].add_decoded(eids2[res.tid], res, task.info, topics)
         else:
-            units[replicas.cq_content_key(task.info, res)] = res.units
+            units[replicas.cq_content_key(task.info, res, opts.share_identical)] = res.units
     for g in data.values():
         g.seal()
         problem_rows += g.problem_rows()
@@ -204,7 +207,8 @@ def run_audit(opts: AuditOptions, eng) -> AuditResult:
         counts["messages"] += sum(g.message_count(r) for r in g.replicas)
         counts["messages_decoded"] += len(g.pool)
         counts["cq_units_decoded"] += sum(len(u) for u in units.values())
-        found.append(queue_checks(g, st, units, topics, names, counts, opts.max_examples))
+        found.append(queue_checks(g, st, units, topics, names, counts, opts.max_examples,
+                                  opts.share_identical))
     tm["queue_checks_s"] = time.perf_counter() - t5
 
     t6 = time.perf_counter()
@@ -260,7 +264,7 @@ _SHAREABLE = {"cq_beyond_commit"}  # findings without a file id: valid for an id
 
 def queue_checks(g: replicas.Group, st: checks.GroupState, units: dict[tuple, np.ndarray],
                  topics: replicas.Topics, names: dict[tuple[int, int], str],
-                 counts: dict[str, int], max_examples: int) -> pa.Table:
+                 counts: dict[str, int], max_examples: int, share: bool = True) -> pa.Table:
     """Every replica's ConsumeQueues of one group against its messages.
 
     A replica whose MESSAGES entries are identical to the reference replica's
@@ -301,7 +305,7 @@ def queue_checks(g: replicas.Group, st: checks.GroupState, units: dict[tuple, np
         ref_rows: list[dict] = []
         for rid in order:
             rep = g.replicas[rid]
-            if (rid != g.ref and same[rid] and content[rid] == content[g.ref]
+            if (share and rid != g.ref and same[rid] and content[rid] == content[g.ref]
                     and all(r["kind"] in _SHAREABLE for r in ref_rows)):
                 out.rows += [{**r, "rid": rid} for r in ref_rows]
                 shared[rid] += 1

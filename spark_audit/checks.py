@@ -433,7 +433,7 @@ def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid:
             again[order[1:][offs[order][1:] == offs[order][:-1]]] = True
         emit("duplicates", "indexed_twice", np.nonzero(again)[0], unit_fid, slots, offs, none,
              lambda j: f"message at {offs[j]} is indexed again at slot {slots[j]}")
-        at = np.searchsorted(m_off, offs)
+        at = _positions(m_off, offs)
         at_c = np.minimum(at, max(len(m_off) - 1, 0))
         found = (at < len(m_off)) & (m_off[at_c] == offs) if len(m_off) else np.zeros(
             len(offs), bool)
@@ -462,8 +462,13 @@ def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid:
                         **kw)
     need = np.nonzero(msgs["index"] <= bounds.must_index)[0]
     if len(need):
-        indexed = _member(m_off[need], units["offset"]) if len(units) else np.zeros(
-            len(need), bool)
+        if len(units) >= len(need) and need[-1] == len(need) - 1 and np.array_equal(
+                units["offset"][:len(need)], m_off[:len(need)]):
+            indexed = np.ones(len(need), bool)  # the usual case: units are the messages
+        elif len(units):
+            indexed = _member(m_off[need], units["offset"])
+        else:
+            indexed = np.zeros(len(need), bool)
         miss = need[~indexed]
         if len(miss):
             shown = miss[:max_examples]
@@ -473,6 +478,18 @@ def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid:
                  m_off, msgs["index"],
                  lambda j: f"committed message at {m_off[j]} (entry {msgs['index'][j]}) has no "
                            f"unit in {topic}/{queue_id}")
+
+
+def _positions(sorted_values: np.ndarray, needles: np.ndarray) -> np.ndarray:
+    """``np.searchsorted``, skipped for the leading needles equal to the values.
+
+    Healthy queues index their messages one to one, so usually every needle
+    is found at its own position and no search is needed.
+    """
+    k = min(len(sorted_values), len(needles))
+    if k and np.array_equal(sorted_values[:k], needles[:k]):
+        return np.concatenate([np.arange(k), np.searchsorted(sorted_values, needles[k:])])
+    return np.searchsorted(sorted_values, needles)
 
 
 def _member(values: np.ndarray, sorted_or_not: np.ndarray) -> np.ndarray:
@@ -524,6 +541,15 @@ def find_duplicate_ids(out: Findings, gid: int, msgs: np.ndarray, max_examples: 
     if len(m) < 2:
         return
     pid, seq = m["producer_id"], m["sequence"]
+    # Usually each producer's sequences increase along the log: then there is
+    # no duplicate, which a radix sort by (few) producers shows without
+    # sorting the identities.
+    codes, uniq = pd.factorize(pid)
+    if len(uniq) < 1 << 15:
+        by_pid = np.argsort(codes.astype(np.int16), kind="stable")
+        c, q = codes[by_pid], seq[by_pid]
+        if ((c[1:] != c[:-1]) | (q[1:] > q[:-1])).all():
+            return
     # lexsort is stable: equal identities stay in log order (ascending offsets).
     order = np.lexsort((seq, pid))
     pid, seq = pid[order], seq[order]

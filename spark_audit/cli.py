@@ -18,14 +18,14 @@ def run(specs: list[str], *, out: str = "audit-out", master: str = session.DEFAU
         history: list[str] | None = None, engine: str = "spark",
         driver_memory: str = session.DEFAULT_DRIVER_MEMORY, progress: bool = True,
         max_entry_size: int = fmt.DEFAULT_MAX_ENTRY_SIZE, segment_size: int = 0,
-        max_examples: int = 20, spark=None) -> int:
+        max_examples: int = 20, share_identical: bool = True, spark=None) -> int:
     """Run the audit and write its outputs; returns the exit status."""
     from spark_audit import report
     from spark_audit.engine import LocalEngine
 
     t0 = time.perf_counter()
     opts = AuditOptions(list(specs), list(history or []), max_entry_size, segment_size,
-                        max_examples)
+                        max_examples, share_identical)
     if engine == "python":
         eng = LocalEngine()
     else:
@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--segment-size", type=int, default=0,
                    help="segment_size_bytes (default: inferred from segment names)")
     p.add_argument("--max-examples", type=int, default=20)
+    p.add_argument("--no-share", action="store_true",
+                   help="decode and validate every replica from its own bytes, even where it "
+                        "is identical to another (slower; cross-checks the sharing)")
     return p
 
 
@@ -79,4 +82,4 @@ def main(argv: list[str] | None = None) -> int:
     return run(a.groups, out=a.out, master=a.master, history=a.history, engine=a.engine,
                driver_memory=a.driver_memory, progress=not a.no_progress,
                max_entry_size=a.max_entry_size, segment_size=a.segment_size,
-               max_examples=a.max_examples)
+               max_examples=a.max_examples, share_identical=not a.no_share)

@@ -26,6 +26,7 @@ import struct
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 from spark_audit import fmt
@@ -71,6 +72,9 @@ INDEX_DTYPE = np.dtype([
 ])
 CQ_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u4"), ("tag_hash", "<u8")])
 
+# Bytes after a record header gathered with it: topic and tags usually fit.
+_TEXT_BYTES = 60
+
 # A problem: (file_offset, index, kind, detail); -1 when not known.
 Problem = tuple[int, int, str, str]
 
@@ -95,24 +99,75 @@ class MessageScan:
     problems: list[tuple[int, int, str, str, int]] = field(default_factory=list)
 
 
-def _u32_at(a: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """Little-endian u32 at each (unaligned) byte position of ``a``."""
-    return (a[pos].astype(np.uint32) | (a[pos + 1].astype(np.uint32) << 8)
-            | (a[pos + 2].astype(np.uint32) << 16) | (a[pos + 3].astype(np.uint32) << 24))
+def at_every_byte(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A view of ``a`` with one ``dtype`` item starting at every byte offset.
+
+    ``view[p]`` is the (unaligned, little-endian) value whose bytes start at
+    ``a[p]``; indexing it with an array of positions gathers whole values, or
+    single fields of a structured dtype, without copying anything else.
+    """
+    n = max(len(a) - dtype.itemsize + 1, 0)
+    if not n:
+        return np.zeros(0, dtype)
+    return np.ndarray((n,), dtype, buffer=a, offset=0, strides=(1,))
 
 
 def gather_rows(a: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
     """``a[s:s+width]`` for every start as a (len(starts), width) copy.
 
     Indexing the first axis of a strided window copies whole rows, which is
-    several times faster than an element-wise gather with an index matrix.
-    Every row must lie inside ``a``.
+    several times faster than an element-wise gather with an index matrix;
+    bytes past the end of ``a`` read as zero.
     """
+    n = len(a)
     if not len(starts):
         return np.zeros((0, width), np.uint8)
+    if n < width:
+        a = np.concatenate([a, np.zeros(width - n, np.uint8)])
     win = np.lib.stride_tricks.as_strided(a, shape=(len(a) - width + 1, width),
                                           strides=(1, 1), writeable=False)
-    return win[starts]
+    over = starts > len(a) - width
+    rows = win[np.where(over, 0, starts)]
+    for j in np.nonzero(over)[0]:  # rows running past the end (the last few): zero-padded
+        rows[j] = 0
+        rows[j, :n - starts[j]] = a[starts[j]:n]
+    return rows
+
+
+def distinct_values(rows: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, list[bytes]]:
+    """Distinct byte strings ``rows[i, :lengths[i]]``: (id of each row, values).
+
+    Bytes past a row's length are zeroed and its length appended, so two rows
+    are equal exactly when their strings are; Arrow's hash-based dictionary
+    encoding then dedupes the fixed-width rows.
+    """
+    n, width = rows.shape
+    kw = max(width + 2, 8) if width + 2 <= 8 else width + 2
+    key = np.zeros((n, kw), np.uint8)
+    key[:, :width] = rows
+    key[:, :width][np.arange(width)[None, :] >= lengths[:, None].astype(np.int64)] = 0
+    key[:, kw - 2:] = lengths.astype("<u2").view(np.uint8).reshape(n, 2)
+    if kw == 8:
+        # Up to 6 bytes: the key is one u64, hashed by pandas' factorize.
+        codes, uniq = pd.factorize(key.view("<u8")[:, 0], sort=False)
+        firsts = uniq.astype("<u8").view(np.uint8).reshape(-1, 8)
+        values = [bytes(v[:int.from_bytes(bytes(v[6:]), "little")]) for v in firsts]
+        return codes.astype(np.int32), values
+    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(kw), n, [None, pa.py_buffer(key)])
+    enc = fixed.dictionary_encode()
+    values = [v[:int.from_bytes(v[kw - 2:], "little")] for v in enc.dictionary.to_pylist()]
+    return enc.indices.to_numpy(zero_copy_only=False).astype(np.int32), values
+
+
+def short_strings(a: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+                  ) -> tuple[np.ndarray, list[bytes]]:
+    """Distinct values of the byte ranges ``a[s:s+l]``: (id of each range, values)."""
+    width = int(lengths.max()) if len(starts) else 0
+    if width > 256:  # long values: a variable-width array instead of fixed rows
+        enc = gather_binary(a, starts, lengths).dictionary_encode()
+        return (enc.indices.to_numpy(zero_copy_only=False).astype(np.int32),
+                enc.dictionary.to_pylist())
+    return distinct_values(gather_rows(a, starts, width), lengths)
 
 
 def gather_binary(a: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
@@ -257,12 +312,13 @@ def parse_messages(buf, base_position: int, entries: np.ndarray) -> MessageScan:
                       "MESSAGES entry with an empty body", int(r)))
     keep = ~empty
     pos, end, row = pos[keep], end[keep], row[keep]
+    u32 = at_every_byte(a, np.dtype("<u4"))
     rec_start: list[np.ndarray] = []
     rec_entry: list[np.ndarray] = []
     while len(pos):
         fits = pos + fmt.MESSAGE_HEADER_SIZE <= end
         size = np.zeros(len(pos), np.int64)
-        size[fits] = _u32_at(a, pos[fits])
+        size[fits] = u32[pos[fits]]
         bad = ~fits | (size < fmt.MESSAGE_HEADER_SIZE) | (pos + size > end)
         for p, r in zip(pos[bad], row[bad], strict=True):
             probs.append((int(p), int(entry_index[r]), "bad_message",
@@ -277,36 +333,51 @@ def parse_messages(buf, base_position: int, entries: np.ndarray) -> MessageScan:
         pos, end, row = pos[more], end[more], row[more]
 
     starts = np.concatenate(rec_start) if rec_start else np.zeros(0, np.int64)
-    rows = np.concatenate(rec_entry) if rec_entry else np.zeros(0, np.int64)
+    rows_of = np.concatenate(rec_entry) if rec_entry else np.zeros(0, np.int64)
     # Records were produced step by step; put them back in log order.
     order = np.argsort(starts, kind="stable")
-    starts, rows = starts[order], rows[order]
-    head = gather_rows(a, starts, fmt.MESSAGE_HEADER_SIZE).view(MESSAGE_DTYPE)[:, 0]
-    lens = (68 + head["topic_len"].astype(np.int64) + head["tags_len"] + head["keys_len"]
+    starts, rows_of = starts[order], rows_of[order]
+    # One gather of each record's first bytes (header, then usually topic and
+    # tags): records are ~1 KiB apart, so each access is a cache miss and one
+    # wide copy per record beats several narrow ones.
+    rows = gather_rows(a, starts, fmt.MESSAGE_HEADER_SIZE + _TEXT_BYTES)
+    head = np.ascontiguousarray(rows[:, :fmt.MESSAGE_HEADER_SIZE]).view(MESSAGE_DTYPE)[:, 0]
+    topic_len, tags_len = head["topic_len"], head["tags_len"]
+    lens = (68 + topic_len.astype(np.int64) + tags_len + head["keys_len"]
             + head["host_len"] + head["props_len"].astype(np.int64)
             + head["body_len"].astype(np.int64))
     mismatch = lens != head["size"]
-    for p, r in zip(starts[mismatch], rows[mismatch], strict=True):
+    for p, r in zip(starts[mismatch], rows_of[mismatch], strict=True):
         probs.append((int(p), int(entry_index[r]), "bad_message",
                       "message record size does not match its field lengths", int(r)))
     if mismatch.any():
         ok = ~mismatch
-        starts, rows, head = starts[ok], rows[ok], head[ok]
+        starts, rows_of, rows, head = starts[ok], rows_of[ok], rows[ok], head[ok]
+        topic_len, tags_len = head["topic_len"], head["tags_len"]
     topic_at = starts + fmt.MESSAGE_HEADER_SIZE
-    enc = gather_binary(a, topic_at, head["topic_len"]).dictionary_encode()
+    wt = int(topic_len.max()) if len(starts) else 0
+    wg = int(tags_len.max()) if len(starts) else 0
+    if wt + wg <= _TEXT_BYTES:
+        text = rows[:, fmt.MESSAGE_HEADER_SIZE:]
+        topic_ids, topics = distinct_values(text[:, :wt], topic_len)
+        cols = topic_len[:, None].astype(np.int64) + np.arange(wg)[None, :]
+        tag_ids, tags = distinct_values(np.take_along_axis(text, cols, 1), tags_len)
+    else:
+        topic_ids, topics = short_strings(a, topic_at, topic_len)
+        tag_ids, tags = short_strings(a, topic_at + topic_len, tags_len)
     # A corrupt (non UTF-8) topic is decoded with replacement characters.
-    topics = [v.decode("utf-8", "replace") for v in enc.dictionary.to_pylist()]
-    tags = gather_binary(a, topic_at + head["topic_len"], head["tags_len"])
+    topics = [v.decode("utf-8", "replace") for v in topics]
     out = np.empty(len(starts), MSG_DTYPE)
-    out["index"] = entry_index[rows]
+    out["index"] = entry_index[rows_of]
     out["phys_offset"] = starts + base_position
     out["producer_id"] = head["producer_id"].view(np.int64)
     out["sequence"] = head["sequence"].view(np.int64)
-    out["tag_hash"] = tag_hashes(tags)
-    out["size"] = head["size"].astype(np.int32)
+    tag_table = np.array([fmt.tag_hash(t) for t in tags] or [0], np.uint64).view(np.int64)
+    out["tag_hash"] = tag_table[tag_ids]
+    out["size"] = head["size"].view(np.int32)
     out["queue_id"] = head["queue_id"].view(np.int32)
-    out["topic"] = enc.indices.to_numpy(zero_copy_only=False).astype(np.int32)
-    counts = np.bincount(rows, minlength=len(entries)).astype(np.int32)
+    out["topic"] = topic_ids
+    counts = np.bincount(rows_of, minlength=len(entries)).astype(np.int32)
     return MessageScan(out, topics, counts, probs)
 
 

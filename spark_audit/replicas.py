@@ -16,17 +16,17 @@ first pass, other replicas' files only when their content key is new.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 from spark_audit import parse, tasks
 from spark_audit.inputs import FileInfo
 
 _KEY_DTYPE = np.dtype([("index", "<i8"), ("term", "<i8"), ("position", "<i8"),
-                       ("size", "<i4"), ("body_crc", "<u4")])
+                       ("size", "<i4"), ("body_crc", "<u4"), ("rid", "<i8")])
 
 
 class Topics:
@@ -95,14 +95,21 @@ class Group:
     msg_problems: list[tuple[int, int, int, str, str]] = field(default_factory=list)
     _views: dict[int, np.ndarray] = field(default_factory=dict)
 
-    def assign_identities(self) -> None:
-        """An eid per entry: shared by identical CRC-valid entries, unique otherwise."""
+    def assign_identities(self, share: bool = True) -> None:
+        """An eid per entry: shared by identical CRC-valid entries, unique otherwise.
+
+        With ``share`` false no two replicas share an eid, so every replica's
+        records are decoded from its own bytes (the cross-check mode).
+        """
         reps = [self.replicas[r] for r in sorted(self.replicas)]
         ents = np.concatenate([r.entries for r in reps]) if reps else np.zeros(
             0, parse.ENTRY_DTYPE)
-        keys = np.empty(len(ents), _KEY_DTYPE)
-        for name in _KEY_DTYPE.names:
+        keys = np.zeros(len(ents), _KEY_DTYPE)
+        for name in _KEY_DTYPE.names[:-1]:
             keys[name] = ents[name]
+        if not share:
+            keys["rid"] = np.concatenate([np.full(len(r.entries), r.rid) for r in reps]
+                                         or [np.zeros(0, np.int64)])
         ok = ents["crc_ok"]
         eid = np.empty(len(ents), np.int64)
         uniq, inv = np.unique(keys[ok], return_inverse=True)
@@ -257,9 +264,13 @@ def index_table(rep: ReplicaLog) -> pa.Table:
     })
 
 
-def cq_content_key(info: FileInfo, res: tasks.FileResult) -> tuple:
-    """Identifies a ConsumeQueue file's bytes: equal keys mean equal units."""
-    return (info.topic, info.queue_id, info.start, res.length, res.crc)
+def cq_content_key(info: FileInfo, res: tasks.FileResult, share: bool = True) -> tuple:
+    """Identifies a ConsumeQueue file's bytes: equal keys mean equal units.
+
+    Without ``share`` the replica is part of the key: every file is decoded.
+    """
+    key = (info.topic, info.queue_id, info.start, res.length, res.crc)
+    return key if share else (*key, info.rid)
 
 
 def queue_units(rep: ReplicaLog, qkey: int, units: dict[tuple, np.ndarray]
@@ -278,14 +289,22 @@ def queue_units(rep: ReplicaLog, qkey: int, units: dict[tuple, np.ndarray]
     return u[order], fid[order]
 
 
+# What the queue check reads of a message.
+QUEUE_MSG_DTYPE = np.dtype([("phys_offset", "<i8"), ("index", "<i8"), ("tag_hash", "<i8"),
+                            ("size", "<i4")])
+
+
 def queue_slices(msgs: np.ndarray, topics: Topics) -> dict[int, np.ndarray]:
-    """A replica's records split by (topic, queue), each in log order."""
+    """A replica's records split by (topic, queue), each in log order (QUEUE_MSG_DTYPE)."""
     if not len(msgs):
         return {}
     q = topics.qkey(msgs["topic"], msgs["queue_id"])
-    order = np.argsort(q, kind="stable")
-    q = q[order]
-    cut = np.nonzero(q[1:] != q[:-1])[0] + 1
-    bounds = [0, *cut.tolist(), len(q)]
-    return {int(q[a]): msgs[order[a:b]] for a, b in itertools.pairwise(bounds)}
-
+    # Few distinct queues per group: factorize, then a stable radix sort of small codes.
+    codes, uniq = pd.factorize(q, sort=True)
+    order = np.argsort(codes.astype(np.int16 if len(uniq) < 1 << 15 else np.int64),
+                       kind="stable")
+    compact = np.empty(len(msgs), QUEUE_MSG_DTYPE)
+    for name in QUEUE_MSG_DTYPE.names:
+        compact[name] = msgs[name][order]
+    bounds = np.searchsorted(codes[order], np.arange(len(uniq) + 1))
+    return {int(uniq[j]): compact[bounds[j]:bounds[j + 1]] for j in range(len(uniq))}

@@ -218,3 +218,22 @@ def test_cli_writes_outputs_and_exit_status(tmp_path):
 def test_unreadable_inputs_exit_2(tmp_path, spec):
     arg = str(tmp_path / spec) if spec == "missing-dir" else spec
     assert cli.main([arg, "--engine", "python", "--out", str(tmp_path / "o")]) == 2
+
+
+def test_sharing_between_identical_replicas_changes_no_finding(tmp_path):
+    """Decoding one replica and sharing its records and ConsumeQueue checks with
+    identical replicas finds exactly what decoding and checking each does."""
+    for name, make in scenarios.SCENARIOS.items():
+        make(str(tmp_path / "data" / name))
+    key = ["check", "kind", "severity", "gid", "rid", "fid", "file_offset", "index", "topic",
+           "queue_id", "slot", "phys_offset", "count"]
+    shared = run_audit(AuditOptions([str(tmp_path / "data")]), LocalEngine())
+    alone = run_audit(AuditOptions([str(tmp_path / "data")], share_identical=False),
+                      LocalEngine())
+    rows = [r for r in shared.findings.select(key).to_pylist()
+            if r["kind"] != "cq_same_as_reference"]
+    assert sorted(rows, key=repr) == sorted(alone.findings.select(key).to_pylist(), key=repr)
+    assert shared.counts["messages"] == alone.counts["messages"]
+    # Sharing decoded far fewer records: about one replica's per group.
+    assert shared.counts["messages_decoded"] < alone.counts["messages_decoded"] / 2
+    assert "cq_same_as_reference" in shared.findings.column("kind").to_pylist()

@@ -12,6 +12,7 @@ from spark_audit import fmt, inputs, parse
 from . import scenarios
 from .replica_builder import Msg, encode_entry, make_log, write_replica
 
+
 def test_crc_is_crc32c():
     assert fmt.crc(b"123456789") == 0xE3069283
     assert fmt.ENTRY_MAGIC_BYTES == b"LMQE"
