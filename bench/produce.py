@@ -2,7 +2,7 @@
 
 For flush = async and flush = sync (replicate = sync in both):
   (a) per-message sends, 64 in flight;
-  (b) batches of 64 messages (send_batch), 4 batches in flight;
+  (b) batches of 64 messages (send_batch), 8 batches in flight;
 acknowledged messages per second and per-request latency p50/p99.
 Then failover: SIGKILL the leader while a prober sends, time to the first
 acknowledged send after the kill (it can only be on the new leader), over
@@ -77,7 +77,7 @@ async def throughput(base: Path, flush: str, seconds: float) -> dict[str, object
         await producer.create_topic("bench", queues=8)
         await run_load(producer, 1.0, 1, 16)  # warm-up: connections, routes
         single = await run_load(producer, seconds, 1, 64)
-        batched = await run_load(producer, seconds, 64, 4)
+        batched = await run_load(producer, seconds, 64, 8)
         await producer.close()
         return {"flush": flush, "replicate": "sync", "single_64_in_flight": single,
                 "batch_64": batched}

@@ -312,3 +312,20 @@ def test_sync_wrapper_send_async_and_oneway(tmp_path) -> None:
             assert bodies == [b"sync", b"async", b"b1", b"b2", b"oneway"]
 
     run(run_it())
+
+
+def test_replicate_async_acknowledges_before_the_queue_offset_is_known(tmp_path) -> None:
+    async def main() -> None:
+        async with Env(tmp_path, replicate="async", flush="sync") as env:
+            await env.req(RequestCode.CREATE_TOPIC, {"topic": "t", "queues": 1})
+            reply = await env.req(RequestCode.SEND_MESSAGES, {"messages": [msg("t", b"a")]})
+            result = reply["results"][0]
+            assert result["queue_offset"] is None and result["msg_id"].startswith("g1@")
+            pulled: list[dict] = []
+            for _ in range(200):
+                pulled = (await env.req(RequestCode.PULL_MESSAGES, {
+                    "topic": "t", "queue_id": 0, "offset": 0, "wait_ms": 50}))["messages"]
+                if pulled:
+                    break
+            assert [m["msg_id"] for m in pulled] == [result["msg_id"]]
+    run(main())
