@@ -318,7 +318,12 @@ class Broker:
                 offsets.append(at)
                 at += len(record)
         entry = await self.propose(1, b"".join(parts))
+        # replicate=async answers at the leader's local persist, before commit:
+        # the queue offset is assigned at commit, so it is reported as null
+        # (even when, on a one-node group, the commit happened to be immediate).
         stored = self._results.pop(entry.index, None)
+        if self.config.replicate == "async":
+            stored = None
         base = entry.position + 48
         k = 0
         group = self.config.group

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
 import typer
+
+T = TypeVar("T")
 
 topic_app = typer.Typer(help="Create, list and describe topics.", no_args_is_help=True)
 
-def _run(coro):  # type: ignore[no-untyped-def]
+def _run(coro: Coroutine[Any, Any, T]) -> T:
     from ledgermq import loop
 
     return loop.run(coro)
