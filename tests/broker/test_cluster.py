@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from broker.launcher import LocalCluster, wait_leader
+from broker.launcher import LocalCluster, node_status, wait_leader
 from client import Producer, PullConsumer, PushConsumer
 from client.model import MessageQueue
 from client.routes import split
@@ -70,6 +70,34 @@ async def consume_all(namesrv: str, group: str, topic: str, expected: set[bytes]
     return got
 
 
+async def restarted_node_catches_up(cluster: LocalCluster, node: int, leader: int) -> None:
+    """The SIGKILLed node restarts, recovers from its files, catches up, and then
+    serves the same queues and consumer offsets as the leader."""
+    cluster.start_node(node)
+    lead = await node_status(cluster.client_address(leader))
+    target = lead["commit_index"]
+
+    async def caught_up() -> bool:
+        status = await node_status(cluster.client_address(node))
+        return bool(status) and status["applied_index"] >= target
+
+    deadline = time.monotonic() + 60
+    while not await caught_up():
+        assert time.monotonic() < deadline, "restarted node never caught up"
+        await asyncio.sleep(0.1)
+    views = []
+    for nid in (leader, node):
+        host, port = split(cluster.client_address(nid))
+        conn = await RpcClient.connect(host, port)
+        topics = (await conn.request(RequestCode.GET_TOPICS, None))["topics"]
+        offsets = [(await conn.request(RequestCode.QUERY_OFFSET, {
+            "group": "cg", "topic": "t", "queue_id": q}))["offset"] for q in range(4)]
+        views.append((topics["t"], offsets))
+        await conn.close()
+    assert views[0] == views[1]
+    assert sum(hi for _lo, hi in views[1][0]["offsets"]) >= 9_900
+
+
 def failover_run(tmp_path, nodes: int, kill: int) -> None:
     async def main() -> None:
         with LocalCluster(tmp_path, nodes=nodes, settings=SETTINGS) as cluster:
@@ -102,6 +130,8 @@ def failover_run(tmp_path, nodes: int, kill: int) -> None:
             assert not lost
             assert producer.retries > 0  # the clients failed over by themselves
             await producer.close()
+            if kill == 1:
+                await restarted_node_catches_up(cluster, first, new)
 
     loop.run(main())
 
