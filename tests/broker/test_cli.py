@@ -103,3 +103,35 @@ def test_dev_cluster_with_topic_send_consume_status(tmp_path) -> None:
         dev.wait(60)
     assert dev.returncode == 0, "".join(lines)
     wait_gone(pids)
+
+
+def test_demo_ctrl_c_stops_every_child(tmp_path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "ledgermq.cli", "demo", "--dir", str(tmp_path / "demo"),
+         "--messages", "200000"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env, cwd=REPO)
+    lines: list[str] = []
+    up = threading.Event()
+
+    def pump() -> None:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            lines.append(line)
+            if "pids [" in "".join(lines[-2:]):
+                up.set()
+        up.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        assert up.wait(60) and demo.poll() is None, "".join(lines)
+        text = "".join(lines)
+        pids = [int(p) for p in re.search(r"pids \[([\d, ]+)\]", text).group(1).split(",")]
+        os.kill(demo.pid, signal.SIGINT)
+        demo.wait(60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait(10)
+    assert demo.returncode == 130, "".join(lines)
+    wait_gone(pids)
