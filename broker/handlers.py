@@ -162,16 +162,23 @@ class Handlers:
         fresh: list[tuple[bytes, int]] = []
         fresh_at: list[int] = []
         producers = self.b.state.producers
+        repeats: list[tuple[int, int]] = []  # (index, index of the same identity earlier)
+        first_of: dict[tuple[int, int], int] = {}
         for i, m in enumerate(messages):
             if m.producer_id:
+                key = (m.producer_id, m.sequence)
                 known, stored = producers.lookup(m.producer_id, m.sequence)
                 if known:
                     results[i] = self._result(stored)
                     continue
-                earlier = self._inflight_seq.get((m.producer_id, m.sequence))
+                earlier = self._inflight_seq.get(key)
                 if earlier is not None:
                     waits.append((i, earlier))
                     continue
+                if key in first_of:
+                    repeats.append((i, first_of[key]))
+                    continue
+                first_of[key] = i
             fresh.append((m.record, m.queue_id))
             fresh_at.append(i)
         if fresh:
@@ -205,6 +212,8 @@ class Handlers:
                 results[i] = out[k]
         for i, (future, k) in waits:
             results[i] = dict((await asyncio.shield(future))[k], duplicate=True)
+        for i, j in repeats:
+            results[i] = dict(results[j], duplicate=True)
         return {"results": results}
 
     # --------------------------------------------------------------- pull
@@ -266,24 +275,28 @@ class Handlers:
         units = cq.read(topic, queue_id, max(offset, lo), scan)
         next_offset = max(offset, lo)
         messages = []
-        size = 0
         if wanted is not None:
             hashes = {tag_hash(t) for t in wanted}
             candidates = [u for u in units if u.tag_hash in hashes]
         else:
             candidates = units
-        if candidates:
-            candidates = candidates[:max_count]
-        stored = self._read_units(candidates)
-        group = self.b.config.group
-        for unit, sm in zip(candidates, stored, strict=True):
-            if size and size + unit.size > PULL_BYTES_MAX:
+        truncated = len(candidates) > max_count
+        take: list[Unit] = []
+        size = 0
+        for unit in candidates[:max_count]:
+            # Cap the answer's size before reading anything.
+            if take and size + unit.size > PULL_BYTES_MAX:
+                truncated = True
                 break
+            take.append(unit)
+            size += unit.size
+        group = self.b.config.group
+        for unit, sm in zip(take, self._read_units(take), strict=True):
+            # The tag hash narrowed the candidates; the text decides (hashes collide).
             if wanted is None or sm.message.tags in wanted:
                 messages.append(message_view(group, sm, unit.queue_offset))
-            size += unit.size
             next_offset = unit.queue_offset + 1
-        if wanted is not None and units and (not candidates or len(candidates) < max_count):
+        if wanted is not None and units and not truncated:
             # Every scanned unit was looked at: skip past the ones filtered out.
             next_offset = max(next_offset, units[-1].queue_offset + 1)
         return {"messages": messages, "next_offset": next_offset, "min_offset": lo,

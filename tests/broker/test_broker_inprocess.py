@@ -329,3 +329,35 @@ def test_replicate_async_acknowledges_before_the_queue_offset_is_known(tmp_path)
                     break
             assert [m["msg_id"] for m in pulled] == [result["msg_id"]]
     run(main())
+
+
+def test_pull_size_cap_and_tag_filter_never_skip_a_message(tmp_path) -> None:
+    async def main() -> None:
+        async with Env(tmp_path) as env:
+            await env.req(RequestCode.CREATE_TOPIC, {"topic": "big", "queues": 1})
+            body = b"z" * 60_000
+            for n in range(12):  # 80 of 120 ~60 KB messages match: more than 4 MiB
+                await env.req(RequestCode.SEND_MESSAGES, {"messages": [
+                    msg("big", body, tags="a" if (n * 10 + i) % 3 else "b", keys=str(n * 10 + i))
+                    for i in range(10)]})
+            seen: list[str] = []
+            offset, answers = 0, 0
+            while offset < 120:
+                reply = await env.req(RequestCode.PULL_MESSAGES, {
+                    "topic": "big", "queue_id": 0, "offset": offset, "max_messages": 256,
+                    "tags": ["a"]})
+                assert sum(len(m["body"]) for m in reply["messages"]) <= 4 << 20
+                seen += [m["keys"] for m in reply["messages"]]
+                assert reply["next_offset"] > offset
+                offset, answers = reply["next_offset"], answers + 1
+            assert answers >= 2
+            assert seen == [str(k) for k in range(120) if k % 3]
+            # One request carrying the same identity twice stores it once.
+            reply = await env.req(RequestCode.SEND_MESSAGES, {"messages": [
+                msg("big", b"d", producer_id=3, sequence=1),
+                msg("big", b"d", producer_id=3, sequence=1)]})
+            first, second = reply["results"]
+            assert first["msg_id"] == second["msg_id"] and second["duplicate"]
+            ranges = await env.req(RequestCode.GET_QUEUE_OFFSETS, {"topic": "big", "queue_id": 0})
+            assert ranges["max_offset"] == 121
+    run(main())
