@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import islice
+from typing import NamedTuple
 
 from broker.control import MAX_QUEUES, PERM_RW, decode_control
 from commitlog import HEADER_SIZE, KIND_CONTROL, KIND_MESSAGES, Entry, iter_records
@@ -32,9 +34,8 @@ class TopicConfig:
         return {"queues": self.queues, "perm": self.perm}
 
 
-@dataclass(frozen=True, slots=True)
-class Stored:
-    """Where one message ended up."""
+class Stored(NamedTuple):
+    """Where one message ended up (a tuple: made once per applied message)."""
 
     physical_offset: int
     topic: str
@@ -42,10 +43,10 @@ class Stored:
     queue_offset: int
 
 
-@dataclass
+@dataclass(slots=True)
 class _Producer:
-    last_sequence: int = -1
-    recent: OrderedDict[int, Stored] = field(default_factory=OrderedDict)
+    # Insertion-ordered: the oldest remembered sequence comes first.
+    recent: dict[int, Stored] = field(default_factory=dict)
 
 
 class ProducerTable:
@@ -66,19 +67,26 @@ class ProducerTable:
         return len(self._producers)
 
     def record(self, producer_id: int, sequence: int, stored: Stored) -> None:
-        producer = self._producers.get(producer_id)
+        self.record_many(producer_id, [(sequence, stored)])
+
+    def record_many(self, producer_id: int, items: list[tuple[int, Stored]]) -> None:
+        """Remember one producer's messages of one entry (one LRU touch for all)."""
+        producers = self._producers
+        producer = producers.get(producer_id)
         if producer is None:
-            producer = self._producers[producer_id] = _Producer()
-            if len(self._producers) > self.producers_max:
-                self._producers.popitem(last=False)
+            producer = producers[producer_id] = _Producer()
+            if len(producers) > self.producers_max:
+                producers.popitem(last=False)
         else:
-            self._producers.move_to_end(producer_id)
-        if sequence in producer.recent:
-            return  # a duplicate that reached the log anyway: keep the first copy
-        producer.recent[sequence] = stored
-        producer.last_sequence = max(producer.last_sequence, sequence)
-        if len(producer.recent) > self.window:
-            producer.recent.popitem(last=False)
+            producers.move_to_end(producer_id)
+        recent = producer.recent
+        for sequence, stored in items:
+            # A duplicate that reached the log anyway keeps the first copy.
+            recent.setdefault(sequence, stored)
+        excess = len(recent) - self.window
+        if excess > 0:
+            for old in list(islice(recent, excess)):
+                del recent[old]
 
     def lookup(self, producer_id: int, sequence: int) -> tuple[bool, Stored | None]:
         """(already stored?, its location if still known)."""
@@ -124,16 +132,26 @@ class BrokerState:
         base = entry.position + HEADER_SIZE
         result = []
         queue_next = self.queue_next
+        by_producer: dict[int, list[tuple[int, Stored]]] = {}
+        names: dict[bytes, str] = {}
         for offset, fields in iter_records(body):
             p = offset + MESSAGE_HEAD_SIZE
-            topic = body[p : p + fields[9]].decode()
+            raw = body[p : p + fields[9]]
+            topic = names.get(raw)
+            if topic is None:
+                topic = names[raw] = raw.decode()
             key = (topic, fields[1])
             queue_offset = queue_next.get(key, 0)
             queue_next[key] = queue_offset + 1
             stored = Stored(base + offset, topic, fields[1], queue_offset)
             result.append(stored)
             if fields[6]:
-                self.producers.record(fields[6], fields[7], stored)
+                items = by_producer.get(fields[6])
+                if items is None:
+                    items = by_producer[fields[6]] = []
+                items.append((fields[7], stored))
+        for producer_id, items in by_producer.items():
+            self.producers.record_many(producer_id, items)
         return result
 
     def _apply_control(self, entry: Entry) -> None:
