@@ -3,7 +3,9 @@
 Writes one replica by the format page (64 messages per entry, 256 MiB
 segments, 8 queues), copies it twice (replicas are byte-identical), audits the
 group on ``local[2]`` and prints one JSON line: entries and messages audited
-per second (overall and per core), wall times, and where the time goes. JVM
+per second (overall and per core), wall times, where the time goes, and the
+CPU actually used (Python tasks, JVM, driver, whole machine: the box may be
+shared, and wall time under contention overstates the work). JVM
 start and the first Python-worker job of the session (``session.warm_up``)
 are timed separately and excluded from the rates; ``total_wall_s`` includes
 them. The data lives in a temporary directory that is deleted at the end.
@@ -119,6 +121,36 @@ def parse_rate(root: str) -> dict:
             "decode_messages_per_s": round(len(m.messages) / t_msgs)}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc), 0 when unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far (Linux /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    tck = os.sysconf("SC_CLK_TCK")
+    return (sum(v) - v[3] - v[4]) / tck, sum(v) / tck
+
+
+def cpu_pressure() -> float | None:
+    """Share of the last 10 s in which some task waited for a CPU (Linux PSI)."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            return float(f.readline().split()[1].split("=")[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--messages", type=int, default=5_000_000, help="total over 3 replicas")
@@ -151,10 +183,13 @@ def main() -> int:
         session.warm_up(spark)
         warm_s = time.perf_counter() - t0
         out = os.path.join(tmp, "out")
+        jvm = spark.sparkContext._gateway.proc.pid
+        before = (cpu_seconds(jvm), os.times(), machine_cpu(), cpu_pressure())
         t1 = time.perf_counter()
         rc = cli.run([os.path.join(tmp, "g1")], out=out, master=a.master, spark=spark,
                      progress=False)
         audit_s = time.perf_counter() - t1
+        after = (cpu_seconds(jvm), os.times(), machine_cpu(), cpu_pressure())
         with open(os.path.join(out, "summary.json")) as f:
             summary = json.load(f)
         spark.stop()
@@ -189,7 +224,19 @@ def main() -> int:
                 "duplicate_checks_driver": tm["duplicate_checks_s"],
                 "reports": round(audit_s - sum(tm[k] for k in phases), 2),
             },
-            "task_cpu_s": {k[6:-6]: v for k, v in tm.items() if k.startswith("tasks_")},
+            "task_cpu_s": {k[6:-6]: v for k, v in tm.items()
+                           if k.startswith("tasks_") and k.endswith("_cpu_s")},
+            "task_wall_s": {k[6:-7]: v for k, v in tm.items()
+                            if k.startswith("tasks_") and k.endswith("_wall_s")},
+            "cpu_during_audit_s": {
+                "python_tasks": round(sum(v for k, v in tm.items()
+                                          if k.startswith("tasks_") and k.endswith("_cpu_s")), 2),
+                "jvm": round(after[0] - before[0], 2),
+                "driver_python": round(sum(after[1][:2]) - sum(before[1][:2]), 2),
+                "whole_machine_busy": round(after[2][0] - before[2][0], 2),
+                "whole_machine_available": round(after[2][1] - before[2][1], 2),
+                "cpu_pressure_some_avg10": [before[3], after[3]],
+            },
             "pure_parse_one_segment": pure, "generate_s": round(gen_s, 1),
         }
         print(json.dumps(result))

@@ -3,9 +3,11 @@
 The audit reads every replica's files directly, parsing them from
 ``docs/storage-format.md`` with its own code (it never imports ``commitlog`` or
 ``consumequeue``), so that a bug in the broker's storage code cannot hide
-itself. Parsing and checks are plain Python/numpy/Arrow functions
-(``parse``, ``checks``, ``history``); ``engine`` distributes them, either
-in-process or over Spark, and ``report`` writes the results.
+itself. Parsing and checks are plain Python/numpy functions (``parse``,
+``checks``, ``replicas``, ``history``); ``tasks`` turns one file into one
+compact result, ``engine``/``spark_engine`` run the file tasks in-process or
+over Spark, ``audit`` runs the checks on the results and ``report`` writes
+them out.
 """
 
 from __future__ import annotations

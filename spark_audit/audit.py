@@ -95,7 +95,8 @@ def run_audit(opts: AuditOptions, eng) -> AuditResult:
     tm["scan_job_s"] = time.perf_counter() - t2
     task_s: dict[str, float] = defaultdict(float)
     for task, res in zip(todo, results, strict=True):
-        task_s[task.mode] += res.seconds
+        task_s[f"tasks_{task.mode}_cpu_s"] += res.cpu
+        task_s[f"tasks_{task.mode}_wall_s"] += res.seconds
 
     t3 = time.perf_counter()
     topics = replicas.Topics()
@@ -182,7 +183,8 @@ def run_audit(opts: AuditOptions, eng) -> AuditResult:
                         todo2.append(tasks.FileTask(len(todo2), f, tasks.CQ_UNITS))
     for res in eng.run_tasks(todo2, opts.max_entry_size):
         task = todo2[res.tid]
-        task_s[task.mode] += res.seconds
+        task_s[f"tasks_{task.mode}_cpu_s"] += res.cpu
+        task_s[f"tasks_{task.mode}_wall_s"] += res.seconds
         if task.mode == tasks.MSGS:
             data[task.info.gid].add_decoded(eids2[res.tid], res, task.info, topics)
         else:
@@ -242,8 +244,9 @@ def run_audit(opts: AuditOptions, eng) -> AuditResult:
     for f in files:
         by_kind[f.kind] += 1
     counts["files_by_kind"] = dict(by_kind)
-    # CPU seconds inside the file tasks, by mode (summed over tasks, whichever core ran them).
-    tm.update({f"tasks_{k}_cpu_s": v for k, v in task_s.items()})
+    # CPU and wall seconds inside the file tasks, by mode (summed over tasks,
+    # whichever core ran them); wall above CPU is waiting for a core.
+    tm.update(task_s)
     return AuditResult(replicas_, files, groups, checks.concat_findings(found), dict(counts),
                        hstats, tm)
 

@@ -184,14 +184,6 @@ def gather_binary(a: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.
     )
 
 
-def tag_hashes(tags: pa.Array) -> np.ndarray:
-    """Tag hash of every value, computing the CRC once per distinct tag."""
-    enc = tags.dictionary_encode()
-    uniq = [fmt.tag_hash(v) for v in enc.dictionary.to_pylist()]
-    table = np.array(uniq, dtype=np.uint64).view(np.int64) if uniq else np.zeros(0, np.int64)
-    return table[enc.indices.to_numpy(zero_copy_only=False)]
-
-
 def _resync(data: bytes, start: int, base: int) -> int:
     """Offset of the next plausible entry header after ``start``, or ``len(data)``.
 

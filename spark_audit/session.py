@@ -47,8 +47,9 @@ def get_session(master: str = DEFAULT_MASTER, *, app_name: str = "ledgermq-audit
          .config("spark.driver.memory", driver_memory)
          .config("spark.ui.enabled", "true" if ui else "false")
          .config("spark.ui.showConsoleProgress", "true" if progress else "false")
-         # Whole files become one Arrow row each; keep batches to a few files.
-         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
+         # With the binaryFile source a row is a whole file (up to 2 GB): one
+         # row per Arrow batch keeps batches under Arrow's 2 GB binary limit.
+         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1")
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          .config("spark.python.worker.reuse", "true"))
     if local:

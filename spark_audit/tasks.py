@@ -73,12 +73,13 @@ class FileResult:
     crc: int = 0
     length: int = 0
     count: int = 0  # non-empty ConsumeQueue units
-    seconds: float = 0.0  # time spent in the task (open, parse, serialize excluded)
+    seconds: float = 0.0  # wall time of the parse (file open and serialization excluded)
+    cpu: float = 0.0  # CPU time of the parse (user + system, this process)
 
 
 def run_task(task: FileTask, buf, max_entry_size: int) -> FileResult:
     """Parse one file's bytes as the task asks."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     info = task.info
     res = FileResult(task.tid, length=len(memoryview(buf)))
     if task.mode in (SCAN, SCAN_MSGS):
@@ -101,7 +102,7 @@ def run_task(task: FileTask, buf, max_entry_size: int) -> FileResult:
             res.count = parse.cq_unit_count(buf)
     else:
         raise ValueError(f"unknown task mode {task.mode}")
-    res.seconds = time.perf_counter() - t0
+    res.seconds, res.cpu = time.perf_counter() - t0, time.process_time() - c0
     return res
 
 
@@ -145,6 +146,7 @@ RESULT_SCHEMA = pa.schema([
     ("length", pa.int64()),
     ("count", pa.int64()),
     ("seconds", pa.float64()),
+    ("cpu", pa.float64()),
 ])
 
 _ARRAYS = (("entries", parse.ENTRY_DTYPE), ("messages", parse.MSG_DTYPE),
@@ -201,7 +203,8 @@ def to_batch(res: FileResult) -> pa.RecordBatch:
     meta = msgpack.packb([res.topics, res.problems, res.msg_problems])
     cols.append(pa.array([meta], pa.binary()))
     cols += [pa.array([res.crc], pa.int64()), pa.array([res.length], pa.int64()),
-             pa.array([res.count], pa.int64()), pa.array([res.seconds], pa.float64())]
+             pa.array([res.count], pa.int64()), pa.array([res.seconds], pa.float64()),
+             pa.array([res.cpu], pa.float64())]
     return pa.RecordBatch.from_arrays(cols, schema=RESULT_SCHEMA)
 
 
@@ -224,6 +227,7 @@ def from_table(table: pa.Table) -> list[FileResult]:
         res.crc, res.length, res.count = (int(cols[k][i].as_py()) for k in ("crc", "length",
                                                                             "count"))
         res.seconds = float(cols["seconds"][i].as_py())
+        res.cpu = float(cols["cpu"][i].as_py())
         out.append(res)
     return out
 

@@ -26,12 +26,12 @@ def test_result_rows_round_trip():
                            messages=np.ones(3, parse.MSG_DTYPE), counts=np.array([1, 2], "<i4"),
                            topics=["a", "b"], problems=[(1, 2, "body_crc", "x")],
                            msg_problems=[(3, 4, "bad_message", "y", 1)], crc=99, length=10,
-                           count=4, seconds=0.5)
+                           count=4, seconds=0.5, cpu=0.25)
     (back,) = tasks.from_table(pa.Table.from_batches([tasks.to_batch(res)]))
     assert back.tid == 7 and back.topics == ["a", "b"] and back.index is None
     assert (back.entries == res.entries).all() and (back.messages == res.messages).all()
     assert back.problems == res.problems and back.msg_problems == res.msg_problems
-    assert (back.crc, back.length, back.count, back.seconds) == (99, 10, 4, 0.5)
+    assert (back.crc, back.length, back.count, back.seconds, back.cpu) == (99, 10, 4, 0.5, 0.25)
 
 
 def _task(tid: int, length: int, mode: str) -> tasks.FileTask:

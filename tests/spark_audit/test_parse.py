@@ -111,7 +111,20 @@ def test_gather_rows_binary_and_tag_hashes():
     assert parse.gather_rows(a, np.array([2, 7, 9]), 3).tobytes() == b"abcTAGGzz"
     arr = parse.gather_binary(a, np.array([2, 7, 0]), np.array([3, 3, 0]))
     assert arr.to_pylist() == [b"abc", b"TAG", b""]
-    assert parse.tag_hashes(arr).tolist() == [fmt.crc(b"abc"), fmt.crc(b"TAG"), 0]
+    ids, values = parse.short_strings(a, np.array([2, 7, 2, 0]), np.array([3, 3, 3, 0]))
+    assert [values[i] for i in ids] == [b"abc", b"TAG", b"abc", b""]
+
+
+def test_long_topics_and_tags_take_the_variable_width_path():
+    from .replica_builder import encode_message
+
+    msgs = [Msg("t" * 120, 1, b"x", tags=b"T" * 300), Msg("orders", 2, b"y", tags=b"")]
+    seg = encode_entry(1, 1, fmt.KIND_MESSAGES, 0, b"".join(encode_message(m) for m in msgs))
+    scan, m = _parse(seg)
+    assert scan.problems == [] and m.problems == []
+    assert [m.topics[t] for t in m.messages["topic"]] == ["t" * 120, "orders"]
+    assert m.messages["tag_hash"].tolist() == [fmt.crc(b"T" * 300), 0]
+    assert m.messages["queue_id"].tolist() == [1, 2]
 
 
 def test_index_and_cq_files_skip_empty_slots():
