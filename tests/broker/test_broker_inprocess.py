@@ -361,3 +361,46 @@ def test_pull_size_cap_and_tag_filter_never_skip_a_message(tmp_path) -> None:
             ranges = await env.req(RequestCode.GET_QUEUE_OFFSETS, {"topic": "big", "queue_id": 0})
             assert ranges["max_offset"] == 121
     run(main())
+
+
+def test_push_consumer_gives_up_after_max_reconsume_and_topic_delete(tmp_path) -> None:
+    async def main() -> None:
+        async with Env(tmp_path) as env:
+            producer = Producer([env.ns])
+            await producer.create_topic("p", queues=1)
+            await env.wait_route("p")
+            for body in (b"ok-1", b"poison", b"ok-2"):
+                await producer.send("p", body, tags="t")
+            attempts: list[int] = []
+            given_up: list[tuple[bytes, str]] = []
+            got: list[bytes] = []
+            done = asyncio.Event()
+
+            def handle(message) -> None:
+                if message.body == b"poison":
+                    attempts.append(message.reconsume_times)
+                    raise ValueError("cannot handle")
+                got.append(message.body)
+                if message.body == b"ok-2":
+                    done.set()
+
+            consumer = PushConsumer([env.ns], "pg", "p", handle, tags="t||u",
+                                    max_reconsume_times=2, long_poll_ms=200,
+                                    on_give_up=lambda m, e: given_up.append((m.body, str(e))))
+            await consumer.start()
+            await asyncio.wait_for(done.wait(), 20)
+            await consumer.stop()
+            assert got == [b"ok-1", b"ok-2"]  # order kept around the poison message
+            assert attempts == [0, 1, 2]
+            assert given_up == [(b"poison", "cannot handle")]
+            assert consumer.given_up == 1
+            # Deleting the topic: sends with auto-create off are refused, pulls too.
+            await env.req(RequestCode.DELETE_TOPIC, {"topic": "p"})
+            env.broker.config = env.broker.config.with_overrides(auto_create_topics=False)
+            with pytest.raises(UnknownTopicError):
+                await env.req(RequestCode.SEND_MESSAGES, {"messages": [msg("p", b"x")]})
+            with pytest.raises(UnknownTopicError):
+                await env.req(RequestCode.PULL_MESSAGES, {"topic": "p", "queue_id": 0,
+                                                          "offset": 0})
+            await producer.close()
+    run(main())
