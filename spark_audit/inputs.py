@@ -163,8 +163,9 @@ def classify(rel: str) -> tuple[str, int, str, int]:
         return SEGMENT, int(parts[1]), "", -1
     if len(parts) == 2 and parts[0] == "index" and _NAME20.match(parts[1]):
         return INDEX, int(parts[1]), "", -1
+    # Queue ids are u32 in the format; a larger number is not a queue directory.
     if (len(parts) == 4 and parts[0] == "consumequeue" and parts[2].isdigit()
-            and _NAME20.match(parts[3])):
+            and int(parts[2]) < 1 << 32 and _NAME20.match(parts[3])):
         return CQ, int(parts[3]), parts[1], int(parts[2])
     return OTHER, 0, "", -1
 

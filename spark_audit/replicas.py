@@ -125,7 +125,7 @@ class Group:
     def add_decoded(self, eids: np.ndarray, res: tasks.FileResult, info: FileInfo,
                     topics: Topics) -> None:
         """Pool the records of a ``msgs``/``scan_msgs`` result whose entries had ``eids``."""
-        msgs = res.messages.copy()
+        msgs = res.messages  # a fresh array (unpacked, or this process's own parse)
         msgs["topic"] = topics.remap(res.topics, msgs["topic"])
         self._parts.append((np.repeat(eids, res.counts), msgs))
         self.decoded[eids] = True

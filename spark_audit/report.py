@@ -103,7 +103,8 @@ def svg_bars(title: str, labels: list[str], values: list[float], colors: list[st
     rendering time, which was a visible share of a fast audit.
     """
     e = html.escape
-    row, left, width = 22, 240, 420
+    row, width = 22, 420
+    left = 16 + 7 * max((len(label) for label in labels), default=10)  # ~7 px a character
     height = 40 + row * max(1, len(labels))
 
     def scale(v: float) -> float:

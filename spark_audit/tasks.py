@@ -209,26 +209,25 @@ def to_batch(res: FileResult) -> pa.RecordBatch:
 
 
 def from_table(table: pa.Table) -> list[FileResult]:
-    """Inverse of ``to_batch`` over collected rows."""
-    table = table.combine_chunks()
-    cols = {name: table.column(name).chunk(0) if table.num_rows else None
-            for name in RESULT_SCHEMA.names}
+    """Inverse of ``to_batch`` over collected rows (batch by batch: no 2 GB column limit)."""
     out = []
-    for i in range(table.num_rows):
-        res = FileResult(int(cols["tid"][i].as_py()))
-        for name, dtype in _ARRAYS:
-            v = cols[name][i]
-            if v.is_valid:
-                setattr(res, name, unpack(v.as_buffer(), dtype))
-        topics, problems, msg_problems = msgpack.unpackb(cols["meta"][i].as_py())
-        res.topics = list(topics)
-        res.problems = [tuple(p) for p in problems]
-        res.msg_problems = [tuple(p) for p in msg_problems]
-        res.crc, res.length, res.count = (int(cols[k][i].as_py()) for k in ("crc", "length",
-                                                                            "count"))
-        res.seconds = float(cols["seconds"][i].as_py())
-        res.cpu = float(cols["cpu"][i].as_py())
-        out.append(res)
+    for batch in table.to_batches():
+        cols = {name: batch.column(name) for name in RESULT_SCHEMA.names}
+        for i in range(batch.num_rows):
+            res = FileResult(int(cols["tid"][i].as_py()))
+            for name, dtype in _ARRAYS:
+                v = cols[name][i]
+                if v.is_valid:
+                    setattr(res, name, unpack(v.as_buffer(), dtype))
+            topics, problems, msg_problems = msgpack.unpackb(cols["meta"][i].as_py())
+            res.topics = list(topics)
+            res.problems = [tuple(p) for p in problems]
+            res.msg_problems = [tuple(p) for p in msg_problems]
+            res.crc, res.length, res.count = (int(cols[k][i].as_py())
+                                              for k in ("crc", "length", "count"))
+            res.seconds = float(cols["seconds"][i].as_py())
+            res.cpu = float(cols["cpu"][i].as_py())
+            out.append(res)
     return out
 
 
