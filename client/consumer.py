@@ -91,8 +91,19 @@ class PullConsumer:
                    tags: list[str] | None = None, wait_ms: int = 0) -> PullResult:
         body = {"topic": mq.topic, "queue_id": mq.queue_id, "offset": offset,
                 "max_messages": max_messages, "tags": tags, "wait_ms": wait_ms}
-        reply = await self._on_group(mq, RequestCode.PULL_MESSAGES, body, leader=False,
-                                     timeout=self.cluster.timeout + wait_ms / 1000)
+        timeout = self.cluster.timeout + wait_ms / 1000
+        try:
+            reply = await self._on_group(mq, RequestCode.PULL_MESSAGES, body, leader=False,
+                                         timeout=timeout)
+        except OffsetOutOfRangeError as exc:
+            data = exc.data if isinstance(exc.data, dict) else {}
+            if offset <= data.get("max_offset", offset):
+                raise  # below the range (retention): no node can do better
+            # Beyond this node's end: a follower that has not caught up yet
+            # (after a failover, say). The leader has every committed message,
+            # so only its answer may move the consumer's offset.
+            reply = await self._on_group(mq, RequestCode.PULL_MESSAGES, body, leader=True,
+                                         timeout=timeout)
         return PullResult([ReceivedMessage.from_wire(m, mq.group) for m in reply["messages"]],
                           reply["next_offset"], reply["min_offset"], reply["max_offset"])
 
@@ -298,6 +309,10 @@ class PushConsumer:
             except OffsetOutOfRangeError as exc:
                 data = exc.data if isinstance(exc.data, dict) else {}
                 lo, hi = data.get("min_offset", 0), data.get("max_offset", 0)
+                # Below the range: retention removed those messages, start at
+                # the oldest. Beyond it (the leader says so): committed messages
+                # were lost (e.g. flush=async and a power cut on a majority); go
+                # to the end so new messages in those slots are not skipped.
                 log.warning("%s: offset %s of %s out of range [%s, %s]; resetting",
                             self.client_id, offset, mq, lo, hi)
                 offset = lo if offset is not None and offset < lo else hi
