@@ -41,7 +41,7 @@ class AuditResult:
         return VIOLATION not in sev
 
 
-def run_audit(opts: AuditOptions, eng) -> AuditResult:
+def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     """Run every check with ``eng`` (``LocalEngine`` or ``SparkEngine``)."""
     tm = {}
     t0 = time.perf_counter()

@@ -20,6 +20,7 @@ A finding has a severity: ``violation`` fails the check; ``info`` is reported
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -161,7 +162,7 @@ def check_replica_log(e: pd.DataFrame, meta: ReplicaMeta, gid: int, seg: int,
     foff = e["file_offset"].to_numpy()
     meta.first_index, meta.last_index, meta.last_term = int(idx[0]), int(idx[-1]), int(term[-1])
 
-    def report(check: str, kind: str, mask: np.ndarray, text) -> None:
+    def report(check: str, kind: str, mask: np.ndarray, text: Callable[[int], str]) -> None:
         hits = _examples(mask)
         for j in hits[:max_examples]:
             out.add(check, kind, VIOLATION, gid=gid, rid=rid, fid=int(fid[j + 1]),
@@ -392,7 +393,8 @@ class QueueBounds:
 
 def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid: int,
                         msgs: np.ndarray, units: np.ndarray, unit_fid: np.ndarray,
-                        msg_fid, bounds: QueueBounds, max_examples: int = 20) -> None:
+                        msg_fid: Callable[[np.ndarray], np.ndarray], bounds: QueueBounds,
+                        max_examples: int = 20) -> None:
     """One replica's units of one (topic, queue) against its messages of that queue.
 
     ``msgs`` (``parse.MSG_DTYPE``) are in log order, ``units``
@@ -406,7 +408,7 @@ def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid:
     kw = dict(gid=gid, topic=topic, queue_id=queue_id, rid=rid)
 
     def emit(check: str, kind: str, sel: np.ndarray, fid: np.ndarray, slot: np.ndarray,
-             off: np.ndarray, idx: np.ndarray, text) -> None:
+             off: np.ndarray, idx: np.ndarray, text: Callable[[int], str]) -> None:
         for j in sel[:max_examples]:
             out.add(check, kind, VIOLATION, fid=int(fid[j]), slot=int(slot[j]),
                     phys_offset=int(off[j]), index=int(idx[j]), detail=text(j), **kw)

@@ -9,16 +9,21 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from spark_audit import fmt, session
 from spark_audit.audit import AuditOptions, run_audit
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def run(specs: list[str], *, out: str = "audit-out", master: str = session.DEFAULT_MASTER,
         history: list[str] | None = None, engine: str = "spark",
         driver_memory: str = session.DEFAULT_DRIVER_MEMORY, progress: bool = True,
         max_entry_size: int = fmt.DEFAULT_MAX_ENTRY_SIZE, segment_size: int = 0,
-        max_examples: int = 20, share_identical: bool = True, spark=None) -> int:
+        max_examples: int = 20, share_identical: bool = True,
+        spark: SparkSession | None = None) -> int:
     """Run the audit and write its outputs; returns the exit status."""
     from spark_audit import report
     from spark_audit.engine import LocalEngine

@@ -13,8 +13,24 @@ results, so the two engines produce identical findings.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from spark_audit import fmt, inputs, tasks
 from spark_audit.inputs import FileInfo
+
+
+class Engine(Protocol):
+    """What ``audit.run_audit`` needs of an engine."""
+
+    name: str
+    lister: inputs.Lister
+
+    def read_small(self, files: list[FileInfo]) -> dict[int, bytes]: ...
+
+    def run_tasks(self, todo: list[tasks.FileTask], max_entry_size: int
+                  ) -> list[tasks.FileResult]: ...
+
+    def close(self) -> None: ...
 
 
 class LocalEngine:
@@ -40,7 +56,8 @@ class LocalEngine:
         pass
 
 
-def decode_small(kind: str, data: bytes):
+def decode_small(kind: str, data: bytes
+                 ) -> fmt.Checkpoint | fmt.HardState | fmt.DispatchCheckpoint:
     """Parse a small file by kind (raises ``fmt.FormatError``)."""
     if kind == inputs.CHECKPOINT:
         return fmt.parse_checkpoint(data)

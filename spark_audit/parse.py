@@ -22,6 +22,7 @@ with the same bits, matching the Arrow/Spark tables the findings use.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass, field
 
@@ -74,6 +75,9 @@ CQ_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u4"), ("tag_hash", "<u8")])
 
 # Bytes after a record header gathered with it: topic and tags usually fit.
 _TEXT_BYTES = 60
+
+# What the parsers read: a whole file's bytes, however they were obtained.
+Buffer = bytes | bytearray | memoryview | mmap.mmap | pa.Buffer | np.ndarray
 
 # A problem: (file_offset, index, kind, detail); -1 when not known.
 Problem = tuple[int, int, str, str]
@@ -204,7 +208,7 @@ def _resync(data: bytes, start: int, base: int) -> int:
         at += 1
 
 
-def scan_segment(buf, base_position: int,
+def scan_segment(buf: Buffer, base_position: int,
                  max_entry_size: int = fmt.DEFAULT_MAX_ENTRY_SIZE) -> SegmentScan:
     """Walk the entry headers of one segment that starts at log position ``base_position``.
 
@@ -283,7 +287,7 @@ def scan_segment(buf, base_position: int,
     return SegmentScan(entries, probs, valid_end)
 
 
-def parse_messages(buf, base_position: int, entries: np.ndarray) -> MessageScan:
+def parse_messages(buf: Buffer, base_position: int, entries: np.ndarray) -> MessageScan:
     """Decode the records of the ``has_msgs`` rows of ``entries`` (rows of this segment).
 
     Records that do not fit their entry, or whose length fields disagree with
@@ -373,7 +377,7 @@ def parse_messages(buf, base_position: int, entries: np.ndarray) -> MessageScan:
     return MessageScan(out, topics, counts, probs)
 
 
-def parse_index_file(buf, first_index: int) -> tuple[np.ndarray, list[Problem]]:
+def parse_index_file(buf: Buffer, first_index: int) -> tuple[np.ndarray, list[Problem]]:
     """Parse a Raft-index file; all-zero records ("no entry") are dropped.
 
     Returns the records (``rec_ok`` false when the record CRC fails) and the
@@ -409,7 +413,7 @@ def cq_partial(length: int) -> list[Problem]:
     return []
 
 
-def parse_cq_file(buf, first_slot: int) -> tuple[np.ndarray, list[Problem]]:
+def parse_cq_file(buf: Buffer, first_slot: int) -> tuple[np.ndarray, list[Problem]]:
     """Parse a ConsumeQueue file; empty (all-zero) slots are dropped.
 
     Holes are found later from the slot numbers of the remaining units, which
@@ -429,7 +433,7 @@ def parse_cq_file(buf, first_slot: int) -> tuple[np.ndarray, list[Problem]]:
     return out, cq_partial(len(mv))
 
 
-def cq_unit_count(buf) -> int:
+def cq_unit_count(buf: Buffer) -> int:
     """Number of non-empty units of a ConsumeQueue file (without keeping them)."""
     mv = memoryview(buf).cast("B")
     n = len(mv) // fmt.CQ_UNIT_SIZE

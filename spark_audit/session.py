@@ -14,6 +14,13 @@ import os
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
 DEFAULT_DRIVER_MEMORY = "4g"
@@ -33,7 +40,7 @@ def _package_zip() -> str:
 def get_session(master: str = DEFAULT_MASTER, *, app_name: str = "ledgermq-audit",
                 driver_memory: str = DEFAULT_DRIVER_MEMORY, progress: bool = True,
                 ui: bool = False, shuffle_partitions: int | None = None,
-                extra_conf: dict[str, str] | None = None):
+                extra_conf: dict[str, str] | None = None) -> SparkSession:
     """Create (or reuse) the SparkSession the audit runs on."""
     local = master.startswith("local")
     # Workers must run this interpreter: the system python3 lacks pyarrow.
@@ -67,7 +74,7 @@ def get_session(master: str = DEFAULT_MASTER, *, app_name: str = "ledgermq-audit
     return spark
 
 
-def warm_up(spark) -> None:
+def warm_up(spark: SparkSession) -> None:
     """Start the Python workers and import the audit in them with a trivial job.
 
     The first Arrow job of a session pays several seconds once (worker
@@ -75,7 +82,7 @@ def warm_up(spark) -> None:
     before any audit, and later audits on the same session do not.
     """
 
-    def touch(batches):
+    def touch(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from spark_audit import tasks  # noqa: F401  (imports numpy, pyarrow, crc32c, msgpack)
 
         yield from batches

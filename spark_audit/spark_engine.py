@@ -16,11 +16,20 @@ collected with ``toArrow``; nothing is cached or shuffled.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
 from spark_audit import inputs, tasks
 from spark_audit.inputs import FileInfo
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
 
-def _spark_schema(schema):
+
+def _spark_schema(schema: pa.Schema) -> StructType:
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return from_arrow_schema(schema)
@@ -31,7 +40,7 @@ class SparkEngine:
 
     name = "spark"
 
-    def __init__(self, spark, partitions_per_core: int = 2) -> None:
+    def __init__(self, spark: SparkSession, partitions_per_core: int = 2) -> None:
         self.spark = spark
         self.partitions = max(1, partitions_per_core * spark.sparkContext.defaultParallelism)
         self.lister = inputs.Lister(self._list)
@@ -70,7 +79,7 @@ class SparkEngine:
         if all(inputs.is_local(t.info.path) for t in todo):
             parts = tasks.balance(todo, self.partitions)
 
-            def run_part(batches):
+            def run_part(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 for batch in batches:
                     for j in batch.column(0).to_pylist():
                         for t in parts[j]:
@@ -85,7 +94,7 @@ class SparkEngine:
             for t in todo:
                 by_key.setdefault(inputs.path_key(t.info.path), []).append(t)
 
-            def run_rows(batches):
+            def run_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 for batch in batches:
                     paths = batch.column(0)
                     content = batch.column(1)

@@ -77,7 +77,7 @@ class FileResult:
     cpu: float = 0.0  # CPU time of the parse (user + system, this process)
 
 
-def run_task(task: FileTask, buf, max_entry_size: int) -> FileResult:
+def run_task(task: FileTask, buf: parse.Buffer, max_entry_size: int) -> FileResult:
     """Parse one file's bytes as the task asks."""
     t0, c0 = time.perf_counter(), time.process_time()
     info = task.info
@@ -111,7 +111,7 @@ def _add_messages(res: FileResult, scan: parse.MessageScan) -> None:
     res.msg_problems = scan.problems
 
 
-def read_local(path: str):
+def read_local(path: str) -> mmap.mmap | bytes:
     """The bytes of a local file, memory-mapped (no copy; empty files give ``b""``)."""
     with open(inputs.local_path(path), "rb") as fh:
         try:
@@ -174,7 +174,7 @@ def pack(arr: np.ndarray) -> bytes:
     return head + zstandard.ZstdCompressor(level=3).compress(b"".join(cols))
 
 
-def unpack(blob, dtype: np.dtype) -> np.ndarray:
+def unpack(blob: bytes | memoryview | pa.Buffer, dtype: np.dtype) -> np.ndarray:
     """Inverse of ``pack``."""
     mv = memoryview(blob)
     (n,) = struct.unpack_from("<Q", mv)
