@@ -208,9 +208,9 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         g = data[gid]
         counts["messages"] += sum(g.message_count(r) for r in g.replicas)
         counts["messages_decoded"] += len(g.pool)
-        counts["cq_units_decoded"] += sum(len(u) for u in units.values())
         found.append(queue_checks(g, st, units, topics, names, counts, opts.max_examples,
                                   opts.share_identical))
+    counts["cq_units_decoded"] = sum(len(u) for u in units.values())
     tm["queue_checks_s"] = time.perf_counter() - t5
 
     t6 = time.perf_counter()

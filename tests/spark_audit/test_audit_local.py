@@ -237,3 +237,15 @@ def test_sharing_between_identical_replicas_changes_no_finding(tmp_path):
     # Sharing decoded far fewer records: about one replica's per group.
     assert shared.counts["messages_decoded"] < alone.counts["messages_decoded"] / 2
     assert "cq_same_as_reference" in shared.findings.column("kind").to_pylist()
+
+
+def test_counts_over_two_groups(tmp_path):
+    scenarios.clean(str(tmp_path / "root" / "g1"), 30)
+    scenarios.clean(str(tmp_path / "root" / "g2"), 20)
+    res = audit(str(tmp_path / "root"))
+    assert res.valid, violations(res)
+    assert res.counts["entries"] == 3 * 50 and res.counts["messages"] == 3 * 4 * 50
+    # One replica per group decoded; identical ConsumeQueue files decoded once.
+    assert res.counts["messages_decoded"] == 4 * 50
+    assert res.counts["cq_units_decoded"] == 4 * 50
+    assert res.counts["decode_tasks"] == 0
