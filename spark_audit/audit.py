@@ -1,4 +1,10 @@
-"""The audit run: inputs, parse, checks, results; independent of the engine."""
+"""The audit run, independent of the engine that runs the file tasks.
+
+Discover the files and read the small ones; the scan pass (every bulk file,
+the reference replica's records decoded); log checks on the compact entry
+arrays; the decode pass (only what no decoded replica shares, see
+``replicas``); queue, duplicate and history checks on the driver's arrays.
+"""
 
 from __future__ import annotations
 
@@ -106,43 +112,8 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     units: dict[tuple, np.ndarray] = {}
     problem_rows: list[dict] = []
     counts: dict[str, int] = defaultdict(int)
-    seg_slices: dict[int, tuple[int, int]] = {}  # task id -> rows in its replica's entries
-    by_replica: dict[tuple[int, int], list[tuple[tasks.FileTask, tasks.FileResult]]] = (
-        defaultdict(list))
-    for task, res in zip(todo, results, strict=True):
-        by_replica[(task.info.gid, task.info.rid)].append((task, res))
-        f = task.info
-        problem_rows += [dict(gid=f.gid, rid=f.rid, fid=f.fid, file_offset=p[0], index=p[1],
-                              problem=p[2], detail=p[3]) for p in res.problems]
-    for (gid, rid), done in by_replica.items():
-        rep = data[gid].replicas[rid]
-        segs = sorted(((t, r) for t, r in done if t.info.kind == inputs.SEGMENT),
-                      key=lambda tr: tr[0].info.start)
-        at = 0
-        for t, r in segs:
-            seg_slices[t.tid] = (at, at + len(r.entries))
-            at += len(r.entries)
-        if segs:
-            rep.entries = np.concatenate([r.entries for _, r in segs])
-            rep.fid = np.concatenate([np.full(len(r.entries), t.info.fid, np.int32)
-                                      for t, r in segs])
-        idx = sorted(((t, r) for t, r in done if t.info.kind == inputs.INDEX),
-                     key=lambda tr: tr[0].info.start)
-        if idx:
-            rep.index = np.concatenate([r.index for _, r in idx])
-            rep.index_fid = np.concatenate([np.full(len(r.index), t.info.fid, np.int32)
-                                            for t, r in idx])
-        for t, r in sorted(((t, r) for t, r in done if t.info.kind == inputs.CQ),
-                           key=lambda tr: tr[0].info.start):
-            ck = replicas.cq_content_key(t.info, r, opts.share_identical)
-            if r.units is not None:
-                units[ck] = r.units
-            q = int(topics.qkey(np.array([topics.id(t.info.topic)]),
-                                np.array([t.info.queue_id]))[0])
-            rep.cq.setdefault(q, []).append((t.info, ck))
-            counts["cq"] += r.count
-    counts["entries"] = sum(len(r.entries) for g in data.values() for r in g.replicas.values())
-    counts["index"] = sum(len(r.index) for g in data.values() for r in g.replicas.values())
+    seg_slices = _assemble(todo, results, data, topics, units, problem_rows, counts,
+                           opts.share_identical)
 
     found = [out.table()]
     for gid, st in groups.items():
@@ -163,24 +134,7 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
 
     # Pass 2: only what no decoded replica shares (usually nothing).
     t4 = time.perf_counter()
-    todo2: list[tasks.FileTask] = []
-    eids2: dict[int, np.ndarray] = {}
-    files_by_id = {f.fid: f for f in files}
-    for g in data.values():
-        for rep, rows in g.missing():
-            for fid in np.unique(rep.fid[rows]):
-                mine = rows[rep.fid[rows] == fid]
-                eids2[len(todo2)] = rep.eid[mine]
-                todo2.append(tasks.FileTask(len(todo2), files_by_id[int(fid)], tasks.MSGS,
-                                            rep.entries[mine].tobytes()))
-    wanted: set[tuple] = set()
-    for g in data.values():
-        for rep in g.replicas.values():
-            for files_q in rep.cq.values():
-                for f, ck in files_q:
-                    if ck not in units and ck not in wanted:
-                        wanted.add(ck)
-                        todo2.append(tasks.FileTask(len(todo2), f, tasks.CQ_UNITS))
+    todo2, eids2 = _decode_plan(data, units, files)
     for res in eng.run_tasks(todo2, opts.max_entry_size):
         task = todo2[res.tid]
         task_s[f"tasks_{task.mode}_cpu_s"] += res.cpu
@@ -249,6 +203,87 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     tm.update(task_s)
     return AuditResult(replicas_, files, groups, checks.concat_findings(found), dict(counts),
                        hstats, tm)
+
+
+def _assemble(todo: list[tasks.FileTask], results: list[tasks.FileResult],
+              data: dict[int, replicas.Group], topics: replicas.Topics,
+              units: dict[tuple, np.ndarray], problem_rows: list[dict],
+              counts: dict[str, int], share: bool) -> dict[int, tuple[int, int]]:
+    """Put the scan pass's per-file results together per replica (in log order).
+
+    Fills the replicas' entries, Raft-index records and ConsumeQueue file
+    lists, the decoded units by content key, the problem rows and counts;
+    returns, per segment task id, the rows its entries occupy in its replica's
+    entries (to find their identities once they are assigned).
+    """
+    seg_slices: dict[int, tuple[int, int]] = {}
+    by_replica: dict[tuple[int, int], list[tuple[tasks.FileTask, tasks.FileResult]]] = (
+        defaultdict(list))
+    for task, res in zip(todo, results, strict=True):
+        by_replica[(task.info.gid, task.info.rid)].append((task, res))
+        f = task.info
+        problem_rows += [dict(gid=f.gid, rid=f.rid, fid=f.fid, file_offset=p[0], index=p[1],
+                              problem=p[2], detail=p[3]) for p in res.problems]
+    for (gid, rid), done in by_replica.items():
+        rep = data[gid].replicas[rid]
+        segs = sorted(((t, r) for t, r in done if t.info.kind == inputs.SEGMENT),
+                      key=lambda tr: tr[0].info.start)
+        at = 0
+        for t, r in segs:
+            seg_slices[t.tid] = (at, at + len(r.entries))
+            at += len(r.entries)
+        if segs:
+            rep.entries = np.concatenate([r.entries for _, r in segs])
+            rep.fid = np.concatenate([np.full(len(r.entries), t.info.fid, np.int32)
+                                      for t, r in segs])
+        idx = sorted(((t, r) for t, r in done if t.info.kind == inputs.INDEX),
+                     key=lambda tr: tr[0].info.start)
+        if idx:
+            rep.index = np.concatenate([r.index for _, r in idx])
+            rep.index_fid = np.concatenate([np.full(len(r.index), t.info.fid, np.int32)
+                                            for t, r in idx])
+        for t, r in sorted(((t, r) for t, r in done if t.info.kind == inputs.CQ),
+                           key=lambda tr: tr[0].info.start):
+            ck = replicas.cq_content_key(t.info, r, share)
+            if r.units is not None:
+                units[ck] = r.units
+            q = int(topics.qkey(np.array([topics.id(t.info.topic)]),
+                                np.array([t.info.queue_id]))[0])
+            rep.cq.setdefault(q, []).append((t.info, ck))
+            counts["cq"] += r.count
+    counts["entries"] = sum(len(r.entries) for g in data.values() for r in g.replicas.values())
+    counts["index"] = sum(len(r.index) for g in data.values() for r in g.replicas.values())
+    return seg_slices
+
+
+def _decode_plan(data: dict[int, replicas.Group], units: dict[tuple, np.ndarray],
+                 files: list[inputs.FileInfo]) -> tuple[list[tasks.FileTask],
+                                                        dict[int, np.ndarray]]:
+    """Tasks of the decode pass, and the entry identities of each ``msgs`` task.
+
+    One ``msgs`` task per segment holding identities no decoded replica has
+    (lowest replica id first), one ``cq_units`` task per ConsumeQueue content
+    not decoded yet.
+    """
+    todo: list[tasks.FileTask] = []
+    eids: dict[int, np.ndarray] = {}
+    files_by_id = {f.fid: f for f in files}
+    for g in data.values():
+        for rep, rows in g.missing():
+            for fid in np.unique(rep.fid[rows]):
+                mine = rows[rep.fid[rows] == fid]
+                eids[len(todo)] = rep.eid[mine]
+                todo.append(tasks.FileTask(len(todo), files_by_id[int(fid)], tasks.MSGS,
+                                           rep.entries[mine].tobytes()))
+    wanted: set[tuple] = set()
+    for g in data.values():
+        for rep in g.replicas.values():
+            for files_q in rep.cq.values():
+                for f, ck in files_q:
+                    if ck not in units and ck not in wanted:
+                        wanted.add(ck)
+                        todo.append(tasks.FileTask(len(todo), f, tasks.CQ_UNITS))
+    return todo, eids
 
 
 def reference_replica(st: checks.GroupState) -> int:
