@@ -263,13 +263,21 @@ class Handlers:
                 f"queue {queue_id} does not exist: topic {topic!r} has {config.queues} queues")
         cq = self.b.cq
         lo, hi = cq.offsets(topic, queue_id)
-        if not lo <= offset <= hi:
+        # Only a leader serving writes knows the queue's true end. A follower
+        # (or a leader not ready yet) may just be behind after a failover: it
+        # must not make a consumer rewind to its own end (a redelivery storm)
+        # or skip ahead, so it answers "nothing yet" at the consumer's offset.
+        authoritative = self.b.node.leader_ready
+        if offset < lo or (offset > hi and authoritative):
             raise OffsetOutOfRangeError(
                 f"offset {offset} is outside queue {topic}/{queue_id}'s range [{lo}, {hi}]",
                 data={"min_offset": lo, "max_offset": hi})
-        if offset == hi and wait_ms:
+        if offset >= hi and wait_ms:
             await self.b.longpoll.wait((topic, queue_id), wait_ms / 1000)
             lo, hi = cq.offsets(topic, queue_id)
+        if offset > hi:
+            return {"messages": [], "next_offset": offset, "min_offset": lo,
+                    "max_offset": hi}
         wanted = set(tags) if tags and "*" not in tags else None
         scan = max_count if wanted is None else FILTER_SCAN_MAX
         units = cq.read(topic, queue_id, max(offset, lo), scan)
