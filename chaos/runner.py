@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import nemesis as nemesis_lib
-from chaos.backend import Backend, CannotInject, ClusterSpec
+from chaos.backend import Backend, ClusterSpec
 from chaos.checker import check
 from chaos.history import History
 from chaos.report import write_report
@@ -68,8 +68,9 @@ def make_backend(config: RunConfig, spec: ClusterSpec, log: Callable[[str], None
 
         return NetnsBackend(spec, config.out, log=log, seed=seed)
     if config.backend == "docker":
-        raise CannotInject("the docker backend arrives with the compose deployment "
-                           "(docker/); use --backend netns")
+        from chaos.docker_backend import DockerBackend
+
+        return DockerBackend(spec, config.out, log=log, seed=seed)
     raise ValueError(f"unknown backend {config.backend!r}")
 
 

@@ -36,6 +36,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "status",
     "demo",
     "chaos",
+    "ping",
 )
 
 for _name in COMMAND_MODULES:
