@@ -17,7 +17,7 @@ from client.model import MessageQueue
 from client.routes import split
 from ledgermq import loop
 from ledgermq.codes import RequestCode
-from ledgermq.errors import NotLeaderError
+from ledgermq.errors import NotLeaderError, OffsetOutOfRangeError
 from ledgermq.wire import RpcClient
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -177,7 +177,23 @@ def test_rebalance_broadcast_and_offsets_across_a_leader_change(tmp_path) -> Non
 
             await pull_follower()
             assert set(pulled) == set(acked)
+            # Beyond the end, a follower (which may just be behind) answers
+            # "nothing yet" at the consumer's own offset; only the leader says
+            # the offset is out of range, so a consumer never rewinds to a
+            # lagging follower's end.
+            ranges = await direct.request(RequestCode.GET_QUEUE_OFFSETS,
+                                          {"topic": "r", "queue_id": 3})
+            end = ranges["max_offset"]
+            beyond = {"topic": "r", "queue_id": 3, "offset": end + 5, "max_messages": 8}
+            behind = await direct.request(RequestCode.PULL_MESSAGES, beyond)
+            assert (behind["messages"], behind["next_offset"]) == ([], end + 5)
             await direct.close()
+            lhost, lport = split(cluster.client_address(leader))
+            at_leader = await RpcClient.connect(lhost, lport)
+            with pytest.raises(OffsetOutOfRangeError) as out_of_range:
+                await at_leader.request(RequestCode.PULL_MESSAGES, beyond)
+            assert out_of_range.value.data["max_offset"] == end
+            await at_leader.close()
 
             # Clustering: a second member takes half of the queues, and all of
             # them go back to the first when it leaves.
