@@ -12,6 +12,7 @@ ask the nodes who leads at the moment they strike.
 
 from __future__ import annotations
 
+import abc
 import random
 import signal
 from collections.abc import Callable
@@ -31,7 +32,7 @@ class Context:
     restart_timeout: float = 60.0
 
 
-class Nemesis:
+class Nemesis(abc.ABC):
     name: ClassVar[str]
     needs: ClassVar[tuple[str, ...]]
     doc: ClassVar[str]
@@ -39,11 +40,13 @@ class Nemesis:
     def __init__(self, **params: Any) -> None:
         self.params = params
 
+    @abc.abstractmethod
     def start(self, ctx: Context) -> dict[str, Any]:
-        raise NotImplementedError
+        """Inject the fault; returns what was done (recorded in the history)."""
 
+    @abc.abstractmethod
     def stop(self, ctx: Context) -> dict[str, Any]:
-        raise NotImplementedError
+        """Heal the fault; returns what was done."""
 
 
 def _cut_between(ctx: Context, side_a: list[int], side_b: list[int]) -> None:
@@ -312,8 +315,9 @@ class _FileFault(Nemesis):
         self._victim: int | None = None
         self._down: list[int] = []
 
+    @abc.abstractmethod
     def damage(self, ctx: Context, node: int) -> dict[str, Any]:
-        raise NotImplementedError
+        """Damage the (stopped) node's files; returns what was changed."""
 
     def start(self, ctx: Context) -> dict[str, Any]:
         if self._victim is None:
