@@ -59,6 +59,10 @@ class BrokerConfig:
     dedup_producers_max: int = 100_000
     cq_checkpoint_interval_ms: int = 1_000
     log_level: str = "INFO"
+    # HTTP admin app (/metrics, /api/v1, dashboard); "" = not started.
+    admin_listen: str = ""
+    admin_token: str = ""
+    reports_dir: str = ""
 
     @property
     def client_address(self) -> str:
@@ -181,6 +185,11 @@ def validate(config: BrokerConfig) -> None:
         split_address(address)
     if config.listen:
         split_address(config.listen)
+    if config.admin_listen:
+        split_address(config.admin_listen)
+    for name in ("admin_token", "reports_dir"):
+        if not isinstance(getattr(config, name), str):
+            raise BrokerConfigError(f"{name} must be a string")
 
 
 def render_config(values: Mapping[str, Any], peers: Mapping[int, Peer],

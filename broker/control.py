@@ -6,6 +6,7 @@ Schema (msgpack map, documented in docs/broker.md):
     op = {"op": "topic.put",      "topic": str, "queues": int, "perm": int}
        | {"op": "topic.delete",   "topic": str}
        | {"op": "offsets.commit", "offsets": [[group, topic, queue_id, offset], ...]}
+       | {"op": "offsets.reset",  "offsets": [[group, topic, queue_id, offset], ...]}
 
 Several operations share one entry so that concurrent offset commits cost one
 proposal (group commit). Unknown ops are skipped by the state machine, so a
@@ -37,6 +38,11 @@ def topic_delete(topic: str) -> dict[str, Any]:
 
 def offsets_commit(offsets: Sequence[tuple[str, str, int, int]]) -> dict[str, Any]:
     return {"op": "offsets.commit", "offsets": [list(o) for o in offsets]}
+
+
+def offsets_reset(offsets: Sequence[tuple[str, str, int, int]]) -> dict[str, Any]:
+    """An admin offset reset: unlike a commit, it may move an offset backwards."""
+    return {"op": "offsets.reset", "offsets": [list(o) for o in offsets]}
 
 
 def encode_control(ops: Sequence[dict[str, Any]]) -> bytes:

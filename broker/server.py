@@ -17,11 +17,13 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import struct
 import time
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from broker.codec import Records
 from broker.config import BrokerConfig, split_address
 from broker.control import encode_control
 from broker.group_commit import GroupCommitter
@@ -40,6 +42,8 @@ from ledgermq.errors import (
 from ledgermq.wire import RpcServer
 
 log = logging.getLogger(__name__)
+
+_STAMP = struct.Struct("<q")
 
 # Results of applied MESSAGES entries are kept this long (in entries) for the
 # proposer to pick up; far more than can be in flight at once.
@@ -85,9 +89,10 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self._topics_version_seen = 0
         self._last_role: str | None = None
-        self.sends: GroupCommitter[list[tuple[bytes, int]]] | None = None
+        self.sends: GroupCommitter[Records] | None = None
         self.controls: GroupCommitter[dict[str, Any]] | None = None
         self.entry_limit = 0
+        self.admin: Any = None  # broker.admin_http.BrokerAdmin when admin_listen is set
         self.advertised = config.client_address
         if split_address(config.client_address)[0] in ("0.0.0.0", "::"):
             # Listening on every interface (a container): clients must be told
@@ -137,6 +142,12 @@ class Broker:
             self.advertised = f"{host}:{self.address[1]}"
         self.registrar.start()
         self._tasks.append(asyncio.create_task(self._checkpoint_loop()))
+        if c.admin_listen:
+            from broker.admin_http import BrokerAdmin
+
+            self.admin = BrokerAdmin(self)
+            await self.admin.start()
+            log.info("admin listening on %s", self.admin.url)
         return self.address
 
     def _recover(self) -> int:
@@ -175,6 +186,8 @@ class Broker:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.admin is not None:
+            await _bounded(self.admin.close(), 3.0, "admin HTTP app")
         await _bounded(self.registrar.stop(), 3.0, "NameServer registrar")
         if self.rpc is not None:
             await _bounded(self.rpc.close(grace=2.0), 5.0, "client listener")
@@ -302,41 +315,36 @@ class Broker:
     # ------------------------------------------------------------ group commit
 
     async def _flush_sends(self, batch: list) -> None:
-        """One MESSAGES entry for every send request in `batch`."""
-        from broker.codec import message_id
-
-        stamp = now_ms().to_bytes(8, "little", signed=True)
-        parts: list[bytes] = []
-        offsets: list[int] = []
+        """One MESSAGES entry for every send request in `batch` (each a
+        `broker.codec.Records`). Each request's future gets (physical offset of
+        its first record, the `Stored` of its records or None when
+        replicate=async: the queue offsets are assigned at commit)."""
+        stamp = now_ms()
+        pack = _STAMP.pack_into
+        if len(batch) == 1:
+            body = bytearray(batch[0].payload.blob)
+        else:
+            body = bytearray().join([p.payload.blob for p in batch])
         at = 0
         for pending in batch:
-            for record, _queue_id in pending.payload:
-                # The store timestamp is the leader's clock when the entry is built.
-                parts.append(record[:24])
-                parts.append(stamp)
-                parts.append(record[32:])
-                offsets.append(at)
-                at += len(record)
-        entry = await self.propose(1, b"".join(parts))
-        # replicate=async answers at the leader's local persist, before commit:
-        # the queue offset is assigned at commit, so it is reported as null
+            # The store timestamp is the leader's clock when the entry is built.
+            for start in pending.payload.starts:
+                pack(body, at + start + 24, stamp)
+            at += len(pending.payload.blob)
+        entry = await self.propose(1, bytes(body))
+        # replicate=async answers at the leader's local persist, before commit
         # (even when, on a one-node group, the commit happened to be immediate).
         stored = self._results.pop(entry.index, None)
         if self.config.replicate == "async":
             stored = None
-        base = entry.position + 48
+        at = entry.position + 48
         k = 0
-        group = self.config.group
         for pending in batch:
-            out = []
-            for _record, queue_id in pending.payload:
-                queue_offset = stored[k].queue_offset if stored else None
-                out.append({"msg_id": message_id(group, base + offsets[k]),
-                            "queue_id": queue_id, "queue_offset": queue_offset,
-                            "duplicate": False})
-                k += 1
+            n = len(pending.payload.starts)
             if not pending.future.done():
-                pending.future.set_result(out)
+                pending.future.set_result((at, stored[k : k + n] if stored else None))
+            at += len(pending.payload.blob)
+            k += n
 
     async def _flush_controls(self, batch: list) -> None:
         """One CONTROL entry for every control operation in `batch`."""
@@ -379,6 +387,7 @@ class Broker:
             "replicate": self.config.replicate,
             "send_batches": self.sends.batches if self.sends else 0,
             "send_requests": self.sends.items if self.sends else 0,
+            "admin_url": self.admin.url if self.admin is not None else None,
         })
         return {k: v for k, v in info.items() if isinstance(
             v, (str, int, float, bool, type(None), list, dict))}

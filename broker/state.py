@@ -11,14 +11,13 @@ message's queue offset is known the moment its entry is applied.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
-from dataclasses import dataclass, field
-from itertools import islice
+from collections import OrderedDict, deque
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from broker.control import MAX_QUEUES, PERM_RW, decode_control
-from commitlog import HEADER_SIZE, KIND_CONTROL, KIND_MESSAGES, Entry, iter_records
-from commitlog.message import MESSAGE_HEAD_SIZE
+from commitlog import HEADER_SIZE, KIND_CONTROL, KIND_MESSAGES, Entry
+from commitlog.message import MESSAGE_HEAD, MESSAGE_HEAD_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +42,17 @@ class Stored(NamedTuple):
     queue_offset: int
 
 
-@dataclass(slots=True)
 class _Producer:
-    # Insertion-ordered: the oldest remembered sequence comes first.
-    recent: dict[int, Stored] = field(default_factory=dict)
+    """One producer's remembered sequences. `order` holds them oldest first:
+    the oldest is read on every lookup, and a dict's first key is not O(1)
+    once keys were deleted from its front (iteration skips the holes)."""
+
+    __slots__ = ("high", "order", "recent")
+
+    def __init__(self) -> None:
+        self.recent: dict[int, Stored] = {}
+        self.order: deque[int] = deque()
+        self.high = -1  # highest sequence ever recorded
 
 
 class ProducerTable:
@@ -79,25 +85,32 @@ class ProducerTable:
                 producers.popitem(last=False)
         else:
             producers.move_to_end(producer_id)
-        recent = producer.recent
+        recent, order = producer.recent, producer.order
+        high = producer.high
         for sequence, stored in items:
             # A duplicate that reached the log anyway keeps the first copy.
-            recent.setdefault(sequence, stored)
-        excess = len(recent) - self.window
+            if sequence not in recent:
+                recent[sequence] = stored
+                order.append(sequence)
+                if sequence > high:
+                    high = sequence
+        producer.high = high
+        excess = len(order) - self.window
         if excess > 0:
-            for old in list(islice(recent, excess)):
-                del recent[old]
+            popleft = order.popleft
+            for _ in range(excess):
+                del recent[popleft()]
 
     def lookup(self, producer_id: int, sequence: int) -> tuple[bool, Stored | None]:
         """(already stored?, its location if still known)."""
         producer = self._producers.get(producer_id)
-        if producer is None:
+        if producer is None or sequence > producer.high:
             return False, None
         stored = producer.recent.get(sequence)
         if stored is not None:
             return True, stored
-        oldest = next(iter(producer.recent), None)
-        if len(producer.recent) >= self.window and oldest is not None and sequence < oldest:
+        order = producer.order
+        if len(order) >= self.window and order and sequence < order[0]:
             return True, None
         return False, None
 
@@ -128,28 +141,43 @@ class BrokerState:
         return []
 
     def _apply_messages(self, entry: Entry) -> list[Stored]:
+        # The hot loop of every replica (and of recovery): iter_records inlined.
         body = entry.body
         base = entry.position + HEADER_SIZE
-        result = []
+        result: list[Stored] = []
+        append = result.append
         queue_next = self.queue_next
         by_producer: dict[int, list[tuple[int, Stored]]] = {}
         names: dict[bytes, str] = {}
-        for offset, fields in iter_records(body):
+        unpack = MESSAGE_HEAD.unpack_from
+        offset = 0
+        end = len(body)
+        while offset < end:
+            if end - offset < MESSAGE_HEAD_SIZE:
+                raise ValueError(f"truncated message head at body offset {offset}")
+            fields = unpack(body, offset)
+            size = fields[0]
+            if (size != MESSAGE_HEAD_SIZE + fields[9] + fields[10] + fields[11] + fields[12]
+                    + fields[13] + fields[14] or offset + size > end):
+                raise ValueError(f"message size {size} inconsistent at body offset {offset}")
             p = offset + MESSAGE_HEAD_SIZE
             raw = body[p : p + fields[9]]
             topic = names.get(raw)
             if topic is None:
                 topic = names[raw] = raw.decode()
-            key = (topic, fields[1])
+            queue_id = fields[1]
+            key = (topic, queue_id)
             queue_offset = queue_next.get(key, 0)
             queue_next[key] = queue_offset + 1
-            stored = Stored(base + offset, topic, fields[1], queue_offset)
-            result.append(stored)
-            if fields[6]:
-                items = by_producer.get(fields[6])
+            stored = Stored(base + offset, topic, queue_id, queue_offset)
+            append(stored)
+            producer_id = fields[6]
+            if producer_id:
+                items = by_producer.get(producer_id)
                 if items is None:
-                    items = by_producer[fields[6]] = []
+                    items = by_producer[producer_id] = []
                 items.append((fields[7], stored))
+            offset += size
         for producer_id, items in by_producer.items():
             self.producers.record_many(producer_id, items)
         return result
@@ -171,6 +199,8 @@ class BrokerState:
                     self.topics_version += 1
             elif kind == "offsets.commit":
                 self._commit_offsets(op.get("offsets"))
+            elif kind == "offsets.reset":
+                self._commit_offsets(op.get("offsets"), reset=True)
 
     def _put_topic(self, op: dict) -> None:
         topic, queues, perm = op.get("topic"), op.get("queues"), op.get("perm", PERM_RW)
@@ -179,7 +209,7 @@ class BrokerState:
             self.topics[topic] = TopicConfig(queues, perm)
             self.topics_version += 1
 
-    def _commit_offsets(self, offsets: object) -> None:
+    def _commit_offsets(self, offsets: object, reset: bool = False) -> None:
         if not isinstance(offsets, list):
             return
         for item in offsets:
@@ -189,7 +219,9 @@ class BrokerState:
             key = (group, topic, queue_id)
             # Offsets only move forward: a consumer that lost its queue in a
             # rebalance and commits late cannot rewind the one that took over.
-            if isinstance(offset, int) and offset > self.offsets.get(key, -1):
+            # An admin reset (`offsets.reset`) is the one way back.
+            if isinstance(offset, int) and offset >= 0 and (
+                    reset or offset > self.offsets.get(key, -1)):
                 self.offsets[key] = offset
 
     # ----------------------------------------------------------------- reads

@@ -138,14 +138,30 @@ async def serve(
     expiry_ms: int = DEFAULT_EXPIRY_MS,
     stop: asyncio.Event,
     on_ready: Any = None,
+    admin_listen: str = "",
+    admin_token: str = "",
+    reports_dir: str = "",
+    on_admin_ready: Any = None,
 ) -> None:
     """Run a NameServer until `stop` is set; `on_ready(host, port)` is called
-    once it is listening."""
+    once it is listening. With `admin_listen`, the HTTP admin app
+    (namesrv/admin_http.py) runs too and `on_admin_ready(url)` is called."""
     server = NameServer(expiry_ms=expiry_ms)
     bound = await server.start(host, port)
+    admin = None
     try:
+        if admin_listen:
+            from namesrv.admin_http import NameServerAdmin
+
+            admin = NameServerAdmin(server, admin_listen, token=admin_token,
+                                    reports_dir=reports_dir)
+            url = await admin.start()
+            if on_admin_ready is not None:
+                on_admin_ready(url)
         if on_ready is not None:
             on_ready(*bound)
         await stop.wait()
     finally:
+        if admin is not None:
+            await admin.close()
         await server.close()

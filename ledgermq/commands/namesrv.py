@@ -25,6 +25,14 @@ def register(app: typer.Typer) -> None:
             30_000, min=1, help="Drop a broker not heard from for this long (ms)."
         ),
         log_level: str = typer.Option("INFO", help="Python logging level."),
+        admin_listen: str = typer.Option(
+            "", envvar="LEDGERMQ_NAMESRV_ADMIN_LISTEN",
+            help="HOST:PORT of the HTTP admin app (/metrics, /api/v1, dashboard); empty: off."),
+        admin_token: str = typer.Option(
+            "", envvar="LEDGERMQ_ADMIN_TOKEN", help="Token admin writes must carry."),
+        reports_dir: str = typer.Option(
+            "", envvar="LEDGERMQ_REPORTS_DIR",
+            help="Directory of chaos and audit reports listed by the dashboard."),
     ) -> None:
         """Run a NameServer (route registry) until Ctrl-C or SIGTERM."""
         import asyncio
@@ -47,12 +55,17 @@ def register(app: typer.Typer) -> None:
             # wait for it), so it must not be wrapped or styled.
             print(f"namesrv listening on {bound_host}:{bound_port}", flush=True)
 
+        def admin_ready(url: str) -> None:
+            print(f"namesrv admin listening on {url}", flush=True)
+
         async def main() -> None:
             stop = asyncio.Event()
             running = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 running.add_signal_handler(sig, stop.set)
-            await serve(host, port, expiry_ms=broker_expiry_ms, stop=stop, on_ready=ready)
+            await serve(host, port, expiry_ms=broker_expiry_ms, stop=stop, on_ready=ready,
+                        admin_listen=admin_listen, admin_token=admin_token,
+                        reports_dir=reports_dir, on_admin_ready=admin_ready)
 
         try:
             loop.run(main())

@@ -1,0 +1,265 @@
+// LedgerMQ dashboard: plain JavaScript, no build step. Every page polls the
+// admin API of the server that served it (relative URLs, so the same files work
+// on the NameServer's app and on a broker's) once a second and re-renders; the
+// charts keep the last HISTORY samples in memory.
+"use strict";
+
+const API = "api/v1";
+const HISTORY = 120;
+const series = new Map();   // chart key -> [[time_ms, value], ...]
+let timer = null;
+
+
+function esc(value) {
+  return String(value ?? "").replace(/[&<>"']/g, (c) => ({
+    "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+}
+
+async function get(path) {
+  const resp = await fetch(`${API}/${path}`, { cache: "no-store" });
+  const body = await resp.json();
+  if (!resp.ok) {
+    const err = body.error || {};
+    throw new Error(`${resp.status} ${err.code || ""}: ${err.message || ""}`);
+  }
+  return body;
+}
+
+function record(key, value) {
+  const points = series.get(key) || [];
+  points.push([Date.now(), value]);
+  while (points.length > HISTORY) points.shift();
+  series.set(key, points);
+  return points;
+}
+
+function chart(key, label, rate) {
+  // rate: plot the per-second difference of a counter instead of its value.
+  let points = series.get(key) || [];
+  if (rate) {
+    const out = [];
+    for (let i = 1; i < points.length; i++) {
+      const dt = (points[i][0] - points[i - 1][0]) / 1000;
+      out.push([points[i][0], dt > 0 ? Math.max(0, (points[i][1] - points[i - 1][1]) / dt) : 0]);
+    }
+    points = out;
+  }
+  const w = 600, h = 180, pad = 34;
+  if (points.length < 2) {
+    return `<svg class="chart" viewBox="0 0 ${w} ${h}"><text x="${pad}" y="20">${esc(label)}:` +
+      ` collecting…</text></svg>`;
+  }
+  const t0 = points[0][0], t1 = points[points.length - 1][0];
+  const vmax = Math.max(1, ...points.map((p) => p[1]));
+  const xy = points.map(([t, v]) => {
+    const x = pad + (w - 2 * pad) * (t1 > t0 ? (t - t0) / (t1 - t0) : 0);
+    const y = h - pad + 10 - (h - 2 * pad) * (v / vmax);
+    return `${x.toFixed(1)},${y.toFixed(1)}`;
+  }).join(" ");
+  const last = points[points.length - 1][1];
+  return `<svg class="chart" viewBox="0 0 ${w} ${h}" data-chart="${esc(key)}">
+    <text x="${pad}" y="14">${esc(label)} — now ${Math.round(last)} (max ${Math.round(vmax)})</text>
+    <text x="4" y="${pad + 4}">${Math.round(vmax)}</text><text x="4" y="${h - pad + 10}">0</text>
+    <text x="${w - pad - 60}" y="${h - 4}">last ${Math.round((t1 - t0) / 1000)} s</text>
+    <polyline points="${xy}"/></svg>`;
+}
+
+function roleBadge(node) {
+  const role = node.reachable ? (node.role || "?") : "unreachable";
+  const ready = node.role === "leader" && node.leader_ready === false ? " (not ready)" : "";
+  return `<span class="badge role-${esc(role)}">${esc(role)}${ready}</span>`;
+}
+
+// ------------------------------------------------------------------ pages
+
+const pages = {
+  async overview() {
+    const data = await get("cluster");
+    document.getElementById("source").textContent = `source: ${data.source}`;
+    const groups = Object.entries(data.groups);
+    if (!groups.length) return `<p>No broker group is registered.</p>`;
+    let nodes = 0, leaders = 0, html = "";
+    for (const [name, g] of groups) {
+      nodes += g.nodes.length;
+      leaders += g.nodes.filter((n) => n.reachable && n.role === "leader").length;
+      const leader = g.nodes.find((n) => n.node_id === g.leader);
+      const rows = g.nodes.map((n) => {
+        const f = leader && leader.followers ? leader.followers[String(n.node_id).replace(/^n/, "")]
+          : null;
+        return `<tr data-node="${esc(n.node_id)}" data-role="${esc(n.reachable ? n.role :
+          "unreachable")}">
+          <td>${esc(n.node_id)}</td><td>${esc(n.address)}</td><td>${roleBadge(n)}</td>
+          <td>${esc(n.term)}</td><td>${esc(n.last_index)}</td><td>${esc(n.commit_index)}</td>
+          <td>${esc(n.applied_index)}</td>
+          <td class="${n.lag > 100 ? "lag-high" : ""}">${esc(n.lag)}</td>
+          <td>${f ? esc(f.match) : ""}</td><td>${f ? esc(f.lag) : ""}</td>
+          <td>${n.admin_url ? `<a href="${esc(n.admin_url)}/">${esc(n.admin_url)}</a>` : ""}</td>
+        </tr>`;
+      }).join("");
+      const commit = Math.max(0, ...g.nodes.map((n) => n.commit_index || 0));
+      record(`commit:${name}`, commit);
+      html += `<div class="card" data-group="${esc(name)}">
+        <h2>group ${esc(name)} — leader <span class="leader-id">${esc(g.leader ?? "none")}</span>,
+          term <span class="term">${esc(g.term)}</span></h2>
+        <table><thead><tr><th>node</th><th>address</th><th>role</th><th>term</th><th>last</th>
+          <th>commit</th><th>applied</th><th>lag</th><th>match (leader view)</th>
+          <th>follower lag</th><th>admin</th></tr></thead><tbody>${rows}</tbody></table>
+        ${chart(`commit:${name}`, "entries committed per second", true)}
+      </div>`;
+    }
+    return `<div class="summary" id="summary">${groups.length} group(s), ${nodes} nodes,
+      ${leaders} leader(s)</div>${html}`;
+  },
+
+  async topics() {
+    const data = await get("topics");
+    const rows = data.topics.map((t) => `<tr><td><a href="#/topic/${encodeURIComponent(t.topic)}">
+      ${esc(t.topic)}</a></td><td>${esc(t.group)}</td><td>${esc(t.queues)}</td>
+      <td>${esc(t.perm)}</td><td>${esc(t.messages)}</td></tr>`).join("");
+    return `<div class="card"><h2>Topics</h2><table><thead><tr><th>topic</th><th>group</th>
+      <th>queues</th><th>perm</th><th>messages</th></tr></thead><tbody>${rows ||
+      "<tr><td colspan=5>none</td></tr>"}</tbody></table></div>`;
+  },
+
+  async topic(name) {
+    const data = await get(`topics/${encodeURIComponent(name)}`);
+    // A broker answers with one group's view, the NameServer with every group's.
+    const groups = data.groups || { [data.group]: data };
+    const total = Object.values(groups).reduce((s, g) => s + g.queue_offsets.reduce(
+      (a, q) => a + q.max_offset, 0), 0);
+    record(`topic:${name}`, total);
+    let html = `<div class="card"><h2>Topic ${esc(name)}</h2>
+      ${chart(`topic:${name}`, "messages stored per second", true)}</div>`;
+    for (const [group, g] of Object.entries(groups)) {
+      const rows = g.queue_offsets.map((q) => `<tr><td>${q.queue_id}</td><td>${q.min_offset}</td>
+        <td>${q.max_offset}</td></tr>`).join("");
+      html += `<div class="card"><h2>group ${esc(group)}: ${g.queues} queues, perm ${g.perm}</h2>
+        <table><thead><tr><th>queue</th><th>min offset</th><th>max offset</th></tr></thead>
+        <tbody>${rows}</tbody></table></div>`;
+    }
+    return html;
+  },
+
+  async groups() {
+    const data = await get("consumer-groups");
+    const rows = data.consumer_groups.map((g) => {
+      record(`lag:${g.group}`, g.lag);
+      return `<tr><td><a href="#/group/${encodeURIComponent(g.group)}">${esc(g.group)}</a></td>
+        <td>${esc(g.topics.join(", "))}</td><td>${esc(g.members)}</td>
+        <td class="${g.lag > 1000 ? "lag-high" : ""}">${esc(g.lag)}</td></tr>`;
+    }).join("");
+    return `<div class="card"><h2>Consumer groups</h2><table><thead><tr><th>group</th>
+      <th>topics</th><th>members</th><th>lag</th></tr></thead><tbody>${rows ||
+      "<tr><td colspan=4>none</td></tr>"}</tbody></table></div>`;
+  },
+
+  async group(name) {
+    const data = await get(`consumer-groups/${encodeURIComponent(name)}`);
+    record(`lag:${name}`, data.lag);
+    let html = `<div class="card"><h2>Consumer group ${esc(name)} — lag
+      <span id="group-lag">${esc(data.lag)}</span></h2>
+      ${chart(`lag:${name}`, "messages behind", false)}
+      <p class="muted">members: ${data.members.map((m) => esc(m.client_id)).join(", ") ||
+      "none online"}</p></div>`;
+    for (const [topic, queues] of Object.entries(data.topics)) {
+      const rows = queues.map((q) => `<tr><td>${esc(q.broker_group)}</td><td>${q.queue_id}</td>
+        <td>${q.offset}</td><td>${q.max_offset}</td><td>${q.lag}</td></tr>`).join("");
+      html += `<div class="card"><h2>${esc(topic)}</h2><table><thead><tr><th>broker group</th>
+        <th>queue</th><th>committed</th><th>max offset</th><th>lag</th></tr></thead>
+        <tbody>${rows}</tbody></table></div>`;
+    }
+    return html;
+  },
+
+  async messages(query) {
+    const params = new URLSearchParams(query || "");
+    const form = `<div class="card"><h2>Message lookup</h2>
+      <form id="by-id"><input name="id" size="40" placeholder="broker-a@0000000000001F40"
+        value="${esc(params.get("id") || "")}"><button>by id</button></form>
+      <form id="by-key"><input name="topic" placeholder="topic" value="${esc(params.get("topic")
+        || "")}"><input name="key" placeholder="key" value="${esc(params.get("key") || "")}">
+        <button>by key</button></form><div id="lookup-result">`;
+    let result = "";
+    try {
+      if (params.get("id")) {
+        result = renderMessages([await get(`messages/${encodeURIComponent(params.get("id"))}`)]);
+      } else if (params.get("topic") && params.get("key")) {
+        const found = await get(`messages?topic=${encodeURIComponent(params.get("topic"))}` +
+          `&key=${encodeURIComponent(params.get("key"))}`);
+        result = `<p class="muted">scanned ${found.scanned} messages` +
+          `${found.complete ? "" : " (stopped early)"}</p>` + renderMessages(found.messages);
+      }
+    } catch (err) {
+      result = `<p class="error">${esc(err.message)}</p>`;
+    }
+    return form + result + "</div></div>";
+  },
+
+  async reports() {
+    const data = await get("reports");
+    if (!data.directory) return `<div class="card"><h2>Reports</h2><p>No reports directory is
+      configured (<code>reports_dir</code> / <code>--reports-dir</code>).</p></div>`;
+    const rows = data.reports.map((r) => `<tr><td><a href="reports/${esc(r.path)}">${esc(r.name)}
+      </a></td><td>${esc(r.kind)}</td><td>${new Date(r.modified_ms).toLocaleString()}</td>
+      <td>${esc(r.summary ? JSON.stringify(r.summary) : "")}</td></tr>`).join("");
+    return `<div class="card"><h2>Reports in ${esc(data.directory)}</h2><table><thead><tr>
+      <th>report</th><th>kind</th><th>modified</th><th>summary</th></tr></thead>
+      <tbody>${rows || "<tr><td colspan=4>none</td></tr>"}</tbody></table></div>`;
+  },
+};
+
+function renderMessages(list) {
+  if (!list.length) return "<p>No message found.</p>";
+  return list.map((m) => `<div class="card message"><h2>${esc(m.msg_id)}</h2>
+    <p>topic <b>${esc(m.topic)}</b> queue ${m.queue_id} offset ${esc(m.queue_offset)} ·
+    tags ${esc(m.tags)} · keys ${esc(m.keys)} · stored
+    ${new Date(m.store_timestamp_ms).toISOString()}</p>
+    <pre>${esc(m.body_text ?? `(binary, ${m.body_size} bytes) ${m.body_base64}`)}</pre></div>`)
+    .join("");
+}
+
+// ----------------------------------------------------------------- router
+
+function route() {
+  const hash = location.hash.replace(/^#\/?/, "");
+  const [path, query] = hash.split("?");
+  const [name, arg] = path.split("/");
+  const known = { "": "overview", topics: "topics", topic: "topic", groups: "groups",
+    group: "group", messages: "messages", reports: "reports" };
+  const key = known[name] || "overview";
+  return { key, arg: arg ? decodeURIComponent(arg) : query, live: key !== "messages" &&
+    key !== "reports" };
+}
+
+async function render() {
+  const { key, arg, live } = route();
+  const nav = { topic: "topics", group: "groups" }[key] || key;
+  for (const a of document.querySelectorAll("nav a")) {
+    a.classList.toggle("active", a.dataset.page === nav);
+  }
+  const main = document.getElementById("main");
+  try {
+    const html = await pages[key](arg);
+    if (route().key === key) main.innerHTML = html;
+    document.getElementById("updated").textContent =
+      `updated ${new Date().toLocaleTimeString()}`;
+  } catch (err) {
+    main.innerHTML = `<p class="error">${esc(err.message)}</p>`;
+  }
+  bindForms();
+  clearTimeout(timer);
+  if (live) timer = setTimeout(render, 1000);
+}
+
+function bindForms() {
+  const byId = document.getElementById("by-id");
+  if (byId) byId.onsubmit = (e) => { e.preventDefault();
+    location.hash = `#/messages?id=${encodeURIComponent(byId.elements.id.value.trim())}`; };
+  const byKey = document.getElementById("by-key");
+  if (byKey) byKey.onsubmit = (e) => { e.preventDefault();
+    location.hash = `#/messages?topic=${encodeURIComponent(byKey.elements.topic.value.trim())}` +
+      `&key=${encodeURIComponent(byKey.elements.key.value.trim())}`; };
+}
+
+window.addEventListener("hashchange", render);
+render();

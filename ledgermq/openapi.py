@@ -1,0 +1,108 @@
+"""The OpenAPI 3.1 description of the admin API, served at /openapi.json.
+
+One table of operations for both servers: most paths exist on brokers and on
+the NameServer with the same shapes (the NameServer aggregates every group and
+forwards writes to the right leader); `servers` says which one answers.
+docs/operations.md is the prose reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+_OBJ = {"type": "object"}
+
+# (method, path, summary, servers, request schema or None, {status: description})
+_OPERATIONS: list[tuple[str, str, str, str, dict[str, Any] | None, dict[int, str]]] = [
+    ("get", "/api/v1/info", "Which kind of server answers, and its clock.", "both", None,
+     {200: "kind and time_ms"}),
+    ("get", "/api/v1/cluster", "Groups, nodes, roles, terms, indexes and lag.", "both", None,
+     {200: "groups"}),
+    ("get", "/api/v1/status", "This broker node's full status (Raft runtime included).",
+     "broker", None, {200: "status"}),
+    ("get", "/api/v1/topics", "Every topic with its queues and message counts.", "both", None,
+     {200: "topics"}),
+    ("post", "/api/v1/topics", "Create a topic (or replace its configuration).", "both",
+     {"type": "object", "required": ["topic"], "properties": {
+         "topic": {"type": "string"}, "queues": {"type": "integer", "minimum": 1,
+                                                 "maximum": 1024},
+         "perm": {"type": "integer", "enum": [0, 2, 4, 6]},
+         "group": {"type": "string", "description": "NameServer only: one broker group"}}},
+     {201: "the topic", 400: "bad input", 401: "token missing", 403: "token wrong",
+      409: "this broker is not the leader"}),
+    ("get", "/api/v1/topics/{topic}", "One topic: queues and their offsets.", "both", None,
+     {200: "the topic", 404: "unknown topic"}),
+    ("put", "/api/v1/topics/{topic}", "Change queues (grow only) or permissions.", "both",
+     {"type": "object", "properties": {"queues": {"type": "integer"},
+                                       "perm": {"type": "integer"}}},
+     {200: "the topic", 400: "bad input", 404: "unknown topic"}),
+    ("delete", "/api/v1/topics/{topic}", "Delete a topic's configuration.", "both", None,
+     {200: "deleted", 404: "unknown topic"}),
+    ("get", "/api/v1/consumer-groups", "Consumer groups with total lag and members.", "both",
+     None, {200: "consumer_groups"}),
+    ("get", "/api/v1/consumer-groups/{group}", "Offsets and lag per queue of one group.",
+     "both", None, {200: "the group", 404: "unknown group"}),
+    ("post", "/api/v1/consumer-groups/{group}/reset-offsets",
+     "Reset the group's offsets of a topic to the first message stored at or after a time.",
+     "both", {"type": "object", "required": ["topic", "timestamp_ms"], "properties": {
+         "topic": {"type": "string"}, "timestamp_ms": {"type": "integer"}}},
+     {200: "new offsets", 400: "bad input", 404: "unknown topic"}),
+    ("get", "/api/v1/messages/{msg_id}", "Look a message up by its offset message id.", "both",
+     None, {200: "the message", 400: "malformed id", 404: "no such message"}),
+    ("get", "/api/v1/messages", "Look messages up by key (bounded scan, newest first).",
+     "both", None, {200: "matches", 400: "topic and key are required", 404: "unknown topic"}),
+    ("post", "/api/v1/leadership/transfer", "Hand a group's leadership to another node.",
+     "both", {"type": "object", "required": ["to"], "properties": {
+         "to": {"type": "integer"},
+         "group": {"type": "string", "description": "NameServer only: the group"}}},
+     {200: "new leader", 400: "unknown node", 409: "not the leader", 503: "transfer failed"}),
+    ("get", "/api/v1/reports", "Chaos and audit reports found in the reports directory.",
+     "both", None, {200: "reports"}),
+]
+
+
+def openapi_document(kind: str) -> dict[str, Any]:
+    """The API description as served by a `kind` ("broker" or "namesrv") app."""
+    paths: dict[str, Any] = {}
+    for method, path, summary, servers, schema, answers in _OPERATIONS:
+        if servers not in ("both", kind):
+            continue
+        op: dict[str, Any] = {"summary": summary, "responses": {}}
+        params = [p.strip("{}") for p in path.split("/") if p.startswith("{")]
+        if params:
+            op["parameters"] = [{"name": p, "in": "path", "required": True,
+                                 "schema": {"type": "string"}} for p in params]
+        if path == "/api/v1/messages":
+            op["parameters"] = [
+                {"name": n, "in": "query", "required": n in ("topic", "key"),
+                 "schema": {"type": "integer" if n in ("limit", "scan_max") else "string"}}
+                for n in ("topic", "key", "limit", "scan_max")]
+        if schema is not None:
+            op["requestBody"] = {"required": True,
+                                 "content": {"application/json": {"schema": schema}}}
+        if method != "get":
+            op["security"] = [{"token": []}]
+        for status, text in answers.items():
+            body = _ERROR if status >= 400 else _OBJ
+            op["responses"][str(status)] = {
+                "description": text, "content": {"application/json": {"schema": body}}}
+        op["responses"].setdefault("default", {
+            "description": "error", "content": {"application/json": {"schema": _ERROR}}})
+        paths.setdefault(path, {})[method] = op
+    paths["/metrics"] = {"get": {"summary": "Prometheus metrics (text exposition format).",
+                                 "responses": {"200": {"description": "metrics"}}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": f"LedgerMQ {kind} admin API", "version": "1",
+                 "description": "JSON in and out; errors are {error: {code, message, data}}."
+                                " Writes need the admin token when one is configured."},
+        "paths": paths,
+        "components": {
+            "securitySchemes": {"token": {"type": "http", "scheme": "bearer"}},
+            "schemas": {"Error": {"type": "object", "required": ["error"], "properties": {
+                "error": {"type": "object", "required": ["code", "message"], "properties": {
+                    "code": {"type": "string"}, "message": {"type": "string"},
+                    "data": {}}}}}},
+        },
+    }
