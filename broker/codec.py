@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from commitlog import StoredMessage
 from commitlog.errors import MessageTooLargeError as StorageTooLarge
 from commitlog.message import MESSAGE_HEAD, MESSAGE_HEAD_SIZE, encode_properties, valid_topic
-from ledgermq.errors import InvalidRequestError
+from ledgermq.errors import InvalidRequestError, MessageTooLargeError
 
 _U32 = 2**32 - 1
 _I64 = 2**63 - 1
@@ -104,3 +104,100 @@ def message_view(group: str, stored: StoredMessage, queue_offset: int) -> dict[s
         "producer_id": m.producer_id, "sequence": m.sequence,
         "reconsume_times": m.reconsume_times,
     }
+
+
+class Scanned(NamedTuple):
+    """A validated SEND_MESSAGES `records` blob (one pass over the record heads)."""
+
+    starts: list[int]  # offset of each record in the blob
+    idents: list[tuple[int, int]]  # (producer_id, sequence) per record; (0, 0): none
+    topics: dict[bytes, int]  # topic name -> highest queue id used
+    firsts: list[int]  # index of the first record of each new (topic, queue), in order
+
+
+_UNPACK_HEAD = MESSAGE_HEAD.unpack_from
+
+
+def scan_records(blob: Any, size_max: int) -> Scanned:
+    """Check a blob of CommitLog message records as a client sent it: sizes
+    consistent and inside the blob, each record within `size_max`, valid topic
+    names, UTF-8 texts, no system flags. Raises InvalidRequestError or
+    MessageTooLargeError (`.size`, `.index` on the exception's data)."""
+    if type(blob) is not bytes or not blob:
+        raise InvalidRequestError("field 'records' must be non-empty binary")
+    starts: list[int] = []
+    idents: list[tuple[int, int]] = []
+    topics: dict[bytes, int] = {}
+    seen: set[tuple[bytes, int]] = set()
+    firsts: list[int] = []
+    offset = 0
+    end = len(blob)
+    i = 0
+    while offset < end:
+        if end - offset < MESSAGE_HEAD_SIZE:
+            raise InvalidRequestError(
+                f"record {i} is truncated: {end - offset} bytes left for a"
+                f" {MESSAGE_HEAD_SIZE}-byte head")
+        f = _UNPACK_HEAD(blob, offset)
+        size = f[0]
+        if size != MESSAGE_HEAD_SIZE + f[9] + f[10] + f[11] + f[12] + f[13] + f[14]:
+            raise InvalidRequestError(
+                f"record {i}: size {size} does not match its field lengths")
+        if offset + size > end:
+            raise InvalidRequestError(
+                f"record {i} is truncated: {size} bytes announced, {end - offset} left")
+        if size > size_max:
+            raise MessageTooLargeError(
+                f"message {i} of {size} bytes exceeds message_size_bytes_max {size_max}",
+                data={"index": i, "size": size, "limit": size_max})
+        if f[3]:
+            raise InvalidRequestError(f"record {i}: system flags {f[3]} are reserved")
+        if f[4] > _I64 or f[5] > _I64:
+            raise InvalidRequestError(f"record {i}: timestamps must fit a signed 64-bit int")
+        p = offset + MESSAGE_HEAD_SIZE
+        q = p + f[9]
+        name = blob[p:q]
+        top = topics.get(name)
+        queue_id = f[1]
+        if top is None:
+            try:
+                ok = valid_topic(name.decode())
+            except UnicodeDecodeError:
+                ok = False
+            if not ok:
+                raise InvalidRequestError(
+                    f"record {i}: invalid topic name {name!r}: 1-127 characters of"
+                    " [A-Za-z0-9_%|-]")
+            topics[name] = queue_id
+        elif queue_id > top:
+            topics[name] = queue_id
+        key = (name, queue_id)
+        if key not in seen:
+            seen.add(key)
+            firsts.append(i)
+        texts = f[10] + f[11] + f[12] + f[13]
+        if texts:
+            # Tags, keys, born host and properties are decoded at pull time:
+            # each must be UTF-8 on its own.
+            try:
+                for n in f[10:14]:
+                    if n:
+                        blob[q : q + n].decode()
+                    q += n
+            except UnicodeDecodeError:
+                raise InvalidRequestError(
+                    f"record {i}: tags, keys, born host and properties must be UTF-8"
+                ) from None
+        starts.append(offset)
+        idents.append((f[6], f[7]))
+        offset += size
+        i += 1
+    return Scanned(starts, idents, topics, firsts)
+
+
+class Records(NamedTuple):
+    """What one send request hands to group commit: its new records, back to
+    back, and where each starts (the leader stamps the store time there)."""
+
+    blob: bytes
+    starts: list[int]

@@ -8,9 +8,10 @@ serves committed data only) and answers with the map docs/protocol.md gives.
 from __future__ import annotations
 
 import asyncio
+import struct
 from typing import TYPE_CHECKING, Any
 
-from broker.codec import encode_wire_message, message_id, message_view
+from broker.codec import Records, encode_wire_message, message_id, message_view, scan_records
 from broker.control import MAX_QUEUES, PERM_READ, PERM_RW, PERM_WRITE, topic_delete, topic_put
 from broker.state import Stored, TopicConfig
 from commitlog import StoredMessage, decode_message_at, tag_hash
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 PULL_BYTES_MAX = 4 << 20
 FILTER_SCAN_MAX = 2048
 _RUN_BYTES = 1 << 20
+_QUEUE_ID = struct.Struct("<I")
 
 
 def _map(body: Any) -> dict:
@@ -61,7 +63,7 @@ class Handlers:
     def __init__(self, broker: Broker) -> None:
         self.b = broker
         self._creating: dict[str, asyncio.Task[None]] = {}
-        self._inflight_seq: dict[tuple[int, int], tuple[asyncio.Future[list[dict]], int]] = {}
+        self._inflight_seq: dict[tuple[int, int], tuple[asyncio.Future[tuple], int]] = {}
 
     # ------------------------------------------------------------- topics
 
@@ -135,8 +137,21 @@ class Handlers:
                 "queue_id": stored.queue_id, "queue_offset": stored.queue_offset,
                 "duplicate": True}
 
+    def _stored_result(self, done: tuple, k: int, duplicate: bool) -> dict:
+        """The result map of record `k` of a stored `Records` (see _store)."""
+        first, stored, records = done
+        start = records.starts[k]
+        if stored is not None:
+            queue_id, queue_offset = stored[k].queue_id, stored[k].queue_offset
+        else:
+            queue_id, queue_offset = _QUEUE_ID.unpack_from(records.blob, start + 4)[0], None
+        return {"msg_id": message_id(self.b.config.group, first + start), "queue_id": queue_id,
+                "queue_offset": queue_offset, "duplicate": duplicate}
+
     async def send(self, body: Any, conn: Connection) -> Any:
         body = _map(body)
+        if "records" in body:
+            return await self._send_records(body)
         raw = body.get("messages")
         if not isinstance(raw, list) or not raw:
             raise InvalidRequestError("field 'messages' must be a non-empty list")
@@ -157,64 +172,128 @@ class Handlers:
                     raise InvalidRequestError(
                         f"queue {m.queue_id} does not exist: topic {topic!r} has"
                         f" {config.queues} queues")
-        results: list[dict | None] = [None] * len(messages)
-        waits: list[tuple[int, tuple[asyncio.Future[list[dict]], int]]] = []
-        fresh: list[tuple[bytes, int]] = []
-        fresh_at: list[int] = []
-        producers = self.b.state.producers
+        starts = []
+        at = 0
+        for m in messages:
+            starts.append(at)
+            at += len(m.record)
+        records = Records(b"".join(m.record for m in messages), starts)
+        results, done = await self._store(records, [(m.producer_id, m.sequence)
+                                                    for m in messages])
+        if results is None:
+            assert done is not None
+            results = [self._stored_result(done, k, False) for k in range(len(messages))]
+        return {"results": results}
+
+    async def _send_records(self, body: dict) -> Any:
+        """SEND_MESSAGES with `records`: the client's CommitLog records as one
+        blob, checked in one pass and stored as they are (docs/protocol.md)."""
+        limit = self.b.config.message_size_bytes_max
+        scanned = scan_records(body["records"], limit)
+        count = body.get("count")
+        if count is not None and count != len(scanned.starts):
+            raise InvalidRequestError(
+                f"field 'count' is {count!r} but the blob holds {len(scanned.starts)} records")
+        self.b.require_writable()
+        for name, top in scanned.topics.items():
+            topic = name.decode()
+            config = await self._topic_for_write(topic)
+            if top >= config.queues:
+                raise InvalidRequestError(
+                    f"queue {top} does not exist: topic {topic!r} has {config.queues} queues")
+        results, done = await self._store(Records(body["records"], scanned.starts),
+                                          scanned.idents)
+        if results is not None:
+            return {"results": results}
+        assert done is not None
+        first, stored, _ = done
+        # O(1) per request: the client knows every record's size and queue, so
+        # the first record's position and each queue's first offset say it all.
+        return {"base": first, "queue_offsets": None if stored is None else [
+            stored[i].queue_offset for i in scanned.firsts]}
+
+    async def _store(self, records: Records, idents: list[tuple[int, int]]
+                     ) -> tuple[list[dict] | None, tuple | None]:
+        """Store the records whose (producer_id, sequence) is new.
+
+        Returns (None, done) when every record was new and stored, `done` being
+        (position of the first record, Stored per record or None, records);
+        otherwise (a result map per record, done or None).
+        """
+        results: list[dict | None] | None = None
+        fresh_at: list[int] | None = None
+        waits: list[tuple[int, tuple[asyncio.Future[tuple], int]]] = []
         repeats: list[tuple[int, int]] = []  # (index, index of the same identity earlier)
         first_of: dict[tuple[int, int], int] = {}
-        for i, m in enumerate(messages):
-            if m.producer_id:
-                key = (m.producer_id, m.sequence)
-                known, stored = producers.lookup(m.producer_id, m.sequence)
-                if known:
-                    results[i] = self._result(stored)
-                    continue
-                earlier = self._inflight_seq.get(key)
-                if earlier is not None:
-                    waits.append((i, earlier))
-                    continue
-                if key in first_of:
-                    repeats.append((i, first_of[key]))
+        lookup = self.b.state.producers.lookup
+        inflight = self._inflight_seq
+        for i, key in enumerate(idents):
+            if key[0]:
+                known, stored = lookup(key[0], key[1])
+                earlier = None if known else inflight.get(key)
+                if known or earlier is not None or key in first_of:
+                    if fresh_at is None:
+                        fresh_at = list(range(i))
+                        results = [None] * len(idents)
+                    if known:
+                        results[i] = self._result(stored)  # type: ignore[index]
+                    elif earlier is not None:
+                        waits.append((i, earlier))
+                    else:
+                        repeats.append((i, first_of[key]))
                     continue
                 first_of[key] = i
-            fresh.append((m.record, m.queue_id))
-            fresh_at.append(i)
-        if fresh:
-            total = sum(len(r) for r, _ in fresh)
+            if fresh_at is not None:
+                fresh_at.append(i)
+        done = None
+        if fresh_at is None or fresh_at:
+            if fresh_at is not None:
+                # Some records are duplicates: store the others only.
+                blob, starts = records
+                ends = [*starts[1:], len(blob)]
+                parts = [blob[starts[i] : ends[i]] for i in fresh_at]
+                sub_starts = []
+                at = 0
+                for part in parts:
+                    sub_starts.append(at)
+                    at += len(part)
+                records = Records(b"".join(parts), sub_starts)
+                fresh_idents = [idents[i] for i in fresh_at]
+            else:
+                fresh_idents = idents
+            total = len(records.blob)
             if total + 64 > self.b.entry_limit:
                 raise MessageTooLargeError(
                     f"batch of {total} bytes exceeds the entry limit {self.b.entry_limit}",
                     data={"limit": self.b.entry_limit})
             # One future for the whole request: a concurrent retry of any of its
             # idempotent messages waits on it and takes its own slot.
-            shared: asyncio.Future[list[dict]] = asyncio.get_running_loop().create_future()
-            mine = []
-            for k, i in enumerate(fresh_at):
-                m = messages[i]
-                if m.producer_id:
-                    key = (m.producer_id, m.sequence)
-                    self._inflight_seq[key] = (shared, k)
-                    mine.append(key)
+            shared: asyncio.Future[tuple] = asyncio.get_running_loop().create_future()
+            mine = [(key, (shared, k)) for k, key in enumerate(fresh_idents) if key[0]]
+            inflight.update(mine)
             try:
                 assert self.b.sends is not None
-                out = await self.b.sends.submit(fresh, total, len(fresh))
+                first, stored = await self.b.sends.submit(records, total, len(records.starts))
             except BaseException as exc:
                 shared.set_exception(exc)
                 shared.exception()  # retrieved: there may be no waiter
                 raise
             finally:
-                for key in mine:
-                    self._inflight_seq.pop(key, None)
-            shared.set_result(out)
+                for key, _ in mine:
+                    inflight.pop(key, None)
+            done = (first, stored, records)
+            shared.set_result(done)
+            if fresh_at is None:
+                return None, done
+            assert results is not None
             for k, i in enumerate(fresh_at):
-                results[i] = out[k]
+                results[i] = self._stored_result(done, k, False)
+        assert results is not None
         for i, (future, k) in waits:
-            results[i] = dict((await asyncio.shield(future))[k], duplicate=True)
+            results[i] = self._stored_result(await asyncio.shield(future), k, True)
         for i, j in repeats:
-            results[i] = dict(results[j], duplicate=True)
-        return {"results": results}
+            results[i] = dict(results[j], duplicate=True)  # type: ignore[arg-type]
+        return results, done  # type: ignore[return-value]
 
     # --------------------------------------------------------------- pull
 

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from client.records import Result, decode_reply
 from ledgermq.errors import (
     InvalidRequestError,
     MessageTooLargeError,
@@ -27,19 +28,22 @@ from ledgermq.errors import (
     UnknownTopicError,
 )
 
-Send = Callable[[str, list[dict[str, Any]]], Awaitable[list[dict[str, Any]]]]
+# send(address, records blob, record count) -> the SEND_MESSAGES reply body
+Send = Callable[[str, bytes, int], Awaitable[Any]]
 _PER_MESSAGE = (MessageTooLargeError, InvalidRequestError, NoPermissionError, UnknownTopicError)
 
 
 @dataclass(eq=False)
 class _Waiting:
-    messages: list[dict[str, Any]]
+    records: list[bytes]
+    keys: list[tuple[str, int]]  # (topic, queue id) per record
     size: int
-    future: asyncio.Future[list[dict[str, Any]]] = field(repr=False)
+    future: asyncio.Future[list[Result]] = field(repr=False)
 
 
 @dataclass
 class _Address:
+    group: str
     queue: deque[_Waiting] = field(default_factory=deque)
     inflight: int = 0
 
@@ -55,26 +59,31 @@ class SendCoalescer:
         self._tasks: set[asyncio.Task[None]] = set()
         self.requests = 0
 
-    async def submit(self, address: str, messages: list[dict[str, Any]]
-                     ) -> list[dict[str, Any]]:
-        size = sum(len(m.get("body", b"")) + 64 for m in messages)
+    async def submit(self, address: str, group: str, records: list[bytes],
+                     keys: list[tuple[str, int]]) -> list[Result]:
+        """Send `records` (CommitLog records, see client.records) to the broker
+        at `address` of `group`; one result per record."""
+        size = sum(map(len, records))
         future = asyncio.get_running_loop().create_future()
-        state = self._addresses.setdefault(address, _Address())
-        state.queue.append(_Waiting(messages, size, future))
-        self._kick(address, state)
+        state = self._addresses.get(address)
+        if state is None or state.group != group:
+            state = self._addresses[address] = _Address(group)
+        state.queue.append(_Waiting(records, keys, size, future))
+        if state.inflight < self.max_inflight:
+            self._kick(address, state)
         return await future
 
     def _kick(self, address: str, state: _Address) -> None:
         while state.queue and state.inflight < self.max_inflight:
             batch = [state.queue.popleft()]
-            count, size = len(batch[0].messages), batch[0].size
+            count, size = len(batch[0].records), batch[0].size
             while state.queue:
                 nxt = state.queue[0]
-                if (count + len(nxt.messages) > self.max_messages
+                if (count + len(nxt.records) > self.max_messages
                         or size + nxt.size > self.max_bytes):
                     break
                 batch.append(state.queue.popleft())
-                count += len(nxt.messages)
+                count += len(nxt.records)
                 size += nxt.size
             state.inflight += 1
             task = asyncio.create_task(self._run(address, state, batch))
@@ -83,15 +92,20 @@ class SendCoalescer:
 
     async def _run(self, address: str, state: _Address, batch: list[_Waiting]) -> None:
         try:
-            combined = [m for w in batch for m in w.messages]
+            if len(batch) == 1:
+                records, keys = batch[0].records, batch[0].keys
+            else:
+                records = [r for w in batch for r in w.records]
+                keys = [k for w in batch for k in w.keys]
             self.requests += 1
             try:
-                results = await self._send(address, combined)
+                reply = await self._send(address, b"".join(records), len(records))
+                results = decode_reply(reply, state.group, records, keys)
             except _PER_MESSAGE as exc:
                 if len(batch) == 1:
                     _fail(batch[0], exc)
                     return
-                await asyncio.gather(*(self._alone(address, w) for w in batch))
+                await asyncio.gather(*(self._alone(address, state.group, w) for w in batch))
                 return
             except BaseException as exc:
                 for waiting in batch:
@@ -101,7 +115,7 @@ class SendCoalescer:
                 return
             at = 0
             for waiting in batch:
-                n = len(waiting.messages)
+                n = len(waiting.records)
                 if not waiting.future.done():
                     waiting.future.set_result(results[at : at + n])
                 at += n
@@ -109,9 +123,10 @@ class SendCoalescer:
             state.inflight -= 1
             self._kick(address, state)
 
-    async def _alone(self, address: str, waiting: _Waiting) -> None:
+    async def _alone(self, address: str, group: str, waiting: _Waiting) -> None:
         try:
-            results = await self._send(address, waiting.messages)
+            reply = await self._send(address, b"".join(waiting.records), len(waiting.records))
+            results = decode_reply(reply, group, waiting.records, waiting.keys)
         except Exception as exc:
             _fail(waiting, exc)
         else:

@@ -27,6 +27,7 @@ import itertools
 import logging
 import secrets
 import socket
+import struct
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -34,9 +35,11 @@ from typing import Any
 
 from client.coalesce import SendCoalescer
 from client.model import Message, MessageQueue, SendResult
+from client.records import encode_properties, encode_record
 from client.routes import PERM_WRITE, RETRIABLE, Cluster, GroupRoute
 from ledgermq.codes import RequestCode
 from ledgermq.errors import (
+    InvalidRequestError,
     LedgerMQError,
     NotLeaderError,
     OutcomeUnknownError,
@@ -68,14 +71,16 @@ class Producer:
         self._round_robin = itertools.count()
         self._background: set[asyncio.Task[Any]] = set()
         self.born_host = f"{socket.gethostname()}:0"
+        self._host = self.born_host.encode()
+        self._queues: tuple[list[GroupRoute] | None, list[MessageQueue]] = (None, [])
+        self._writable: tuple[list[GroupRoute] | None, list[GroupRoute]] = (None, [])
         self.retries = 0
         self.coalescer = SendCoalescer(self._send_request)
 
-    async def _send_request(self, address: str, messages: list[dict[str, Any]]
-                            ) -> list[dict[str, Any]]:
-        reply = await self.cluster.request(address, RequestCode.SEND_MESSAGES,
-                                           {"messages": messages}, timeout=self.send_timeout)
-        return reply["results"]
+    async def _send_request(self, address: str, records: bytes, count: int) -> Any:
+        return await self.cluster.request(address, RequestCode.SEND_MESSAGES,
+                                          {"records": records, "count": count},
+                                          timeout=self.send_timeout)
 
     async def start(self) -> Producer:
         return self
@@ -133,10 +138,11 @@ class Producer:
         acknowledgement, no retry, no error reported. Cheapest, may lose it."""
         message = body if isinstance(body, Message) else Message(body, **kwargs)
         route, mq = await self._select(topic, None, None, 0)
-        payload = self._payload(mq, [message], [self._next_sequence()])
+        records = self._records(mq, [message], [self._next_sequence()])
         address = self.cluster.leader_address(route)
         conn = await self.cluster.connection(address)
-        task = asyncio.create_task(conn.request(RequestCode.SEND_MESSAGES, payload))
+        task = asyncio.create_task(conn.request(RequestCode.SEND_MESSAGES,
+                                                {"records": records[0], "count": 1}))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -148,7 +154,14 @@ class Producer:
 
     async def _routes(self, topic: str, refresh: bool) -> list[GroupRoute]:
         groups = await self.cluster.try_route(topic, refresh)
+        cached_for, writable = self._writable
+        if cached_for is groups:
+            return writable
         writable = [g for g in groups if g.perm & PERM_WRITE]
+        if writable:
+            # Routes are cached objects: filter each once (and keep the list's
+            # identity, which _select's queue list is cached on).
+            self._writable = (groups, writable)
         if writable:
             return writable
         if groups:
@@ -168,7 +181,11 @@ class Producer:
             if route is None:
                 raise UnknownTopicError(f"group {queue.group} does not serve {topic!r}")
             return route, queue
-        queues = [MessageQueue(topic, g.group, q) for g in groups for q in range(g.queues)]
+        cached_for, queues = self._queues
+        if cached_for is not groups:
+            # Routes are cached objects: build their queue list once per route.
+            queues = [MessageQueue(topic, g.group, q) for g in groups for q in range(g.queues)]
+            self._queues = (groups, queues)
         if sharding_key is not None:
             mq = queues[zlib.crc32(sharding_key.encode()) % len(queues)]
         else:
@@ -176,15 +193,26 @@ class Producer:
         route = next(g for g in groups if g.group == mq.group)
         return route, mq
 
-    def _payload(self, mq: MessageQueue, messages: Sequence[Message],
-                 sequences: Sequence[int]) -> dict[str, Any]:
+    def _records(self, mq: MessageQueue, messages: Sequence[Message],
+                 sequences: Sequence[int]) -> list[bytes]:
+        """Each message as its CommitLog record (client.records), for `mq`."""
         now = time.time_ns() // 1_000_000
-        return {"messages": [
-            {"topic": mq.topic, "queue_id": mq.queue_id, "body": m.body, "tags": m.tags,
-             "keys": m.keys, "properties": m.properties, "flag": m.flag,
-             "born_timestamp_ms": now, "born_host": self.born_host,
-             "producer_id": self.producer_id, "sequence": seq}
-            for m, seq in zip(messages, sequences, strict=True)]}
+        topic = mq.topic.encode()
+        queue_id = mq.queue_id
+        host = self._host
+        pid = self.producer_id
+        out = []
+        for m, seq in zip(messages, sequences, strict=True):
+            body = m.body
+            if type(body) is not bytes:
+                body = body.encode() if isinstance(body, str) else bytes(body)
+            try:
+                out.append(encode_record(topic, queue_id, body, m.tags.encode(),
+                                         m.keys.encode(), host, encode_properties(m.properties)
+                                         if m.properties else b"", m.flag, now, pid, seq))
+            except (ValueError, struct.error) as exc:
+                raise InvalidRequestError(f"message cannot be encoded: {exc}") from None
+        return out
 
     async def _send(self, topic: str, messages: list[Message], sharding_key: str | None,
                     queue: MessageQueue | None, timeout: float | None) -> list[SendResult]:
@@ -201,14 +229,14 @@ class Producer:
             address = self.cluster.leader_address(route, attempt)
             attempt += 1
             try:
+                key = (topic, mq.queue_id)
                 results = await self.coalescer.submit(
-                    address, self._payload(mq, messages, sequences)["messages"])
-                return [SendResult(r["msg_id"], MessageQueue(topic, route.group,
-                                                             r["queue_id"]
-                                                             if r["queue_id"] is not None
-                                                             else mq.queue_id),
-                                   r["queue_offset"], bool(r.get("duplicate")))
-                        for r in results]
+                    address, route.group, self._records(mq, messages, sequences),
+                    [key] * len(messages))
+                return [SendResult(msg_id, mq if queue_id is None or queue_id == mq.queue_id
+                                   else MessageQueue(topic, route.group, queue_id),
+                                   queue_offset, duplicate)
+                        for msg_id, queue_id, queue_offset, duplicate in results]
             except NotLeaderError as exc:
                 error: BaseException = exc
                 if (exc.leader and exc.leader != address

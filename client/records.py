@@ -1,0 +1,92 @@
+"""Messages as CommitLog records, encoded by the producer (SEND_MESSAGES `records`).
+
+The producer encodes each message once, in the record layout of
+docs/storage-format.md ("Message record"), and a request carries the records
+of many sends as one binary blob: the broker checks the heads in one pass,
+stamps the store time in place and stores the blob as it is, and answers with
+O(1) values per request (`decode_reply`), from which each message's id and
+queue offset follow here.
+
+The layout is repeated here rather than imported: the client shares only
+`ledgermq` with the servers (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# size, queue_id, flag, sys_flag, born_ms, store_ms, producer_id, sequence,
+# reconsume_times, then the lengths of topic, tags, keys, born host,
+# properties, body.
+HEAD = struct.Struct("<IIIIqqQQIHHHHII")
+HEAD_SIZE = HEAD.size  # 68
+_pack_head = HEAD.pack
+
+# One result per message: (msg_id, queue_id, queue_offset, duplicate).
+Result = tuple[str | None, int | None, int | None, bool]
+
+
+def encode_properties(properties: Mapping[str, str]) -> bytes:
+    if not properties:
+        return b""
+    parts = []
+    for name, value in properties.items():
+        for text in (name, value):
+            if "\x01" in text or "\x02" in text:
+                raise ValueError(f"property {name!r} contains a reserved separator byte")
+        parts.append(f"{name}\x01{value}\x02")
+    return "".join(parts).encode()
+
+
+def encode_record(topic: bytes, queue_id: int, body: bytes, tags: bytes, keys: bytes,
+                  host: bytes, props: bytes, flag: int, born_ms: int, producer_id: int,
+                  sequence: int) -> bytes:
+    """One record, store timestamp 0 (the broker's leader stamps it)."""
+    size = HEAD_SIZE + len(topic) + len(tags) + len(keys) + len(host) + len(props) + len(body)
+    return b"".join((_pack_head(size, queue_id, flag, 0, born_ms, 0, producer_id, sequence, 0,
+                                len(topic), len(tags), len(keys), len(host), len(props),
+                                len(body)), topic, tags, keys, host, props, body))
+
+
+def with_queue(record: bytes, queue_id: int) -> bytes:
+    """The same record for another queue (a retry that moved on)."""
+    if struct.unpack_from("<I", record, 4)[0] == queue_id:
+        return record
+    buf = bytearray(record)
+    struct.pack_into("<I", buf, 4, queue_id)
+    return bytes(buf)
+
+
+def decode_reply(reply: Any, group: str, records: Sequence[bytes],
+                 keys: Sequence[tuple[str, int]]) -> list[Result]:
+    """Per-record results of a SEND_MESSAGES reply to `records`, in either
+    reply shape; `keys[k]` is record k's (topic, queue id)."""
+    results = reply.get("results")
+    if results is not None:
+        if len(results) != len(records):
+            raise ValueError(f"{len(results)} results for {len(records)} records")
+        return [(r["msg_id"], r["queue_id"], r["queue_offset"], bool(r.get("duplicate")))
+                for r in results]
+    at = reply["base"]
+    firsts = reply.get("queue_offsets")
+    out: list[Result] = []
+    append = out.append
+    if firsts is None:  # replicate=async: offsets are assigned at commit
+        for record, key in zip(records, keys, strict=True):
+            append((f"{group}@{at:016X}", key[1], None, False))
+            at += len(record)
+        return out
+    # Records of one (topic, queue) take consecutive offsets from the first.
+    nxt: dict[tuple[str, int], int] = {}
+    for record, key in zip(records, keys, strict=True):
+        offset = nxt.get(key)
+        if offset is None:
+            offset = firsts[len(nxt)]
+        nxt[key] = offset + 1
+        append((f"{group}@{at:016X}", key[1], offset, False))
+        at += len(record)
+    if len(nxt) != len(firsts):
+        raise ValueError(f"{len(firsts)} queue offsets for {len(nxt)} queues")
+    return out
