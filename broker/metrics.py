@@ -15,7 +15,11 @@ Two kinds of figures:
   fsync round (latency and entries covered), per proposal (propose-to-ack
   latency: one per group-commit batch, not per message), per group-commit
   batch (messages), and per client request (count, errors by code, duration;
-  sends and pulls also count messages and body bytes per topic).
+  pulls also count messages and body bytes out per topic).
+
+Messages and bytes *in* per topic are counted at scrape time from the
+ConsumeQueue units dispatched since the previous scrape, so they are the same
+on every replica and independent of the send request's format.
 
 Every broker has its own CollectorRegistry (tests run several in a process).
 Names follow the Prometheus conventions: `ledgermq_` prefix, base units in the
@@ -44,6 +48,8 @@ ROLES = ("leader", "candidate", "pre_candidate", "follower")
 # Latencies from ~100 µs (page-cache append) to seconds (a stalled disk).
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Most ConsumeQueue units one scrape reads to count messages and bytes in.
+IN_SCAN_MAX = 200_000
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 # Runtime counters (dledger.node.RaftGroupNode.counters) exported as counters.
@@ -75,6 +81,36 @@ class BrokerCollector(Collector):
 
     def __init__(self, broker: Broker) -> None:
         self.b = broker
+        # Messages in: counted from the ConsumeQueues at scrape time (every
+        # committed message gets a unit there, on every replica, whatever
+        # request format brought it in). Per queue, the offset counted up to;
+        # queues existing at start-up count from their end (counters start
+        # with the process, as Prometheus expects).
+        self._counted: dict[tuple[str, int], int] = {}
+        self._in_messages: dict[str, int] = {}
+        self._in_bytes: dict[str, int] = {}
+        if broker.cq is not None:
+            for key, queue in broker.cq.queues.items():
+                self._counted[key] = queue.max_offset
+
+    def _count_in(self) -> None:
+        """Add the units dispatched since the last scrape (at most IN_SCAN_MAX per
+        scrape, so a huge backlog is spread over several scrapes)."""
+        cq = self.b.cq
+        assert cq is not None
+        budget = IN_SCAN_MAX
+        for (topic, queue_id), queue in list(cq.queues.items()):
+            done = max(self._counted.get((topic, queue_id), 0), queue.min_offset)
+            while done < queue.max_offset and budget > 0:
+                units = queue.read(done, min(budget, 4096, queue.max_offset - done))
+                if not units:
+                    break
+                self._in_messages[topic] = self._in_messages.get(topic, 0) + len(units)
+                self._in_bytes[topic] = self._in_bytes.get(topic, 0) + sum(
+                    u.size for u in units)
+                done = units[-1].queue_offset + 1
+                budget -= len(units)
+            self._counted[(topic, queue_id)] = done
 
     def collect(self) -> Iterator[Any]:
         b = self.b
@@ -192,6 +228,18 @@ class BrokerCollector(Collector):
             stored.add_metric([*ids, topic], float(total))
         yield stored
         yield queue_max
+        self._count_in()
+        msgs = CounterMetricFamily("ledgermq_messages_in_total",
+                                   "Messages committed to a topic since this process started.",
+                                   labels=[*labels, "topic"])
+        size = CounterMetricFamily("ledgermq_bytes_in_total",
+                                   "Record bytes of the messages committed to a topic since"
+                                   " this process started.", labels=[*labels, "topic"])
+        for topic in sorted(self._in_messages):
+            msgs.add_metric([*ids, topic], float(self._in_messages[topic]))
+            size.add_metric([*ids, topic], float(self._in_bytes[topic]))
+        yield msgs
+        yield size
         lag = GaugeMetricFamily("ledgermq_consumer_group_lag_messages",
                                 "Messages of a queue not yet consumed by a group"
                                 " (queue max offset - committed offset).",
@@ -246,12 +294,6 @@ class Instruments:
                                          "Client request handling time.",
                                          [*labels, "request"], registry=registry,
                                          buckets=LATENCY_BUCKETS)
-        self.messages_in = Counter("ledgermq_messages_in_total",
-                                   "Messages accepted by sends on this node (not duplicates).",
-                                   [*labels, "topic"], registry=registry)
-        self.bytes_in = Counter("ledgermq_bytes_in_total",
-                                "Message body bytes accepted by sends on this node.",
-                                [*labels, "topic"], registry=registry)
         self.messages_out = Counter("ledgermq_messages_out_total",
                                     "Messages returned by pulls from this node.",
                                     [*labels, "topic"], registry=registry)
@@ -301,7 +343,7 @@ class Instruments:
             flush = b.sends._flush
 
             async def counted_flush(batch: list) -> None:
-                self.group_commit_messages.observe(sum(len(p.payload) for p in batch))
+                self.group_commit_messages.observe(sum(p.count for p in batch))
                 await flush(batch)
 
             b.sends._flush = counted_flush
@@ -316,7 +358,6 @@ class Instruments:
         requests = self.requests.labels(**self._ids, request=name)
         duration = self.request_seconds.labels(**self._ids, request=name)
         ids = self._ids
-        is_send = code == RequestCode.SEND_MESSAGES
         is_pull = code == RequestCode.PULL_MESSAGES
 
         async def wrapped(body: Any, conn: Any) -> Any:
@@ -332,27 +373,11 @@ class Instruments:
                 raise
             finally:
                 duration.observe(time.perf_counter() - started)
-            if is_send:
-                self._count_sent(body, result)
-            elif is_pull:
+            if is_pull:
                 self._count_pulled(result)
             return result
 
         return wrapped
-
-    def _count_sent(self, body: Any, result: Any) -> None:
-        per: dict[str, list[int]] = {}
-        for message, outcome in zip(body.get("messages", ()), result.get("results", ()),
-                                    strict=False):
-            if outcome is None or outcome.get("duplicate"):
-                continue
-            payload = message.get("body", b"")
-            acc = per.setdefault(message.get("topic", ""), [0, 0])
-            acc[0] += 1
-            acc[1] += len(payload) if isinstance(payload, (bytes, str)) else 0
-        for topic, (count, size) in per.items():
-            self.messages_in.labels(**self._ids, topic=topic).inc(count)
-            self.bytes_in.labels(**self._ids, topic=topic).inc(size)
 
     def _count_pulled(self, result: Any) -> None:
         messages = result.get("messages") or ()
