@@ -34,6 +34,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "send",
     "consume",
     "status",
+    "group",
     "demo",
     "chaos",
     "ping",

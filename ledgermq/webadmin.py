@@ -371,3 +371,41 @@ def group_view(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "term": max((r.get("term") or 0 for r in live), default=0),
             "leader_admin_url": leader.get("admin_url") if leader else None,
             "nodes": rows}
+
+
+# ------------------------------------------------------------------ client
+
+DEFAULT_ADMIN_URL = "http://127.0.0.1:9877"
+
+
+class AdminApiError(Exception):
+    """An error answer of the admin API, as the CLI shows it."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+
+
+async def api_call(base_url: str, method: str, path: str, body: Any = None,
+                   token: str = "", timeout: float = 20.0) -> Any:
+    """One admin API call (`path` relative to /api/v1); the JSON answer, or
+    AdminApiError. What `ledgermq status / topic / group` use."""
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    url = f"{base_url.rstrip('/')}{API}/{path.lstrip('/')}"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+        try:
+            async with session.request(method, url, json=body, headers=headers) as resp:
+                try:
+                    data = await resp.json(content_type=None)
+                except ValueError:
+                    data = {"error": {"code": "BAD_ANSWER", "message": await resp.text()}}
+        except aiohttp.ClientError as exc:
+            raise AdminApiError(0, "UNREACHABLE", f"{url}: {exc}") from None
+    if resp.status >= 400:
+        err = data.get("error", {}) if isinstance(data, dict) else {}
+        raise AdminApiError(resp.status, str(err.get("code", "HTTP_ERROR")),
+                            str(err.get("message", data)))
+    return data

@@ -1,45 +1,72 @@
-"""`ledgermq status`: one table per broker group: node, role, term, indexes, lag."""
+"""`ledgermq status`: one table per broker group (node, role, term, indexes,
+lag), from the admin API's cluster view (the NameServer's by default)."""
 
 from __future__ import annotations
 
 import typer
 
+from ledgermq.webadmin import DEFAULT_ADMIN_URL
+
+ADMIN_OPTION = typer.Option(DEFAULT_ADMIN_URL, "--admin", envvar="LEDGERMQ_ADMIN_URL",
+                            help="Admin API base URL (a NameServer's or a broker's).")
+# Clusters started without admin apps (`ledgermq dev`) are still reachable over
+# the wire protocol through their NameServers.
+NAMESRV_OPTION = typer.Option(
+    "", "--namesrv", help="Ask these NameServers over the wire protocol instead of the admin"
+    " API (for clusters without an admin app); comma separated.")
+
 
 def register(app: typer.Typer) -> None:
     @app.command("status")
-    def status(namesrv: str = typer.Option(
-            "127.0.0.1:9876", help="NameServer address(es), comma separated.")) -> None:
-        """Show every broker group's nodes as the NameServer and the nodes see them."""
+    def status(admin: str = ADMIN_OPTION, namesrv: str = NAMESRV_OPTION) -> None:
+        """Show every broker group's nodes: role, term, indexes and lag."""
         from rich.console import Console
         from rich.table import Table
 
-        from client.admin import Admin
         from ledgermq import loop
+        from ledgermq.webadmin import AdminApiError, api_call
 
-        async def main() -> dict:
-            async with Admin(namesrv.split(",")) as admin:
-                return await admin.status()
-
-        groups = loop.run(main())
         console = Console()
+        try:
+            view = loop.run(wire_view(namesrv) if namesrv else api_call(admin, "GET", "cluster"))
+        except AdminApiError as exc:
+            console.print(f"[red]status: {exc}[/red]")
+            raise typer.Exit(1) from None
+        groups = view.get("groups", {})
         if not groups:
             console.print("no broker registered")
             raise typer.Exit(1)
-        for group, rows in groups.items():
-            table = Table(title=f"group {group}")
+        for name, group in sorted(groups.items()):
+            table = Table(title=f"group {name}: leader {group.get('leader') or 'none'},"
+                                f" term {group.get('term')}")
             for column in ("node", "address", "role", "term", "last index", "commit index",
-                           "applied", "lag"):
+                           "applied", "lag", "behind leader"):
                 table.add_column(column)
-            top = max((r["status"] or {}).get("commit_index", 0) for r in rows)
-            for row in rows:
-                s = row["status"]
-                if s is None:
-                    table.add_row(row["node_id"], row["address"], "[red]unreachable[/red]",
-                                  "", "", "", "", "")
+            leader = next((n for n in group["nodes"] if n["node_id"] == group.get("leader")),
+                          None)
+            followers = (leader or {}).get("followers") or {}
+            for node in group["nodes"]:
+                if not node["reachable"]:
+                    table.add_row(node["node_id"], node["address"], "[red]unreachable[/red]",
+                                  "", "", "", "", "", "")
                     continue
-                role = s["role"] + ("" if s["role"] != "leader" or s.get("leader_ready")
-                                    else " (not ready)")
-                table.add_row(row["node_id"], row["address"], role, str(s["term"]),
-                              str(s["last_index"]), str(s["commit_index"]),
-                              str(s["applied_index"]), str(top - s["applied_index"]))
+                role = node["role"] + ("" if node["role"] != "leader"
+                                       or node.get("leader_ready") else " (not ready)")
+                f = followers.get(node["node_id"].lstrip("n"))
+                table.add_row(node["node_id"], node["address"], role, str(node["term"]),
+                              str(node["last_index"]), str(node["commit_index"]),
+                              str(node["applied_index"]), str(node["lag"]),
+                              str(f["lag"]) if f else "")
             console.print(table)
+
+
+async def wire_view(namesrv: str) -> dict:
+    """The admin API's cluster view, built over the wire protocol instead."""
+    from client.admin import Admin
+    from ledgermq.webadmin import group_view, node_row
+
+    async with Admin(namesrv.split(",")) as admin:
+        groups = await admin.status()
+    return {"groups": {name: group_view([node_row(r["node_id"], r["address"], r["status"],
+                                                  r.get("registered_role")) for r in rows])
+                       for name, rows in groups.items()}}
