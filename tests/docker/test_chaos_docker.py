@@ -36,7 +36,9 @@ def test_partition_and_kill_run_passes_checker_and_audit(ledgermq_image: str, tm
     results = run(config, log=lines.append)
     check = results["checker"]
     assert results["valid"], json.dumps({k: check[k] for k in ("counts", "examples")})[:3000]
-    assert check["sends"]["acknowledged"] > 100
+    first_failure = next((line for line in (out / "history.jsonl").read_text().splitlines()
+                          if '"fail"' in line), None)
+    assert check["sends"]["acknowledged"] > 100, (check["sends"], first_failure, lines[-10:])
     for kind in ("lost", "unexpected", "inconsistent_offsets", "phantom"):
         assert check["counts"][kind] == 0
     assert results["availability"]["per_fault"], "the nemesis never struck"
