@@ -85,8 +85,18 @@ else
 fi
 
 t0=$SECONDS
+# The image this tag named before; removed after a rebuild so that repeated
+# builds (every source change) do not pile up untagged 400 MB images.
+previous="$(docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
 build_args=(--build-arg "BASE_IMAGE=$BASE")
 [ -n "${PIP_INDEX_URL:-}" ] && build_args+=(--build-arg "PIP_INDEX_URL=$PIP_INDEX_URL")
 log "docker build $IMAGE on $BASE (host network for pip)"
 docker build --force-rm --network host "${build_args[@]}" -f docker/Dockerfile -t "$IMAGE" . >&2
 log "image $IMAGE built in $((SECONDS - t0)) s"
+current="$(docker image inspect -f '{{.Id}}' "$IMAGE")"
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
+    # Fails harmlessly while a container still uses it, or another tag names it.
+    if docker image rm "$previous" >/dev/null 2>&1; then
+        log "removed the previous image ${previous:7:12}"
+    fi
+fi
