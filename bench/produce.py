@@ -20,11 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -114,15 +116,21 @@ async def failover(base: Path, kills: int) -> dict[str, object]:
 
 async def main(args: argparse.Namespace) -> None:
     base = Path(tempfile.mkdtemp(prefix="ledgermq-bench-"))
-    results = {"bench": "produce", "nodes": 3, "message_bytes": len(BODY), "runs": []}
+    results: dict[str, Any] = {"bench": "produce", "nodes": 3, "message_bytes": len(BODY),
+                               "load_average_start": os.getloadavg(), "runs": []}
     for flush in ("async", "sync"):
         results["runs"].append(await throughput(base, flush, args.seconds))
-    results["failover"] = await failover(base, args.kills)
+    if args.kills:
+        results["failover"] = await failover(base, args.kills)
+    # The machine is shared: a load average above the core count means the
+    # figures are for the CPU share this benchmark got, not for the machine.
+    results["load_average_end"] = os.getloadavg()
+    results["cpus"] = os.cpu_count()
     print(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="per throughput run")
-    parser.add_argument("--kills", type=int, default=10, help="leader kills for failover")
+    parser.add_argument("--kills", type=int, default=10, help="leader kills for failover (0: skip)")
     loop.run(main(parser.parse_args()))

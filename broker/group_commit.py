@@ -44,6 +44,7 @@ class GroupCommitter(Generic[T]):
         self.max_inflight = max_inflight
         self._queue: deque[Pending[T]] = deque()
         self._inflight: set[asyncio.Task[None]] = set()
+        self._starting = False
         self.batches = 0
         self.items = 0
 
@@ -67,11 +68,13 @@ class GroupCommitter(Generic[T]):
         return batch
 
     def _kick(self) -> None:
-        while self._queue and len(self._inflight) < self.max_inflight:
-            batch = self._take()
-            self.batches += 1
-            self.items += len(batch)
-            task = asyncio.create_task(self._run(batch))
+        # The proposal takes its batch when its task first runs, after the
+        # callbacks already queued in this loop iteration: requests decoded
+        # together (or woken by the same reply) share one proposal instead of
+        # the first going out alone.
+        if self._queue and not self._starting and len(self._inflight) < self.max_inflight:
+            self._starting = True
+            task = asyncio.create_task(self._run())
             self._inflight.add(task)
             task.add_done_callback(self._done)
 
@@ -79,7 +82,14 @@ class GroupCommitter(Generic[T]):
         self._inflight.discard(task)
         self._kick()
 
-    async def _run(self, batch: list[Pending[T]]) -> None:
+    async def _run(self) -> None:
+        self._starting = False
+        if not self._queue:
+            return
+        batch = self._take()
+        self.batches += 1
+        self.items += len(batch)
+        self._kick()  # what did not fit may start another proposal
         try:
             await self._flush(batch)
         except BaseException as exc:

@@ -46,6 +46,7 @@ class _Address:
     group: str
     queue: deque[_Waiting] = field(default_factory=deque)
     inflight: int = 0
+    scheduled: bool = False
 
 
 class SendCoalescer:
@@ -69,11 +70,20 @@ class SendCoalescer:
         if state is None or state.group != group:
             state = self._addresses[address] = _Address(group)
         state.queue.append(_Waiting(records, keys, size, future))
-        if state.inflight < self.max_inflight:
-            self._kick(address, state)
+        self._schedule(address, state)
         return await future
 
+    def _schedule(self, address: str, state: _Address) -> None:
+        """Start a request at the end of this loop iteration, not at once:
+        callers woken by the same reply (one per message it answered) queue
+        their next sends first and share it, instead of the first going out
+        alone. Costs one loop iteration of latency, nothing more."""
+        if not state.scheduled and state.inflight < self.max_inflight:
+            state.scheduled = True
+            asyncio.get_running_loop().call_soon(self._kick, address, state)
+
     def _kick(self, address: str, state: _Address) -> None:
+        state.scheduled = False
         while state.queue and state.inflight < self.max_inflight:
             batch = [state.queue.popleft()]
             count, size = len(batch[0].records), batch[0].size
@@ -121,7 +131,7 @@ class SendCoalescer:
                 at += n
         finally:
             state.inflight -= 1
-            self._kick(address, state)
+            self._schedule(address, state)
 
     async def _alone(self, address: str, group: str, waiting: _Waiting) -> None:
         try:
