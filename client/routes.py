@@ -84,7 +84,16 @@ class Cluster:
                 RpcClient.connect(host, port, role="client", name=self.name,
                                   timeout=self.timeout))
             self._connecting[address] = pending
-            pending.add_done_callback(lambda _f: self._connecting.pop(address, None))
+
+            def settled(future: asyncio.Future[RpcClient], address: str = address) -> None:
+                self._connecting.pop(address, None)
+                if not future.cancelled():
+                    # Observe a failure here: every waiter may have given up
+                    # (timed out) before the connect failed, and asyncio would
+                    # then log "exception was never retrieved".
+                    future.exception()
+
+            pending.add_done_callback(settled)
         conn = await asyncio.shield(pending)
         self._conns[address] = conn
         return conn
