@@ -130,9 +130,14 @@ class LocalCluster:
 
     def __init__(self, base_dir: str | Path, *, nodes: int = 3, group: str = "broker-a",
                  settings: dict[str, Any] | None = None, raft: dict[str, Any] | None = None,
-                 log_level: str = "WARNING", namesrv_listen: str = "127.0.0.1:0") -> None:
+                 log_level: str = "WARNING", namesrv_listen: str = "127.0.0.1:0",
+                 admin_listen: str = "") -> None:
+        """`admin_listen`: when set, the NameServer's HTTP admin app (API,
+        metrics, dashboard) listens there and every broker gets one on a free
+        loopback port."""
         self.base = Path(base_dir)
         self.namesrv_listen = namesrv_listen
+        self.admin_listen = admin_listen
         self.nodes = nodes
         self.group = group
         self.settings = dict(settings or {})
@@ -157,7 +162,9 @@ class LocalCluster:
             self.namesrv = _spawn(
                 "namesrv", ["namesrv", "--listen", self.namesrv_listen,
                             "--broker-expiry-ms", "5000",
-                            "--log-level", self.log_level],
+                            "--log-level", self.log_level,
+                            *(["--admin-listen", self.admin_listen] if self.admin_listen
+                              else [])],
                 self.base / "logs" / "namesrv.log", _NAMESRV_READY)
             self.namesrv.wait_ready(timeout)
             self.peers = {nid: Peer(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")
@@ -178,6 +185,7 @@ class LocalCluster:
             "group": self.group, "node_id": nid, "data_dir": str(self.base / f"n{nid}"),
             "namesrv": [self.namesrv_address], "log_level": self.log_level,
             "namesrv_register_interval_ms": 500, "member_expiry_ms": 3000,
+            **({"admin_listen": f"127.0.0.1:{free_port()}"} if self.admin_listen else {}),
             **self.settings,
         }
         path = self.base / f"n{nid}.toml"

@@ -17,6 +17,8 @@ def register(app: typer.Typer) -> None:
         namesrv: str = typer.Option("127.0.0.1:9876", help="NameServer listen address."),
         flush: str = typer.Option("async", help="flush: sync or async."),
         replicate: str = typer.Option("sync", help="replicate: sync or async."),
+        admin: str = typer.Option("127.0.0.1:9877", help="NameServer admin app (API, "
+                                  "dashboard, metrics) address; empty: no admin apps."),
     ) -> None:
         """Run a local NameServer and an N-node broker group until Ctrl-C."""
         import asyncio
@@ -31,7 +33,7 @@ def register(app: typer.Typer) -> None:
         console = Console(highlight=False)
         cluster = LocalCluster(directory, nodes=nodes, namesrv_listen=namesrv,
                                settings={"flush": flush, "replicate": replicate},
-                               log_level="INFO")
+                               log_level="INFO", admin_listen=admin)
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
@@ -49,6 +51,9 @@ def register(app: typer.Typer) -> None:
             console.print(table)
             console.print(f"Try: ledgermq send demo hello --namesrv {cluster.namesrv_address}"
                           "   (Ctrl-C stops everything)")
+            if admin:
+                console.print(f"Dashboard and admin API: http://{admin}/  "
+                              f"(ledgermq status --admin http://{admin})")
             while not stop.wait(0.5):
                 dead = [n for n, c in cluster.brokers.items() if not c.alive]
                 if cluster.namesrv is not None and not cluster.namesrv.alive:
