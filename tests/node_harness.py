@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import commitlog
 from dledger.node import NodeConfig, RaftGroupNode, SoftStateInfo
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct ports that were free a moment ago (bound then released)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+from dledger.testing.node_processes import free_ports
 
 
 async def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
