@@ -17,6 +17,9 @@ silently turned into a no-op.
 from __future__ import annotations
 
 import abc
+import atexit
+import contextlib
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,11 +54,38 @@ class CannotInject(RuntimeError):
     """A fault this backend cannot inject on this machine."""
 
 
+# Backends with something to tear down, closed at interpreter exit so an
+# interrupted run leaves no namespace, chain, process or container behind.
+_live: set[Backend] = set()
+_runs = itertools.count(1)
+
+
+def _close_all_at_exit() -> None:
+    for backend in list(_live):
+        with contextlib.suppress(Exception):
+            backend.close()
+
+
+atexit.register(_close_all_at_exit)
+
+
 class Backend(abc.ABC):
     """A running cluster the harness can break. Use as a context manager."""
 
     spec: ClusterSpec
     out: Path
+
+    @staticmethod
+    def run_number() -> int:
+        """1, 2, ... per process: keeps names of concurrent runs apart."""
+        return next(_runs)
+
+    def _register(self) -> None:
+        """Close this backend at exit unless it is closed before."""
+        _live.add(self)
+
+    def _unregister(self) -> None:
+        _live.discard(self)
 
     @property
     def node_ids(self) -> list[int]:

@@ -33,7 +33,6 @@ from atexit too, so an interrupted run leaves nothing behind.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ipaddress
 import json
@@ -57,17 +56,6 @@ READY = "broker listening on"
 NAMESRV_READY = "namesrv listening on"
 CONTAINER_DATA = "/var/lib/ledgermq/data"
 
-_live: set[DockerBackend] = set()
-_counter = 0
-
-
-def _close_all_at_exit() -> None:
-    for backend in list(_live):
-        with contextlib.suppress(Exception):
-            backend.close()
-
-
-atexit.register(_close_all_at_exit)
 
 
 def docker_available() -> str | None:
@@ -125,14 +113,13 @@ class DockerBackend(Backend):
 
     def __init__(self, spec: ClusterSpec, out: str | Path, *, log: Callable[[str], None] = print,
                  seed: int = 0, image: str | None = None) -> None:
-        global _counter
-        _counter += 1
+        run = self.run_number()
         self.spec = spec
         self.out = Path(out)
         self.log = log
         self.seed = seed
         self.image = image or IMAGE
-        self.project = f"lmqchaos{os.getpid()}n{_counter}"
+        self.project = f"lmqchaos{os.getpid()}n{run}"
         self.prefix = ""
         self.compose_file = self.out / "compose.json"
         self._ids: dict[str, str] = {}
@@ -237,7 +224,7 @@ class DockerBackend(Backend):
         if not image_present(self.image):
             raise CannotInject(f"image {self.image} not found: build it with "
                                "docker/build-image.sh (or set LEDGERMQ_IMAGE)")
-        _live.add(self)
+        self._register()
         try:
             (self.out / "logs").mkdir(parents=True, exist_ok=True)
             rng = random.Random(f"{self.seed}-{self.project}")
@@ -327,7 +314,7 @@ class DockerBackend(Backend):
                 if down.returncode != 0:
                     self.log(f"chaos: docker-compose down failed: {down.stderr.strip()}")
                 self._up = False
-            _live.discard(self)
+            self._unregister()
 
     # ------------------------------------------------------------ nodes
 

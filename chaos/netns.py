@@ -28,7 +28,6 @@ backend started, removes its chain and deletes its namespace.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import ctypes
 import os
@@ -53,17 +52,6 @@ PROXY_PORT_BASE = 7100
 NAMESRV = "127.0.0.1:9876"
 READY = "broker listening on"
 
-_live: set[NetnsBackend] = set()
-_counter = 0
-
-
-def _close_all_at_exit() -> None:
-    for backend in list(_live):
-        with contextlib.suppress(Exception):
-            backend.close()
-
-
-atexit.register(_close_all_at_exit)
 
 
 def node_ip(node: int) -> str:
@@ -110,13 +98,12 @@ def netns_available() -> str | None:
 class NetnsBackend(Backend):
     def __init__(self, spec: ClusterSpec, out: str | Path, *, log: Callable[[str], None] = print,
                  seed: int = 0) -> None:
-        global _counter
-        _counter += 1
+        run = self.run_number()
         self.spec = spec
         self.out = Path(out)
         self.log = log
         self.seed = seed
-        self.ns = f"lmq-chaos-{os.getpid()}-{_counter}"
+        self.ns = f"lmq-chaos-{os.getpid()}-{run}"
         self.chain = f"LMQ-CHAOS-{os.getpid()}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._log_files: list[IO[bytes]] = []
@@ -145,7 +132,7 @@ class NetnsBackend(Backend):
         reason = netns_available()
         if reason:
             raise CannotInject(reason)
-        _live.add(self)
+        self._register()
         self._sh("ip", "netns", "add", self.ns, ns=False)
         self._created = True
         self._sh("ip", "link", "set", "lo", "up")
@@ -239,7 +226,7 @@ class NetnsBackend(Backend):
             self._sh("iptables", "-w", "-X", self.chain, check=False)
             self._sh("ip", "netns", "del", self.ns, check=False, ns=False)
             self._created = False
-        _live.discard(self)
+        self._unregister()
 
     # ------------------------------------------------------------ processes
 
