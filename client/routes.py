@@ -150,6 +150,14 @@ class Cluster:
         self._routes[topic] = (time.monotonic(), groups)
         return groups
 
+    def cached_route(self, topic: str, now: float) -> list[GroupRoute] | None:
+        """The cached route if still fresh at `now` (time.monotonic()), else None:
+        lets a producer pick a queue without awaiting anything."""
+        cached = self._routes.get(topic)
+        if cached is not None and now - cached[0] < self.route_ttl:
+            return cached[1]
+        return None
+
     async def try_route(self, topic: str, refresh: bool = False) -> list[GroupRoute]:
         with contextlib.suppress(UnknownTopicError):
             return await self.route(topic, refresh)
@@ -191,9 +199,16 @@ class Cluster:
     def leader_address(self, route: GroupRoute, attempt: int = 0) -> str:
         """Where writes for the group go: the hint, the route's leader, or (no
         leader known) the nodes in turn, which answer NOT_LEADER with a hint."""
+        suspects = self._suspects
+        if not suspects:  # the common case: nothing failed lately
+            known = self._hints.get(route.group) or route.leader
+            if known:
+                return known
         now = time.monotonic()
+        for address in [a for a, until in suspects.items() if until < now]:
+            del suspects[address]  # expired: keeps the common case above common
         for known in (self._hints.get(route.group), route.leader):
-            if known and self._suspects.get(known, 0) < now:
+            if known and suspects.get(known, 0) < now:
                 return known
         if not route.nodes:
             raise LedgerMQError(f"group {route.group} has no known nodes")
