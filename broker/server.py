@@ -31,7 +31,8 @@ from broker.longpoll import LongPoll
 from broker.members import Membership
 from broker.registrar import Registrar
 from broker.state import BrokerState, Stored
-from commitlog import KIND_CONTROL, CommitLogConfig, Entry
+from commitlog import KIND_CONTROL, KIND_MESSAGES, CommitLogConfig, Entry
+from commitlog.columns import queue_groups, scan_body
 from consumequeue import ConsumeQueueStore
 from ledgermq.errors import (
     NotLeaderError,
@@ -223,13 +224,15 @@ class Broker:
         assert self.cq is not None
         touched: set[tuple[str, int]] = set()
         keep = self.node is not None and self.node.role == "leader"
-        for entry in entries:
-            stored = self.state.apply(entry)
-            if stored:
-                touched.update((s.topic, s.queue_id) for s in stored)
+        # Each MESSAGES body is scanned once, for the state and the queues.
+        scanned = [scan_body(e.body) if e.kind == KIND_MESSAGES else None for e in entries]
+        for entry, columns in zip(entries, scanned, strict=True):
+            stored = self.state.apply(entry, columns)
+            if columns is not None:
+                touched.update(key for key, _ in queue_groups(columns))
                 if keep:
                     self._results[entry.index] = stored
-        self.cq.dispatch(entries)
+        self.cq.dispatch(entries, scanned)
         if len(self._results) > _RESULTS_KEPT:
             for index in list(self._results)[: len(self._results) - _RESULTS_KEPT]:
                 del self._results[index]

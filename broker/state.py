@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from itertools import repeat
+from typing import NamedTuple, overload
+
+import numpy as np
 
 from broker.control import MAX_QUEUES, PERM_RW, decode_control
 from commitlog import HEADER_SIZE, KIND_CONTROL, KIND_MESSAGES, Entry
-from commitlog.message import MESSAGE_HEAD, MESSAGE_HEAD_SIZE
+from commitlog.columns import RecordColumns, queue_groups, scan_body
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,50 @@ class Stored(NamedTuple):
     queue_offset: int
 
 
+class AppliedRecords(Sequence[Stored]):
+    """Where the messages of one applied entry went (records lo..hi-1), kept
+    as columns: a `Stored` is made only for the records someone asks about
+    (a reply needs a few, a duplicate lookup one)."""
+
+    __slots__ = ("base", "hi", "lo", "queue_ids", "queue_offsets", "starts", "topic_ids",
+                 "topics")
+
+    def __init__(self, base: int, starts: np.ndarray, topics: list[str],
+                 topic_ids: np.ndarray, queue_ids: np.ndarray, queue_offsets: np.ndarray,
+                 lo: int, hi: int) -> None:
+        self.base, self.starts, self.topics, self.topic_ids = base, starts, topics, topic_ids
+        self.queue_ids, self.queue_offsets, self.lo, self.hi = queue_ids, queue_offsets, lo, hi
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def stored(self, record: int) -> Stored:
+        """The record'th record of the whole entry (ignoring lo)."""
+        return Stored(self.base + int(self.starts[record]),
+                      self.topics[int(self.topic_ids[record])],
+                      int(self.queue_ids[record]), int(self.queue_offsets[record]))
+
+    @overload
+    def __getitem__(self, k: int) -> Stored: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> AppliedRecords: ...
+
+    def __getitem__(self, k: int | slice) -> Stored | AppliedRecords:
+        if isinstance(k, slice):
+            lo, hi, step = k.indices(len(self))
+            if step != 1:
+                raise ValueError("AppliedRecords slices have step 1")
+            return AppliedRecords(self.base, self.starts, self.topics, self.topic_ids,
+                                  self.queue_ids, self.queue_offsets, self.lo + lo,
+                                  self.lo + max(lo, hi))
+        if k < 0:
+            k += len(self)
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        return self.stored(self.lo + k)
+
+
 class _Producer:
     """One producer's remembered sequences. `order` holds them oldest first:
     the oldest is read on every lookup, and a dict's first key is not O(1)
@@ -50,7 +98,8 @@ class _Producer:
     __slots__ = ("high", "order", "recent")
 
     def __init__(self) -> None:
-        self.recent: dict[int, Stored] = {}
+        # sequence -> Stored, or (AppliedRecords, record) made into one on lookup
+        self.recent: dict[int, Stored | tuple[AppliedRecords, int]] = {}
         self.order: deque[int] = deque()
         self.high = -1  # highest sequence ever recorded
 
@@ -80,9 +129,7 @@ class ProducerTable:
         producers = self._producers
         producer = producers.get(producer_id)
         if producer is None:
-            producer = producers[producer_id] = _Producer()
-            if len(producers) > self.producers_max:
-                producers.popitem(last=False)
+            producer = self._touch(producer_id)
         else:
             producers.move_to_end(producer_id)
         recent, order = producer.recent, producer.order
@@ -95,6 +142,40 @@ class ProducerTable:
                 if sequence > high:
                     high = sequence
         producer.high = high
+        self._evict(producer)
+
+    def record_applied(self, producer_id: int, sequences: np.ndarray, applied: AppliedRecords,
+                       members: np.ndarray | None) -> None:
+        """Remember one producer's messages of one applied entry: `sequences`
+        of its records `members` (None: every record of the entry)."""
+        seqs = sequences.tolist()
+        records = range(len(seqs)) if members is None else members.tolist()
+        producer = self._producers.get(producer_id)
+        if (producer is None or seqs[0] > producer.high) and (
+                len(seqs) == 1 or bool((sequences[1:] > sequences[:-1]).all())):
+            # New and increasing (the normal case): no per-record checks.
+            if producer is None:
+                producer = self._touch(producer_id)
+            else:
+                self._producers.move_to_end(producer_id)
+            producer.recent.update(zip(seqs, zip(repeat(applied), records, strict=False),
+                                       strict=True))
+            producer.order.extend(seqs)
+            producer.high = seqs[-1]
+            self._evict(producer)
+            return
+        self.record_many(producer_id, [(seq, (applied, k))  # type: ignore[misc]
+                                       for seq, k in zip(seqs, records, strict=True)])
+
+    def _touch(self, producer_id: int) -> _Producer:
+        producers = self._producers
+        producer = producers[producer_id] = _Producer()
+        if len(producers) > self.producers_max:
+            producers.popitem(last=False)
+        return producer
+
+    def _evict(self, producer: _Producer) -> None:
+        order, recent = producer.order, producer.recent
         excess = len(order) - self.window
         if excess > 0:
             popleft = order.popleft
@@ -108,6 +189,9 @@ class ProducerTable:
             return False, None
         stored = producer.recent.get(sequence)
         if stored is not None:
+            if type(stored) is tuple:
+                applied, record = stored
+                stored = applied.stored(record)
             return True, stored
         order = producer.order
         if len(order) >= self.window and order and sequence < order[0]:
@@ -129,58 +213,49 @@ class BrokerState:
 
     # ----------------------------------------------------------------- apply
 
-    def apply(self, entry: Entry) -> list[Stored]:
-        """Apply one committed entry; for MESSAGES, where each message went."""
+    def apply(self, entry: Entry, columns: RecordColumns | None = None) -> Sequence[Stored]:
+        """Apply one committed entry; for MESSAGES, where each message went.
+        `columns`: the entry body's `scan_body`, when the caller has it."""
         if entry.index <= self.applied_index:
             raise ValueError(f"entry {entry.index} applied twice (applied {self.applied_index})")
         self.applied_index = entry.index
         if entry.kind == KIND_MESSAGES:
-            return self._apply_messages(entry)
+            return self._apply_messages(entry, columns)
         if entry.kind == KIND_CONTROL:
             self._apply_control(entry)
         return []
 
-    def _apply_messages(self, entry: Entry) -> list[Stored]:
-        # The hot loop of every replica (and of recovery): iter_records inlined.
-        body = entry.body
-        base = entry.position + HEADER_SIZE
-        result: list[Stored] = []
-        append = result.append
+    def _apply_messages(self, entry: Entry, columns: RecordColumns | None) -> AppliedRecords:
+        # The hot path of every replica (and of recovery): whole columns per
+        # queue and per producer, no Python object per record.
+        if columns is None:
+            columns = scan_body(entry.body)
+        n = len(columns)
         queue_next = self.queue_next
-        by_producer: dict[int, list[tuple[int, Stored]]] = {}
-        names: dict[bytes, str] = {}
-        unpack = MESSAGE_HEAD.unpack_from
-        offset = 0
-        end = len(body)
-        while offset < end:
-            if end - offset < MESSAGE_HEAD_SIZE:
-                raise ValueError(f"truncated message head at body offset {offset}")
-            fields = unpack(body, offset)
-            size = fields[0]
-            if (size != MESSAGE_HEAD_SIZE + fields[9] + fields[10] + fields[11] + fields[12]
-                    + fields[13] + fields[14] or offset + size > end):
-                raise ValueError(f"message size {size} inconsistent at body offset {offset}")
-            p = offset + MESSAGE_HEAD_SIZE
-            raw = body[p : p + fields[9]]
-            topic = names.get(raw)
-            if topic is None:
-                topic = names[raw] = raw.decode()
-            queue_id = fields[1]
-            key = (topic, queue_id)
-            queue_offset = queue_next.get(key, 0)
-            queue_next[key] = queue_offset + 1
-            stored = Stored(base + offset, topic, queue_id, queue_offset)
-            append(stored)
-            producer_id = fields[6]
-            if producer_id:
-                items = by_producer.get(producer_id)
-                if items is None:
-                    items = by_producer[producer_id] = []
-                items.append((fields[7], stored))
-            offset += size
-        for producer_id, items in by_producer.items():
-            self.producers.record_many(producer_id, items)
-        return result
+        queue_offsets = np.empty(n, dtype=np.int64)
+        for key, members in queue_groups(columns):
+            start = queue_next.get(key, 0)
+            count = n if members is None else len(members)
+            queue_next[key] = start + count
+            if members is None:
+                queue_offsets[:] = np.arange(start, start + count)
+            else:
+                queue_offsets[members] = np.arange(start, start + count)
+        applied = AppliedRecords(entry.position + HEADER_SIZE, columns.starts, columns.topics,
+                                 columns.topic_ids, columns.heads["queue_id"], queue_offsets,
+                                 0, n)
+        producer_ids = columns.heads["producer_id"]
+        first = int(producer_ids[0]) if n else 0
+        if n <= 1 or (producer_ids == first).all():
+            if first:
+                self.producers.record_applied(first, columns.heads["sequence"], applied, None)
+        else:
+            for producer_id in np.unique(producer_ids).tolist():
+                if producer_id:
+                    members = np.flatnonzero(producer_ids == producer_id)
+                    self.producers.record_applied(
+                        producer_id, columns.heads["sequence"][members], applied, members)
+        return applied
 
     def _apply_control(self, entry: Entry) -> None:
         try:

@@ -96,17 +96,22 @@ class ConsumeQueue:
 
     def append(self, units: list[tuple[int, int, int]]) -> None:
         """Append units (physical offset, size, tag hash) at max_offset."""
+        self.append_encoded(encode_units(units), len(units))
+
+    def append_encoded(self, raw: bytes, count: int) -> None:
+        """Append `count` units already encoded back to back (UNIT_DTYPE bytes)."""
         offset = self.max_offset
         start = 0
-        while start < len(units):
+        while start < count:
             base = offset // self.units_per_file * self.units_per_file
-            take = min(len(units) - start, base + self.units_per_file - offset)
+            take = min(count - start, base + self.units_per_file - offset)
             fd = self._fds.get(base)
             if fd is None:
                 fd = self._fds[base] = open_append(self._path(base))
                 self._lengths[base] = 0
             at = (offset - base) * UNIT_SIZE
-            write_at_end(fd, at, encode_units(units[start : start + take]), self._path(base))
+            piece = raw if take == count else raw[start * UNIT_SIZE : (start + take) * UNIT_SIZE]
+            write_at_end(fd, at, piece, self._path(base))
             self._lengths[base] = max(self._lengths[base], at + take * UNIT_SIZE)
             self._dirty.add(base)
             offset += take

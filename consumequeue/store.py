@@ -17,10 +17,13 @@ import os
 import re
 import shutil
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from commitlog import HEADER_SIZE, KIND_MESSAGES, CommitLog, Entry, iter_records, tag_hash
+from commitlog.columns import RecordColumns, queue_groups, scan_body
 from commitlog.message import MESSAGE_HEAD_SIZE
 from consumequeue.checkpoint import (
     DispatchCheckpoint,
@@ -28,6 +31,7 @@ from consumequeue.checkpoint import (
     write_dispatch_checkpoint,
 )
 from consumequeue.queue import ConsumeQueue, Unit
+from consumequeue.unit import UNIT_DTYPE
 
 _TOPIC_DIR = re.compile(r"^[A-Za-z0-9_%|-]{1,127}$")
 QueueKey = tuple[str, int]
@@ -41,6 +45,30 @@ class DispatchRecovery:
     units_dropped: int = 0
     queues_rebuilt: list[QueueKey] = field(default_factory=list)
     foreign_files: list[str] = field(default_factory=list)
+
+
+def units_by_queue(entry: Entry, columns: RecordColumns | None = None
+                   ) -> list[tuple[QueueKey, np.ndarray]]:
+    """The ConsumeQueue units (UNIT_DTYPE) of a MESSAGES entry, per queue, in
+    log order; `columns` is the body's `scan_body` if the caller has it."""
+    if columns is None:
+        columns = scan_body(entry.body)
+    base = entry.position + HEADER_SIZE
+    sizes, starts, hashes = columns.heads["size"], columns.starts, columns.tag_hashes
+    out = []
+    for key, members in queue_groups(columns):
+        if members is None:
+            units = np.empty(len(starts), dtype=UNIT_DTYPE)
+            units["offset"] = starts + base
+            units["size"] = sizes
+            units["tag_hash"] = hashes
+        else:
+            units = np.empty(len(members), dtype=UNIT_DTYPE)
+            units["offset"] = starts[members] + base
+            units["size"] = sizes[members]
+            units["tag_hash"] = hashes[members]
+        out.append((key, units))
+    return out
 
 
 def units_of_entry(entry: Entry) -> Iterable[tuple[QueueKey, tuple[int, int, int]]]:
@@ -158,22 +186,25 @@ class ConsumeQueueStore:
             self.queues[key] = queue
         return queue
 
-    def dispatch(self, entries: Iterable[Entry]) -> int:
-        """Index committed entries, which must directly follow dispatched_index."""
-        pending: dict[QueueKey, list[tuple[int, int, int]]] = defaultdict(list)
-        count = 0
+    def dispatch(self, entries: Sequence[Entry],
+                 columns: Sequence[RecordColumns | None] | None = None) -> int:
+        """Index committed entries, which must directly follow dispatched_index.
+        `columns[i]`: entry i's `scan_body` when the caller already has it."""
+        pending: dict[QueueKey, list[np.ndarray]] = defaultdict(list)
         index, end = self.dispatched_index, self.dispatched_end
-        for entry in entries:
+        for i, entry in enumerate(entries):
             if entry.index != index + 1:
                 raise ValueError(f"dispatch of entry {entry.index} after {index}")
-            for key, unit in units_of_entry(entry):
-                pending[key].append(unit)
+            if entry.kind == KIND_MESSAGES:
+                scanned = columns[i] if columns is not None else None
+                for key, units in units_by_queue(entry, scanned):
+                    pending[key].append(units)
             index, end = entry.index, entry.end
-            count += 1
-        for key, units in pending.items():
-            self._queue(key).append(units)
+        for key, parts in pending.items():
+            units = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            self._queue(key).append_encoded(units.tobytes(), len(units))
         self.dispatched_index, self.dispatched_end = index, end
-        return count
+        return len(entries)
 
     def dispatch_committed(self, commit_index: int, batch_bytes: int = 4 << 20) -> int:
         """Dispatch every entry up to `commit_index` not yet dispatched."""

@@ -1,0 +1,190 @@
+"""The record heads of a MESSAGES entry body as numpy columns, in one pass.
+
+Every replica walks every committed entry twice (state-machine apply and
+ConsumeQueue dispatch) and the leader walks every request once more to check
+it. A Python loop over records costs a tuple, a few slices and a few dict
+operations per message, which on a 2-core machine is a large share of the
+broker's CPU; `scan_body` instead walks only the size chain in Python (the one
+part that is inherently sequential), gathers the fixed 68-byte heads with one
+numpy fancy-index, and answers the per-record questions (topic, tag hash) per
+distinct value rather than per record when the records agree, as the records
+of one producer batch or one group commit almost always do.
+
+The result is the same as walking `message.iter_records`: the same errors for
+a malformed body (ValueError), the same fields.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
+from crc32c import crc32c
+
+from commitlog.message import MESSAGE_HEAD, MESSAGE_HEAD_SIZE
+
+# The packed numpy twin of MESSAGE_HEAD ("<IIIIqqQQIHHHHII").
+HEAD_DTYPE = np.dtype([
+    ("size", "<u4"), ("queue_id", "<u4"), ("flag", "<u4"), ("sys_flag", "<u4"),
+    ("born", "<i8"), ("store", "<i8"), ("producer_id", "<u8"), ("sequence", "<u8"),
+    ("reconsume", "<u4"), ("topic_len", "<u2"), ("tags_len", "<u2"), ("keys_len", "<u2"),
+    ("host_len", "<u2"), ("props_len", "<u4"), ("body_len", "<u4"),
+])
+assert HEAD_DTYPE.itemsize == MESSAGE_HEAD_SIZE == MESSAGE_HEAD.size
+_HEAD_COLUMNS = np.arange(MESSAGE_HEAD_SIZE, dtype=np.int64)
+_SIZE = struct.Struct("<I").unpack_from
+STORE_TIMESTAMP_AT = 24  # byte offset of the store timestamp inside a head
+
+
+@dataclass(slots=True)
+class RecordColumns:
+    """One column per head field of interest, one row per record, in body order."""
+
+    starts: np.ndarray       # int64: record start, relative to the body
+    heads: np.ndarray        # HEAD_DTYPE: every head field
+    topics: list[str]        # distinct topics, first-seen order
+    topic_ids: np.ndarray    # int64 index into `topics`, per record
+    tag_hashes: np.ndarray   # uint64 CRC32C of the tags (0: none), per record
+    groups: list | None = None  # queue_groups(), computed once
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return self.heads["size"]
+
+    @property
+    def queue_ids(self) -> np.ndarray:
+        return self.heads["queue_id"]
+
+
+
+def _walk(body: bytes | bytearray | memoryview, raw: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray | None]:
+    """(record starts, the body as an (n, size) matrix when every record has
+    the same size, else None). Uniform sizes, the common case, are checked by
+    numpy; otherwise the size chain is followed in Python."""
+    end = len(body)
+    if end < MESSAGE_HEAD_SIZE:
+        raise ValueError(f"truncated message head at body offset 0 ({end} bytes)")
+    first = _SIZE(body, 0)[0]
+    if first >= MESSAGE_HEAD_SIZE and end % first == 0:
+        matrix = raw.reshape(end // first, first)
+        if (matrix[:, :4].view("<u4")[:, 0] == first).all():
+            return np.arange(0, end, first, dtype=np.int64), matrix
+    found = []
+    append = found.append
+    offset = 0
+    while offset < end:
+        if end - offset < MESSAGE_HEAD_SIZE:
+            raise ValueError(f"truncated message head at body offset {offset}")
+        size = _SIZE(body, offset)[0]
+        if size < MESSAGE_HEAD_SIZE or offset + size > end:
+            raise ValueError(f"message size {size} inconsistent at body offset {offset}")
+        append(offset)
+        offset += size
+    return np.array(found, dtype=np.int64), None
+
+
+def _strings(body: bytes | bytearray | memoryview, raw: np.ndarray, matrix: np.ndarray | None,
+             starts: np.ndarray, at: np.ndarray, lengths: np.ndarray
+             ) -> tuple[list[bytes], np.ndarray]:
+    """Distinct byte strings body[start+at : start+at+length] and each record's
+    index among them; one numpy comparison when all records carry the same."""
+    first_at, first_len = int(at[0]), int(lengths[0])
+    first = bytes(body[first_at : first_at + first_len])  # starts[0] is 0
+    n = len(starts)
+    if (lengths == first_len).all() and (at == first_at).all():
+        if first_len == 0:
+            return [first], np.zeros(n, dtype=np.int64)
+        if matrix is not None:
+            region = matrix[:, first_at : first_at + first_len]
+        else:
+            region = raw[(starts + first_at)[:, None] + np.arange(first_len, dtype=np.int64)]
+        if (region == np.frombuffer(first, dtype=np.uint8)).all():
+            return [first], np.zeros(n, dtype=np.int64)
+    distinct: dict[bytes, int] = {}
+    ids = np.empty(n, dtype=np.int64)
+    for i, (s, a, k) in enumerate(zip(starts.tolist(), at.tolist(), lengths.tolist(),
+                                      strict=True)):
+        value = bytes(body[s + a : s + a + k])
+        j = distinct.get(value)
+        if j is None:
+            j = distinct[value] = len(distinct)
+        ids[i] = j
+    return list(distinct), ids
+
+
+def scan_body(body: bytes | bytearray | memoryview) -> RecordColumns:
+    """Columns of every record of a MESSAGES entry body; ValueError if malformed."""
+    raw = np.frombuffer(body, dtype=np.uint8)
+    if not len(raw):
+        return RecordColumns(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=HEAD_DTYPE), [],
+                             np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64), [])
+    starts, matrix = _walk(body, raw)
+    if matrix is not None:
+        rows = np.ascontiguousarray(matrix[:, :MESSAGE_HEAD_SIZE])
+    else:
+        rows = raw[starts[:, None] + _HEAD_COLUMNS]
+    heads = rows.view(HEAD_DTYPE)[:, 0]
+    # topic, tags, keys and host lengths (u2) then properties and body (u4).
+    lengths = (rows[:, 52:60].view("<u2").sum(axis=1, dtype=np.int64)
+               + rows[:, 60:68].view("<u4").sum(axis=1, dtype=np.int64))
+    bad = np.flatnonzero(heads["size"] != MESSAGE_HEAD_SIZE + lengths)
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"message size {int(heads['size'][i])} inconsistent at body"
+                         f" offset {int(starts[i])}")
+    topic_len = heads["topic_len"]
+    names, topic_ids = _strings(body, raw, matrix, starts,
+                                np.full(len(starts), MESSAGE_HEAD_SIZE, dtype=np.int64),
+                                topic_len)
+    try:
+        topics = [name.decode() for name in names]
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"topic name is not UTF-8: {exc}") from None
+    tags_len = heads["tags_len"]
+    if not tags_len.any():
+        tag_hashes = _zeros_u64(len(starts))
+    else:
+        tags, tag_ids = _strings(body, raw, matrix, starts,
+                                 MESSAGE_HEAD_SIZE + topic_len.astype(np.int64), tags_len)
+        hashes = np.array([crc32c(t) if t else 0 for t in tags], dtype=np.uint64)
+        tag_hashes = hashes[tag_ids]
+    return RecordColumns(starts, heads, topics, topic_ids, tag_hashes)
+
+
+def _zeros_u64(n: int) -> np.ndarray:
+    return np.zeros(n, dtype=np.uint64)
+
+
+def queue_groups(columns: RecordColumns) -> list[tuple[tuple[str, int], np.ndarray | None]]:
+    """((topic, queue id), record numbers in body order) per queue, in order of
+    first appearance; None instead of the numbers when one queue has them all."""
+    if columns.groups is not None:
+        return columns.groups
+    topics, topic_ids, queue_ids = columns.topics, columns.topic_ids, columns.heads["queue_id"]
+    codes = (topic_ids << 32) | queue_ids.astype(np.int64)
+    if not len(codes):
+        columns.groups = []
+        return columns.groups
+    if len(codes) == 1 or (codes == codes[0]).all():
+        groups: list[tuple[tuple[str, int], np.ndarray | None]] = [
+            ((topics[int(topic_ids[0])], int(queue_ids[0])), None)]
+    else:
+        order = np.argsort(codes, kind="stable")
+        ordered = codes[order]
+        cuts = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(codes)]
+        found = []
+        for a, b in pairwise(cuts):
+            members = order[a:b]
+            first = int(members[0])
+            found.append((first, (topics[int(topic_ids[first])], int(queue_ids[first])),
+                          members))
+        found.sort(key=lambda item: item[0])
+        groups = [(key, members) for _, key, members in found]
+    columns.groups = groups
+    return groups
