@@ -38,11 +38,13 @@ from ledgermq.errors import (
 Send = Callable[[str, Any, int], Awaitable[Any]]
 _PER_MESSAGE = (MessageTooLargeError, InvalidRequestError, NoPermissionError, UnknownTopicError)
 
-# What a caller's future resolves to: (reply, alone). `alone` is False when
-# `reply` answers the whole combined request (the caller locates its records
-# with the numbers `Batch.add` gave it) and True when it answers the caller's
-# records sent by themselves (first record at byte 0, index 0, queue index 0).
-Outcome = tuple[Any, bool]
+# What a caller's future resolves to: (base, queue_offsets, results, alone),
+# the reply's fields (`results` is None unless the reply lists per-message
+# results). `alone` is False when the reply answers the whole combined request
+# (the caller locates its records with the numbers `Batch.add` gave it) and
+# True when it answers the caller's records sent by themselves (first record
+# at byte 0, index 0, queue index 0).
+Outcome = tuple[int | None, list[int] | None, list[dict[str, Any]] | None, bool]
 
 
 class Batch:
@@ -120,6 +122,46 @@ class SendCoalescer:
             asyncio.get_running_loop().call_soon(self._kick, address, state)
         return batch
 
+    def add_one(self, address: str, group: str, key: tuple[str, int],
+                future: asyncio.Future[Outcome], head: bytes, body: bytes
+                ) -> tuple[int, int, int, int]:
+        """`open`, append one record (its `head` and `body` bytes) and
+        `Batch.add` it, in one call (the producer's hot path). Returns (start
+        byte, record index, queue index, rank in its queue)."""
+        state = self._addresses.get(address)
+        if state is None or state.group != group:
+            state = self._addresses[address] = _Address(group)
+        queue = state.queue
+        size = len(head) + len(body)
+        if queue:
+            batch = queue[-1]
+            buf = batch.buf
+            if batch.count and (batch.count >= self.max_messages
+                                or len(buf) + size > self.max_bytes):
+                batch = Batch()
+                queue.append(batch)
+                buf = batch.buf
+        else:
+            batch = Batch()
+            queue.append(batch)
+            buf = batch.buf
+        if not state.scheduled and state.inflight < self.max_inflight:
+            state.scheduled = True
+            asyncio.get_running_loop().call_soon(self._kick, address, state)
+        start = len(buf)
+        buf += head
+        buf += body
+        first = batch.count
+        batch.count = first + 1
+        batch.waiters.append((future, start, start + size, 1))
+        slot = batch.keys.get(key)
+        if slot is None:
+            batch.keys[key] = [len(batch.keys), 1]
+            return start, first, len(batch.keys) - 1, 0
+        index, rank = slot
+        slot[1] = rank + 1
+        return start, first, index, rank
+
     async def submit(self, address: str, group: str, records: Sequence[bytes],
                      keys: Sequence[tuple[str, int]]) -> list[Result]:
         """Send already encoded `records` (client.records) to the broker at
@@ -156,11 +198,11 @@ class SendCoalescer:
                 firsts.append((batch.count, index, rank))
                 batch.count += j - i
             i = j
-        reply, alone = await future
+        base, offsets, results, alone = await future
         if alone:
-            return decode_reply(reply, group, records, keys)
+            return decode_reply({"base": base, "queue_offsets": offsets, "results": results},
+                                group, records, keys)
         out: list[Result] = []
-        results = reply.get("results")
         at = start
         k = 0
         for (first, index, rank), run_end in zip(firsts, _run_ends(keys), strict=True):
@@ -170,8 +212,7 @@ class SendCoalescer:
                     out.append((r["msg_id"], r["queue_id"], r["queue_offset"],
                                 bool(r.get("duplicate"))))
                 else:
-                    offsets = reply.get("queue_offsets")
-                    out.append((f"{group}@{reply['base'] + at:016X}", keys[k + n][1],
+                    out.append((f"{group}@{base + at:016X}", keys[k + n][1],
                                 None if offsets is None else offsets[index] + rank + n, False))
                 at += len(records[k + n])
             k = run_end
@@ -207,7 +248,7 @@ class SendCoalescer:
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 return
-            outcome = (reply, False)
+            outcome = (reply.get("base"), reply.get("queue_offsets"), reply.get("results"), False)
             for waiting in batch.waiters:
                 future = waiting[0]
                 if not future.done():
@@ -230,7 +271,8 @@ class SendCoalescer:
             _fail(future, exc)
         else:
             if not future.done():
-                future.set_result((reply, True))
+                future.set_result((reply.get("base"), reply.get("queue_offsets"),
+                                   reply.get("results"), True))
 
 
 def _run_ends(keys: Sequence[tuple[str, int]]) -> list[int]:

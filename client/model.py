@@ -39,6 +39,34 @@ class SendResult:
     queue_offset: int | None
     duplicate: bool = False
 
+    def __getattr__(self, name: str) -> Any:
+        # The producer stores the message id of a fresh result unformatted, as
+        # (group, physical offset) (`stored_result`); it is formatted on first
+        # use, so callers that never read it do not pay for it.
+        if name == "msg_id":
+            fields = self.__dict__
+            if "_group" in fields:
+                msg_id = fields["msg_id"] = f"{fields['_group']}@{fields['_offset']:016X}"
+                return msg_id
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+_new = object.__new__
+
+
+def stored_result(group: str, offset: int, queue: MessageQueue,
+                  queue_offset: int | None) -> SendResult:
+    """SendResult(f"{group}@{offset:016X}", queue, queue_offset), with the id
+    formatted when first read and without the frozen dataclass's setattr calls."""
+    result = _new(SendResult)
+    fields = result.__dict__
+    fields["_group"] = group
+    fields["_offset"] = offset
+    fields["queue"] = queue
+    fields["queue_offset"] = queue_offset
+    fields["duplicate"] = False
+    return result
+
 
 @dataclass
 class ReceivedMessage:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import secrets
 import socket
@@ -33,8 +34,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from client.coalesce import Outcome, SendCoalescer
-from client.model import Message, MessageQueue, SendResult
-from client.records import HEAD, HEAD_SIZE, encode_properties, encode_record
+from client.model import Message, MessageQueue, SendResult, stored_result
+from client.records import HEAD, HEAD_SIZE, SEQUENCE_AT, encode_properties, encode_record
 from client.routes import PERM_WRITE, RETRIABLE, Cluster, GroupRoute
 from ledgermq.codes import RequestCode
 from ledgermq.errors import (
@@ -51,25 +52,17 @@ log = logging.getLogger(__name__)
 
 _RETRY_LATER = (*RETRIABLE, ServiceUnavailableError, OutcomeUnknownError)
 _pack_head = HEAD.pack
-_new = object.__new__
 _monotonic = time.monotonic
 _time_ns = time.time_ns
+_get_running_loop = asyncio.get_running_loop
+_pack_sequence_into = struct.Struct("<Q").pack_into
+_PLAIN = {bytes}
 
 # Where a send goes, precomputed per queue of a route: (queue, its group's
-# route, (topic, queue id), topic as bytes, topic + born host as bytes).
-Slot = tuple[MessageQueue, GroupRoute, tuple[str, int], bytes, bytes]
-
-
-def _result(msg_id: str | None, queue: MessageQueue, queue_offset: int | None,
-            duplicate: bool) -> SendResult:
-    """SendResult(...) without the frozen dataclass's per-field setattr calls."""
-    result = _new(SendResult)
-    fields = result.__dict__
-    fields["msg_id"] = msg_id
-    fields["queue"] = queue
-    fields["queue_offset"] = queue_offset
-    fields["duplicate"] = duplicate
-    return result
+# route, (topic, queue id), topic as bytes, topic + born host as bytes, and
+# what packs a plain body's head with them: see _slots).
+Slot = tuple[MessageQueue, GroupRoute, tuple[str, int], bytes, bytes,
+             Callable[..., bytes], bytes, bytes]
 
 
 class Producer:
@@ -91,6 +84,7 @@ class Producer:
         self._background: set[asyncio.Task[Any]] = set()
         self.born_host = f"{socket.gethostname()}:0"
         self._host = self.born_host.encode()
+        self._store_pid = struct.pack("<qQ", 0, self.producer_id)  # store_ms 0, producer id
         # topic -> (the route's groups the slots were built from, the slots)
         self._plans: dict[str, tuple[list[GroupRoute], list[Slot]]] = {}
         self.retries = 0
@@ -123,56 +117,62 @@ class Producer:
                    ) -> SendResult:
         """Send one message and wait until the broker group acknowledges it."""
         started = _monotonic()
+        cluster = self.cluster
+        plan = self._plans.get(topic)
+        cached = cluster._routes.get(topic)  # Cluster.cached_route, inlined
+        if (plan is not None and queue is None and type(body) is bytes
+                and not (tags or keys or properties) and cached is not None
+                and plan[0] is cached[1] and started - cached[0] < cluster.route_ttl):
+            # The common case, with nothing awaited but the reply: the route
+            # is cached, the message a plain body, encoded straight into the
+            # request being built for the group's leader.
+            slots = plan[1]
+            if sharding_key is None:
+                n = self._round_robin
+                self._round_robin = n + 1
+                slot = slots[n % len(slots)]
+            else:
+                slot = slots[zlib.crc32(sharding_key.encode()) % len(slots)]
+            mq, route, key, _, topic_host, pack_head, c1, c3 = slot
+            group = route.group
+            pid = self.producer_id
+            if pid:
+                sequence = self._sequence
+                self._sequence = sequence + 1
+            else:
+                sequence = 0
+            address = (None if cluster._suspects
+                       else cluster._hints.get(group) or route.leader)
+            if not address:
+                address = cluster.leader_address(route)
+            try:
+                head = pack_head(HEAD_SIZE + len(topic_host) + len(body), c1,
+                                 _time_ns() // 1_000_000, self._store_pid, sequence, c3,
+                                 len(body), topic_host)
+            except struct.error as exc:
+                raise InvalidRequestError(f"message cannot be encoded: {exc}") from None
+            future: asyncio.Future[Outcome] = _get_running_loop().create_future()
+            start, first, index, rank = self.coalescer.add_one(
+                address, group, key, future, head, body)
+            try:
+                base, offsets, listed, alone = await future
+            except Exception as exc:
+                results = await self._send(topic, [body], sharding_key, None, timeout,
+                                           sequence=sequence, started=started,
+                                           failed=(exc, slot, address))
+                return results[0]
+            if alone:
+                first = index = rank = start = 0
+            if listed is not None:
+                return self._listed(listed, first, 1, mq, group)[0]
+            return stored_result(group, base + start, mq,
+                                 None if offsets is None else offsets[index] + rank)
         slot = None if queue is not None else self._cached_slot(topic, sharding_key, started)
-        if slot is None or type(body) is not bytes or tags or keys or properties:
-            message = body if isinstance(body, Message) else Message(
-                body, tags=tags, keys=keys, properties=dict(properties or {}))
-            results = await self._send(topic, [message], sharding_key, queue, timeout,
-                                       slot=slot, started=started)
-            return results[0]
-        # The common case, with nothing awaited but the reply: the route is
-        # cached, the message is a plain body, encoded straight into the
-        # request being built for the group's leader.
-        mq, route, key, topic_bytes, topic_host = slot
-        group = route.group
-        pid = self.producer_id
-        if pid:
-            sequence = self._sequence
-            self._sequence = sequence + 1
-        else:
-            sequence = 0
-        address = self.cluster.leader_address(route)
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        size = HEAD_SIZE + len(topic_host) + len(body)
-        try:
-            head = _pack_head(size, mq.queue_id, 0, 0, _time_ns() // 1_000_000, 0, pid,
-                              sequence, 0, len(topic_bytes), 0, 0, len(self._host), 0,
-                              len(body))
-        except struct.error as exc:
-            raise InvalidRequestError(f"message cannot be encoded: {exc}") from None
-        batch = self.coalescer.open(address, group, size, 1)
-        buf = batch.buf
-        start = len(buf)
-        buf += head
-        buf += topic_host
-        buf += body
-        first, index, rank = batch.add(future, key, start, 1)
-        try:
-            reply, alone = await future
-        except Exception as exc:
-            results = await self._send(topic, [Message(body)], sharding_key, None, timeout,
-                                       sequence=sequence, started=started,
-                                       failed=(exc, slot, address))
-            return results[0]
-        if alone:
-            first = index = rank = 0
-            start = 0
-        listed = reply.get("results")
-        if listed is not None:
-            return self._listed(listed, first, 1, mq, group)[0]
-        offsets = reply.get("queue_offsets")
-        return _result(f"{group}@{reply['base'] + start:016X}", mq,
-                       None if offsets is None else offsets[index] + rank, False)
+        message = body if isinstance(body, Message) else Message(
+            body, tags=tags, keys=keys, properties=dict(properties or {}))
+        results = await self._send(topic, [message], sharding_key, queue, timeout,
+                                   slot=slot, started=started)
+        return results[0]
 
     async def send_batch(self, topic: str, messages: Sequence[bytes | Message], *,
                          sharding_key: str | None = None, queue: MessageQueue | None = None,
@@ -236,12 +236,23 @@ class Producer:
         if plan is not None and plan[0] is groups:
             return plan[1]
         usable = [g for g in groups if g.perm & PERM_WRITE] or groups
-        topic_bytes = topic.encode()
-        topic_host = topic_bytes + self._host
-        slots = [(MessageQueue(topic, g.group, q), g, (topic, q), topic_bytes, topic_host)
-                 for g in usable for q in range(g.queues)]
+        slots = [self._slot(MessageQueue(topic, g.group, q), g) for g in usable
+                 for q in range(g.queues)]
         self._plans[topic] = (groups, slots)
         return slots
+
+    def _slot(self, mq: MessageQueue, route: GroupRoute) -> Slot:
+        topic_bytes = mq.topic.encode()
+        topic_host = topic_bytes + self._host
+        # A plain body's head (client.records.HEAD) and the topic and host that
+        # follow it, packed in one call: size, (queue id, flag, sys flag),
+        # born_ms, (store_ms, producer id), sequence, (reconsume times and the
+        # lengths of topic, tags, keys, host, properties), body length, topic
+        # and host.
+        pack_head = struct.Struct(f"<I12sq16sQ16sI{len(topic_host)}s").pack
+        return (mq, route, (mq.topic, mq.queue_id), topic_bytes, topic_host, pack_head,
+                struct.pack("<III", mq.queue_id, 0, 0),
+                struct.pack("<IHHHHI", 0, len(topic_bytes), 0, 0, len(self._host), 0))
 
     def _pick(self, slots: list[Slot], sharding_key: str | None) -> Slot:
         if sharding_key is not None:
@@ -271,15 +282,12 @@ class Producer:
         if not groups:
             raise UnknownTopicError(f"no broker group serves topic {topic!r}",
                                     data={"topic": topic})
-        slots = self._slots(topic, groups)
         if queue is not None:
             route = next((g for g in groups if g.group == queue.group), None)
             if route is None:
                 raise UnknownTopicError(f"group {queue.group} does not serve {topic!r}")
-            topic_bytes = queue.topic.encode()
-            return (queue, route, (queue.topic, queue.queue_id), topic_bytes,
-                    topic_bytes + self._host)
-        return self._pick(slots, sharding_key)
+            return self._slot(queue, route)
+        return self._pick(self._slots(topic, groups), sharding_key)
 
     def _records(self, mq: MessageQueue, messages: Sequence[Message],
                  sequences: Sequence[int]) -> list[bytes]:
@@ -304,57 +312,85 @@ class Producer:
 
     def _enqueue(self, address: str, group: str, slot: Slot,
                  messages: Sequence[bytes | Message], sequence: int
-                 ) -> tuple[asyncio.Future[Outcome], int, list[int], tuple[int, int, int]]:
+                 ) -> tuple[asyncio.Future[Outcome], int, Sequence[int], tuple[int, int, int]]:
         """Encode `messages` (sequences from `sequence` on) into the request
         being built for `address`; returns the future of its outcome, the first
         record's byte position, every record's position, and where the records
         are in the request (`Batch.add`)."""
-        mq, _, key, topic, topic_host = slot
+        mq, _, key, topic, topic_host = slot[:5]
         queue_id = mq.queue_id
         host = self._host
         pid = self.producer_id
-        step = 1 if pid else 0
-        fixed = HEAD_SIZE + len(topic) + len(host)
         lt, lh = len(topic), len(host)
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        nbytes = fixed * len(messages) + sum(
-            len(m) if type(m) is bytes else len(getattr(m, "body", m)) for m in messages)
-        batch = self.coalescer.open(address, group, nbytes, len(messages))
+        fixed = HEAD_SIZE + lt + lh
+        n = len(messages)
+        now = _time_ns() // 1_000_000
+        uniform = set(map(type, messages)) == _PLAIN and len(set(map(len, messages))) == 1
+        try:
+            if uniform:
+                # Plain bodies of one size (the usual batch): the heads differ
+                # only in the sequence, so the records are one join, with the
+                # sequences patched in afterwards.
+                size = fixed + len(messages[0])
+                head = _pack_head(size, queue_id, 0, 0, now, 0, pid, 0, 0, lt, 0, 0, lh, 0,
+                                  size - fixed) + topic_host
+                blob = head.join(messages)
+                nbytes = n * size
+            else:
+                parts: list[bytes] = []
+                append = parts.append
+                sizes = []
+                step = 1 if pid else 0
+                for m in messages:
+                    if type(m) is bytes:
+                        size = fixed + len(m)
+                        append(_pack_head(size, queue_id, 0, 0, now, 0, pid, sequence, 0,
+                                          lt, 0, 0, lh, 0, len(m)))
+                        append(topic_host)
+                        append(m)
+                    else:
+                        if not isinstance(m, Message):
+                            m = Message(m)
+                        body = m.body
+                        if type(body) is not bytes:
+                            body = body.encode() if isinstance(body, str) else bytes(body)
+                        tags = m.tags.encode()
+                        keys = m.keys.encode()
+                        props = encode_properties(m.properties) if m.properties else b""
+                        size = fixed + len(tags) + len(keys) + len(props) + len(body)
+                        append(_pack_head(size, queue_id, m.flag, 0, now, 0, pid, sequence, 0,
+                                          lt, len(tags), len(keys), lh, len(props),
+                                          len(body)))
+                        append(topic)
+                        append(tags)
+                        append(keys)
+                        append(host)
+                        append(props)
+                        append(body)
+                    sizes.append(size)
+                    sequence += step
+                blob = b"".join(parts)
+                nbytes = len(blob)
+        except (ValueError, TypeError, struct.error) as exc:
+            raise InvalidRequestError(f"message cannot be encoded: {exc}") from None
+        future: asyncio.Future[Outcome] = _get_running_loop().create_future()
+        batch = self.coalescer.open(address, group, nbytes, n)
         buf = batch.buf
         start = len(buf)
-        positions = []
-        now = _time_ns() // 1_000_000
-        try:
-            for m in messages:
-                positions.append(len(buf))
-                if type(m) is bytes:
-                    buf += _pack_head(fixed + len(m), queue_id, 0, 0, now, 0, pid, sequence, 0,
-                                      lt, 0, 0, lh, 0, len(m))
-                    buf += topic_host
-                    buf += m
-                else:
-                    if not isinstance(m, Message):
-                        m = Message(m)
-                    body = m.body
-                    if type(body) is not bytes:
-                        body = body.encode() if isinstance(body, str) else bytes(body)
-                    tags = m.tags.encode()
-                    keys = m.keys.encode()
-                    props = encode_properties(m.properties) if m.properties else b""
-                    buf += _pack_head(fixed + len(tags) + len(keys) + len(props) + len(body),
-                                      queue_id, m.flag, 0, now, 0, pid, sequence, 0, lt,
-                                      len(tags), len(keys), lh, len(props), len(body))
-                    buf += topic
-                    buf += tags
-                    buf += keys
-                    buf += host
-                    buf += props
-                    buf += body
-                sequence += step
-        except (ValueError, TypeError, struct.error) as exc:
-            del buf[start:]
-            raise InvalidRequestError(f"message cannot be encoded: {exc}") from None
-        return future, start, positions, batch.add(future, key, start, len(messages))
+        positions: Sequence[int]
+        if uniform:
+            buf += head
+            buf += blob
+            positions = range(start, start + nbytes, size)
+            if pid:
+                for seq, at in enumerate(range(start + SEQUENCE_AT, start + nbytes, size),
+                                         sequence):
+                    _pack_sequence_into(buf, at, seq)
+        else:
+            buf += blob
+            sizes.pop()
+            positions = list(itertools.accumulate(sizes, initial=start))
+        return future, start, positions, batch.add(future, key, start, n)
 
     @staticmethod
     def _listed(results: list[dict[str, Any]], first: int, n: int, mq: MessageQueue,
@@ -374,22 +410,16 @@ class Producer:
         group = slot[1].group
         future, start, positions, (first, index, rank) = self._enqueue(
             address, group, slot, messages, sequence)
-        reply, alone = await future
+        base, offsets, listed, alone = await future
         if alone:
             first = index = rank = 0
-            shift = start
-        else:
-            shift = 0
-        listed = reply.get("results")
+            base -= start
         if listed is not None:
             return self._listed(listed, first, len(positions), mq, group)
-        base = reply["base"] - shift
-        offsets = reply.get("queue_offsets")
-        prefix = group + "@"
         if offsets is None:
-            return [_result(f"{prefix}{base + at:016X}", mq, None, False) for at in positions]
+            return [stored_result(group, base + at, mq, None) for at in positions]
         offset = offsets[index] + rank
-        return [_result(f"{prefix}{base + at:016X}", mq, offset + k, False)
+        return [stored_result(group, base + at, mq, offset + k)
                 for k, at in enumerate(positions)]
 
     async def _send(self, topic: str, messages: Sequence[bytes | Message],

@@ -23,6 +23,7 @@ from typing import Any
 HEAD = struct.Struct("<IIIIqqQQIHHHHII")
 HEAD_SIZE = HEAD.size  # 68
 _pack_head = HEAD.pack
+SEQUENCE_AT = struct.calcsize("<IIIIqqQ")  # 40: where a head's sequence is
 
 # One result per message: (msg_id, queue_id, queue_offset, duplicate).
 Result = tuple[str | None, int | None, int | None, bool]

@@ -39,6 +39,8 @@ def parse(blob: bytes) -> list[tuple[int, tuple[Any, ...], bytes]]:
         head = HEAD.unpack_from(blob, pos)
         size = head[0]
         assert size == HEAD_SIZE + sum(head[9:15]), "size does not match the field lengths"
+        assert head[3] == head[5] == head[8] == 0, "sys flag, store time, reconsume times"
+        assert head[4] > 1_600_000_000_000, "born timestamp"
         out.append((pos, head, bytes(blob[pos:pos + size])))
         pos += size
     assert pos == len(blob), "truncated record"

@@ -303,7 +303,8 @@ def test_coalescer_submit_with_records_of_several_queues() -> None:
             await producer.send("t", b"warm")  # connection and route
             coalescer = SendCoalescer(producer._send_request)
             keys = [("t", 1), ("t", 1), ("t", 2), ("u", 1), ("t", 1)]
-            records = [encode_record(t.encode(), q, b"%d" % k, b"", b"", b"h:0", b"", 0, 1, 0, 0)
+            records = [encode_record(t.encode(), q, b"%d" % k, b"", b"", b"h:0", b"", 0,
+                                      1_700_000_000_000, 0, 0)
                        for k, (t, q) in enumerate(keys)]
             first, second = await asyncio.gather(coalescer.submit(broker.address, "g1", records,
                                                                   keys),
@@ -318,6 +319,90 @@ def test_coalescer_submit_with_records_of_several_queues() -> None:
                 assert (rec.topic, rec.queue_id, rec.queue_offset) == (topic, q, offset)
                 assert queue_id == q and not dup
             assert [by_id[r[0]].body for r in first] == [b"0", b"1", b"2", b"3", b"4"]
+        finally:
+            await producer.close()
+            await broker.close()
+    run(main())
+
+
+def test_a_stored_result_behaves_like_the_dataclass_it_is() -> None:
+    import copy
+    import dataclasses
+    import pickle
+
+    from client.model import stored_result
+
+    mq = MessageQueue("t", "g1", 3)
+    eager = SendResult("g1@00000000000004D2", mq, 7)
+    assert pickle.loads(pickle.dumps(stored_result("g1", 1234, mq, 7))) == eager
+    assert copy.copy(stored_result("g1", 1234, mq, 7)) == eager
+    assert repr(stored_result("g1", 1234, mq, 7)) == repr(eager)
+    assert hash(stored_result("g1", 1234, mq, 7)) == hash(eager)
+    for lazy in (stored_result("g1", 1234, mq, 7), stored_result("g1", 1234, mq, 7)):
+        assert lazy == eager and hash(lazy) == hash(eager)
+        assert dataclasses.asdict(lazy) == dataclasses.asdict(eager)
+        assert dataclasses.replace(lazy, queue_offset=8).queue_offset == 8
+        assert lazy.msg_id == eager.msg_id and not lazy.duplicate
+    with pytest.raises(AttributeError):
+        eager.nothing  # noqa: B018
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stored_result("g1", 1, mq, 0).msg_id = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_batches_of_one_body_size_and_of_mixed_sizes(idempotent: bool) -> None:
+    async def main() -> None:
+        broker = await FakeBroker(queues=2).start()
+        broker.delay = 0.002
+        producer = Producer([broker.address], idempotent=idempotent)
+        try:
+            same = [b"%04d" % i for i in range(50)]
+            mixed = [b"a" * (i % 5) for i in range(50)]  # empty bodies too
+            out = await asyncio.gather(producer.send_batch("t", same),
+                                       producer.send_batch("t", mixed),
+                                       producer.send_batch("t", [b"only"]),
+                                       producer.send("t", b"single"))
+            by_id = {f"g1@{r.position:016X}": r for r in broker.records}
+            for bodies, results in zip((same, mixed, [b"only"]), out, strict=False):
+                check_results(broker, results)
+                assert [by_id[r.msg_id].body for r in results] == bodies
+                seqs = [by_id[r.msg_id].sequence for r in results]
+                if idempotent:
+                    assert seqs == list(range(seqs[0], seqs[0] + len(bodies)))
+                else:
+                    assert set(seqs) == {0}
+            seqs = sorted(r.sequence for r in broker.records)
+            assert seqs == (list(range(1, 103)) if idempotent else [0] * 102)
+        finally:
+            await producer.close()
+            await broker.close()
+    run(main())
+
+
+def test_a_retried_batch_keeps_its_sequences() -> None:
+    async def main() -> None:
+        broker = await FakeBroker().start()
+        producer = Producer([broker.address])
+        original = broker._send
+        lost = []
+
+        async def lose_first_answer(body, conn):
+            reply = await original(body, conn)
+            if not lost:
+                lost.append(reply)
+                raise ServiceUnavailableError("answer lost")
+            return reply
+
+        try:
+            await producer.send("t", b"warm")
+            broker.server.handlers[200] = lose_first_answer
+            results = await producer.send_batch("t", [b"x" * 10] * 20)
+            assert all(r.duplicate for r in results)
+            assert len(broker.records) == 21
+            check = {f"g1@{r.position:016X}": r for r in broker.records}
+            assert [check[r.msg_id].sequence for r in results] == list(range(2, 22))
+            assert [r.queue_offset for r in results] == [check[r.msg_id].queue_offset
+                                                         for r in results]
         finally:
             await producer.close()
             await broker.close()
