@@ -178,6 +178,8 @@ class Producer:
                          sharding_key: str | None = None, queue: MessageQueue | None = None,
                          timeout: float | None = None) -> list[SendResult]:
         """Send messages as one request (one entry on the broker), all to one queue."""
+        if type(messages) is not list and type(messages) is not tuple:
+            messages = list(messages)
         if not messages:
             return []
         started = _monotonic()

@@ -98,6 +98,9 @@ def test_send_batch_and_mixed_messages_in_one_request() -> None:
             seqs = [by_id[r.msg_id].sequence for r in out[0]]
             assert seqs == list(range(seqs[0], seqs[0] + 4))
             assert await producer.send_batch("t", []) == []
+            assert await producer.send_batch("t", iter(())) == []
+            from_generator = await producer.send_batch("t", (b"g%d" % i for i in range(3)))
+            check_results(broker, from_generator)
         finally:
             await producer.close()
             await broker.close()
