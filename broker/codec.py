@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from commitlog import StoredMessage
+from commitlog.columns import queue_groups, scan_body
 from commitlog.errors import MessageTooLargeError as StorageTooLarge
 from commitlog.message import MESSAGE_HEAD, MESSAGE_HEAD_SIZE, encode_properties, valid_topic
 from ledgermq.errors import InvalidRequestError, MessageTooLargeError
@@ -125,6 +128,52 @@ def scan_records(blob: Any, size_max: int) -> Scanned:
     MessageTooLargeError (`.size`, `.index` on the exception's data)."""
     if type(blob) is not bytes or not blob:
         raise InvalidRequestError("field 'records' must be non-empty binary")
+    scanned = _scan_columns(blob, size_max)
+    # Anything unusual (a bad record, non-ASCII text) takes the record-by-record
+    # path, which names the first offending record exactly.
+    return scanned if scanned is not None else _scan_one_by_one(blob, size_max)
+
+
+def _scan_columns(blob: bytes, size_max: int) -> Scanned | None:
+    """The whole-blob check (numpy columns); None when a record needs a closer look."""
+    try:
+        columns = scan_body(blob)
+    except ValueError:
+        return None
+    heads = columns.heads
+    if int(heads["size"].max()) > size_max or heads["sys_flag"].any():
+        return None
+    topics: dict[bytes, int] = {}
+    queue_ids = heads["queue_id"]
+    single = len(columns.topics) == 1
+    for t, name in enumerate(columns.topics):
+        if not valid_topic(name):
+            return None
+        top = queue_ids.max() if single else queue_ids[columns.topic_ids == t].max()
+        topics[name.encode()] = int(top)
+    # Tags, keys, born host and properties are decoded at pull time: each must
+    # be UTF-8. ASCII is, and is what clients send almost always.
+    texts = (heads["tags_len"].astype(np.int64) + heads["keys_len"] + heads["host_len"]
+             + heads["props_len"])
+    at = columns.starts + MESSAGE_HEAD_SIZE + heads["topic_len"]
+    if texts.any():
+        length = int(texts[0])
+        if (texts == length).all():
+            raw = np.frombuffer(blob, dtype=np.uint8)
+            region = raw[at[:, None] + np.arange(length, dtype=np.int64)]
+            if region.any() and int(region.max()) >= 0x80:
+                return None
+        elif not all(blob[a : a + n].isascii()
+                     for a, n in zip(at.tolist(), texts.tolist(), strict=True)):
+            return None
+    firsts = [0 if members is None else int(members[0])
+              for _, members in queue_groups(columns)]
+    starts = columns.starts.tolist()
+    idents = list(zip(heads["producer_id"].tolist(), heads["sequence"].tolist(), strict=True))
+    return Scanned(starts, idents, topics, firsts)
+
+
+def _scan_one_by_one(blob: bytes, size_max: int) -> Scanned:
     starts: list[int] = []
     idents: list[tuple[int, int]] = []
     topics: dict[bytes, int] = {}

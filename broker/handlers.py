@@ -64,6 +64,9 @@ class Handlers:
         self.b = broker
         self._creating: dict[str, asyncio.Task[None]] = {}
         self._inflight_seq: dict[tuple[int, int], tuple[asyncio.Future[tuple], int]] = {}
+        # Highest sequence ever put in flight per producer (a lower bound for
+        # "is anything of this request already in flight?"; never too low).
+        self._inflight_high: dict[int, int] = {}
 
     # ------------------------------------------------------------- topics
 
@@ -212,6 +215,31 @@ class Handlers:
         return {"base": first, "queue_offsets": None if stored is None else [
             stored[i].queue_offset for i in scanned.firsts]}
 
+    def _all_new(self, idents: list[tuple[int, int]]) -> bool:
+        """True when every record is an idempotent one of one producer, in
+        increasing sequence, above anything stored or in flight for it: the
+        normal request, which then needs no per-record duplicate check."""
+        producer_id, first = idents[0]
+        if not producer_id:
+            return False
+        if (first <= self._inflight_high.get(producer_id, -1)
+                or first <= self.b.state.producers.high(producer_id)):
+            return False
+        previous = first
+        for pid, seq in idents[1:]:
+            if pid != producer_id or seq <= previous:
+                return False
+            previous = seq
+        return True
+
+    def _note_inflight_high(self, mine: list) -> None:
+        highs = self._inflight_high
+        if len(highs) > 100_000:
+            highs.clear()  # only makes _all_new answer False until refilled
+        for (producer_id, seq), _ in mine:
+            if seq > highs.get(producer_id, -1):
+                highs[producer_id] = seq
+
     async def _store(self, records: Records, idents: list[tuple[int, int]]
                      ) -> tuple[list[dict] | None, tuple | None]:
         """Store the records whose (producer_id, sequence) is new.
@@ -227,7 +255,8 @@ class Handlers:
         first_of: dict[tuple[int, int], int] = {}
         lookup = self.b.state.producers.lookup
         inflight = self._inflight_seq
-        for i, key in enumerate(idents):
+        all_new = self._all_new(idents)
+        for i, key in enumerate(idents if not all_new else ()):
             if key[0]:
                 known, stored = lookup(key[0], key[1])
                 earlier = None if known else inflight.get(key)
@@ -271,6 +300,9 @@ class Handlers:
             shared: asyncio.Future[tuple] = asyncio.get_running_loop().create_future()
             mine = [(key, (shared, k)) for k, key in enumerate(fresh_idents) if key[0]]
             inflight.update(mine)
+            if mine:
+                # All new: increasing, so the last is the highest.
+                self._note_inflight_high(mine[-1:] if all_new else mine)
             try:
                 assert self.b.sends is not None
                 first, stored = await self.b.sends.submit(records, total, len(records.starts))

@@ -182,6 +182,11 @@ class ProducerTable:
             for _ in range(excess):
                 del recent[popleft()]
 
+    def high(self, producer_id: int) -> int:
+        """The producer's highest recorded sequence; -1 if none is known."""
+        producer = self._producers.get(producer_id)
+        return -1 if producer is None else producer.high
+
     def lookup(self, producer_id: int, sequence: int) -> tuple[bool, Stored | None]:
         """(already stored?, its location if still known)."""
         producer = self._producers.get(producer_id)
