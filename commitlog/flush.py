@@ -4,18 +4,16 @@ flusher for `async`.
 One Flusher owns every fsync of a CommitLog, one job (a sync round or a
 checkpoint) at a time; all bookkeeping runs on the event loop thread.
 
-Where the fsyncs run. Sync rounds go through io_uring on x86-64 Linux when
-the kernel allows it (`commitlog.disk.Uring`): the loop queues IORING_OP_FSYNC requests, a
+Where the fsyncs run. Sync rounds go through io_uring when the kernel allows
+it (`commitlog.disk.Uring`): the loop queues IORING_OP_FSYNC requests, a
 kernel worker runs them, and completions are read from shared memory (the
 ring's fd is also registered with the loop for when it is idle). No Python
 thread is involved, so nothing competes with the loop for the GIL: a Python
-fsync thread must retake the GIL to report back, and while the loop is busy it
-releases the GIL only for each short pwrite and usually retakes it before the
-woken thread runs, so such a thread lags exactly when appends are busiest
-(measured here: ~110 us from job submission to the thread running it).
-Otherwise (no io_uring, e.g. under a seccomp profile, or `log.run_sync`
-wrapped for metrics) rounds run `log.run_sync` on the Flusher's one thread,
-as checkpoints always do.
+fsync thread must retake the GIL to report back, and CPython 3.11 hands it
+back to a busy loop after every pwrite, so such a thread starves exactly when
+appends are busiest. Otherwise (no io_uring, e.g. under a seccomp profile, or
+`log.run_sync` wrapped for metrics) rounds run `log.run_sync` on the
+Flusher's one thread, as checkpoints always do.
 
 `flush="sync"` (pipelined group commit): an append's `wait_durable` completes
 only after an fdatasync covered it. A round covers everything appended until
