@@ -7,12 +7,9 @@ that knows what is durable.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
-import mmap
 import os
-import struct
 
 from commitlog.errors import DiskFullError, LockedError
 
@@ -93,26 +90,16 @@ def record_durable(path: str, length: int) -> None:
 DirtyFile = tuple[int, str, int]
 
 
-def sync_files(files: list[DirtyFile]) -> None:
-    """fdatasync every file (the fds stay open: see `close_files`)."""
-    for fd, path, length in files:
-        sync_fd(fd)
-        if _trace:
-            record_durable(path, length)
-
-
-def close_files(files: list[DirtyFile]) -> None:
-    for fd, _path, _length in files:
-        with contextlib.suppress(OSError):  # a dup of ours: nothing to report
-            os.close(fd)
-
-
 def sync_and_close(files: list[DirtyFile]) -> None:
     """fdatasync every file, then close all the fds, also when a sync fails."""
     try:
-        sync_files(files)
+        for fd, path, length in files:
+            sync_fd(fd)
+            if _trace:
+                record_durable(path, length)
     finally:
-        close_files(files)
+        for fd, _path, _length in files:
+            os.close(fd)
 
 
 def sync_directory(path: str) -> None:
@@ -156,134 +143,3 @@ def lock_directory(path: str) -> int:
         os.close(fd)
         raise LockedError(f"data directory {path} is in use by another process") from exc
     return fd
-
-
-# ------------------------------------------------------------------ io_uring
-# fdatasync without a thread: the event loop submits IORING_OP_FSYNC requests,
-# the kernel's io-wq workers run them, and completions are read from the ring
-# in shared memory. A Python fsync thread needs the GIL to report back and
-# starves while the loop is busy appending (CPython 3.11 hands the GIL back to
-# the thread that released it for a pwrite); the ring has no such hand-off.
-
-_NR_IO_URING_SETUP = 425  # the same number on every Linux architecture
-_NR_IO_URING_ENTER = 426
-_OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
-_FEAT_SINGLE_MMAP = 1
-_OP_FSYNC = 3
-_FSYNC_DATASYNC = 1
-_IOSQE_ASYNC = 1 << 4  # fsync always blocks: go straight to a worker
-_SQE = struct.Struct("<BBHiQQIIQ24x")
-_CQE = struct.Struct("<QiI")
-
-
-class Uring:
-    """A small io_uring used for fsync only. Not thread-safe (the loop's).
-
-    `submit` queues fsyncs (user_data tags them); `pending()` says whether a
-    completion is waiting (a memory read, no syscall); `reap` returns
-    (user_data, result) pairs, result < 0 being -errno. `fd` is pollable:
-    readable while completions wait.
-    """
-
-    def __init__(self, entries: int = 64) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        self._syscall = libc.syscall
-        self._syscall.restype = ctypes.c_long
-        params = ctypes.create_string_buffer(120)
-        fd = self._syscall(ctypes.c_long(_NR_IO_URING_SETUP), ctypes.c_long(entries), params)
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"io_uring_setup: {os.strerror(err)}")
-        self.fd = int(fd)
-        self._maps: list[mmap.mmap] = []
-        try:
-            raw = params.raw
-            sq_entries, cq_entries = struct.unpack_from("<2I", raw, 0)
-            features = struct.unpack_from("<I", raw, 20)[0]
-            sq_off = struct.unpack_from("<7I", raw, 40)  # head tail mask entries flags drop array
-            cq_off = struct.unpack_from("<6I", raw, 80)  # head tail mask entries overflow cqes
-            sq_size = sq_off[6] + sq_entries * 4
-            cq_size = cq_off[5] + cq_entries * _CQE.size
-            if features & _FEAT_SINGLE_MMAP:
-                sq_size = cq_size = max(sq_size, cq_size)
-            sq = self._map(sq_size, _OFF_SQ_RING)
-            cq = sq if features & _FEAT_SINGLE_MMAP else self._map(cq_size, _OFF_CQ_RING)
-            self._sqes = self._map(sq_entries * _SQE.size, _OFF_SQES)
-        except BaseException:
-            self.close()
-            raise
-        self._sq, self._cq = sq, cq
-        self._sq_words = memoryview(sq).cast("I")
-        self._cq_words = memoryview(cq).cast("I")
-        self._sq_head, self._sq_tail = sq_off[0] // 4, sq_off[1] // 4
-        self._sq_mask = self._sq_words[sq_off[2] // 4]
-        self._sq_array = sq_off[6] // 4
-        self._sq_entries = sq_entries
-        self._cq_head, self._cq_tail = cq_off[0] // 4, cq_off[1] // 4
-        self._cq_mask = self._cq_words[cq_off[2] // 4]
-        self._cqes = cq_off[5]
-
-    def _map(self, size: int, offset: int) -> mmap.mmap:
-        mapped = mmap.mmap(self.fd, size, mmap.MAP_SHARED | mmap.MAP_POPULATE,
-                           mmap.PROT_READ | mmap.PROT_WRITE, offset=offset)
-        self._maps.append(mapped)
-        return mapped
-
-    def submit(self, fsyncs: list[tuple[int, bool]], user_data: int) -> None:
-        """Queue fsyncs of (fd, data_only) and hand them to the kernel."""
-        words = self._sq_words
-        tail = words[self._sq_tail]
-        if len(fsyncs) > self._sq_entries - ((tail - words[self._sq_head]) & 0xFFFFFFFF):
-            raise OSError(errno.EBUSY, "io_uring submission queue full")
-        for fd, data_only in fsyncs:
-            slot = tail & self._sq_mask
-            _SQE.pack_into(self._sqes, slot * _SQE.size, _OP_FSYNC, _IOSQE_ASYNC, 0, fd, 0, 0, 0,
-                           _FSYNC_DATASYNC if data_only else 0, user_data)
-            words[self._sq_array + slot] = slot
-            tail = (tail + 1) & 0xFFFFFFFF
-        words[self._sq_tail] = tail  # x86/arm64 stores are not reordered before this one
-        left = len(fsyncs)
-        while left:
-            done = self._syscall(ctypes.c_long(_NR_IO_URING_ENTER), ctypes.c_long(self.fd),
-                                 ctypes.c_long(left), ctypes.c_long(0), ctypes.c_long(0),
-                                 None, ctypes.c_long(0))
-            if done < 0:
-                err = ctypes.get_errno()
-                if err == errno.EINTR:
-                    continue
-                raise OSError(err, f"io_uring_enter: {os.strerror(err)}")
-            left -= done
-
-    def pending(self) -> bool:
-        words = self._cq_words
-        return words[self._cq_tail] != words[self._cq_head]
-
-    def reap(self) -> list[tuple[int, int]]:
-        words = self._cq_words
-        head, tail = words[self._cq_head], words[self._cq_tail]
-        done = []
-        while head != tail:
-            user_data, result, _flags = _CQE.unpack_from(
-                self._cq, self._cqes + (head & self._cq_mask) * _CQE.size)
-            done.append((user_data, result))
-            head = (head + 1) & 0xFFFFFFFF
-        words[self._cq_head] = head
-        return done
-
-    def close(self) -> None:
-        for view in ("_sq_words", "_cq_words"):
-            if hasattr(self, view):
-                getattr(self, view).release()
-        for mapped in self._maps:
-            mapped.close()
-        self._maps = []
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def record_synced(files: list[DirtyFile]) -> None:
-    """The durability trace of files synced other than by `sync_files`."""
-    if _trace:
-        for _fd, path, length in files:
-            record_durable(path, length)

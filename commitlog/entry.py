@@ -45,24 +45,6 @@ class Entry:
         return self.position + HEADER_SIZE + len(self.body)
 
 
-_new_object = object.__new__
-_SET_FIELDS = tuple(Entry.__dict__[name].__set__
-                    for name in ("index", "term", "kind", "position", "body"))
-
-
-def new_entry(index: int, term: int, kind: int, position: int, body: bytes) -> Entry:
-    """`Entry(...)` without the frozen dataclass's per-field `object.__setattr__`
-    (the append path builds one per message)."""
-    entry = _new_object(Entry)
-    set_index, set_term, set_kind, set_position, set_body = _SET_FIELDS
-    set_index(entry, index)
-    set_term(entry, term)
-    set_kind(entry, kind)
-    set_position(entry, position)
-    set_body(entry, body)
-    return entry
-
-
 @dataclass(frozen=True, slots=True)
 class EntryHeader:
     """A decoded header; `problem` is None when the header itself is valid."""
@@ -98,7 +80,7 @@ def encode_header(index: int, term: int, kind: int, position: int, body: bytes
     body_crc = crc32c(body)
     head = _HEAD.pack(ENTRY_MAGIC, ENTRY_VERSION, kind, 0, HEADER_SIZE + len(body), body_crc,
                       index, term, position, 0)
-    return head + crc32c(head).to_bytes(4, "little"), body_crc
+    return head + _CRC.pack(crc32c(head)), body_crc
 
 
 def encode_entry(index: int, term: int, kind: int, position: int, body: bytes) -> bytes:

@@ -7,11 +7,10 @@ them with `build_entries`, followers append what the leader sent, and both go
 through the same checks, so every replica's files are byte-identical.
 
 Durability is explicit: `append` writes to the OS; `begin_sync`/`run_sync`/
-`finish_sync` make written bytes durable (the asyncio `Flusher` runs the
-fdatasyncs of a `begin_sync` token off the loop, through io_uring or with
-`run_sync` on a thread, so appends continue meanwhile, which is what turns
-concurrent appends into one group commit; `finish_sync` closes the token's
-fds whatever happened); `durable_index` says how far that got.
+`finish_sync` make written bytes durable (the asyncio `Flusher` runs
+`run_sync` on a thread so appends continue meanwhile, which is what turns
+concurrent appends into one group commit); `durable_index` says how far that
+got.
 """
 
 from __future__ import annotations
@@ -31,23 +30,8 @@ from commitlog.checkpoint import (
     write_hard_state,
 )
 from commitlog.config import CommitLogConfig
-from commitlog.disk import (
-    DirtyFile,
-    close_files,
-    lock_directory,
-    sync_and_close,
-    sync_directory,
-    sync_files,
-)
-from commitlog.entry import (
-    HEADER_SIZE,
-    KINDS,
-    Entry,
-    decode_header,
-    encode_header,
-    new_entry,
-    place,
-)
+from commitlog.disk import DirtyFile, lock_directory, sync_and_close, sync_directory
+from commitlog.entry import HEADER_SIZE, KINDS, Entry, decode_header, encode_header, place
 from commitlog.errors import (
     CorruptionError,
     MessageTooLargeError,
@@ -150,26 +134,21 @@ class CommitLog:
         """
         entries = []
         index, end = self.last_index, self.end
-        segment_size = self.config.segment_size_bytes
         for kind, body in items:
             index += 1
-            size = HEADER_SIZE + len(body)
-            if end % segment_size + size > segment_size:
-                end = place(end, size, segment_size)
-            entries.append(new_entry(index, term, kind, end, body))
-            end += size
+            position = place(end, HEADER_SIZE + len(body), self.config.segment_size_bytes)
+            entries.append(Entry(index, term, kind, position, body))
+            end = position + HEADER_SIZE + len(body)
         return entries
 
     def append(self, entries: Sequence[Entry]) -> None:
         """Write entries after the last one. All are checked before any byte is
         written; if the write fails (e.g. a full disk) nothing of it is kept."""
-        if self.failed is not None:
-            self._check_usable()
+        self._check_usable()
         if not entries:
             return
-        config = self.config
-        limit = config.entry_size_limit
-        segment_size = config.segment_size_bytes
+        limit = self.config.entry_size_limit
+        segment_size = self.config.segment_size_bytes
         index, term, end = self.last_index, self.last_term, self.end
         runs: list[tuple[int, list[bytes]]] = []  # (position, parts) per segment run
         parts: list[bytes] = []
@@ -179,21 +158,20 @@ class CommitLog:
             size = HEADER_SIZE + len(body)
             if size > limit:
                 raise MessageTooLargeError("entry", size, limit)
-            entry_index, entry_term, kind = entry.index, entry.term, entry.kind
-            if entry_index != index + 1:
-                raise PositionMismatchError(f"entry index {entry_index} does not follow {index}")
-            if entry_term < term:
-                raise PositionMismatchError(f"entry term {entry_term} is below {term}")
-            if kind not in KINDS:
-                raise ValueError(f"unknown entry kind {kind}")
+            if entry.index != index + 1:
+                raise PositionMismatchError(f"entry index {entry.index} does not follow {index}")
+            if entry.term < term:
+                raise PositionMismatchError(f"entry term {entry.term} is below {term}")
+            if entry.kind not in KINDS:
+                raise ValueError(f"unknown entry kind {entry.kind}")
             position = end
             if end % segment_size + size > segment_size:
-                position = place(end, size, segment_size)
+                position = (end // segment_size + 1) * segment_size  # see entry.place
             if entry.position != position:
                 raise PositionMismatchError(
-                    f"entry {entry_index} claims position {entry.position}, placement says "
+                    f"entry {entry.index} claims position {entry.position}, placement says "
                     f"{position}: the replicas' segment sizes or logs differ")
-            header, body_crc = encode_header(entry_index, entry_term, kind, position, body)
+            header, body_crc = encode_header(entry.index, entry.term, entry.kind, position, body)
             # One write per segment: an entry that starts a segment (even one
             # directly after an entry that filled the previous) opens a new run.
             if position != end or position % segment_size == 0 or not runs:
@@ -201,16 +179,15 @@ class CommitLog:
                 runs.append((position, parts))
             parts.append(header)
             parts.append(body)
-            records.append(encode_record(position, entry_term, size, kind, body_crc))
-            index, term, end = entry_index, entry_term, position + size
+            records.append(encode_record(position, entry.term, size, entry.kind, body_crc))
+            index, term, end = entry.index, entry.term, position + size
         old_end, old_last = self.end, self.last_index
-        segments = self.segments
         try:
             for position, run in runs:
-                segments.write(position, run[0] + run[1] if len(run) == 2 else b"".join(run))
+                self.segments.write(position, b"".join(run))
             self.index.append(old_last + 1, records)
         except BaseException:
-            segments.truncate(old_end)
+            self.segments.truncate(old_end)
             self.index.truncate_after(old_last)
             raise
         self.last_index, self.last_term, self.end = index, term, end
@@ -280,21 +257,15 @@ class CommitLog:
                          self._generation)
 
     def run_sync(self, token: SyncToken) -> None:
-        """fdatasync the token's files; safe to run on another thread.
-
-        The fds are closed by `finish_sync`, on the owning thread: a syncing
-        thread then needs the GIL only once the syncs are done."""
+        """fdatasync the token's files; safe to run on another thread."""
         # The directory first: a new segment's name must be durable before the
         # trace may say its bytes are.
         if token.directory_dirty:
             sync_directory(self.segments.directory)
-        sync_files(token.fds)
+        sync_and_close(token.fds)
 
     def finish_sync(self, token: SyncToken, error: BaseException | None = None) -> None:
-        """Close the token's fds and advance the durable point (call on the
-        owning thread, after `run_sync`, also when it failed)."""
-        fds, token.fds = token.fds, []
-        close_files(fds)
+        """Advance the durable point (call on the owning thread)."""
         if error is not None:
             # A failed fsync may have dropped dirty pages: nothing written since
             # the last good sync can be trusted, so stop accepting writes.
@@ -311,9 +282,6 @@ class CommitLog:
             self.run_sync(token)
         except OSError as exc:
             self.finish_sync(token, exc)
-        except BaseException:
-            close_files(token.fds)
-            raise
         self.finish_sync(token)
         return self.durable_index
 
