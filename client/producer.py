@@ -13,6 +13,16 @@ a hash of `sharding_key` when the order of related messages matters (same key
 Concurrent sends to one broker share requests (`client.coalesce`), so many
 in-flight `send` calls cost a few round trips, not one each.
 
+Cost per message is what limits a Python producer, so the common case is kept
+short: while the topic's route is cached, `send` of a plain body picks its
+queue from per-route slots (queue, route, key, pre-packed head parts), packs
+the record head with one struct call straight into the request being built,
+and awaits nothing but the reply; its result is located from the reply's
+O(1) fields (`stored_result`, message id formatted on first read). Anything
+else (no cached route, a Message with tags/keys/properties, a pinned queue, a
+failed first attempt) takes `_send`, with the same retry rules. `send_batch`
+of plain bodies of one size encodes as one join.
+
 Idempotence: every message gets (producer_id, sequence) on its first attempt
 and keeps it across retries, so a retry of a send whose first attempt was
 stored (but whose answer was lost) returns the stored result instead of
