@@ -141,7 +141,9 @@ def _scan_columns(blob: bytes, size_max: int) -> Scanned | None:
     except ValueError:
         return None
     heads = columns.heads
-    if int(heads["size"].max()) > size_max or heads["sys_flag"].any():
+    # A record cannot be larger than the blob holding it.
+    if (len(blob) > size_max and int(heads["size"].max()) > size_max) \
+            or heads["sys_flag"].any():
         return None
     topics: dict[bytes, int] = {}
     queue_ids = heads["queue_id"]
@@ -152,25 +154,35 @@ def _scan_columns(blob: bytes, size_max: int) -> Scanned | None:
         top = queue_ids.max() if single else queue_ids[columns.topic_ids == t].max()
         topics[name.encode()] = int(top)
     # Tags, keys, born host and properties are decoded at pull time: each must
-    # be UTF-8. ASCII is, and is what clients send almost always.
-    texts = (heads["tags_len"].astype(np.int64) + heads["keys_len"] + heads["host_len"]
-             + heads["props_len"])
-    at = columns.starts + MESSAGE_HEAD_SIZE + heads["topic_len"]
-    if texts.any():
-        length = int(texts[0])
-        if (texts == length).all():
-            raw = np.frombuffer(blob, dtype=np.uint8)
-            region = raw[at[:, None] + np.arange(length, dtype=np.int64)]
-            if region.any() and int(region.max()) >= 0x80:
-                return None
-        elif not all(blob[a : a + n].isascii()
-                     for a, n in zip(at.tolist(), texts.tolist(), strict=True)):
+    # be UTF-8.
+    if columns.same_meta:
+        if not _texts_valid(blob, 0, MESSAGE_HEAD.unpack_from(blob, 0)):
             return None
-    firsts = [0 if members is None else int(members[0])
-              for _, members in queue_groups(columns)]
+    else:
+        texts = (heads["tags_len"].astype(np.int64) + heads["keys_len"] + heads["host_len"]
+                 + heads["props_len"])
+        at = columns.starts + MESSAGE_HEAD_SIZE + heads["topic_len"]
+        # ASCII is UTF-8, and is what clients send almost always.
+        if texts.any() and not all(blob[a : a + n].isascii()
+                                   for a, n in zip(at.tolist(), texts.tolist(), strict=True)):
+            return None
+    firsts = [0 if members is None else members[0] for _, members in queue_groups(columns)]
     starts = columns.starts.tolist()
     idents = list(zip(heads["producer_id"].tolist(), heads["sequence"].tolist(), strict=True))
     return Scanned(starts, idents, topics, firsts)
+
+
+def _texts_valid(blob: bytes, offset: int, f: tuple) -> bool:
+    """Each of the record's tags, keys, born host and properties is UTF-8."""
+    q = offset + MESSAGE_HEAD_SIZE + f[9]
+    try:
+        for n in f[10:14]:
+            if n:
+                blob[q : q + n].decode()
+            q += n
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _scan_one_by_one(blob: bytes, size_max: int) -> Scanned:

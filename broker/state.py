@@ -237,15 +237,20 @@ class BrokerState:
             columns = scan_body(entry.body)
         n = len(columns)
         queue_next = self.queue_next
-        queue_offsets = np.empty(n, dtype=np.int64)
-        for key, members in queue_groups(columns):
+        groups = queue_groups(columns)
+        if len(groups) == 1 and groups[0][1] is None:
+            key = groups[0][0]
             start = queue_next.get(key, 0)
-            count = n if members is None else len(members)
-            queue_next[key] = start + count
-            if members is None:
-                queue_offsets[:] = np.arange(start, start + count)
-            else:
-                queue_offsets[members] = np.arange(start, start + count)
+            queue_next[key] = start + n
+            queue_offsets = np.arange(start, start + n, dtype=np.int64)
+        else:
+            offsets = [0] * n
+            for key, members in groups:
+                start = queue_next.get(key, 0)
+                queue_next[key] = start + len(members)  # type: ignore[arg-type]
+                for k, record in enumerate(members):  # type: ignore[arg-type]
+                    offsets[record] = start + k
+            queue_offsets = np.array(offsets, dtype=np.int64)
         applied = AppliedRecords(entry.position + HEADER_SIZE, columns.starts, columns.topics,
                                  columns.topic_ids, columns.heads["queue_id"], queue_offsets,
                                  0, n)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from itertools import pairwise
 
 import numpy as np
 from crc32c import crc32c
@@ -48,6 +47,9 @@ class RecordColumns:
     topic_ids: np.ndarray    # int64 index into `topics`, per record
     tag_hashes: np.ndarray   # uint64 CRC32C of the tags (0: none), per record
     groups: list | None = None  # queue_groups(), computed once
+    # Every record has the first one's topic, tags, keys, born host and
+    # properties (so checking the first checks them all).
+    same_meta: bool = False
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -118,6 +120,30 @@ def _strings(body: bytes | bytearray | memoryview, raw: np.ndarray, matrix: np.n
     return list(distinct), ids
 
 
+def _same_meta(body: bytes | bytearray | memoryview, matrix: np.ndarray, starts: np.ndarray
+               ) -> RecordColumns | None:
+    """The common batch: records of one size whose field lengths, topic, tags,
+    keys, born host and properties all equal the first record's. One numpy
+    comparison proves it; the first record alone is then checked in Python."""
+    head = MESSAGE_HEAD.unpack_from(body, 0)
+    meta_end = MESSAGE_HEAD_SIZE + sum(head[9:14])  # through the properties
+    if head[0] != MESSAGE_HEAD_SIZE + sum(head[9:15]):
+        return None  # let the general path name the bad record
+    if len(starts) > 1 and not (matrix[1:, 52:meta_end] == matrix[0, 52:meta_end]).all():
+        return None
+    n = len(starts)
+    at = MESSAGE_HEAD_SIZE + head[9]
+    try:
+        topic = bytes(body[MESSAGE_HEAD_SIZE:at]).decode()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"topic name is not UTF-8: {exc}") from None
+    heads = np.ascontiguousarray(matrix[:, :MESSAGE_HEAD_SIZE]).view(HEAD_DTYPE)[:, 0]
+    tags = bytes(body[at : at + head[10]])
+    hashes = np.full(n, crc32c(tags) if tags else 0, dtype=np.uint64)
+    return RecordColumns(starts, heads, [topic], np.zeros(n, dtype=np.int64), hashes,
+                         same_meta=True)
+
+
 def scan_body(body: bytes | bytearray | memoryview) -> RecordColumns:
     """Columns of every record of a MESSAGES entry body; ValueError if malformed."""
     raw = np.frombuffer(body, dtype=np.uint8)
@@ -126,6 +152,9 @@ def scan_body(body: bytes | bytearray | memoryview) -> RecordColumns:
                              np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64), [])
     starts, matrix = _walk(body, raw)
     if matrix is not None:
+        same = _same_meta(body, matrix, starts)
+        if same is not None:
+            return same
         rows = np.ascontiguousarray(matrix[:, :MESSAGE_HEAD_SIZE])
     else:
         rows = raw[starts[:, None] + _HEAD_COLUMNS]
@@ -161,30 +190,31 @@ def _zeros_u64(n: int) -> np.ndarray:
     return np.zeros(n, dtype=np.uint64)
 
 
-def queue_groups(columns: RecordColumns) -> list[tuple[tuple[str, int], np.ndarray | None]]:
+def queue_groups(columns: RecordColumns) -> list[tuple[tuple[str, int], list[int] | None]]:
     """((topic, queue id), record numbers in body order) per queue, in order of
     first appearance; None instead of the numbers when one queue has them all."""
     if columns.groups is not None:
         return columns.groups
     topics, topic_ids, queue_ids = columns.topics, columns.topic_ids, columns.heads["queue_id"]
-    codes = (topic_ids << 32) | queue_ids.astype(np.int64)
-    if not len(codes):
-        columns.groups = []
-        return columns.groups
-    if len(codes) == 1 or (codes == codes[0]).all():
-        groups: list[tuple[tuple[str, int], np.ndarray | None]] = [
-            ((topics[int(topic_ids[0])], int(queue_ids[0])), None)]
+    n = len(queue_ids)
+    groups: list[tuple[tuple[str, int], list[int] | None]]
+    if not n:
+        groups = []
+    elif len(topics) == 1 and (n == 1 or (queue_ids == queue_ids[0]).all()):
+        groups = [((topics[0], int(queue_ids[0])), None)]
     else:
-        order = np.argsort(codes, kind="stable")
-        ordered = codes[order]
-        cuts = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(codes)]
-        found = []
-        for a, b in pairwise(cuts):
-            members = order[a:b]
-            first = int(members[0])
-            found.append((first, (topics[int(topic_ids[first])], int(queue_ids[first])),
-                          members))
-        found.sort(key=lambda item: item[0])
-        groups = [(key, members) for _, key, members in found]
+        # A few queues per entry: grouping a list in Python beats numpy's
+        # per-call overhead at these sizes.
+        codes = queue_ids.tolist() if len(topics) == 1 else (
+            (topic_ids << 32) | queue_ids.astype(np.int64)).tolist()
+        found: dict[int, list[int]] = {}
+        for i, code in enumerate(codes):
+            members = found.get(code)
+            if members is None:
+                found[code] = [i]
+            else:
+                members.append(i)
+        groups = [((topics[int(topic_ids[m[0]])], int(queue_ids[m[0]])), m)
+                  for m in found.values()]
     columns.groups = groups
     return groups

@@ -53,21 +53,21 @@ def units_by_queue(entry: Entry, columns: RecordColumns | None = None
     log order; `columns` is the body's `scan_body` if the caller has it."""
     if columns is None:
         columns = scan_body(entry.body)
-    base = entry.position + HEADER_SIZE
-    sizes, starts, hashes = columns.heads["size"], columns.starts, columns.tag_hashes
+    units = np.empty(len(columns), dtype=UNIT_DTYPE)
+    units["offset"] = columns.starts + (entry.position + HEADER_SIZE)
+    units["size"] = columns.heads["size"]
+    units["tag_hash"] = columns.tag_hashes
+    groups = queue_groups(columns)
+    if len(groups) == 1 and groups[0][1] is None:
+        return [(groups[0][0], units)]
+    # One gather puts each queue's units together; then a slice per queue.
+    order = units[[i for _, members in groups for i in members]]  # type: ignore[union-attr]
     out = []
-    for key, members in queue_groups(columns):
-        if members is None:
-            units = np.empty(len(starts), dtype=UNIT_DTYPE)
-            units["offset"] = starts + base
-            units["size"] = sizes
-            units["tag_hash"] = hashes
-        else:
-            units = np.empty(len(members), dtype=UNIT_DTYPE)
-            units["offset"] = starts[members] + base
-            units["size"] = sizes[members]
-            units["tag_hash"] = hashes[members]
-        out.append((key, units))
+    at = 0
+    for key, members in groups:
+        count = len(members)  # type: ignore[arg-type]
+        out.append((key, order[at : at + count]))
+        at += count
     return out
 
 

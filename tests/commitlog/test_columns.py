@@ -48,7 +48,7 @@ def test_columns_equal_the_record_walk(body: bytes) -> None:
     seen: list[int] = []
     firsts = []
     for (topic, queue_id), members in queue_groups(columns):
-        numbers = list(range(len(walked))) if members is None else members.tolist()
+        numbers = list(range(len(walked))) if members is None else list(members)
         assert numbers == sorted(numbers)
         firsts.append(numbers[0])
         for k in numbers:
