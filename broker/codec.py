@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from commitlog import StoredMessage
-from commitlog.columns import queue_groups, scan_body
+from commitlog.columns import RecordColumns, queue_groups, scan_body
 from commitlog.errors import MessageTooLargeError as StorageTooLarge
 from commitlog.message import MESSAGE_HEAD, MESSAGE_HEAD_SIZE, encode_properties, valid_topic
 from ledgermq.errors import InvalidRequestError, MessageTooLargeError
@@ -116,6 +116,7 @@ class Scanned(NamedTuple):
     idents: list[tuple[int, int]]  # (producer_id, sequence) per record; (0, 0): none
     topics: dict[bytes, int]  # topic name -> highest queue id used
     firsts: list[int]  # index of the first record of each new (topic, queue), in order
+    columns: RecordColumns | None = None  # the blob's scan_body, when it was made
 
 
 _UNPACK_HEAD = MESSAGE_HEAD.unpack_from
@@ -169,7 +170,7 @@ def _scan_columns(blob: bytes, size_max: int) -> Scanned | None:
     firsts = [0 if members is None else members[0] for _, members in queue_groups(columns)]
     starts = columns.starts.tolist()
     idents = list(zip(heads["producer_id"].tolist(), heads["sequence"].tolist(), strict=True))
-    return Scanned(starts, idents, topics, firsts)
+    return Scanned(starts, idents, topics, firsts, columns)
 
 
 def _texts_valid(blob: bytes, offset: int, f: tuple) -> bool:
@@ -262,3 +263,4 @@ class Records(NamedTuple):
 
     blob: bytes
     starts: list[int]
+    columns: RecordColumns | None = None  # scan_body(blob), if known

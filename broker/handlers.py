@@ -204,8 +204,8 @@ class Handlers:
             if top >= config.queues:
                 raise InvalidRequestError(
                     f"queue {top} does not exist: topic {topic!r} has {config.queues} queues")
-        results, done = await self._store(Records(body["records"], scanned.starts),
-                                          scanned.idents)
+        results, done = await self._store(
+            Records(body["records"], scanned.starts, scanned.columns), scanned.idents)
         if results is not None:
             return {"results": results}
         assert done is not None

@@ -32,7 +32,7 @@ from broker.members import Membership
 from broker.registrar import Registrar
 from broker.state import BrokerState, Stored
 from commitlog import KIND_CONTROL, KIND_MESSAGES, CommitLogConfig, Entry
-from commitlog.columns import queue_groups, scan_body
+from commitlog.columns import RecordColumns, queue_groups, scan_body
 from consumequeue import ConsumeQueueStore
 from ledgermq.errors import (
     NotLeaderError,
@@ -49,6 +49,7 @@ _STAMP = struct.Struct("<q")
 # Results of applied MESSAGES entries are kept this long (in entries) for the
 # proposer to pick up; far more than can be in flight at once.
 _RESULTS_KEPT = 4096
+_PRESCANNED_KEPT = 64  # proposals in flight at most (max_inflight_proposals is far lower)
 
 
 async def _bounded(step: Any, seconds: float, what: str) -> None:
@@ -86,6 +87,8 @@ class Broker:
                                    config.namesrv_register_interval_ms / 1000,
                                    f"{config.group}/n{config.node_id}")
         self._results: dict[int, list[Stored]] = {}
+        # id(entry body) -> (body, its columns) for bodies this leader proposed.
+        self._prescanned: dict[int, tuple[bytes, RecordColumns]] = {}
         self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._topics_version_seen = 0
@@ -219,13 +222,21 @@ class Broker:
 
     # ----------------------------------------------------------------- apply
 
+    def _columns(self, entry: Entry) -> RecordColumns:
+        """The entry body's columns: the request's scan when this leader built
+        the body itself (the very same bytes object), else a fresh scan."""
+        known = self._prescanned.pop(id(entry.body), None) if self._prescanned else None
+        if known is not None and known[0] is entry.body:
+            return known[1]
+        return scan_body(entry.body)
+
     def _apply(self, entries: Sequence[Entry]) -> None:
         """Committed entries, in order, exactly once (called by the node)."""
         assert self.cq is not None
         touched: set[tuple[str, int]] = set()
         keep = self.node is not None and self.node.role == "leader"
         # Each MESSAGES body is scanned once, for the state and the queues.
-        scanned = [scan_body(e.body) if e.kind == KIND_MESSAGES else None for e in entries]
+        scanned = [self._columns(e) if e.kind == KIND_MESSAGES else None for e in entries]
         for entry, columns in zip(entries, scanned, strict=True):
             stored = self.state.apply(entry, columns)
             if columns is not None:
@@ -270,6 +281,7 @@ class Broker:
             self._last_role = role
             if role != "leader":
                 self._results.clear()
+                self._prescanned.clear()
         self.registrar.kick()
         if role == "leader":
             self._tasks = [t for t in self._tasks if not t.done()]
@@ -334,7 +346,15 @@ class Broker:
             for start in pending.payload.starts:
                 pack(body, at + start + 24, stamp)
             at += len(pending.payload.blob)
-        entry = await self.propose(1, bytes(body))
+        data = bytes(body)
+        columns = batch[0].payload.columns if len(batch) == 1 else None
+        if columns is not None:
+            # The apply of this very body can reuse the request's scan (the
+            # store timestamps differ, and no column holds them).
+            if len(self._prescanned) >= _PRESCANNED_KEPT:
+                self._prescanned.clear()
+            self._prescanned[id(data)] = (data, columns)
+        entry = await self.propose(1, data)
         # replicate=async answers at the leader's local persist, before commit
         # (even when, on a one-node group, the commit happened to be immediate).
         stored = self._results.pop(entry.index, None)
