@@ -278,7 +278,7 @@ class Handlers:
         if fresh_at is None or fresh_at:
             if fresh_at is not None:
                 # Some records are duplicates: store the others only.
-                blob, starts = records
+                blob, starts = records.blob, records.starts
                 ends = [*starts[1:], len(blob)]
                 parts = [blob[starts[i] : ends[i]] for i in fresh_at]
                 sub_starts = []

@@ -30,8 +30,9 @@ def test_fast_and_slow_scans_give_the_same_answer(messages: list[Message], unifo
         messages = [messages[0]] * len(messages)
     blob = encode_messages(messages, 1 << 20)
     slow = _scan_one_by_one(blob, 1 << 20)
-    assert scan_records(blob, 1 << 20) == slow
+    assert scan_records(blob, 1 << 20)[:4] == slow[:4]  # all but the columns it kept
     fast = _scan_columns(blob, 1 << 20)
+    fast = fast if fast is None else fast._replace(columns=None)
     if uniform or all(m.tags.isascii() and m.born_host.isascii() for m in messages):
         assert fast == slow  # the fast path decides these itself
     else:
