@@ -2,7 +2,8 @@
 
 For flush = async and flush = sync (replicate = sync in both):
   (a) per-message sends, 64 in flight;
-  (b) batches of 64 messages (send_batch), 8 batches in flight;
+  (b) batches of 64 messages (send_batch), 8 batches in flight, and again
+      with 32 in flight (more producers' batches for the client to coalesce);
 acknowledged messages per second and per-request latency p50/p99.
 Then failover: SIGKILL the leader while a prober sends, time to the first
 acknowledged send after the kill (it can only be on the new leader), over
@@ -80,9 +81,10 @@ async def throughput(base: Path, flush: str, seconds: float) -> dict[str, object
         await run_load(producer, 1.0, 1, 16)  # warm-up: connections, routes
         single = await run_load(producer, seconds, 1, 64)
         batched = await run_load(producer, seconds, 64, 8)
+        batched_32 = await run_load(producer, seconds, 64, 32)
         await producer.close()
         return {"flush": flush, "replicate": "sync", "single_64_in_flight": single,
-                "batch_64": batched}
+                "batch_64": batched, "batch_64_32_in_flight": batched_32}
     finally:
         await asyncio.to_thread(cluster.stop)
 

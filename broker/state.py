@@ -243,6 +243,12 @@ class BrokerState:
             start = queue_next.get(key, 0)
             queue_next[key] = start + n
             queue_offsets = np.arange(start, start + n, dtype=np.int64)
+        elif n > 128:
+            queue_offsets = np.empty(n, dtype=np.int64)
+            for key, members in groups:
+                start = queue_next.get(key, 0)
+                queue_next[key] = start + len(members)  # type: ignore[arg-type]
+                queue_offsets[members] = np.arange(start, start + len(members))  # type: ignore[arg-type]
         else:
             offsets = [0] * n
             for key, members in groups:

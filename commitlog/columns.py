@@ -190,6 +190,9 @@ def _zeros_u64(n: int) -> np.ndarray:
     return np.zeros(n, dtype=np.uint64)
 
 
+_GROUP_IN_PYTHON_MAX = 128
+
+
 def queue_groups(columns: RecordColumns) -> list[tuple[tuple[str, int], list[int] | None]]:
     """((topic, queue id), record numbers in body order) per queue, in order of
     first appearance; None instead of the numbers when one queue has them all."""
@@ -202,9 +205,19 @@ def queue_groups(columns: RecordColumns) -> list[tuple[tuple[str, int], list[int
         groups = []
     elif len(topics) == 1 and (n == 1 or (queue_ids == queue_ids[0]).all()):
         groups = [((topics[0], int(queue_ids[0])), None)]
+    elif n > _GROUP_IN_PYTHON_MAX:
+        codes = queue_ids.astype(np.int64)
+        if len(topics) > 1:
+            codes |= topic_ids << 32
+        order = np.argsort(codes, kind="stable")
+        ordered = codes[order]
+        parts = np.split(order, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1)
+        parts.sort(key=lambda part: int(part[0]))  # stable: part[0] is its first record
+        groups = [((topics[int(topic_ids[part[0]])], int(queue_ids[part[0]])), part.tolist())
+                  for part in parts]
     else:
-        # A few queues per entry: grouping a list in Python beats numpy's
-        # per-call overhead at these sizes.
+        # A few queues over a few dozen records: grouping a list in Python
+        # beats numpy's per-call cost.
         codes = queue_ids.tolist() if len(topics) == 1 else (
             (topic_ids << 32) | queue_ids.astype(np.int64)).tolist()
         found: dict[int, list[int]] = {}

@@ -169,3 +169,20 @@ def test_wire_encoder_matches_the_storage_encoder() -> None:
             encode_wire_message(bad, 1 << 20)
     with pytest.raises(StorageTooLarge):
         encode_wire_message({"topic": "t", "body": b"x" * 100}, 100)
+
+
+@pytest.mark.parametrize("count", [5, 200])  # both ways of grouping records by queue
+def test_queue_offsets_count_per_queue_in_log_order(count: int) -> None:
+    state = BrokerState()
+    expected: dict[int, int] = {}
+    position = 0
+    for index in (1, 2):
+        messages = [Message("t", b"m", queue_id=(i * 7 + index) % 3, producer_id=4,
+                            sequence=index * 1000 + i) for i in range(count)]
+        stored = state.apply(_messages_entry(index, position, messages))
+        position += 100_000
+        for message, where in zip(messages, stored, strict=True):
+            assert (where.queue_id, where.queue_offset) == (
+                message.queue_id, expected.get(message.queue_id, 0))
+            expected[message.queue_id] = where.queue_offset + 1
+    assert state.producers.lookup(4, 2000 + count - 1)[1] == stored[count - 1]
