@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -117,13 +118,17 @@ async def failover(base: Path, kills: int) -> dict[str, object]:
 
 
 async def main(args: argparse.Namespace) -> None:
+    # Each run writes gigabytes: the directory goes whatever happens.
     base = Path(tempfile.mkdtemp(prefix="ledgermq-bench-"))
     results: dict[str, Any] = {"bench": "produce", "nodes": 3, "message_bytes": len(BODY),
                                "load_average_start": os.getloadavg(), "runs": []}
-    for flush in ("async", "sync"):
-        results["runs"].append(await throughput(base, flush, args.seconds))
-    if args.kills:
-        results["failover"] = await failover(base, args.kills)
+    try:
+        for flush in ("async", "sync"):
+            results["runs"].append(await throughput(base, flush, args.seconds))
+        if args.kills:
+            results["failover"] = await failover(base, args.kills)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     # The machine is shared: a load average above the core count means the
     # figures are for the CPU share this benchmark got, not for the machine.
     results["load_average_end"] = os.getloadavg()

@@ -8,6 +8,7 @@ cache makes the build a few seconds when the sources did not change.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -20,6 +21,30 @@ from tests.support import is_root, require
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "ledgermq:latest"
+# The largest deployment a docker test starts: a NameServer and three nodes.
+CONTAINERS_MAX = 4
+
+
+def docker_disk_shortfall(image: str, containers: int) -> str | None:
+    """Why the docker root cannot hold `containers` of `image`, or None.
+
+    With the vfs storage driver every container is two full copies of the
+    image (its init layer and its writable layer), so a nearly full disk
+    shows up as "no space left on device" half way through `compose up`.
+    Checked once, before any test starts a container, to fail with the
+    figures instead.
+    """
+    root = subprocess.run(["docker", "info", "-f", "{{.DockerRootDir}}"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    size = int(subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", image],
+                              capture_output=True, text=True, check=True).stdout)
+    st = os.statvfs(root)
+    free = st.f_bavail * st.f_frsize
+    needed = 2 * containers * size + (1 << 30)  # and 1 GiB for volumes and logs
+    if free >= needed:
+        return None
+    return (f"{root} has {free / 2**30:.1f} GiB free; {containers} containers of {image} "
+            f"({size / 2**20:.0f} MiB, copied twice each by vfs) need {needed / 2**30:.1f} GiB")
 
 
 def needs_docker() -> None:
@@ -36,6 +61,9 @@ def ledgermq_image() -> str:
                            capture_output=True, text=True, timeout=1800)
     if build.returncode != 0:
         pytest.fail(f"docker/build-image.sh failed:\n{build.stderr[-4000:]}", pytrace=False)
+    shortfall = docker_disk_shortfall(IMAGE, CONTAINERS_MAX)
+    if shortfall:
+        pytest.fail(f"docker tier: not enough disk: {shortfall}", pytrace=False)
     print(f"\nledgermq image {IMAGE} ready in {time.monotonic() - started:.0f} s",
           file=sys.stderr)
     return IMAGE
