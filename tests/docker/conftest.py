@@ -29,22 +29,24 @@ def docker_disk_shortfall(image: str, containers: int) -> str | None:
     """Why the docker root cannot hold `containers` of `image`, or None.
 
     With the vfs storage driver every container is two full copies of the
-    image (its init layer and its writable layer), so a nearly full disk
-    shows up as "no space left on device" half way through `compose up`.
-    Checked once, before any test starts a container, to fail with the
-    figures instead.
+    image (its init layer and its writable layer); with overlay2 they share
+    the image's layers. A nearly full disk shows up as "no space left on
+    device" half way through `compose up`, so it is checked once, before any
+    test starts a container, to fail with the figures instead.
     """
-    root = subprocess.run(["docker", "info", "-f", "{{.DockerRootDir}}"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    info = subprocess.run(["docker", "info", "-f", "{{.DockerRootDir}} {{.Driver}}"],
+                          capture_output=True, text=True, check=True).stdout.split()
+    root, driver = info[0], info[1]
     size = int(subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", image],
                               capture_output=True, text=True, check=True).stdout)
     st = os.statvfs(root)
     free = st.f_bavail * st.f_frsize
-    needed = 2 * containers * size + (1 << 30)  # and 1 GiB for volumes and logs
+    copies = 2 * containers if driver == "vfs" else 0
+    needed = copies * size + (1 << 30)  # and 1 GiB for volumes, logs, writable layers
     if free >= needed:
         return None
     return (f"{root} has {free / 2**30:.1f} GiB free; {containers} containers of {image} "
-            f"({size / 2**20:.0f} MiB, copied twice each by vfs) need {needed / 2**30:.1f} GiB")
+            f"({size / 2**20:.0f} MiB, storage driver {driver}) need {needed / 2**30:.1f} GiB")
 
 
 def needs_docker() -> None:
