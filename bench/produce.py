@@ -4,7 +4,8 @@ For flush = async and flush = sync (replicate = sync in both):
   (a) per-message sends, 64 in flight;
   (b) batches of 64 messages (send_batch), 8 batches in flight, and again
       with 32 in flight (more producers' batches for the client to coalesce);
-acknowledged messages per second and per-request latency p50/p99.
+acknowledged messages per second, per-request latency p50/p99, and the CPU
+time each process (leader, followers, client) spent per acknowledged message.
 Then failover: SIGKILL the leader while a prober sends, time to the first
 acknowledged send after the kill (it can only be on the new leader), over
 `--kills` kills (the killed node is restarted before the next one); p50, max.
@@ -46,8 +47,33 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def run_load(producer: Producer, seconds: float, batch: int, in_flight: int
-                   ) -> dict[str, float]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def calibrate() -> float:
+    """Seconds for a fixed pure-Python workload on this process's core.
+
+    The VM's speed drifts with its host's load (the same commit has measured
+    ±30% apart within an hour, with the same CPU split between processes),
+    so each JSON carries this figure from its start and its end: compare
+    runs only where it matches."""
+    def once() -> float:
+        started = time.process_time()
+        total = 0
+        for i in range(1_000_000):
+            total += i & 7
+        return time.process_time() - started
+
+    return round(statistics.median(once() for _ in range(5)), 4)
+
+
+async def run_load(producer: Producer, seconds: float, batch: int, in_flight: int,
+                   processes: dict[str, int] | None = None) -> dict[str, Any]:
+    """Acked msg/s and latency; with `processes` (name -> pid), also each
+    one's CPU microseconds per acknowledged message."""
     latencies: list[float] = []
     acked = 0
     deadline = time.monotonic() + seconds
@@ -63,12 +89,19 @@ async def run_load(producer: Producer, seconds: float, batch: int, in_flight: in
             latencies.append(time.monotonic() - started)
             acked += batch
 
+    processes = processes or {}
+    cpu_before = {name: cpu_seconds(pid) for name, pid in processes.items()}
     started = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(in_flight)))
     elapsed = time.monotonic() - started
-    return {"msgs_per_s": round(acked / elapsed), "acked": acked,
-            "p50_ms": round(percentile(latencies, 0.5) * 1000, 2),
-            "p99_ms": round(percentile(latencies, 0.99) * 1000, 2)}
+    result: dict[str, Any] = {"msgs_per_s": round(acked / elapsed), "acked": acked,
+                              "p50_ms": round(percentile(latencies, 0.5) * 1000, 2),
+                              "p99_ms": round(percentile(latencies, 0.99) * 1000, 2)}
+    if processes and acked:
+        result["cpu_us_per_msg"] = {
+            name: round((cpu_seconds(pid) - cpu_before[name]) / acked * 1e6, 1)
+            for name, pid in processes.items()}
+    return result
 
 
 async def throughput(base: Path, flush: str, seconds: float) -> dict[str, object]:
@@ -80,9 +113,13 @@ async def throughput(base: Path, flush: str, seconds: float) -> dict[str, object
         producer = Producer([cluster.namesrv_address])
         await producer.create_topic("bench", queues=8)
         await run_load(producer, 1.0, 1, 16)  # warm-up: connections, routes
-        single = await run_load(producer, seconds, 1, 64)
-        batched = await run_load(producer, seconds, 64, 8)
-        batched_32 = await run_load(producer, seconds, 64, 32)
+        leader = await wait_leader(cluster)
+        processes = {"client": os.getpid()}
+        for nid, child in sorted(cluster.brokers.items()):
+            processes["leader" if nid == leader else f"follower_{nid}"] = child.proc.pid
+        single = await run_load(producer, seconds, 1, 64, processes)
+        batched = await run_load(producer, seconds, 64, 8, processes)
+        batched_32 = await run_load(producer, seconds, 64, 32, processes)
         await producer.close()
         return {"flush": flush, "replicate": "sync", "single_64_in_flight": single,
                 "batch_64": batched, "batch_64_32_in_flight": batched_32}
@@ -121,7 +158,8 @@ async def main(args: argparse.Namespace) -> None:
     # Each run writes gigabytes: the directory goes whatever happens.
     base = Path(tempfile.mkdtemp(prefix="ledgermq-bench-"))
     results: dict[str, Any] = {"bench": "produce", "nodes": 3, "message_bytes": len(BODY),
-                               "load_average_start": os.getloadavg(), "runs": []}
+                               "load_average_start": os.getloadavg(),
+                               "calibration_s_start": calibrate(), "runs": []}
     try:
         for flush in ("async", "sync"):
             results["runs"].append(await throughput(base, flush, args.seconds))
@@ -132,6 +170,7 @@ async def main(args: argparse.Namespace) -> None:
     # The machine is shared: a load average above the core count means the
     # figures are for the CPU share this benchmark got, not for the machine.
     results["load_average_end"] = os.getloadavg()
+    results["calibration_s_end"] = calibrate()
     results["cpus"] = os.cpu_count()
     print(json.dumps(results, indent=2))
 
