@@ -1,0 +1,58 @@
+"""The benchmarks still run and still print what the docs quote from them.
+
+Figures are evidence only when the scripts that print them work on a clean
+checkout, so each one runs here in its shortest form and its JSON is checked
+for shape and sense. No figure is compared with a target: speed is the
+benchmarks' business, not the tests'.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_bench(*args: str, timeout: float) -> str:
+    done = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_storage_bench_prints_every_figure(tmp_path: Path) -> None:
+    out = run_bench("bench/storage.py", "--quick", "--dir", str(tmp_path), timeout=300)
+    lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+    kinds = {(r["bench"], r.get("flush"), r.get("batch"), r.get("appenders")) for r in lines}
+    assert ("append", "async", 64, None) in kinds
+    assert ("append", "sync", 1, 64) in kinds
+    assert any(r["bench"] == "raw_write" for r in lines)
+    assert any(r["bench"] == "recovery" for r in lines)
+    sync64 = next(r for r in lines if r["bench"] == "append" and r.get("flush") == "sync"
+                  and r.get("batch") == 1 and r.get("appenders") == 64)
+    # Group commit: one fsync covered many appends.
+    assert sync64["entries_per_fsync"] > 1
+    assert sync64["messages_per_s"] > 0
+    assert list(tmp_path.iterdir()) == []  # it removed what it wrote
+
+
+def test_produce_bench_runs_a_cluster_and_reports_cpu_and_failover() -> None:
+    out = run_bench("bench/produce.py", "--seconds", "0.5", "--kills", "1", timeout=300)
+    result = json.loads(out)
+    assert [run["flush"] for run in result["runs"]] == ["async", "sync"]
+    for run in result["runs"]:
+        for mode in ("single_64_in_flight", "batch_64", "batch_64_32_in_flight"):
+            figures = run[mode]
+            assert figures["acked"] > 0 and figures["msgs_per_s"] > 0
+            assert figures["p50_ms"] <= figures["p99_ms"]
+            cpu = figures["cpu_us_per_msg"]
+            assert {"client", "leader"} <= set(cpu)
+            assert len([name for name in cpu if name.startswith("follower_")]) == 2
+            assert all(v > 0 for v in cpu.values())
+    failover = result["failover"]
+    assert failover["kills"] == 1 and len(failover["all_s"]) == 1
+    assert 0 < failover["p50_s"] <= failover["max_s"]
+    assert result["calibration_s_start"] > 0 and result["calibration_s_end"] > 0
