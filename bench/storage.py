@@ -98,10 +98,12 @@ def append_async(directory: str, total: int, batch: int, encode: bool) -> tuple[
 
 def append_sync(directory: str, appenders: int, seconds: float, batch: int = 1
                 ) -> tuple[float, float, int]:
-    """(messages/s, entries per fsync, fsyncs) with flush=sync, N appenders,
-    each appending entries of `batch` messages and waiting for durability."""
+    """(messages/s, entries per fsync, fsyncs, round figures) with flush=sync,
+    N appenders, each appending entries of `batch` messages and waiting for
+    durability. Round figures: mean ms per fsync round of the fdatasync and of
+    the hand-offs to the fsync thread and back."""
 
-    async def run() -> tuple[float, float, int]:
+    async def run() -> tuple[float, float, int, dict[str, float]]:
         log = CommitLog.open(directory, CommitLogConfig(flush="sync"))
         flusher = Flusher(log)
         await flusher.start()
@@ -120,7 +122,13 @@ def append_sync(directory: str, appenders: int, seconds: float, batch: int = 1
         elapsed = time.perf_counter() - started
         await flusher.close()
         log.close()
-        return done / elapsed, flusher.synced_entries / max(1, flusher.syncs), flusher.syncs
+        rounds = max(1, flusher.syncs)
+        figures = {
+            "fsync_ms": round(flusher.sync_s / rounds * 1000, 3),
+            "handoff_ms": round((flusher.sync_start_wait_s + flusher.sync_resume_wait_s)
+                                / rounds * 1000, 3),
+            "round_ms": round(elapsed / rounds * 1000, 3)}
+        return done / elapsed, flusher.synced_entries / rounds, flusher.syncs, figures
 
     result = loop_run(run())
     shutil.rmtree(directory)
@@ -202,13 +210,13 @@ def main() -> None:
         baseline = None  # one fsync per message: batch 1, one appender
         for batch in (1, 64):
             for appenders in (1, 8, 64):
-                rate, per_sync, syncs = append_sync(os.path.join(root, "s"), appenders,
-                                                    args.sync_seconds, batch)
+                rate, per_sync, syncs, rounds = append_sync(os.path.join(root, "s"),
+                                                            appenders, args.sync_seconds, batch)
                 baseline = baseline or rate
                 emit(bench="append", flush="sync", batch=batch, appenders=appenders,
                      messages_per_s=round(rate), entries_per_fsync=round(per_sync, 1),
                      fsyncs=syncs,
-                     speedup_vs_one_fsync_per_message=round(rate / baseline, 1))
+                     speedup_vs_one_fsync_per_message=round(rate / baseline, 1), **rounds)
         log_dir = os.path.join(root, "r")
         size = build_log(log_dir, total)
         per_message, by_range = reads(log_dir)

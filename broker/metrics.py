@@ -179,6 +179,12 @@ class BrokerCollector(Collector):
                                 "Entries made durable by fsync rounds.", labels=labels)
         c.add_metric(ids, float(status.get("fsynced_entries", 0)))
         yield c
+        c = CounterMetricFamily(
+            "ledgermq_commitlog_fsync_handoff_seconds_total",
+            "Time fsync rounds spent passing between the event loop and the fsync "
+            "thread (both ways), beyond the fsync itself.", labels=labels)
+        c.add_metric(ids, float(status.get("fsync_handoff_seconds", 0.0)))
+        yield c
         yield gauge("ledgermq_raft_pending_proposals", "Proposals waiting for their ack.",
                     status.get("pending_proposals", 0))
         for committer, what in ((b.sends, "send"), (b.controls, "control")):

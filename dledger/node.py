@@ -288,6 +288,9 @@ class RaftGroupNode:
             "failed": repr(self.failed) if self.failed else None,
             "fsyncs": self._flusher.syncs,
             "fsynced_entries": self._flusher.synced_entries,
+            "fsync_seconds": round(self._flusher.sync_s, 6),
+            "fsync_handoff_seconds": round(self._flusher.sync_start_wait_s
+                                           + self._flusher.sync_resume_wait_s, 6),
             "entries_per_fsync": (self._flusher.synced_entries / self._flusher.syncs
                                   if self._flusher.syncs else 0.0),
             "pending_proposals": len(self._pending) + len(self._queue),

@@ -32,6 +32,9 @@ def test_sync_appends_complete_only_when_durable_and_share_fsyncs(tmp_path) -> N
         await asyncio.gather(*(appender(20) for _ in range(16)))
         await flusher.close()
         log.close()
+        # The round figures: time in fdatasync, and passing to its thread and back.
+        assert flusher.sync_s > 0
+        assert flusher.sync_start_wait_s > 0 and flusher.sync_resume_wait_s > 0
         return flusher.syncs, log.last_index, durable_at_ack
 
     syncs, appended, margins = asyncio.run(scenario())

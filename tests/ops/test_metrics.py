@@ -83,6 +83,11 @@ def test_figures_move_with_traffic_and_leader_change(ops_cluster: OpsCluster) ->
                 urls[n], "ledgermq_commitlog_fsync_seconds_count",
                 value(before[n], "ledgermq_commitlog_fsync_seconds_count")),
                 10, f"an fsync on n{nid}")
+            # Every fsync round passes to the fsync thread and back.
+            await until(lambda n=nid: _scraped_above(
+                urls[n], "ledgermq_commitlog_fsync_handoff_seconds_total",
+                value(before[n], "ledgermq_commitlog_fsync_handoff_seconds_total")),
+                10, f"fsync hand-off time on n{nid}")
         # Pulls count messages out; a committed offset shows up as lag per queue.
         consumer = PullConsumer([ops_cluster.namesrv_address], "metered-cg")
         try:
