@@ -26,7 +26,8 @@ class LongPoll:
             future = asyncio.get_running_loop().create_future()
             self._waiters[key] = future
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(future), timeout)
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(future)
             return True
         return False
 

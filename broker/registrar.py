@@ -18,6 +18,7 @@ from typing import Any
 from broker.config import split_address
 from ledgermq.codes import RequestCode
 from ledgermq.errors import LedgerMQError
+from ledgermq.tasks import cancel_and_wait
 from ledgermq.wire import RpcClient
 
 log = logging.getLogger(__name__)
@@ -43,11 +44,7 @@ class Registrar:
             event.set()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
 
     async def _loop(self, address: str, kick: asyncio.Event) -> None:
         host, port = split_address(address)
@@ -67,7 +64,8 @@ class Registrar:
                         await client.close()
                         client = None
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(kick.wait(), self.interval)
+                    async with asyncio.timeout(self.interval):
+                        await kick.wait()
         finally:
             if client is not None:
                 await client.close()

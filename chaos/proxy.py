@@ -86,8 +86,9 @@ class LinkProxy:
         self._tasks.add(task)
         try:
             try:
-                up_r, up_w = await asyncio.wait_for(asyncio.open_connection(
-                    *link.target, local_addr=(link.source_host, 0)), 5.0)
+                async with asyncio.timeout(5.0):
+                    up_r, up_w = await asyncio.open_connection(
+                        *link.target, local_addr=(link.source_host, 0))
             except (TimeoutError, OSError):
                 writer.close()
                 return

@@ -62,12 +62,13 @@ async def node_status(address: str, timeout: float = 1.0) -> dict[str, Any] | No
     """A node's BROKER_STATUS, None if it does not answer in time."""
     host, _, port = address.rpartition(":")
     try:
-        client = await asyncio.wait_for(
-            RpcClient.connect(host, int(port), role="admin", timeout=timeout), timeout)
+        async with asyncio.timeout(timeout):
+            client = await RpcClient.connect(host, int(port), role="admin", timeout=timeout)
     except Exception:
         return None
     try:
-        return await asyncio.wait_for(client.request(RequestCode.BROKER_STATUS, None), timeout)
+        async with asyncio.timeout(timeout):
+            return await client.request(RequestCode.BROKER_STATUS, None)
     except Exception:
         return None
     finally:
@@ -129,7 +130,8 @@ class Workload:
     async def stop_consumers(self) -> None:
         for consumer in self._consumers:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(consumer.stop(), 30)
+                async with asyncio.timeout(30):
+                    await consumer.stop()
 
     # ------------------------------------------------------------ producers
 
@@ -175,7 +177,8 @@ class Workload:
                     msg_id=result.msg_id, duplicate=result.duplicate))
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.close(), 10)
+                async with asyncio.timeout(10):
+                    await producer.close()
 
     # ------------------------------------------------------------ consumers
 

@@ -38,6 +38,7 @@ from ledgermq.errors import (
     OutcomeUnknownError,
     ServiceUnavailableError,
 )
+from ledgermq.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -199,11 +200,7 @@ class PushConsumer:
     async def stop(self) -> None:
         """Stop pulling, commit what was consumed, leave the group."""
         self._stopping.set()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         await self._release(list(self._workers))
         with contextlib.suppress(Exception):
             await self._commit()
@@ -218,7 +215,9 @@ class PushConsumer:
         await self.stop()
 
     async def _every(self, interval: float, fn: Callable[[], Awaitable[None]]) -> None:
-        while True:
+        # Also ends on _stopping: stop() must not rely on a cancellation
+        # reaching this loop through every library call `fn` makes.
+        while not self._stopping.is_set():
             await asyncio.sleep(interval)
             try:
                 await fn()
@@ -274,11 +273,7 @@ class PushConsumer:
     async def _release(self, queues: list[MessageQueue]) -> None:
         """Stop consuming queues given to another member; commit their progress."""
         tasks = [self._workers.pop(mq) for mq in queues if mq in self._workers]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(tasks)
         done = {mq: self._progress[mq] for mq in queues if mq in self._progress}
         if done:
             with contextlib.suppress(Exception):

@@ -108,8 +108,9 @@ class _Link:
         while not t.closing:
             local = (t.bind_host, 0) if t.bind_host else None
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(*self.address, local_addr=local), CONNECT_TIMEOUT_S)
+                async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                    reader, writer = await asyncio.open_connection(*self.address,
+                                                                   local_addr=local)
             except (OSError, TimeoutError):
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
@@ -263,7 +264,8 @@ class PeerTransport:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peername = writer.get_extra_info("peername")
         try:
-            payload = await asyncio.wait_for(read_frame(reader, 4096), self.handshake_timeout)
+            async with asyncio.timeout(self.handshake_timeout):
+                payload = await read_frame(reader, 4096)
             if payload is None:
                 return
             hello = decode_hello(payload)

@@ -20,13 +20,13 @@ reads a clock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
 
 from ledgermq.codes import RequestCode
 from ledgermq.errors import InvalidRequestError, UnknownBrokerError
+from ledgermq.tasks import cancel_and_wait
 from ledgermq.wire import Connection, RpcServer
 from ledgermq.wire.codec import DEFAULT_MAX_FRAME_BYTES
 from namesrv.registry import DEFAULT_EXPIRY_MS, BrokerRegistration, RouteRegistry
@@ -71,9 +71,7 @@ class NameServer:
 
     async def close(self) -> None:
         if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+            await cancel_and_wait([self._sweeper])
         await self.rpc.close()
 
     async def _sweep(self) -> None:

@@ -38,6 +38,7 @@ from ledgermq.errors import (
     UnsupportedVersionError,
     error_from_response,
 )
+from ledgermq.tasks import cancel_and_wait
 from ledgermq.wire.codec import (
     CONNECTION_ERROR_ID,
     DEFAULT_COMPRESS_THRESHOLD,
@@ -175,7 +176,8 @@ class RpcServer:
         conn.reading = True
         try:
             try:
-                await asyncio.wait_for(self._handshake(reader, conn), self.handshake_timeout)
+                async with asyncio.timeout(self.handshake_timeout):
+                    await self._handshake(reader, conn)
             except TimeoutError:
                 raise HandshakeRequiredError(
                     f"no HELLO within {self.handshake_timeout:g}s"
@@ -366,7 +368,8 @@ class RpcClient:
         """Connect and complete the HELLO handshake, or raise (the typed error the
         server sent, RequestTimeoutError, or OSError from connect)."""
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(host, port)
         except TimeoutError:
             raise RequestTimeoutError(f"connect to {host}:{port} timed out") from None
         client = cls(
@@ -413,7 +416,12 @@ class RpcClient:
         self._writer.send(payload)
         wait = self.timeout if timeout is None else timeout
         try:
-            response = await asyncio.wait_for(fut, wait)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the
+            # result when the response lands in the same loop pass as a
+            # cancellation of the caller, swallowing the cancellation (a
+            # consumer's stop() then waited forever for a heartbeat loop).
+            async with asyncio.timeout(wait):
+                response = await fut
         except TimeoutError:
             raise RequestTimeoutError(
                 f"no response to request {rid} (code {int(code)}) from {self.peer} within {wait:g}s"
@@ -465,9 +473,7 @@ class RpcClient:
         """Close the connection; pending requests fail with ConnectionClosedError."""
         task = self._reader_task
         if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait([task])
         else:
             self._fail_all(ConnectionClosedError(f"connection to {self.peer} closed locally"))
             await self._writer.close()

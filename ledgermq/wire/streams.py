@@ -120,7 +120,8 @@ class FrameWriter:
         self.flush()
         if not self._writer.is_closing():
             with contextlib.suppress(ConnectionError, TimeoutError):
-                await asyncio.wait_for(self._writer.drain(), flush_timeout)
+                async with asyncio.timeout(flush_timeout):
+                    await self._writer.drain()
             self._writer.close()
         # The peer may already have reset the connection; closed is closed.
         with contextlib.suppress(ConnectionError, OSError):

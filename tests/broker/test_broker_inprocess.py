@@ -222,7 +222,8 @@ def test_bad_input_gets_distinct_codes_and_loses_nothing(tmp_path) -> None:
                 writer.write(junk)
                 await writer.drain()
                 writer.write_eof()
-                answer = await asyncio.wait_for(reader.read(), 5)
+                async with asyncio.timeout(5):
+                    answer = await reader.read()
                 assert answer  # one error frame, then end of stream
                 writer.close()
             bad = await RpcClient.connect(host, int(port))
@@ -265,7 +266,8 @@ def test_sdk_producer_and_push_consumer(tmp_path) -> None:
 
             consumer = PushConsumer([env.ns], "cg", "orders", handle, long_poll_ms=500)
             await consumer.start()
-            await asyncio.wait_for(done.wait(), 20)
+            async with asyncio.timeout(20):
+                await done.wait()
             await consumer.stop()
             assert sorted(got) == sorted([b"m%d" % i for i in range(20)] + [b"x", b"y"])
             assert failures["n"] == 2
@@ -388,7 +390,8 @@ def test_push_consumer_gives_up_after_max_reconsume_and_topic_delete(tmp_path) -
                                     max_reconsume_times=2, long_poll_ms=200,
                                     on_give_up=lambda m, e: given_up.append((m.body, str(e))))
             await consumer.start()
-            await asyncio.wait_for(done.wait(), 20)
+            async with asyncio.timeout(20):
+                await done.wait()
             await consumer.stop()
             assert got == [b"ok-1", b"ok-2"]  # order kept around the poison message
             assert attempts == [0, 1, 2]

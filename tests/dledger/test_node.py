@@ -193,7 +193,8 @@ def test_bad_peer_input_closes_only_that_connection(tmp_path: Path) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(data)
         try:
-            got = await asyncio.wait_for(reader.read(1), 5.0)
+            async with asyncio.timeout(5.0):
+                got = await reader.read(1)
         finally:
             writer.close()
         return got == b""

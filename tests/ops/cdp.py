@@ -105,7 +105,8 @@ class Page:
         msg_id = next(self._ids)
         await self.ws.send_json({"id": msg_id, "method": method, "params": params})
         while True:
-            msg = await asyncio.wait_for(self.ws.receive_json(), 30)
+            async with asyncio.timeout(30):
+                msg = await self.ws.receive_json()
             if msg.get("id") == msg_id:
                 if "error" in msg:
                     raise RuntimeError(f"{method}: {msg['error']}")
