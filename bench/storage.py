@@ -127,7 +127,8 @@ def append_sync(directory: str, appenders: int, seconds: float, batch: int = 1
             "fsync_ms": round(flusher.sync_s / rounds * 1000, 3),
             "handoff_ms": round((flusher.sync_start_wait_s + flusher.sync_resume_wait_s)
                                 / rounds * 1000, 3),
-            "round_ms": round(elapsed / rounds * 1000, 3)}
+            "round_ms": round(elapsed / rounds * 1000, 3),
+            "early_rounds": flusher.early_rounds}
         return done / elapsed, flusher.synced_entries / rounds, flusher.syncs, figures
 
     result = loop_run(run())

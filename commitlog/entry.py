@@ -25,9 +25,14 @@ _CRC = struct.Struct("<I")
 _HEADER = struct.Struct("<IBBHIIQQQII")  # the whole 48 bytes, for decoding in one call
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Entry:
-    """One CommitLog entry as stored: Raft coordinates, placement and body."""
+    """One CommitLog entry as stored: Raft coordinates, placement and body.
+
+    Treat as immutable. Not `frozen=True` only because a frozen dataclass's
+    `__init__` costs ~0.45 µs more per entry (one `object.__setattr__` per
+    field), paid on every append, read and apply.
+    """
 
     index: int
     term: int

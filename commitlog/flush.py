@@ -18,24 +18,32 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from commitlog.entry import Entry
 from commitlog.errors import StorageError
 from commitlog.log import CommitLog, SyncToken
+from commitlog.sync_thread import SyncThread
 
 
 class Flusher:
     """Runs one CommitLog's flush policy. Start it on the loop that appends."""
 
-    def __init__(self, log: CommitLog, sync: bool | None = None) -> None:
-        """`sync` overrides the log's configured policy (True: flush=sync)."""
+    def __init__(self, log: CommitLog, sync: bool | None = None,
+                 split_after_s: float | None = None) -> None:
+        """`sync` overrides the log's configured policy (True: flush=sync).
+        `split_after_s` fixes when a loop pass starts its sync early (see
+        `_join_next`); None adapts it to the measured sync time."""
         self.log = log
         self.sync_mode = log.config.flush == "sync" if sync is None else sync
         self._interval_s = log.config.flush_interval_ms / 1000
         self._checkpoint_interval_s = log.config.checkpoint_interval_ms / 1000
         self._flush_bytes = log.config.flush_bytes
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync")
+        self._thread = SyncThread("fsync")
+        # When a round starts before the loop pass ends (see _join_next): a
+        # fixed delay, or None for the running estimate of a sync's duration.
+        self._split_after_s = split_after_s
+        self._sync_estimate_s: float | None = None
+        self._next_since = 0.0
         self._wake = asyncio.Event()
         # Waiters are grouped per sync round: the round in flight covers
         # entries up to _inflight_index; everything appended later waits for
@@ -44,6 +52,11 @@ class Flusher:
         self._inflight: list[asyncio.Future[None]] | None = None
         self._inflight_index = 0
         self._next: list[asyncio.Future[None]] | None = None
+        # The sync of the round in flight, started by the flusher task or, to
+        # overlap a large cohort's appends with its fsync, by an appender.
+        self._round: asyncio.Future[tuple[float, float]] | None = None
+        self._round_token: SyncToken | None = None
+        self._round_submitted = 0.0
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._synced_end = log.end
@@ -54,6 +67,7 @@ class Flusher:
         # return until the event loop resumes the round (`sync_resume_wait_s`).
         self.syncs = 0
         self.synced_entries = 0
+        self.early_rounds = 0  # rounds started before their loop pass ended
         self.sync_start_wait_s = 0.0
         self.sync_s = 0.0
         self.sync_resume_wait_s = 0.0
@@ -72,10 +86,7 @@ class Flusher:
         # Inline of wait_durable for the hot path: join the next sync round.
         index, generation = log.last_index, log.generation
         future = asyncio.get_running_loop().create_future()
-        if self._next is None:
-            self._next = []
-            self._wake.set()
-        self._next.append(future)
+        self._join_next(future)
         await future
         if log.durable_index < index or log.generation != generation:
             await self.wait_durable(index, generation)  # rare: truncated, or a later round
@@ -101,54 +112,111 @@ class Flusher:
             if self._inflight is not None and index <= self._inflight_index:
                 self._inflight.append(future)
             else:
-                if self._next is None:
-                    self._next = []
-                    self._wake.set()
-                self._next.append(future)
+                self._join_next(future)
             await future
         cut = log.cut_since(generation)
         if cut is not None and cut < index:
             raise StorageError(f"entry {index} was truncated before it was synced")
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            if self._next is None and not self._closing:
-                timeout = None if self.sync_mode else self._interval_s
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout)
-            self._wake.clear()
-            round_waiters, self._next = self._next or [], None
-            if self.log.durable_index < self.log.last_index:
-                token = self.log.begin_sync()
-                self._inflight, self._inflight_index = round_waiters, token.index
-                submitted = time.perf_counter()
-                try:
-                    started, ended = await loop.run_in_executor(
-                        self._executor, self._timed_sync, token)
-                except OSError as exc:
-                    self._fail(exc, token, round_waiters)
-                    return
-                finally:
-                    self._inflight = None
-                self.sync_start_wait_s += started - submitted
-                self.sync_s += ended - started
-                self.sync_resume_wait_s += time.perf_counter() - ended
-                before = self.log.durable_index
-                self.log.finish_sync(token)
-                self._synced_end = token.end
-                self.syncs += 1
-                self.synced_entries += self.log.durable_index - before
+    def _join_next(self, future: asyncio.Future[None]) -> None:
+        """Make `future` wait for the next sync round.
+
+        The next round normally starts once the loop has run what was ready
+        (the flusher task's turn), so one fsync covers every append of that
+        loop pass. But when no round is in flight and the appends joined so
+        far took as long as a sync takes, it starts at once: the rest of the
+        pass then appends while this part's fsync runs on its thread, instead
+        of the loop idling through every fsync. A pass shorter than a sync
+        never splits, so a slow disk keeps whole-pass rounds
+        (docs/architecture.md has the measurements).
+        """
+        if self._next is None:
+            self._next = []
+            self._next_since = time.perf_counter()
+            self._wake.set()
+        self._next.append(future)
+        if self._round is None:
+            split_after = self._split_after_s
+            if split_after is None:
+                split_after = self._sync_estimate_s
+            if split_after is not None and (
+                    time.perf_counter() - self._next_since >= split_after):
+                self.early_rounds += 1
+                self._begin_round()
+
+    def _begin_round(self) -> bool:
+        """Start syncing what is written; the waiters so far join this round.
+        Returns False when there was nothing to sync (waiters are released)."""
+        round_waiters, self._next = self._next or [], None
+        if self.log.durable_index >= self.log.last_index:
             for future in round_waiters:
                 if not future.done():
                     future.set_result(None)
+            return False
+        token = self.log.begin_sync()
+        self._inflight, self._inflight_index = round_waiters, token.index
+        self._round_token = token
+        self._round_submitted = time.perf_counter()
+        self._round = self._thread.submit(self._timed_sync, token)
+        return True
+
+    async def _run(self) -> None:
+        while True:
+            if self._next is None and self._round is None and not self._closing:
+                timeout = None if self.sync_mode else self._interval_s
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
+            self._wake.clear()
+            if self._round is not None or self._begin_round():
+                await self._finish_round()
+                if self.log.failed is not None:
+                    return
+                # Let the waiters just released append before the next round
+                # starts, so it covers them too (or splits their pass, above).
+                await asyncio.sleep(0)
             if time.monotonic() - self._last_checkpoint >= self._checkpoint_interval_s:
-                await self._checkpoint(loop)
+                await self._checkpoint()
             if self._closing and self.log.durable_index >= self.log.last_index:
                 for future in self._next or ():
                     if not future.done():
                         future.set_result(None)
                 return
+
+    async def _finish_round(self) -> None:
+        """Wait for the round in flight, advance the durable point, release its waiters."""
+        # The very list wait_durable may still add to while the fsync runs.
+        token, round_waiters = self._round_token, self._inflight
+        assert round_waiters is not None
+        assert self._round is not None and token is not None
+        try:
+            started, ended = await self._round
+        except OSError as exc:
+            self._fail(exc, token, round_waiters)
+            return
+        finally:
+            self._inflight = None
+            self._round = None
+            self._round_token = None
+        self.sync_start_wait_s += started - self._round_submitted
+        self.sync_s += ended - started
+        # What a round costs the waiters beyond the loop's own work: the
+        # hand-off to the fsync thread and the sync (not the hand-back, which
+        # grows with how busy the loop is).
+        took = ended - self._round_submitted
+        estimate = self._sync_estimate_s
+        self._sync_estimate_s = took if estimate is None else estimate + (took - estimate) / 8
+        self.sync_resume_wait_s += time.perf_counter() - ended
+        before = self.log.durable_index
+        self.log.finish_sync(token)
+        self._synced_end = token.end
+        self.syncs += 1
+        self.synced_entries += self.log.durable_index - before
+        for future in round_waiters:
+            if not future.done():
+                future.set_result(None)
+        # A new loop pass starts: the released waiters append next.
+        self._next_since = time.perf_counter()
 
     def _timed_sync(self, token: SyncToken) -> tuple[float, float]:
         """Run on the fsync thread: the sync, and when it started and ended."""
@@ -156,9 +224,9 @@ class Flusher:
         self.log.run_sync(token)
         return started, time.perf_counter()
 
-    async def _checkpoint(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def _checkpoint(self) -> None:
         token = self.log.begin_checkpoint()
-        await loop.run_in_executor(self._executor, self.log.run_checkpoint, token)
+        await self._thread.submit(self.log.run_checkpoint, token)
         self._last_checkpoint = time.monotonic()
 
     def _fail(self, exc: OSError, token: SyncToken,
@@ -179,5 +247,5 @@ class Flusher:
             await self._task
             self._task = None
         if self.log.failed is None:
-            await self._checkpoint(asyncio.get_running_loop())
-        self._executor.shutdown(wait=True)
+            await self._checkpoint()
+        self._thread.shutdown()

@@ -73,6 +73,7 @@ class CommitLog:
     def __init__(self, data_dir: str, config: CommitLogConfig) -> None:
         self.data_dir = data_dir
         self.config = config
+        self._entry_size_limit = config.entry_size_limit  # the config is frozen
         os.makedirs(data_dir, exist_ok=True)
         self._lock_fd = lock_directory(data_dir)
         self.segments: SegmentFiles | None = None
@@ -147,7 +148,7 @@ class CommitLog:
         self._check_usable()
         if not entries:
             return
-        limit = self.config.entry_size_limit
+        limit = self._entry_size_limit
         segment_size = self.config.segment_size_bytes
         index, term, end = self.last_index, self.last_term, self.end
         runs: list[tuple[int, list[bytes]]] = []  # (position, parts) per segment run

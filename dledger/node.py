@@ -340,6 +340,11 @@ class RaftGroupNode:
         self._driver = loop.create_task(self._drive(), name=f"raft-driver-{cfg.node_id}")
         self._ticker_task = loop.create_task(self._ticker(), name=f"raft-ticker-{cfg.node_id}")
 
+    async def wait_durable(self, index: int) -> None:
+        """Wait until the local CommitLog has fsynced entry `index` (through the
+        Flusher, so the fsync runs on its thread, never on the loop)."""
+        await self._flusher.wait_durable(index)
+
     async def stop(self) -> None:
         """Close sockets, finish the Ready in progress, flush, checkpoint, close the log."""
         if self._stopped:
@@ -354,7 +359,8 @@ class RaftGroupNode:
         self._wake.set()
         if self._driver is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._driver), 10.0)
+                async with asyncio.timeout(10.0):
+                    await asyncio.shield(self._driver)
             except (TimeoutError, Exception):
                 self._driver.cancel()
                 with contextlib.suppress(BaseException):
@@ -395,7 +401,8 @@ class RaftGroupNode:
         self.counters["proposals"] += 1
         self._wake.set()
         try:
-            return await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):
+                return await future
         except TimeoutError:
             self.counters["proposals_unknown"] += 1
             raise ProposalUnknown(f"no ack within {timeout} s; the entry may still commit") \
@@ -658,5 +665,6 @@ class RaftGroupNode:
             future: asyncio.Future[None] = loop.create_future()
             self._state_waiters.append(future)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(future, remaining)
+                async with asyncio.timeout(remaining):
+                    await future
         return True

@@ -44,6 +44,49 @@ def test_sync_appends_complete_only_when_durable_and_share_fsyncs(tmp_path) -> N
     assert syncs < appended
 
 
+def _run_appenders(tmp_path, appenders: int, each: int, **flusher_options: float
+                   ) -> tuple[Flusher, list[int]]:
+    """Concurrent flush=sync appenders; per ack, how far the durable point is
+    past the acknowledged entry (never negative when acks follow fsyncs)."""
+    async def scenario() -> tuple[Flusher, list[int]]:
+        log = CommitLog.open(str(tmp_path), _config("sync"))
+        flusher = Flusher(log, **flusher_options)
+        await flusher.start()
+        margins: list[int] = []
+
+        async def appender() -> None:
+            for _ in range(each):
+                entries = log.build_entries(1, [(KIND_MESSAGES, message_body(1))])
+                await flusher.append(entries)
+                margins.append(log.durable_index - entries[-1].index)
+
+        await asyncio.gather(*(appender() for _ in range(appenders)))
+        await flusher.close()
+        log.close()
+        return flusher, margins
+
+    return asyncio.run(scenario())
+
+
+def test_a_long_loop_pass_starts_its_sync_early_and_acks_still_follow_fsyncs(tmp_path) -> None:
+    # split_after_s=0: every pass starts its round at its first append, so the
+    # rest of the pass appends while that fsync runs.
+    flusher, margins = _run_appenders(tmp_path, appenders=64, each=10, split_after_s=0.0)
+    assert len(margins) == 640 and min(margins) >= 0
+    assert flusher.early_rounds > 0
+    # Appends made during a round's fsync wait for a later round.
+    assert flusher.syncs > 10
+
+
+def test_passes_shorter_than_a_sync_are_never_split(tmp_path) -> None:
+    # A split delay no pass reaches: every round waits for its pass to end,
+    # so 16 appenders in lockstep share each fsync (16 acks per round).
+    flusher, margins = _run_appenders(tmp_path, appenders=16, each=20, split_after_s=60.0)
+    assert min(margins) >= 0
+    assert flusher.early_rounds == 0
+    assert flusher.synced_entries / flusher.syncs >= 15
+
+
 def test_async_appends_return_at_once_and_are_synced_in_the_background(tmp_path) -> None:
     async def scenario() -> tuple[int, int]:
         log = CommitLog.open(str(tmp_path), _config("async", flush_interval_ms=20,
