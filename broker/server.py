@@ -31,7 +31,7 @@ from broker.longpoll import LongPoll
 from broker.members import Membership
 from broker.registrar import Registrar
 from broker.state import BrokerState, Stored
-from commitlog import KIND_CONTROL, KIND_MESSAGES, CommitLogConfig, Entry
+from commitlog import KIND_CONTROL, KIND_MESSAGES, CommitLogConfig, Entry, StorageError
 from commitlog.columns import RecordColumns, queue_groups, scan_body
 from consumequeue import ConsumeQueueStore
 from ledgermq.errors import (
@@ -40,6 +40,7 @@ from ledgermq.errors import (
     RequestTimeoutError,
     ServiceUnavailableError,
 )
+from ledgermq.tasks import cancel_and_wait
 from ledgermq.wire import RpcServer
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ _PRESCANNED_KEPT = 64  # proposals in flight at most (max_inflight_proposals is 
 
 async def _bounded(step: Any, seconds: float, what: str) -> None:
     try:
-        await asyncio.wait_for(step, seconds)
+        async with asyncio.timeout(seconds):
+            await step
     except TimeoutError:
         log.error("stopping the %s took more than %g s; going on without it", what, seconds)
     except Exception as exc:
@@ -91,6 +93,7 @@ class Broker:
         self._prescanned: dict[int, tuple[bytes, RecordColumns]] = {}
         self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._cq_checkpointing: asyncio.Future[None] | None = None
         self._topics_version_seen = 0
         self._last_role: str | None = None
         self.sends: GroupCommitter[Records] | None = None
@@ -185,11 +188,10 @@ class Broker:
         """Stop serving, then the node. Every step is bounded: a peer or client
         that never answers must not keep a stopping broker alive (the log is
         crash-safe, so giving up on a step loses nothing committed)."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
+        if self._cq_checkpointing is not None:
+            await _bounded(asyncio.shield(self._cq_checkpointing), 10.0,
+                           "ConsumeQueue checkpoint")
         if self.admin is not None:
             await _bounded(self.admin.close(), 3.0, "admin HTTP app")
         await _bounded(self.registrar.stop(), 3.0, "NameServer registrar")
@@ -216,8 +218,21 @@ class Broker:
             if self.cq.dispatched_index != last:
                 last = self.cq.dispatched_index
                 try:
-                    self.cq.checkpoint()
-                except OSError as exc:
+                    # The checkpoint must not claim entries the log could
+                    # lose: have the Flusher sync them first, off the loop,
+                    # instead of the checkpoint's own fsync on the loop.
+                    for _ in range(3):  # dispatch may move on while we wait
+                        if self.cq.dispatched_index <= self.node.log.durable_index:
+                            break
+                        await self.node.wait_durable(self.cq.dispatched_index)
+                    # The queue files' fsync and the checkpoint file run on a
+                    # thread too; stop() waits for one in flight before the
+                    # final checkpoint, so two never write at once.
+                    token = self.cq.begin_checkpoint()
+                    self._cq_checkpointing = asyncio.ensure_future(
+                        asyncio.to_thread(self.cq.run_checkpoint, token))
+                    await asyncio.shield(self._cq_checkpointing)
+                except (OSError, StorageError) as exc:
                     log.error("ConsumeQueue checkpoint failed: %s", exc)
 
     # ----------------------------------------------------------------- apply
@@ -269,7 +284,8 @@ class Broker:
         future = asyncio.get_running_loop().create_future()
         self._apply_waiters.append((index, future))
         try:
-            await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):
+                await future
         except TimeoutError:
             raise RequestTimeoutError(f"entry {index} not applied within {timeout:g}s") from None
 

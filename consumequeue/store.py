@@ -24,6 +24,7 @@ import numpy as np
 
 from commitlog import HEADER_SIZE, KIND_MESSAGES, CommitLog, Entry, iter_records, tag_hash
 from commitlog.columns import RecordColumns, queue_groups, scan_body
+from commitlog.disk import DirtyFile, sync_and_close
 from commitlog.message import MESSAGE_HEAD_SIZE
 from consumequeue.checkpoint import (
     DispatchCheckpoint,
@@ -32,6 +33,15 @@ from consumequeue.checkpoint import (
 )
 from consumequeue.queue import ConsumeQueue, Unit
 from consumequeue.unit import UNIT_DTYPE
+
+
+@dataclass
+class CheckpointToken:
+    """A checkpoint in two halves (see ConsumeQueueStore.begin_checkpoint)."""
+
+    fds: list[DirtyFile]
+    value: DispatchCheckpoint
+
 
 _TOPIC_DIR = re.compile(r"^[A-Za-z0-9_%|-]{1,127}$")
 QueueKey = tuple[str, int]
@@ -250,19 +260,33 @@ class ConsumeQueueStore:
     # ------------------------------------------------------------ durability
 
     def checkpoint(self) -> DispatchCheckpoint:
-        """Fsync the queue files, then record how far they go. The CommitLog is
-        synced first if dispatch ran ahead of its durable point, so the queues
-        never claim entries the log could lose."""
+        """Fsync the queue files, then record how far they go (all on this thread)."""
+        token = self.begin_checkpoint()
+        self.run_checkpoint(token)
+        return token.value
+
+    def begin_checkpoint(self) -> CheckpointToken:
+        """What a checkpoint covers: the queue files written so far (duplicated
+        fds) and the dispatched point now. Call on the owning thread; run it
+        with `run_checkpoint`, which may be on another thread while dispatch
+        goes on (later units are simply not claimed). The CommitLog is synced
+        first if dispatch ran ahead of its durable point, so the queues never
+        claim entries the log could lose (the broker has its Flusher do that
+        beforehand, off the loop)."""
         if self.dispatched_index > self.log.durable_index:
             self.log.flush()
-        for queue in self.queues.values():
-            queue.sync()
+        fds = [fd for queue in self.queues.values() for fd in queue.dirty_fds()]
         value = DispatchCheckpoint(
             self.dispatched_index, self.dispatched_end,
             {key: q.max_offset for key, q in self.queues.items()},
         )
-        write_dispatch_checkpoint(self.directory, value)
-        return value
+        return CheckpointToken(fds, value)
+
+    def run_checkpoint(self, token: CheckpointToken) -> None:
+        """Fsync the token's queue files, then replace the checkpoint file.
+        Safe on another thread; one at a time per store."""
+        sync_and_close(token.fds)
+        write_dispatch_checkpoint(self.directory, token.value)
 
     def delete_before(self, physical_offset: int) -> int:
         """Retention: drop queue files wholly before a CommitLog position."""

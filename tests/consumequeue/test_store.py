@@ -6,6 +6,7 @@ import itertools
 import os
 import shutil
 import tempfile
+import threading
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -77,13 +78,20 @@ def test_offset_for_timestamp(tmp_path) -> None:
         store.close()
 
 
+def _twelve_entries_five_dispatched(d: str, log: CommitLog) -> ConsumeQueueStore:
+    """A log of 12 entries over KEYS and a store (4 units per file) that has
+    dispatched the first 5."""
+    for seq in range(12):
+        _batch(log, seq, KEYS)
+    store = ConsumeQueueStore.open(d, log, units_per_file=4)
+    store.dispatch_committed(5)
+    return store
+
+
 def test_units_beyond_the_checkpoint_are_dropped_and_redispatched(tmp_path) -> None:
     d = str(tmp_path)
     with CommitLog.open(d, SMALL) as log:
-        for seq in range(12):
-            _batch(log, seq, KEYS)
-        store = ConsumeQueueStore.open(d, log, units_per_file=4)
-        store.dispatch_committed(5)
+        store = _twelve_entries_five_dispatched(d, log)
         store.checkpoint()
         store.dispatch_committed(12)
         expected = _queues(store)
@@ -95,6 +103,27 @@ def test_units_beyond_the_checkpoint_are_dropped_and_redispatched(tmp_path) -> N
         store = ConsumeQueueStore.open(d, log, units_per_file=4)
         assert store.dispatched_index == 5
         assert store.recovery.units_dropped > 0
+        assert store.offsets("A", 0) == (0, 5)
+        store.dispatch_committed(12)
+        assert _queues(store) == expected
+        store.close()
+
+
+def test_a_checkpoint_run_on_another_thread_claims_what_was_dispatched_at_its_start(
+        tmp_path) -> None:
+    d = str(tmp_path)
+    with CommitLog.open(d, SMALL) as log:
+        store = _twelve_entries_five_dispatched(d, log)
+        token = store.begin_checkpoint()
+        store.dispatch_committed(9)  # dispatch goes on while the checkpoint runs
+        worker = threading.Thread(target=store.run_checkpoint, args=(token,))
+        worker.start()
+        worker.join()
+        store.dispatch_committed(12)
+        expected = _queues(store)
+        store.abandon()  # crash: only the checkpoint's claim is trusted
+        store = ConsumeQueueStore.open(d, log, units_per_file=4)
+        assert store.dispatched_index == 5
         assert store.offsets("A", 0) == (0, 5)
         store.dispatch_committed(12)
         assert _queues(store) == expected
