@@ -113,23 +113,25 @@ class Elector:
         t = self.config.election_timeout_ticks
         self.randomized_timeout = t + self._rng.randint(0, t - 1)
 
-    def _reset(self, term: int) -> None:
+    def _reset(self, term: int, keep_timer: bool = False) -> None:
         if term != self.term:
             if term < self.term:
                 raise ValueError(f"term may not go backwards ({self.term} -> {term})")
             self.term = term
             self.vote = 0
         self.leader_id = 0
-        self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self.tally = None
         self.transferee = 0
         self.recent_active = set()
-        self._reset_randomized_timeout()
+        if not keep_timer:
+            self.election_elapsed = 0
+            self._reset_randomized_timeout()
 
-    def become_follower(self, term: int, leader_id: int) -> None:
+    def become_follower(self, term: int, leader_id: int, keep_timer: bool = False) -> None:
+        """`keep_timer`: the election timer runs on (see `filter_term`)."""
         check_transition(self.role, Role.FOLLOWER)
-        self._reset(term)
+        self._reset(term, keep_timer)
         self.role = Role.FOLLOWER
         self.leader_id = leader_id
 
@@ -221,7 +223,16 @@ class Elector:
                     return True, None  # pre-votes never change our term
             elif isinstance(msg, VoteResponse) and msg.pre_vote and msg.granted:
                 return True, None  # carries the term we are about to campaign in
-            self.become_follower(msg.term, msg.src if msg.from_leader else 0)
+            # Figure 2 of the Raft paper: only a leader's message or a
+            # *granted* vote restarts the election timer (`decide_vote` does
+            # the latter). Adopting a candidate's term must not: a node with a
+            # stale log and a fast clock would otherwise keep every up-to-date
+            # node's timer at zero, campaign forever and never win (found by
+            # the simulator with pre-vote off, seed 1638280297).
+            self.become_follower(
+                msg.term, msg.src if msg.from_leader else 0,
+                keep_timer=isinstance(msg, VoteRequest),
+            )
             return True, None
         if msg.term < self.term:
             if msg.from_leader and (self.config.check_quorum or self.config.pre_vote):

@@ -18,6 +18,10 @@ FIXED_5 = range(1, 201)
 FRESH_3 = 60
 FRESH_5 = 30
 CHUNK = 50
+# Fresh seeds that once failed, kept for good: (seed, nodes, what it found).
+REGRESSIONS = [
+    (1638280297, 3, "liveness: a stale candidate reset the others' election timers"),
+]
 
 
 def run_many(seeds: list[int], nodes: int) -> None:
@@ -45,6 +49,11 @@ def test_fixed_seeds_3_nodes(seeds: list[int]) -> None:
 @pytest.mark.parametrize("seeds", chunks(FIXED_5), ids=lambda s: f"{s[0]}-{s[-1]}")
 def test_fixed_seeds_5_nodes(seeds: list[int]) -> None:
     run_many(seeds, 5)
+
+
+@pytest.mark.parametrize(("seed", "nodes", "found"), REGRESSIONS, ids=lambda v: str(v))
+def test_regression_seeds(seed: int, nodes: int, found: str) -> None:
+    run_many([seed], nodes)
 
 
 def test_fresh_random_seeds() -> None:

@@ -115,3 +115,28 @@ def test_stray_prevote_answer_not_counted_in_real_round() -> None:
     e.become_candidate()
     assert e.record_vote(VoteResponse(2, 1, e.term, True, pre_vote=True)) is VoteOutcome.PENDING
     assert e.record_vote(VoteResponse(2, 1, e.term, True)) is VoteOutcome.WON
+
+
+def test_refused_candidate_does_not_reset_the_election_timer() -> None:
+    # Raft paper, Figure 2: the timer restarts on a leader's message or a
+    # granted vote. A stale candidate whose term we adopt but whose log we
+    # refuse must not keep our timer at zero (a seed of the simulator
+    # livelocked that way: the stale node campaigned forever, nobody else did).
+    e = make(node_id=2, check_quorum=False, pre_vote=False)
+    for _ in range(e.randomized_timeout - 1):
+        assert e.tick() is TickAction.NONE
+    stale = VoteRequest(1, 2, 5, last_index=3, last_term=1)
+    process, _ = e.filter_term(stale)
+    assert process and e.term == 5
+    assert not e.decide_vote(stale, own_last_index=9, own_last_term=2).granted
+    assert e.tick() is TickAction.CAMPAIGN  # the timer ran on through the refusal
+
+
+def test_granted_vote_resets_the_election_timer() -> None:
+    e = make(node_id=2, check_quorum=False, pre_vote=False)
+    for _ in range(e.randomized_timeout - 1):
+        e.tick()
+    request = VoteRequest(1, 2, 5, last_index=9, last_term=2)
+    e.filter_term(request)
+    assert e.decide_vote(request, own_last_index=9, own_last_term=2).granted
+    assert e.election_elapsed == 0
