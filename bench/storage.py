@@ -6,7 +6,9 @@ Measured in one run, so ratios are meaningful on a shared 2-core machine:
   (bodies pre-encoded: the storage engine's own cost), and the same with
   message encoding included;
 - flush=sync with 1, 8 and 64 concurrent appenders (group commit) against
-  one-fsync-per-message;
+  one-fsync-per-message, through `Flusher.append_new` (the Flusher places
+  and writes a round at once) and, at 1 and 64 appenders, through
+  `Flusher.append` (entries placed and written by each appender);
 - reads by physical position (per message, as consumers do) and by range;
 - recovery time per GiB (full verification) and the default tail open.
 
@@ -96,12 +98,17 @@ def append_async(directory: str, total: int, batch: int, encode: bool) -> tuple[
     return count * batch / elapsed, count * len(body) / elapsed / 1e6
 
 
-def append_sync(directory: str, appenders: int, seconds: float, batch: int = 1
-                ) -> tuple[float, float, int]:
+def append_sync(directory: str, appenders: int, seconds: float, batch: int = 1,
+                api: str = "append_new") -> tuple[float, float, int, dict[str, float]]:
     """(messages/s, entries per fsync, fsyncs, round figures) with flush=sync,
     N appenders, each appending entries of `batch` messages and waiting for
     durability. Round figures: mean ms per fsync round of the fdatasync and of
-    the hand-offs to the fsync thread and back."""
+    the hand-offs to the fsync thread and back.
+
+    `api="append_new"`: the Flusher places the entries and writes a round's
+    worth in one write (a single writer's path); `api="append"`: each appender
+    places its entry and writes it at once (the path of pre-placed entries,
+    e.g. a Raft follower's)."""
 
     async def run() -> tuple[float, float, int, dict[str, float]]:
         log = CommitLog.open(directory, CommitLogConfig(flush="sync"))
@@ -113,8 +120,12 @@ def append_sync(directory: str, appenders: int, seconds: float, batch: int = 1
 
         async def appender() -> None:
             nonlocal done
+            items = [(KIND_MESSAGES, record)]
             while time.perf_counter() < deadline:
-                await flusher.append(log.build_entries(1, [(KIND_MESSAGES, record)]))
+                if api == "append_new":
+                    await flusher.append_new(1, items)
+                else:
+                    await flusher.append(log.build_entries(1, items))
                 done += batch
 
         started = time.perf_counter()
@@ -208,16 +219,22 @@ def main() -> None:
                 emit(bench="append", flush="async", batch=batch, encode=encode,
                      messages_per_s=round(rate), mb_per_s=round(mbs, 1),
                      raw_write_mb_per_s=round(raw, 1), ratio_to_raw=round(mbs / raw, 3))
-        baseline = None  # one fsync per message: batch 1, one appender
-        for batch in (1, 64):
-            for appenders in (1, 8, 64):
-                rate, per_sync, syncs, rounds = append_sync(os.path.join(root, "s"),
-                                                            appenders, args.sync_seconds, batch)
-                baseline = baseline or rate
-                emit(bench="append", flush="sync", batch=batch, appenders=appenders,
-                     messages_per_s=round(rate), entries_per_fsync=round(per_sync, 1),
-                     fsyncs=syncs,
-                     speedup_vs_one_fsync_per_message=round(rate / baseline, 1), **rounds)
+        # Group commit against one fsync per message (batch 1, one appender),
+        # through each API; the baseline is measured per API.
+        runs = [("append_new", batch, appenders) for batch in (1, 64)
+                for appenders in (1, 8, 64)] + [("append", 1, 1), ("append", 1, 64)]
+        baselines: dict[str, float] = {}
+        for api, batch, appenders in runs:
+            # Write back what earlier runs left dirty (512 MiB of async appends)
+            # first: the kernel flushing it meanwhile slows these fsyncs.
+            os.sync()
+            rate, per_sync, syncs, rounds = append_sync(
+                os.path.join(root, "s"), appenders, args.sync_seconds, batch, api)
+            baseline = baselines.setdefault(api, rate)
+            emit(bench="append", flush="sync", api=api, batch=batch, appenders=appenders,
+                 messages_per_s=round(rate), entries_per_fsync=round(per_sync, 1),
+                 fsyncs=syncs,
+                 speedup_vs_one_fsync_per_message=round(rate / baseline, 1), **rounds)
         log_dir = os.path.join(root, "r")
         size = build_log(log_dir, total)
         per_message, by_range = reads(log_dir)

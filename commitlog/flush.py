@@ -18,11 +18,23 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from commitlog.entry import Entry
-from commitlog.errors import StorageError
+from commitlog.errors import PositionMismatchError, StorageError
 from commitlog.log import CommitLog, SyncToken
 from commitlog.sync_thread import SyncThread
+
+
+@dataclass(slots=True)
+class _Queued:
+    """One `append_new` call waiting for its round to place and write it."""
+
+    term: int
+    items: Sequence[tuple[int, bytes]]
+    future: asyncio.Future[None]
+    last_index: int = 0
+    generation: int = 0
 
 
 class Flusher:
@@ -52,6 +64,9 @@ class Flusher:
         self._inflight: list[asyncio.Future[None]] | None = None
         self._inflight_index = 0
         self._next: list[asyncio.Future[None]] | None = None
+        # append_new calls of the next round, placed and written when it starts.
+        self._queued: list[_Queued] = []
+        self._queued_term = 0
         # The sync of the round in flight, started by the flusher task or, to
         # overlap a large cohort's appends with its fsync, by an appender.
         self._round: asyncio.Future[tuple[float, float]] | None = None
@@ -90,6 +105,57 @@ class Flusher:
         await future
         if log.durable_index < index or log.generation != generation:
             await self.wait_durable(index, generation)  # rare: truncated, or a later round
+
+    async def append_new(self, term: int, items: Sequence[tuple[int, bytes]]) -> int:
+        """Place and append new entries (kind, body) as the log's only writer;
+        return the index of the last one.
+
+        Under `flush="sync"` the entries are placed and written when the next
+        sync round starts, together with those of every other `append_new` of
+        the loop pass: one write and one fsync for all of them, and the call
+        returns once they are durable. If that write fails (a full disk), every
+        caller of the round gets the error and nothing of the round is kept; a
+        call cancelled before its round starts writes nothing. Under
+        `flush="async"` the entries are written at once.
+        """
+        log = self.log
+        if not items:
+            raise ValueError("append_new needs at least one entry")
+        log.check_items(items)
+        if not self.sync_mode:
+            entries = log.build_entries(term, items)
+            await self.append(entries)
+            return entries[-1].index
+        if log.failed is not None:
+            raise StorageError(f"commitlog failed: {log.failed}")
+        floor = max(log.last_term, self._queued_term) if self._queued else log.last_term
+        if term < floor:
+            raise PositionMismatchError(f"entry term {term} is below {floor}")
+        queued = _Queued(term, items, asyncio.get_running_loop().create_future())
+        self._queued.append(queued)
+        self._queued_term = term
+        self._join_next(queued.future)
+        await queued.future
+        if log.durable_index < queued.last_index or log.generation != queued.generation:
+            await self.wait_durable(queued.last_index, queued.generation)
+        return queued.last_index
+
+    def _write_queued(self) -> None:
+        """Place and write the round's `append_new` entries in one append."""
+        queued = [q for q in self._queued if not q.future.done()]  # done: cancelled
+        self._queued = []
+        if not queued:
+            return
+        log = self.log
+        try:
+            lasts = log.append_new([(q.term, q.items) for q in queued])
+        except Exception as exc:  # nothing of the round was kept: all of it fails
+            for q in queued:
+                q.future.set_exception(exc)
+            return
+        generation = log.generation
+        for q, last in zip(queued, lasts, strict=True):
+            q.last_index, q.generation = last, generation
 
     def appended(self) -> None:
         """Tell the flusher that bytes were written (after `log.append`)."""
@@ -148,6 +214,8 @@ class Flusher:
         """Start syncing what is written; the waiters so far join this round.
         Returns False when there was nothing to sync (waiters are released)."""
         round_waiters, self._next = self._next or [], None
+        if self._queued:
+            self._write_queued()
         if self.log.durable_index >= self.log.last_index:
             for future in round_waiters:
                 if not future.done():

@@ -142,6 +142,16 @@ class CommitLog:
             end = position + HEADER_SIZE + len(body)
         return entries
 
+    def check_items(self, items: Sequence[tuple[int, bytes]]) -> None:
+        """Raise what `append_new` would for these (kind, body) pairs' sizes and
+        kinds, so a caller can refuse one request without failing a batch."""
+        for kind, body in items:
+            size = HEADER_SIZE + len(body)
+            if size > self._entry_size_limit:
+                raise MessageTooLargeError("entry", size, self._entry_size_limit)
+            if kind not in KINDS:
+                raise ValueError(f"unknown entry kind {kind}")
+
     def append(self, entries: Sequence[Entry]) -> None:
         """Write entries after the last one. All are checked before any byte is
         written; if the write fails (e.g. a full disk) nothing of it is kept."""
@@ -149,10 +159,8 @@ class CommitLog:
         if not entries:
             return
         limit = self._entry_size_limit
-        segment_size = self.config.segment_size_bytes
         index, term, end = self.last_index, self.last_term, self.end
         runs: list[tuple[int, list[bytes]]] = []  # (position, parts) per segment run
-        parts: list[bytes] = []
         records: list[bytes] = []
         for entry in entries:
             body = entry.body
@@ -165,23 +173,66 @@ class CommitLog:
                 raise PositionMismatchError(f"entry term {entry.term} is below {term}")
             if entry.kind not in KINDS:
                 raise ValueError(f"unknown entry kind {entry.kind}")
-            position = end
-            if end % segment_size + size > segment_size:
-                position = (end // segment_size + 1) * segment_size  # see entry.place
+            position = self._encode(runs, records, entry.index, entry.term, entry.kind, body, end)
             if entry.position != position:
                 raise PositionMismatchError(
                     f"entry {entry.index} claims position {entry.position}, placement says "
                     f"{position}: the replicas' segment sizes or logs differ")
-            header, body_crc = encode_header(entry.index, entry.term, entry.kind, position, body)
-            # One write per segment: an entry that starts a segment (even one
-            # directly after an entry that filled the previous) opens a new run.
-            if position != end or position % segment_size == 0 or not runs:
-                parts = []
-                runs.append((position, parts))
-            parts.append(header)
-            parts.append(body)
-            records.append(encode_record(position, entry.term, size, entry.kind, body_crc))
             index, term, end = entry.index, entry.term, position + size
+        self._write(runs, records, index, term, end)
+
+    def append_new(self, batches: Sequence[tuple[int, Sequence[tuple[int, bytes]]]]
+                   ) -> list[int]:
+        """Place and write new entries as the log's only writer (no Raft leader
+        placing them): `batches` are (term, [(kind, body), ...]); returns the
+        index of each batch's last entry. Checked like `append`, and like it
+        all or nothing: one write per segment for every batch."""
+        self._check_usable()
+        limit = self._entry_size_limit
+        index, term, end = self.last_index, self.last_term, self.end
+        runs: list[tuple[int, list[bytes]]] = []
+        records: list[bytes] = []
+        lasts = []
+        for batch_term, items in batches:
+            if batch_term < term:
+                raise PositionMismatchError(f"entry term {batch_term} is below {term}")
+            for kind, body in items:
+                size = HEADER_SIZE + len(body)
+                if size > limit:
+                    raise MessageTooLargeError("entry", size, limit)
+                if kind not in KINDS:
+                    raise ValueError(f"unknown entry kind {kind}")
+                index += 1
+                end = self._encode(runs, records, index, batch_term, kind, body, end) + size
+            term = batch_term
+            lasts.append(index)
+        if runs:
+            self._write(runs, records, index, term, end)
+        return lasts
+
+    def _encode(self, runs: list[tuple[int, list[bytes]]], records: list[bytes], index: int,
+                term: int, kind: int, body: bytes, end: int) -> int:
+        """Place an entry after `end`, add its bytes to `runs` and its index
+        record to `records`; return its position."""
+        segment_size = self.config.segment_size_bytes
+        size = HEADER_SIZE + len(body)
+        position = end
+        if end % segment_size + size > segment_size:
+            position = (end // segment_size + 1) * segment_size  # see entry.place
+        header, body_crc = encode_header(index, term, kind, position, body)
+        # One write per segment: an entry that starts a segment (even one
+        # directly after an entry that filled the previous) opens a new run.
+        if position != end or position % segment_size == 0 or not runs:
+            runs.append((position, []))
+        parts = runs[-1][1]
+        parts.append(header)
+        parts.append(body)
+        records.append(encode_record(position, term, size, kind, body_crc))
+        return position
+
+    def _write(self, runs: list[tuple[int, list[bytes]]], records: list[bytes],
+               index: int, term: int, end: int) -> None:
+        """Write encoded entries; on failure cut everything back, then raise."""
         old_end, old_last = self.end, self.last_index
         try:
             for position, run in runs:

@@ -147,3 +147,93 @@ def test_waiters_of_truncated_entries_fail_instead_of_hanging(tmp_path) -> None:
         log.close()
 
     asyncio.run(scenario())
+
+
+def test_append_new_places_a_whole_pass_in_one_write_and_acks_after_fsync(tmp_path) -> None:
+    async def scenario() -> tuple[Flusher, dict[int, bytes], list[int], CommitLog]:
+        log = CommitLog.open(str(tmp_path), _config("sync"))
+        flusher = Flusher(log, split_after_s=60.0)  # whole-pass rounds
+        await flusher.start()
+        written: dict[int, bytes] = {}
+        margins: list[int] = []
+
+        async def appender(n: int) -> None:
+            for i in range(10):
+                body = message_body(1 + (n + i) % 3)
+                index = await flusher.append_new(1, [(KIND_MESSAGES, body)])
+                margins.append(log.durable_index - index)
+                written[index] = body
+
+        await asyncio.gather(*(appender(n) for n in range(32)))
+        await flusher.close()
+        return flusher, written, margins, log
+
+    flusher, written, margins, log = asyncio.run(scenario())
+    assert sorted(written) == list(range(1, 321))  # every call got its own index
+    assert min(margins) >= 0  # returned only once durable
+    assert flusher.synced_entries / flusher.syncs >= 30  # a pass shares one round
+    assert [e.body for e in log.read_entries(1, 321)] == [written[i] for i in range(1, 321)]
+    log.close()
+    with CommitLog.open(str(tmp_path), _config("sync")) as reopened:
+        assert reopened.recovery.cuts == [] and reopened.last_index == 320
+
+
+def test_append_new_refuses_bad_calls_without_touching_the_round(tmp_path) -> None:
+    async def scenario() -> tuple[list[str], int]:
+        log = CommitLog.open(str(tmp_path), _config("sync", entry_size_bytes_max=4096,
+                                                    message_size_bytes_max=4096))
+        flusher = Flusher(log)
+        await flusher.start()
+        await flusher.append_new(3, [(KIND_MESSAGES, message_body(1))])
+        errors = []
+        good = asyncio.ensure_future(flusher.append_new(3, [(KIND_MESSAGES, message_body(1))]))
+        for call in (flusher.append_new(3, [(KIND_MESSAGES, b"x" * 5000)]),
+                     flusher.append_new(2, [(KIND_MESSAGES, message_body(1))]),
+                     flusher.append_new(3, [(99, b"unknown kind")]),
+                     flusher.append_new(3, [])):
+            try:
+                await call
+            except (StorageError, ValueError) as exc:
+                errors.append(type(exc).__name__)
+        index = await good
+        await flusher.close()
+        log.close()
+        return errors, index
+
+    errors, index = asyncio.run(scenario())
+    assert errors == ["MessageTooLargeError", "PositionMismatchError", "ValueError",
+                      "ValueError"]
+    assert index == 2
+
+
+def test_append_new_cancelled_before_its_round_writes_nothing(tmp_path) -> None:
+    async def scenario() -> tuple[int, list[bytes]]:
+        log = CommitLog.open(str(tmp_path), _config("sync"))
+        flusher = Flusher(log)
+        await flusher.start()
+        doomed = asyncio.ensure_future(flusher.append_new(1, [(KIND_MESSAGES, b"doomed")]))
+        kept = asyncio.ensure_future(flusher.append_new(1, [(KIND_MESSAGES, b"kept")]))
+        await asyncio.sleep(0)  # both queued, their round not started yet
+        doomed.cancel()
+        index = await kept
+        await flusher.close()
+        bodies = [e.body for e in log.read_entries(1, log.last_index + 1)]
+        log.close()
+        return index, bodies
+
+    index, bodies = asyncio.run(scenario())
+    assert (index, bodies) == (1, [b"kept"])
+
+
+def test_append_new_under_async_flush_writes_at_once(tmp_path) -> None:
+    async def scenario() -> tuple[int, int, int]:
+        log = CommitLog.open(str(tmp_path), _config("async", flush_interval_ms=60_000))
+        flusher = Flusher(log)
+        await flusher.start()
+        index = await flusher.append_new(1, [(KIND_MESSAGES, b"a"), (KIND_MESSAGES, b"b")])
+        appended, durable = log.last_index, log.durable_index
+        await flusher.close()
+        log.close()
+        return index, appended, durable
+
+    assert asyncio.run(scenario()) == (2, 2, 0)

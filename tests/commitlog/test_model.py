@@ -95,6 +95,24 @@ class CommitLogModel(RuleBasedStateMachine):
             self.model.append((self.term, kind, body, position))
             end = position + HEADER_SIZE + len(body)
 
+    @rule(batches=st.lists(st.tuples(st.booleans(), st.lists(
+              st.tuples(st.sampled_from([KIND_MESSAGES, KIND_CONTROL]), st.binary(max_size=1500)),
+              min_size=1, max_size=3)), min_size=1, max_size=4))
+    def append_new(self, batches: list[tuple[bool, list[tuple[int, bytes]]]]) -> None:
+        """The single-writer path: the log places the entries of several batches."""
+        plan = []
+        for bump, items in batches:
+            self.term += bump
+            plan.append((self.term, items))
+        lasts = self.log.append_new(plan)
+        end = self._end(len(self.model))
+        for term, items in plan:
+            for kind, body in items:
+                position = place(end, HEADER_SIZE + len(body), SEGMENT)
+                self.model.append((term, kind, body, position))
+                end = position + HEADER_SIZE + len(body)
+            assert lasts.pop(0) == len(self.model)
+
     @rule(count=st.integers(3, 12), size=st.integers(500, 1500), seed=st.integers(0, 255))
     def grow(self, count: int, size: int, seed: int) -> None:
         """Many larger entries at once, so logs of several segments are common."""
