@@ -38,6 +38,9 @@ class BrokerConfig:
     raft_bind_host: str = ""
     namesrv: tuple[str, ...] = ()
     flush: str = "async"
+    # flush="async": the background flusher's period and byte threshold.
+    flush_interval_ms: int = 200
+    flush_bytes: int = 4 * MIB
     replicate: str = "sync"
     tick_ms: int = 50
     election_timeout_ticks: int = 10
@@ -169,7 +172,8 @@ def validate(config: BrokerConfig) -> None:
                  "message_size_bytes_max", "default_queues", "pull_max_messages",
                  "batch_max_messages", "batch_max_bytes", "max_inflight_proposals",
                  "propose_timeout_ms", "namesrv_register_interval_ms", "member_expiry_ms",
-                 "dedup_window", "dedup_producers_max", "cq_checkpoint_interval_ms"):
+                 "dedup_window", "dedup_producers_max", "cq_checkpoint_interval_ms",
+                 "flush_interval_ms", "flush_bytes"):
         _check_int(config, name, 1)
     _check_int(config, "preferred_leader", 0)
     _check_int(config, "long_poll_timeout_ms", 0)

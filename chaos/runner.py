@@ -59,6 +59,8 @@ class RunConfig:
     recovery_timeout: float = 60.0
     drain_timeout: float = 90.0
     log_level: str = "INFO"
+    # Extra top-level broker configuration keys for every node.
+    broker_config: dict[str, Any] = field(default_factory=dict)
 
 
 def make_backend(config: RunConfig, spec: ClusterSpec, log: Callable[[str], None],
@@ -82,7 +84,7 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
     wanted = nemesis_lib.needs(nemeses)
     spec = ClusterSpec(nodes=config.nodes, flush=config.flush, replicate=config.replicate,
                        proxied="delay" in wanted, faketime="clock" in wanted,
-                       log_level=config.log_level)
+                       log_level=config.log_level, extra=dict(config.broker_config))
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     history = History(out / "history.jsonl")

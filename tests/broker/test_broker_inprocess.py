@@ -407,3 +407,20 @@ def test_push_consumer_gives_up_after_max_reconsume_and_topic_delete(tmp_path) -
                                                           "offset": 0})
             await producer.close()
     run(main())
+
+
+def test_flush_interval_reaches_the_commitlog_flusher(tmp_path) -> None:
+    # flush="async" with a one-minute interval (and no checkpoint forcing a
+    # sync): half a second after a send nothing new is durable, where the
+    # default 200 ms interval would have synced it; a 20 ms interval does.
+    async def durable_gap(path, interval_ms: int) -> int:
+        async with Env(path, flush="async", flush_interval_ms=interval_ms,
+                       cq_checkpoint_interval_ms=60_000) as env:
+            await env.req(RequestCode.CREATE_TOPIC, {"topic": "t", "queues": 1})
+            await env.req(RequestCode.SEND_MESSAGES, {"messages": [msg("t", b"x")] * 10})
+            await asyncio.sleep(0.5)
+            log = env.broker.node.log
+            return log.last_index - log.durable_index
+
+    assert run(durable_gap(tmp_path / "slow", 60_000)) > 0
+    assert run(durable_gap(tmp_path / "fast", 20)) == 0

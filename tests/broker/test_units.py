@@ -29,6 +29,7 @@ def test_config_file_round_trip(tmp_path) -> None:
                     '[peers.2]\nraft = "h:3"\nclient = "h:4"\n')
     config = load_config(str(path))
     assert config.node_id == 2 and config.tick_ms == 20 and config.replicate == "async"
+    assert (config.flush_interval_ms, config.flush_bytes) == (200, 4 << 20)  # defaults
     assert config.client_address == "h:4" and config.client_address_of(1) == "h:2"
     assert config.namesrv == ("127.0.0.1:9876",)
     assert config.with_overrides(flush="sync", replicate=None).flush == "sync"
@@ -40,6 +41,8 @@ def test_config_file_round_trip(tmp_path) -> None:
     ({"bogus": 1}, "unknown configuration keys"),
     ({"raft": {"tick": 1}}, "unknown [raft] keys"),
     ({"default_queues": 0}, "default_queues"),
+    ({"flush_interval_ms": 0}, "flush_interval_ms"),
+    ({"flush_bytes": "big"}, "flush_bytes"),
     ({"peers": {"1": {"raft": "nohost"}}}, "needs 'raft' and 'client'"),
 ])
 def test_config_errors_name_the_key(change, message) -> None:
