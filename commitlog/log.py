@@ -188,7 +188,6 @@ class CommitLog:
         index of each batch's last entry. Checked like `append`, and like it
         all or nothing: one write per segment for every batch."""
         self._check_usable()
-        limit = self._entry_size_limit
         index, term, end = self.last_index, self.last_term, self.end
         runs: list[tuple[int, list[bytes]]] = []
         records: list[bytes] = []
@@ -196,14 +195,11 @@ class CommitLog:
         for batch_term, items in batches:
             if batch_term < term:
                 raise PositionMismatchError(f"entry term {batch_term} is below {term}")
+            self.check_items(items)
             for kind, body in items:
-                size = HEADER_SIZE + len(body)
-                if size > limit:
-                    raise MessageTooLargeError("entry", size, limit)
-                if kind not in KINDS:
-                    raise ValueError(f"unknown entry kind {kind}")
                 index += 1
-                end = self._encode(runs, records, index, batch_term, kind, body, end) + size
+                end = self._encode(runs, records, index, batch_term, kind, body, end) + (
+                    HEADER_SIZE + len(body))
             term = batch_term
             lasts.append(index)
         if runs:
