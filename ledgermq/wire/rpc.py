@@ -382,8 +382,15 @@ class RpcClient:
         client._reader_task = asyncio.create_task(client._read_loop())
         try:
             info = await client.request(RequestCode.HELLO, hello_body(role, version, name))
-        except BaseException:
+        except (Exception, asyncio.CancelledError):
             await client.close()
+            raise
+        except GeneratorExit:
+            # Closed without running (garbage-collected after its loop
+            # stopped): nothing may be awaited now, so let go without waiting.
+            with contextlib.suppress(RuntimeError):  # the loop may be closed
+                client._reader_task.cancel()
+                writer.close()
             raise
         client.server_info = info if isinstance(info, dict) else {}
         return client
@@ -434,6 +441,7 @@ class RpcClient:
 
     async def _read_loop(self) -> None:
         reason: BaseException = ConnectionClosedError(f"connection to {self.peer} closed")
+        abandoned = False
         try:
             while True:
                 payload = await read_frame(self._reader, self.max_frame_bytes)
@@ -452,9 +460,15 @@ class RpcClient:
             reason = exc
         except asyncio.CancelledError:
             reason = ConnectionClosedError(f"connection to {self.peer} closed locally")
+        except GeneratorExit:
+            # Closed by the garbage collector after its loop stopped: nothing
+            # may be awaited or scheduled now; the socket goes with its transport.
+            abandoned = True
+            raise
         finally:
-            self._fail_all(reason)
-            await self._writer.close()
+            if not abandoned:
+                self._fail_all(reason)
+                await self._writer.close()
 
     def _fail_all(self, reason: BaseException) -> None:
         if self._closed_error is None:

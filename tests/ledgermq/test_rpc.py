@@ -255,3 +255,35 @@ def test_silent_connection_is_closed_after_the_handshake_timeout() -> None:
         writer.close()
 
     run_with_server(t, handshake_timeout=0.1)
+
+
+@pytest.mark.parametrize("close_loop", [False, True], ids=["loop-dropped", "loop-closed"])
+def test_client_abandoned_with_its_loop_lets_go_without_awaiting(close_loop: bool) -> None:
+    # A connect still waiting for its HELLO answer, and its reader task, when
+    # their loop is dropped or closed without cancelling them: the garbage
+    # collector closes the coroutines, which must let go at once instead of
+    # awaiting a cleanup ("coroutine ignored GeneratorExit" in CI) or
+    # scheduling one on a closed loop ("Event loop is closed").
+    import gc
+    import sys
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)  # accepts the connection, never answers the HELLO
+    port = silent.getsockname()[1]
+    unraisable: list[BaseException | None] = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda info: unraisable.append(info.exc_value)
+    try:
+        abandoned = asyncio.new_event_loop()
+        task = abandoned.create_task(RpcClient.connect("127.0.0.1", port, timeout=30))
+        abandoned.run_until_complete(asyncio.sleep(0.2))
+        assert not task.done()  # waiting for the HELLO answer
+        if close_loop:
+            abandoned.close()
+        del task, abandoned
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+        silent.close()
+    assert not [e for e in unraisable if isinstance(e, RuntimeError)], unraisable
