@@ -66,7 +66,6 @@ class Flusher:
         self._next: list[asyncio.Future[None]] | None = None
         # append_new calls of the next round, placed and written when it starts.
         self._queued: list[_Queued] = []
-        self._queued_term = 0
         # The sync of the round in flight, started by the flusher task or, to
         # overlap a large cohort's appends with its fsync, by an appender.
         self._round: asyncio.Future[tuple[float, float]] | None = None
@@ -128,12 +127,12 @@ class Flusher:
             return entries[-1].index
         if log.failed is not None:
             raise StorageError(f"commitlog failed: {log.failed}")
-        floor = max(log.last_term, self._queued_term) if self._queued else log.last_term
+        # Terms already queued passed this check, so the last one is the floor.
+        floor = self._queued[-1].term if self._queued else log.last_term
         if term < floor:
             raise PositionMismatchError(f"entry term {term} is below {floor}")
         queued = _Queued(term, items, asyncio.get_running_loop().create_future())
         self._queued.append(queued)
-        self._queued_term = term
         self._join_next(queued.future)
         await queued.future
         if log.durable_index < queued.last_index or log.generation != queued.generation:
@@ -148,7 +147,7 @@ class Flusher:
             return
         log = self.log
         try:
-            lasts = log.append_new([(q.term, q.items) for q in queued])
+            lasts = log.append_new([(q.term, q.items) for q in queued], checked=True)
         except Exception as exc:  # nothing of the round was kept: all of it fails
             for q in queued:
                 q.future.set_exception(exc)

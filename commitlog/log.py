@@ -181,12 +181,13 @@ class CommitLog:
             index, term, end = entry.index, entry.term, position + size
         self._write(runs, records, index, term, end)
 
-    def append_new(self, batches: Sequence[tuple[int, Sequence[tuple[int, bytes]]]]
-                   ) -> list[int]:
+    def append_new(self, batches: Sequence[tuple[int, Sequence[tuple[int, bytes]]]],
+                   checked: bool = False) -> list[int]:
         """Place and write new entries as the log's only writer (no Raft leader
         placing them): `batches` are (term, [(kind, body), ...]); returns the
         index of each batch's last entry. Checked like `append`, and like it
-        all or nothing: one write per segment for every batch."""
+        all or nothing: one write per segment for every batch. `checked=True`:
+        every batch's items already passed `check_items` (not checked again)."""
         self._check_usable()
         index, term, end = self.last_index, self.last_term, self.end
         runs: list[tuple[int, list[bytes]]] = []
@@ -195,7 +196,8 @@ class CommitLog:
         for batch_term, items in batches:
             if batch_term < term:
                 raise PositionMismatchError(f"entry term {batch_term} is below {term}")
-            self.check_items(items)
+            if not checked:
+                self.check_items(items)
             for kind, body in items:
                 index += 1
                 end = self._encode(runs, records, index, batch_term, kind, body, end) + (

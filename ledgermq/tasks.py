@@ -21,7 +21,7 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
     first exception a task ended with, other than its cancellation, is
     raised once all have finished, as awaiting it would have.
     """
-    pending = [task for task in tasks]
+    pending = list(tasks)
     for task in pending:
         task.cancel()
     if not pending:
