@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import os
 
 from commitlog.errors import DiskFullError, LockedError
@@ -111,16 +112,30 @@ def sync_directory(path: str) -> None:
         os.close(fd)
 
 
+_tmp_names = itertools.count()
+
+
 def atomic_replace(path: str, data: bytes) -> None:
-    """Durably replace `path` with `data`: write a .tmp, fsync, rename, fsync dir."""
-    tmp = path + ".tmp"
+    """Durably replace `path` with `data`: write a temporary file, fsync,
+    rename, fsync the directory.
+
+    Every call uses its own temporary name (`<path>.<pid>.<n>.tmp`): two
+    writers of one file (say a thread and the loop) can never rename each
+    other's half-written file, or find theirs gone.
+    """
+    tmp = f"{path}.{os.getpid()}.{next(_tmp_names)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        write_at_end(fd, 0, data, tmp)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            write_at_end(fd, 0, data, tmp)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
     sync_directory(os.path.dirname(path) or ".")
     if _trace:
         record_durable(path, len(data))

@@ -17,13 +17,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from commitlog.entry import Entry
 from commitlog.errors import PositionMismatchError, StorageError
 from commitlog.log import CommitLog, SyncToken
 from commitlog.sync_thread import SyncThread
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -37,20 +40,45 @@ class _Queued:
     generation: int = 0
 
 
+class Worker(Protocol):
+    """Runs blocking calls (fsync, file replacement) off the event loop, one at
+    a time and in order: `SyncThread` in production, a seeded virtual-time
+    worker in the real-node simulator."""
+
+    def submit(self, fn: Callable[[Any], T], arg: Any) -> asyncio.Future[T]: ...
+
+    def shutdown(self) -> None: ...
+
+
 class Flusher:
-    """Runs one CommitLog's flush policy. Start it on the loop that appends."""
+    """Runs one CommitLog's flush policy. Start it on the loop that appends.
+
+    Any error of the flush task (an fsync, a checkpoint write: EIO, ENOSPC,
+    or a bug) fails the log for good: `failed` and `log.failed` say why, every
+    waiter and every later append raises `StorageError`, and `on_failure` is
+    called once so the owner stops serving. Nothing waits forever on a flusher
+    that is gone.
+    """
 
     def __init__(self, log: CommitLog, sync: bool | None = None,
-                 split_after_s: float | None = None) -> None:
+                 split_after_s: float | None = None, *,
+                 worker: Worker | None = None,
+                 clock: Callable[[], float] = time.perf_counter,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
         """`sync` overrides the log's configured policy (True: flush=sync).
         `split_after_s` fixes when a loop pass starts its sync early (see
-        `_join_next`); None adapts it to the measured sync time."""
+        `_join_next`); None adapts it to the measured sync time. `worker`
+        runs the fsyncs (a `SyncThread` by default), `clock` times rounds and
+        checkpoint intervals."""
         self.log = log
+        self.failed: BaseException | None = None
+        self._on_failure = on_failure
+        self._clock = clock
         self.sync_mode = log.config.flush == "sync" if sync is None else sync
         self._interval_s = log.config.flush_interval_ms / 1000
         self._checkpoint_interval_s = log.config.checkpoint_interval_ms / 1000
         self._flush_bytes = log.config.flush_bytes
-        self._thread = SyncThread("fsync")
+        self._thread: Worker = worker if worker is not None else SyncThread("fsync")
         # When a round starts before the loop pass ends (see _join_next): a
         # fixed delay, or None for the running estimate of a sync's duration.
         self._split_after_s = split_after_s
@@ -74,7 +102,7 @@ class Flusher:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._synced_end = log.end
-        self._last_checkpoint = time.monotonic()
+        self._last_checkpoint = clock()
         # Figures for benchmarks and metrics. Per sync round, in seconds:
         # from handing the fsync to its thread until the thread starts it
         # (`sync_start_wait_s`), the fdatasync itself (`sync_s`), and from its
@@ -92,6 +120,7 @@ class Flusher:
     async def append(self, entries: Sequence[Entry]) -> None:
         """Append; under `flush="sync"` return only once the entries are durable."""
         log = self.log
+        self._check_alive()
         log.append(entries)
         if not self.sync_mode:
             if log.end - self._synced_end >= self._flush_bytes:
@@ -125,8 +154,7 @@ class Flusher:
             entries = log.build_entries(term, items)
             await self.append(entries)
             return entries[-1].index
-        if log.failed is not None:
-            raise StorageError(f"commitlog failed: {log.failed}")
+        self._check_alive()
         # Terms already queued passed this check, so the last one is the floor.
         floor = self._queued[-1].term if self._queued else log.last_term
         if term < floor:
@@ -169,8 +197,7 @@ class Flusher:
         if generation is None:
             generation = log.generation
         while log.durable_index < index:
-            if log.failed is not None:
-                raise StorageError(f"commitlog failed: {log.failed}")
+            self._check_alive()
             if index > log.last_index:
                 raise StorageError(f"entry {index} is not in the log (truncated)")
             future = asyncio.get_running_loop().create_future()
@@ -197,7 +224,7 @@ class Flusher:
         """
         if self._next is None:
             self._next = []
-            self._next_since = time.perf_counter()
+            self._next_since = self._clock()
             self._wake.set()
         self._next.append(future)
         if self._round is None:
@@ -205,7 +232,7 @@ class Flusher:
             if split_after is None:
                 split_after = self._sync_estimate_s
             if split_after is not None and (
-                    time.perf_counter() - self._next_since >= split_after):
+                    self._clock() - self._next_since >= split_after):
                 self.early_rounds += 1
                 self._begin_round()
 
@@ -223,11 +250,42 @@ class Flusher:
         token = self.log.begin_sync()
         self._inflight, self._inflight_index = round_waiters, token.index
         self._round_token = token
-        self._round_submitted = time.perf_counter()
+        self._round_submitted = self._clock()
         self._round = self._thread.submit(self._timed_sync, token)
         return True
 
+    def _check_alive(self) -> None:
+        failed = self.failed or self.log.failed
+        if failed is not None:
+            raise StorageError(f"commitlog failed: {failed!r}")
+
     async def _run(self) -> None:
+        try:
+            await self._run_rounds()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._fail_for_good(exc)
+
+    def _fail_for_good(self, exc: BaseException) -> None:
+        """The flush task cannot go on: fail the log, every waiter and every
+        later call, and tell the owner (once)."""
+        if self.failed is not None:
+            return
+        self.failed = exc
+        if self.log.failed is None:
+            self.log.failed = exc
+        error = StorageError(f"flusher failed: {exc!r}")
+        waiters = [*(self._inflight or ()), *(self._next or ()),
+                   *(q.future for q in self._queued)]
+        self._inflight, self._next, self._queued = None, None, []
+        for future in waiters:
+            if not future.done():
+                future.set_exception(error)
+        if self._on_failure is not None:
+            self._on_failure(exc)
+
+    async def _run_rounds(self) -> None:
         while True:
             if self._next is None and self._round is None and not self._closing:
                 timeout = None if self.sync_mode else self._interval_s
@@ -238,11 +296,11 @@ class Flusher:
             if self._round is not None or self._begin_round():
                 await self._finish_round()
                 if self.log.failed is not None:
-                    return
+                    raise StorageError(f"fsync failed: {self.log.failed!r}")
                 # Let the waiters just released append before the next round
                 # starts, so it covers them too (or splits their pass, above).
                 await asyncio.sleep(0)
-            if time.monotonic() - self._last_checkpoint >= self._checkpoint_interval_s:
+            if self._clock() - self._last_checkpoint >= self._checkpoint_interval_s:
                 await self._checkpoint()
             if self._closing and self.log.durable_index >= self.log.last_index:
                 for future in self._next or ():
@@ -258,7 +316,7 @@ class Flusher:
         assert self._round is not None and token is not None
         try:
             started, ended = await self._round
-        except OSError as exc:
+        except Exception as exc:  # OSError from fdatasync; anything else is a bug
             self._fail(exc, token, round_waiters)
             return
         finally:
@@ -273,7 +331,7 @@ class Flusher:
         took = ended - self._round_submitted
         estimate = self._sync_estimate_s
         self._sync_estimate_s = took if estimate is None else estimate + (took - estimate) / 8
-        self.sync_resume_wait_s += time.perf_counter() - ended
+        self.sync_resume_wait_s += self._clock() - ended
         before = self.log.durable_index
         self.log.finish_sync(token)
         self._synced_end = token.end
@@ -283,20 +341,22 @@ class Flusher:
             if not future.done():
                 future.set_result(None)
         # A new loop pass starts: the released waiters append next.
-        self._next_since = time.perf_counter()
+        self._next_since = self._clock()
 
     def _timed_sync(self, token: SyncToken) -> tuple[float, float]:
         """Run on the fsync thread: the sync, and when it started and ended."""
-        started = time.perf_counter()
+        started = self._clock()
         self.log.run_sync(token)
-        return started, time.perf_counter()
+        return started, self._clock()
 
     async def _checkpoint(self) -> None:
+        # The value is captured now and written on the worker; the log drops
+        # it there if a truncation came in between (CommitLog.run_checkpoint).
         token = self.log.begin_checkpoint()
         await self._thread.submit(self.log.run_checkpoint, token)
-        self._last_checkpoint = time.monotonic()
+        self._last_checkpoint = self._clock()
 
-    def _fail(self, exc: OSError, token: SyncToken,
+    def _fail(self, exc: Exception, token: SyncToken,
               round_waiters: list[asyncio.Future[None]]) -> None:
         with contextlib.suppress(StorageError):
             self.log.finish_sync(token, exc)
@@ -310,9 +370,11 @@ class Flusher:
         """Sync what is left, write a checkpoint and stop the task."""
         self._closing = True
         self._wake.set()
-        if self._task is not None:
-            await self._task
-            self._task = None
-        if self.log.failed is None:
-            await self._checkpoint()
-        self._thread.shutdown()
+        try:
+            if self._task is not None:
+                await self._task
+                self._task = None
+            if self.failed is None and self.log.failed is None:
+                await self._checkpoint()
+        finally:
+            self._thread.shutdown()

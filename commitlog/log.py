@@ -16,6 +16,7 @@ got.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,6 +65,7 @@ class SyncToken:
 class CheckpointToken:
     fds: list[DirtyFile]
     checkpoint: Checkpoint
+    generation: int
 
 
 class CommitLog:
@@ -100,6 +102,11 @@ class CommitLog:
         # entry it waits for was cut (and maybe replaced) meanwhile.
         self._truncations: list[tuple[int, int]] = []
         self.failed: BaseException | None = None
+        # The one owner of the checkpoint and hard-state files: every write of
+        # either holds this lock (the Flusher's thread writes checkpoints, the
+        # loop writes them on truncation and retention), and a checkpoint
+        # captured before a truncation is never written after it.
+        self._state_files = threading.Lock()
         # Everything recovered is on disk now (a crash without power loss keeps
         # the page cache): make it durable so the checkpoint can cover it.
         self.durable_index = self.first_index - 1
@@ -259,12 +266,15 @@ class CommitLog:
         else:
             new_end = self.segments.bases[0] if self.segments.bases else 0
             new_term = 0
-        if index < self.durable_index:
-            # The index records the lowered checkpoint vouches for must be on disk.
-            self.index.sync()
-            self.durable_index, self.durable_end, self.durable_term = index, new_end, new_term
-            write_checkpoint(self.data_dir, self._checkpoint_value())
-        self._generation += 1
+        with self._state_files:
+            if index < self.durable_index:
+                # The index records the lowered checkpoint vouches for must be on disk.
+                self.index.sync()
+                self.durable_index, self.durable_end, self.durable_term = index, new_end, new_term
+                write_checkpoint(self.data_dir, self._checkpoint_value())
+            # Under the lock: a checkpoint captured before this cut sees the
+            # new generation when it comes to write, and drops itself.
+            self._generation += 1
         self._truncations.append((self._generation, index))
         del self._truncations[:-64]
         self.segments.truncate(new_end)
@@ -283,7 +293,8 @@ class CommitLog:
         self.first_index = head.index
         self.index.delete_before(self.first_index)
         self.index.sync()
-        write_checkpoint(self.data_dir, self._checkpoint_value())
+        with self._state_files:
+            write_checkpoint(self.data_dir, self._checkpoint_value())
         return len(removed)
 
     # ------------------------------------------------------------ durability
@@ -340,12 +351,22 @@ class CommitLog:
                           self.first_index)
 
     def begin_checkpoint(self) -> CheckpointToken:
-        return CheckpointToken(self.index.dirty_fds(), self._checkpoint_value())
+        return CheckpointToken(self.index.dirty_fds(), self._checkpoint_value(),
+                               self._generation)
 
-    def run_checkpoint(self, token: CheckpointToken) -> None:
-        """Sync the index files, then record the checkpoint (any thread)."""
+    def run_checkpoint(self, token: CheckpointToken) -> bool:
+        """Sync the index files, then record the checkpoint (any thread).
+
+        Returns False, writing nothing, when a truncation happened since
+        `begin_checkpoint`: the captured value may vouch for entries that are
+        gone, and the truncation wrote its own (lowered) checkpoint.
+        """
         sync_and_close(token.fds)
-        write_checkpoint(self.data_dir, token.checkpoint)
+        with self._state_files:
+            if token.generation != self._generation:
+                return False
+            write_checkpoint(self.data_dir, token.checkpoint)
+            return True
 
     def checkpoint(self) -> Checkpoint:
         token = self.begin_checkpoint()
@@ -356,8 +377,10 @@ class CommitLog:
         return read_hard_state(self.data_dir) or HardState()
 
     def save_hard_state(self, state: HardState) -> None:
-        """Durably record Raft's term, vote and known commit index."""
-        write_hard_state(self.data_dir, state)
+        """Durably record Raft's term, vote and known commit index (any thread;
+        callers serialise their own values, see `RaftGroupNode`)."""
+        with self._state_files:
+            write_hard_state(self.data_dir, state)
 
     # ------------------------------------------------------------------ reads
 
@@ -466,7 +489,9 @@ class CommitLog:
                 self.checkpoint()
         finally:
             self.segments.close()
-            self.index.close()
+            # A failed log writes nothing more: its next open recovers from
+            # what is on disk (index records are rebuilt from the segments).
+            self.index.close(write_pending=self.failed is None)
             os.close(self._lock_fd)
             self._lock_fd = -1
 

@@ -26,6 +26,27 @@ class InvariantViolation(AssertionError):
     """A broken Raft invariant inside the core: always a bug, never an operating error."""
 
 
+class CommittedDivergence(Exception):
+    """The leader's log disagrees with entries this node has committed.
+
+    Raft never lets that happen while every acknowledged entry is durable; it
+    means this node (or a quorum) lost data it had acknowledged — a power cut
+    under flush=async, a disk that lied about an fsync, files changed by hand.
+    Re-anchoring at the local commit index (and acknowledging entries on top
+    of a different history) would hide the loss, so the node must stop instead,
+    as etcd-raft panics. Repairing the replica is an operator's decision.
+    """
+
+    def __init__(self, index: int, ours: int, leaders: int) -> None:
+        super().__init__(
+            f"committed entry {index} has term {ours} here but term {leaders} at the leader: "
+            "this replica's committed log diverged from the group (acknowledged data was lost); "
+            "it stops and must be repaired")
+        self.index = index
+        self.ours = ours
+        self.leaders = leaders
+
+
 def invariant(condition: bool, message: str) -> None:
     """Raise `InvariantViolation` unless `condition`; unlike `assert`, survives `-O`."""
     if not condition:

@@ -45,15 +45,19 @@ import contextlib
 import logging
 import os
 import random
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import commitlog
 from commitlog import CommitLog, CommitLogConfig, Flusher
-from dledger.config import Config
+from commitlog.errors import StorageError
+from commitlog.flush import Worker
+from commitlog.sync_thread import SyncThread
+from dledger.config import NO_BUGS, Bugs, Config
 from dledger.entry import HardState, segment_placement
-from dledger.log import InvariantViolation
+from dledger.log import CommittedDivergence, InvariantViolation
 from dledger.messages import AppendResponse, Message
 from dledger.raw_node import NotLeader, RaftNode
 from dledger.ready import Ready, SoftState
@@ -140,6 +144,48 @@ class NodeConfig:
         return replace(base, flush=self.flush)
 
 
+class Transport(Protocol):
+    """What the node needs of its peer transport (`PeerTransport` on TCP, a
+    simulated network in the real-node simulator)."""
+
+    async def start(self) -> Any: ...
+
+    def send(self, messages: Sequence[Message]) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+# (group, node_id, peers, deliver, bind_host) -> transport
+TransportFactory = Callable[
+    [str, int, dict[int, tuple[str, int]], Callable[[list[Message]], None], str | None],
+    Transport]
+
+
+def _tcp_transport(group: str, node_id: int, peers: dict[int, tuple[str, int]],
+                   deliver: Callable[[list[Message]], None], bind_host: str | None) -> Transport:
+    return PeerTransport(group, node_id, peers, deliver, bind_host=bind_host)
+
+
+@dataclass
+class NodeIO:
+    """Everything a node does I/O or draws chance with. The defaults are
+    production's; the real-node simulator (dledger/testing/nodesim) passes
+    its own seeded, virtual-time parts and runs this very runtime."""
+
+    transport: TransportFactory = _tcp_transport
+    # Seeds election timeouts; production draws it from the OS.
+    rng: random.Random | None = None
+    # Runs the Flusher's fsyncs and checkpoint writes (SyncThread by default).
+    fsync_worker: Worker | None = None
+    # Runs hard-state writes (SyncThread by default).
+    state_worker: Worker | None = None
+    clock: Callable[[], float] = time.perf_counter
+    # Deliberate bugs (simulator only), passed to the core.
+    bugs: Bugs = field(default=NO_BUGS)
+
+
 @dataclass(frozen=True)
 class SoftStateInfo:
     """What the broker reacts to: role ("leader", "follower", "candidate",
@@ -192,21 +238,35 @@ class RaftGroupNode:
         config: NodeConfig,
         apply: Callable[[Sequence[commitlog.Entry]], None],
         on_soft_state: Callable[[SoftStateInfo], None] | None = None,
+        io: NodeIO | None = None,
     ) -> None:
         self.config = config
         self._apply_cb = apply
         self._on_soft_state = on_soft_state
+        io = io or NodeIO()
+        self._bugs = io.bugs
         # Opened (and recovered) now so the broker can replay before start().
         self.log: CommitLog = CommitLog.open(config.data_dir, config.commitlog_config())
         self.storage = CommitLogStorage(self.log)
         self._initial_hard_state = self.storage.initial_state()
+        if self._initial_hard_state.commit > self.log.last_index:
+            # The commit index is saved only up to what was fsynced, so the
+            # entries it covers survived any crash: if they are gone, the disk
+            # lost acknowledged data. Serving would hide it.
+            self.log.close()
+            raise StorageError(
+                f"{config.data_dir}: the hard state says entry {self._initial_hard_state.commit}"
+                f" is committed but the log ends at {self.log.last_index}: durable entries "
+                "were lost; repair this replica")
         self._core: RaftNode | None = None
-        self._flusher = Flusher(self.log)
-        self._transport = PeerTransport(config.group, config.node_id, config.peers,
-                                        self._deliver, bind_host=config.bind_host)
+        self._flusher = Flusher(self.log, worker=io.fsync_worker, clock=io.clock,
+                                on_failure=self._fail)
+        self._state_worker: Worker = io.state_worker or SyncThread("hardstate")
+        self._transport = io.transport(config.group, config.node_id, config.peers,
+                                       self._deliver, config.bind_host)
         # Election timeouts are randomised by the core through this rng; the
         # runtime seeds it from the OS so the replicas never draw alike.
-        self._rng = random.Random(int.from_bytes(os.urandom(16), "little"))
+        self._rng = io.rng or random.Random(int.from_bytes(os.urandom(16), "little"))
         self._queue: list[_Queued] = []
         self._pending: dict[int, _Pending] = {}
         self._wake = asyncio.Event()
@@ -235,7 +295,9 @@ class RaftGroupNode:
 
     @property
     def role(self) -> str:
-        return ROLE_NAMES[self._core.role] if self._core else "follower"
+        if self._core is None or self.failed is not None:
+            return "follower"  # a failed node leads nothing (status() says why)
+        return ROLE_NAMES[self._core.role]
 
     @property
     def term(self) -> int:
@@ -243,13 +305,13 @@ class RaftGroupNode:
 
     @property
     def leader_id(self) -> int:
-        return self._core.leader_id if self._core else 0
+        return self._core.leader_id if self._core and self.failed is None else 0
 
     @property
     def commit_index(self) -> int:
         if self._core:
             return self._core.commit
-        return min(self._initial_hard_state.commit, self.log.last_index)
+        return self._initial_hard_state.commit
 
     @property
     def applied_index(self) -> int:
@@ -324,6 +386,7 @@ class RaftGroupNode:
             election=cfg.election_config(),
             append_entries_max=256,
             append_bytes_max=1 << 20,
+            bugs=self._bugs,
         )
         self._core = RaftNode(core_config, self.storage, self._rng,
                               place=segment_placement(self.log.config.segment_size_bytes),
@@ -352,6 +415,7 @@ class RaftGroupNode:
         self._stopped = True
         self._stopping = True
         if not self._started:
+            self._state_worker.shutdown()
             self.log.close()
             return
         if self._ticker_task is not None:
@@ -373,7 +437,9 @@ class RaftGroupNode:
         with contextlib.suppress(Exception):
             await self._flusher.close()
         if self.failed is None:
-            await self._save_hard_state()
+            with contextlib.suppress(OSError, StorageError):
+                await self._save_hard_state()
+        self._state_worker.shutdown()
         self.log.close()
         self._notify_state()
 
@@ -467,6 +533,9 @@ class RaftGroupNode:
         try:
             for msg in messages:
                 core.step(msg)
+        except CommittedDivergence as exc:
+            # Not the peer's fault: this replica lost data it had committed.
+            self._fail(exc)
         except (InvariantViolation, LookupError, ValueError, TypeError) as exc:
             # A peer's message broke a rule the core checks (e.g. an entry at
             # the wrong position; checks run before any state changes):
@@ -498,8 +567,9 @@ class RaftGroupNode:
             core.tick()
             self._wake.set()
             n += 1
-            if n % commit_every == 0 and self._hs_latest.commit > self._hs_saved.commit:
-                self._spawn(self._save_hard_state())
+            if n % commit_every == 0 and min(self._hs_latest.commit, self.log.durable_index) \
+                    > self._hs_saved.commit:
+                self._spawn(self._save_in_background())
 
     async def _drive(self) -> None:
         core = self._require_core()
@@ -618,17 +688,28 @@ class RaftGroupNode:
 
         Serialised, and always the *latest* value read under the lock: a lazy
         commit-only save that started earlier must never overwrite a newer
-        term or vote written meanwhile.
+        term or vote written meanwhile. The commit index saved never exceeds
+        what the log has fsynced: a restart replays up to it, so it must not
+        name entries a power cut could take back.
         """
         async with self._hs_lock:
-            hs = self._hs_latest
+            latest = self._hs_latest
+            hs = HardState(latest.term, latest.vote, min(latest.commit, self.log.durable_index))
+            if hs.commit < self._hs_saved.commit and (hs.term, hs.vote) == (
+                    self._hs_saved.term, self._hs_saved.vote):
+                return  # never lower a saved commit (the log was cut above it)
             if hs == self._hs_saved:
                 return
             state = commitlog.HardState(hs.term, hs.vote, hs.commit)
-            await asyncio.get_running_loop().run_in_executor(None, self.log.save_hard_state,
-                                                             state)
+            await self._state_worker.submit(self.log.save_hard_state, state)
             self._hs_saved = hs
             self.counters["hard_state_saves"] += 1
+
+    async def _save_in_background(self) -> None:
+        try:
+            await self._save_hard_state()
+        except Exception as exc:  # a full or broken disk: fail loudly, never silently
+            self._fail(exc)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -636,8 +717,12 @@ class RaftGroupNode:
         task.add_done_callback(self._bg.discard)
 
     def _fail(self, exc: BaseException) -> None:
-        """A storage error (or a bug) in the Ready path: this replica stops
-        taking part; the others elect a leader without it. Restart to recover."""
+        """A storage error (or a bug) in the Ready path or the Flusher, or lost
+        committed data: this replica stops taking part (no ticks, no peers, no
+        proposals) and says why in `failed`, `status()` and the broker's
+        health; the others elect a leader without it. Restart to recover."""
+        if self.failed is not None:
+            return
         self.failed = exc
         log.error("raft %s/%d: node failed: %r", self.config.group, self.config.node_id, exc,
                   exc_info=exc)

@@ -92,15 +92,24 @@ class Progress:
         return True
 
     def decrease(self, rejected: int, match_hint: int) -> bool:
-        """The follower rejected an append at prev_index `rejected`; False if stale."""
+        """The follower rejected an append at prev_index `rejected`; False if stale.
+
+        A reject whose hint lies below `match` says the follower no longer
+        holds entries it acknowledged: it lost its unsynced tail (a power cut
+        under flush=async) or the answer is an old one overtaken by later acks.
+        Either way the safe move is to believe it: `match` drops to the hint
+        and the follower is probed from there (lowering `match` can only delay
+        a commit, never undo one). Ignoring it would probe at `match + 1`
+        forever while the follower, whose log ends lower, rejects every time.
+        """
         if self.state is ProgressState.REPLICATE:
-            if rejected <= self.match:
-                return False  # answer to an old request
+            if rejected < self.match:
+                return False  # answer to a request older than the last ack
             self.become_probe()
-            self.next = max(min(rejected, match_hint + 1), self.match + 1)
-            return True
-        if self.next - 1 != rejected:
+        elif self.next - 1 != rejected:
             return False  # not the probe we are waiting for
+        if match_hint < self.match:
+            self.match = max(match_hint, 0)
         self.next = max(min(rejected, match_hint + 1), self.match + 1)
         self.probe_sent = False
         return True

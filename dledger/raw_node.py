@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from dledger.config import Config
 from dledger.entry import Entry, EntryKind, HardState, PlaceFunction, segment_placement
-from dledger.log import RaftLog, invariant
+from dledger.log import CommittedDivergence, RaftLog, invariant
 from dledger.messages import (
     AppendRequest,
     AppendResponse,
@@ -403,8 +403,10 @@ class RaftNode:
         self._follow(msg.src)
         prev_index, prev_term, entries = msg.prev_index, msg.prev_term, msg.entries
         if prev_index < self.commit:
-            # Entries up to commit are already identical to the leader's;
-            # keep only what lies beyond and re-anchor at our commit index.
+            # Entries up to commit must already equal the leader's: check that
+            # they do (every term the message names at or below our commit),
+            # then keep only what lies beyond and re-anchor at our commit.
+            self._check_committed_prefix(prev_index, prev_term, entries)
             skip = min(self.commit - prev_index, len(entries))
             entries = entries[skip:]
             prev_index = prev_index + skip
@@ -422,6 +424,20 @@ class RaftNode:
             self.id, msg.src, self.term, False, msg.prev_index, hint_index, hint_term
         )
         self._outbox.append(reject)
+
+    def _check_committed_prefix(self, prev_index: int, prev_term: int,
+                                entries: tuple[Entry, ...]) -> None:
+        """Raise `CommittedDivergence` if the leader's (prev, entries) disagree
+        with a term of our committed prefix (indexes no longer stored locally
+        cannot be compared and are skipped)."""
+        claims = [(prev_index, prev_term)] + [(e.index, e.term) for e in entries
+                                              if e.index <= self.commit]
+        for index, term in claims:
+            if index == 0:
+                continue
+            ours = self.log.term_or_none(index)
+            if ours is not None and ours != term:
+                raise CommittedDivergence(index, ours, term)
 
     def _accept_entries(self, prev_index: int, entries: tuple[Entry, ...], commit: int) -> None:
         new_entries: tuple[Entry, ...] = ()

@@ -8,6 +8,8 @@ continue and the log reopens intact.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import os
 import subprocess
 
@@ -16,6 +18,7 @@ from storage_support import message_body
 from support import is_root, require
 
 from commitlog import KIND_MESSAGES, CommitLog, CommitLogConfig, DiskFullError, Flusher
+from commitlog.errors import StorageError
 from consumequeue import ConsumeQueueStore
 
 
@@ -101,3 +104,47 @@ def test_full_disk_fails_every_append_new_of_the_round_and_keeps_none(tiny_disk:
         assert reopened.recovery.cuts == []
         assert reopened.last_index == stored + 1
         assert all(e.body == body for e in reopened.read_entries(1, stored + 2))
+
+
+def test_a_checkpoint_that_hits_a_full_disk_fails_the_flusher_loudly(tiny_disk: str) -> None:
+    """It used to end the flush task silently: `log.failed` stayed None and the
+    next flush=sync append waited forever (a zombie that looked healthy)."""
+    config = CommitLogConfig(segment_size_bytes=64 * 1024, index_file_records=64,
+                             flush="sync", checkpoint_interval_ms=0)
+    data_dir = os.path.join(tiny_disk, "node")
+    body = message_body(4, size=900)
+
+    async def scenario() -> tuple[list[BaseException], BaseException]:
+        log = CommitLog.open(data_dir, config)
+        failures: list[BaseException] = []
+        flusher = Flusher(log, on_failure=failures.append)
+        await flusher.start()
+        await flusher.append_new(1, [(KIND_MESSAGES, body)])
+        # Fill every byte that is left: the next checkpoint cannot be written.
+        fd = os.open(os.path.join(tiny_disk, "ballast"), os.O_WRONLY | os.O_CREAT, 0o644)
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\0" * 4096)
+        os.close(fd)
+        outcome: BaseException | None = None
+        for _ in range(5):  # each call fails (full disk) or finds the flusher failed
+            try:
+                async with asyncio.timeout(5.0):
+                    await flusher.append_new(1, [(KIND_MESSAGES, body)])
+            except StorageError as exc:
+                outcome = exc
+                if failures:
+                    break
+        assert outcome is not None
+        with pytest.raises(StorageError, match="failed"):
+            async with asyncio.timeout(5.0):
+                await flusher.wait_durable(log.last_index + 1)
+        await flusher.close()
+        log.close()
+        return failures, outcome
+
+    failures, outcome = asyncio.run(scenario())
+    # The checkpoint's index records or its file could not be written.
+    assert len(failures) == 1 and isinstance(failures[0], DiskFullError | OSError)
+    assert "No space left" in str(failures[0]) or failures[0].errno == errno.ENOSPC
+    assert "failed" in str(outcome)

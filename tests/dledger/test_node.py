@@ -298,3 +298,45 @@ def test_restart_replays_to_persisted_commit_then_applies_only_new_entries(
             await cluster.stop_all()
 
     run(main())
+
+
+def test_commit_index_is_saved_only_up_to_what_is_fsynced(tmp_path: Path) -> None:
+    """flush=async with a one-minute flush interval: entries commit and are
+    applied long before they are fsynced. The commit index the ticker saves
+    (about once a second) must not name them: after a power cut the log would
+    end below it."""
+    from dledger.testing.node_processes import free_ports
+
+    async def main() -> tuple[int, int, int]:
+        config = NodeConfig(
+            group="g1", node_id=1, peers={1: ("127.0.0.1", free_ports(1)[0])},
+            data_dir=str(tmp_path / "n1"), flush="async",
+            commitlog=commitlog.CommitLogConfig(flush_interval_ms=60_000,
+                                                flush_bytes=1 << 30,
+                                                checkpoint_interval_ms=60_000))
+        node = RaftGroupNode(config, lambda entries: None)
+        await node.start(0)
+        try:
+            await wait_until(lambda: node.leader_ready, 10.0, "a single-node leader")
+            await propose_all(node, [body(i) for i in range(20)])
+            commit = node.commit_index
+            await asyncio.sleep(2.5)  # two lazy saves of the commit index
+            saved = node.log.load_hard_state().commit
+            return commit, saved, node.log.durable_index
+        finally:
+            node.log.abandon()  # a power cut: nothing more is written
+
+    commit, saved, durable = run(main())
+    assert commit == 21 and durable < commit
+    assert saved <= durable
+
+
+def test_a_hard_state_beyond_the_log_refuses_to_start(tmp_path: Path) -> None:
+    data_dir = str(tmp_path / "n1")
+    with commitlog.CommitLog.open(data_dir) as log:
+        log.append(log.build_entries(1, [(commitlog.KIND_MESSAGES, b"x")] * 3))
+        log.save_hard_state(commitlog.HardState(1, 1, 9))
+    config = NodeConfig(group="g1", node_id=1, peers={1: ("127.0.0.1", 1)},
+                        data_dir=data_dir)
+    with pytest.raises(commitlog.StorageError, match="entry 9 is committed but the log ends at 3"):
+        RaftGroupNode(config, lambda entries: None)
