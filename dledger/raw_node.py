@@ -450,7 +450,10 @@ class RaftNode:
             if first <= self.stable_index:
                 self.stable_index = first - 1  # the durable suffix is being replaced
             self.log.append(new_entries, self.commit)
-        self._commit_to(min(commit, prev_index + len(entries)))
+        last_new = prev_index + len(entries)
+        if self.bugs.follower_commit_to_last_index:
+            last_new = self.log.last_index
+        self._commit_to(min(commit, last_new))
 
     def _commit_to(self, index: int) -> None:
         index = min(index, self.log.last_index)
@@ -467,7 +470,8 @@ class RaftNode:
 
     def _broadcast_heartbeat(self) -> None:
         for peer, pr in self.progress.items():
-            self._outbox.append(Heartbeat(self.id, peer, self.term, min(self.commit, pr.match)))
+            commit = self.commit if self.bugs.heartbeat_full_commit else min(self.commit, pr.match)
+            self._outbox.append(Heartbeat(self.id, peer, self.term, commit))
 
     def _broadcast_append(self) -> None:
         for peer in self.progress:
@@ -533,7 +537,8 @@ class RaftNode:
             self._send_append(msg.src)
 
     def _maybe_commit(self) -> bool:
-        matches = [self.stable_index] + [pr.match for pr in self.progress.values()]
+        own = self.log.last_index if self.bugs.leader_counts_unsynced else self.stable_index
+        matches = [own] + [pr.match for pr in self.progress.values()]
         candidate = quorum_index(matches)
         if candidate <= self.commit:
             return False
