@@ -250,7 +250,7 @@ class RaftNode:
         elif kind is Heartbeat:
             self._handle_heartbeat(msg)  # type: ignore[arg-type]
         elif kind is HeartbeatResponse:
-            self._handle_heartbeat_response(msg)
+            self._handle_heartbeat_response(msg)  # type: ignore[arg-type]
         elif kind is VoteRequest:
             self._handle_vote_request(msg)  # type: ignore[arg-type]
         elif kind is VoteResponse:
@@ -464,7 +464,12 @@ class RaftNode:
         self._follow(msg.src)
         # The leader sends min(commit, our match), so our log agrees up to it.
         self._commit_to(msg.commit)
-        self._outbox.append(HeartbeatResponse(self.id, msg.src, self.term))
+        # ... unless our log ends below it: we lost entries we acknowledged
+        # (flush=async power cut). Say where it ends, or an idle leader never
+        # resends them.
+        lost = msg.commit > self.log.last_index
+        self._outbox.append(HeartbeatResponse(self.id, msg.src, self.term,
+                                              self.log.last_index if lost else -1))
 
     # -- leader side
 
@@ -525,12 +530,14 @@ class RaftNode:
         if self.elector.transferee == msg.src and pr.match == self.log.last_index:
             self._outbox.append(TimeoutNow(self.id, msg.src, self.term))
 
-    def _handle_heartbeat_response(self, msg: Message) -> None:
+    def _handle_heartbeat_response(self, msg: HeartbeatResponse) -> None:
         pr = self.progress.get(msg.src)
         if pr is None or self.role is not Role.LEADER:
             return
         self.elector.mark_active(msg.src)
         pr.recent_active = True
+        if 0 <= msg.last_index < pr.match:
+            pr.lost_tail(msg.last_index)
         if pr.state is ProgressState.PROBE:
             pr.probe_sent = False  # the probe may have been lost: allow another
         if pr.match < self.log.last_index:
