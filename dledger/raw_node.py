@@ -286,6 +286,10 @@ class RaftNode:
         for msg in self._outbox:
             kind = type(msg)
             if kind is AppendResponse:
+                if msg.success and msg.term != self.term:  # type: ignore[attr-defined]
+                    # Acked before a newer leader may have cut those entries
+                    # (the ack waited behind a slow fsync): drop, never mislead.
+                    continue
                 wait = not self.bugs.ack_before_persist
             elif kind is VoteResponse and msg.granted and not msg.pre_vote:  # type: ignore[attr-defined]
                 wait = not self.bugs.vote_before_persist
