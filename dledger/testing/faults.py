@@ -75,12 +75,13 @@ PROFILES: dict[str, FaultProfile] = {
         delay_replication=(2, 40),
         long_delay_probability=0.03,
         long_delay_units=(100, 400),
+        stale_append_probability=0.05,
     ),
     "reorder": FaultProfile(
         "reorder",
         delay_control=(1, 40),
         delay_replication=(1, 150),
-        stale_append_probability=0.05,
+        stale_append_probability=0.1,
     ),
     "pauses": FaultProfile(
         "pauses",
@@ -99,7 +100,7 @@ PROFILES: dict[str, FaultProfile] = {
         pause_probability=0.15,
         pause_units=(50, 400),
         tick_period_units=(5, 15),
-        stale_append_probability=0.02,
+        stale_append_probability=0.05,
     ),
 }
 
