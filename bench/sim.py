@@ -1,10 +1,14 @@
-"""Simulator throughput, to size the CI seed budget.
+"""Simulator throughput and seed sweeps, to size the CI seed budget and run the big sweeps.
 
-Prints one JSON line per configuration (3 and 5 nodes): simulated steps per
-second and runs per second over a fixed seed range. Ratios between lines are
-meaningful on a shared machine; absolute numbers only on a quiet one.
+Prints one JSON line per configuration: simulated steps and seeds per
+second, violations, runs per flush mode and fault profile, runs that
+stopped a node (flush=async). `--procs 2` splits the seed range over two
+processes (each seed is still a pure function of itself, so the figures
+add up to those of one process). Ratios between lines are meaningful on a
+shared machine; absolute numbers only on a quiet one.
 
-    .venv/bin/python bench/sim.py [--runs N]
+    .venv/bin/python bench/sim.py [--runs N] [--nodes 3 5] [--flush sync|async|mix]
+                                  [--profile NAME] [--start S] [--procs 1|2]
 """
 
 from __future__ import annotations
@@ -12,42 +16,80 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 
 from dledger.testing import SimOptions, run_seed
 
 
-def measure(nodes: int, runs: int) -> dict[str, object]:
-    options = SimOptions(nodes=nodes)
-    steps = elections = committed = violations = 0
-    began = time.perf_counter()
-    for seed in range(1, runs + 1):
+def run_range(nodes: int, flush: str, profile: str | None, seeds: range) -> dict[str, object]:
+    """Run `seeds` and total them (the unit of work of one process)."""
+    options = SimOptions(nodes=nodes, flush=flush, profile=profile)
+    totals: Counter[str] = Counter()
+    failed: list[tuple[int, str, str]] = []
+    for seed in seeds:
         result = run_seed(seed, options)
-        steps += result.steps
-        elections += result.elections
-        committed += result.committed
-        violations += 0 if result.ok else 1
+        totals["steps"] += result.steps
+        totals["elections"] += result.elections
+        totals["committed"] += result.committed
+        totals["stopped_runs"] += bool(result.stopped)
+        totals["committed_lost"] += result.committed_lost
+        totals[f"flush_{result.flush}"] += 1
+        totals[f"profile_{result.profile}"] += 1
+        totals["figure8_runs"] += result.figure8
+        if not result.ok:
+            failed.append((seed, result.flush, result.violation or ""))
+    return {"totals": dict(totals), "failed": failed}
+
+
+def measure(
+    nodes: int, runs: int, flush: str, profile: str | None, start: int, procs: int
+) -> dict[str, object]:
+    bounds = [start + runs * i // procs for i in range(procs + 1)]
+    ranges = [range(bounds[i], bounds[i + 1]) for i in range(procs)]
+    began = time.perf_counter()
+    if procs == 1:
+        parts = [run_range(nodes, flush, profile, ranges[0])]
+    else:
+        with ProcessPoolExecutor(procs) as pool:
+            futures = [pool.submit(run_range, nodes, flush, profile, r) for r in ranges]
+            parts = [f.result() for f in futures]
     elapsed = time.perf_counter() - began
+    totals: Counter[str] = Counter()
+    failed: list[tuple[int, str, str]] = []
+    for part in parts:
+        totals.update(part["totals"])  # type: ignore[arg-type]
+        failed.extend(part["failed"])  # type: ignore[arg-type]
     return {
         "bench": "sim",
         "nodes": nodes,
+        "flush": flush,
+        "profile": profile or "per-seed",
+        "first_seed": start,
         "runs": runs,
-        "steps": steps,
-        "seconds": round(elapsed, 3),
-        "steps_per_second": round(steps / elapsed),
-        "runs_per_second": round(runs / elapsed, 2),
-        "steps_per_run": round(steps / runs),
-        "elections": elections,
-        "proposals_committed": committed,
-        "violations": violations,
+        "procs": procs,
+        "seconds": round(elapsed, 2),
+        "seeds_per_second": round(runs / elapsed, 2),
+        "steps_per_second": round(totals["steps"] / elapsed),
+        "steps_per_run": round(totals["steps"] / runs),
+        "violations": len(failed),
+        "failed": failed[:20],
+        **{k: v for k, v in sorted(totals.items()) if k != "steps"},
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=50, help="seeds per configuration")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[3, 5])
+    parser.add_argument("--flush", default="mix", choices=("sync", "async", "mix"))
+    parser.add_argument("--profile", default=None, help="pin one fault profile")
+    parser.add_argument("--start", type=int, default=1, help="first seed")
+    parser.add_argument("--procs", type=int, default=1, choices=(1, 2))
     args = parser.parse_args()
-    for nodes in (3, 5):
-        print(json.dumps(measure(nodes, args.runs)), flush=True)
+    for nodes in args.nodes:
+        result = measure(nodes, args.runs, args.flush, args.profile, args.start, args.procs)
+        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

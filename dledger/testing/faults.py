@@ -115,12 +115,17 @@ MIX: tuple[tuple[str, int], ...] = (
 )
 
 
+def profile_named(name: str) -> FaultProfile:
+    """The preset `name`; ValueError if there is none."""
+    if name not in PROFILES:
+        raise ValueError(f"unknown fault profile {name!r}; known: {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
 def draw_profile(rng: random.Random, name: str | None = None) -> FaultProfile:
     """The profile `name`, or one drawn from `MIX` with `rng` (weights as listed)."""
     if name is not None:
-        if name not in PROFILES:
-            raise ValueError(f"unknown fault profile {name!r}; known: {', '.join(PROFILES)}")
-        return PROFILES[name]
+        return profile_named(name)
     names = [n for n, _ in MIX]
     weights = [w for _, w in MIX]
     return PROFILES[rng.choices(names, weights)[0]]

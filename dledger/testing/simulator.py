@@ -30,7 +30,7 @@ from dledger.invariants import (
 )
 from dledger.log import InvariantViolation
 from dledger.testing.cluster import SimCluster
-from dledger.testing.faults import CLASSIC, draw_profile
+from dledger.testing.faults import CLASSIC, draw_profile, profile_named
 from dledger.testing.scenarios import Figure8
 from election.roles import Role
 
@@ -63,7 +63,7 @@ class SimOptions:
         if self.flush not in FLUSH_MODES:
             raise ValueError(f"flush must be one of {FLUSH_MODES}, not {self.flush!r}")
         if self.profile is not None:
-            draw_profile(None, self.profile)  # type: ignore[arg-type]  # validates the name
+            profile_named(self.profile)  # raises on an unknown name
 
 
 @dataclass
@@ -323,8 +323,8 @@ def _final_checks(cluster: SimCluster) -> str | None:
     return None
 
 
-def replay_hint(seed: int, nodes: int) -> str:
-    return f"replay with: ledgermq sim --seed {seed} --nodes {nodes} --trace"
+def replay_hint(seed: int, nodes: int, flush: str = "sync") -> str:
+    return f"replay with: ledgermq sim --seed {seed} --nodes {nodes} --flush {flush} --trace"
 
 
 def fresh_seeds(count: int, source: random.Random | None = None) -> list[int]:

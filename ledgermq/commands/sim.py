@@ -4,6 +4,9 @@
 S..S+N-1 and prints a summary; the exit status is 1 if any seed found a
 violation. `ledgermq sim --seed S --trace` replays one seed and prints its
 event trace (leaders, crashes, partitions, the violation if any).
+`--flush sync|async|mix` picks the durability model (mix: async in about 30%
+of seeds) and `--profile NAME` pins one fault profile instead of drawing
+one per seed (dledger/testing/faults.py).
 """
 
 from __future__ import annotations
@@ -21,10 +24,15 @@ def register(app: typer.Typer) -> None:
         trace: bool = typer.Option(False, help="Print the event trace of each run."),
         json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
         bug: str | None = typer.Option(None, help="Switch on one injected bug (see docs/raft.md)."),
+        flush: str = typer.Option("sync", help="Durability model: sync, async or mix."),
+        profile: str | None = typer.Option(
+            None, help="Pin one fault profile (default: drawn per seed)."
+        ),
     ) -> None:
         """Run the deterministic Raft simulator over a range of seeds."""
         import json
         import time
+        from collections import Counter
 
         from rich.console import Console
         from rich.table import Table
@@ -39,12 +47,18 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
         console = Console()
-        options = SimOptions(nodes=nodes, bugs=bugs)
+        try:
+            options = SimOptions(nodes=nodes, bugs=bugs, flush=flush, profile=profile)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
         seed_list = [seed] if seed is not None else list(range(start, start + seeds))
         totals = dict.fromkeys(
             ("runs", "steps", "elections", "proposals", "committed", "acked", "crashes"), 0
         )
         failures = []
+        modes: Counter[str] = Counter()
+        profiles: Counter[str] = Counter()
+        stopped_runs = 0
         began = time.perf_counter()
         for s in seed_list:
             printer = None
@@ -54,14 +68,20 @@ def register(app: typer.Typer) -> None:
             totals["runs"] += 1
             for key in ("steps", "elections", "proposals", "committed", "acked", "crashes"):
                 totals[key] += getattr(result, key)
+            modes[result.flush] += 1
+            profiles[result.profile] += 1
+            stopped_runs += bool(result.stopped)
             if not result.ok:
                 failures.append(result)
                 if not json_output:
-                    console.print(f"[bold red]seed={s} nodes={nodes}: {result.violation}[/]")
+                    console.print(
+                        f"[bold red]seed={s} nodes={nodes} flush={result.flush}: "
+                        f"{result.violation}[/]"
+                    )
                     if not trace:
                         for line in result.trace[-25:]:
                             console.print(f"  {line}", markup=False)
-                    console.print(f"  {replay_hint(s, nodes)}", markup=False)
+                    console.print(f"  {replay_hint(s, nodes, flush)}", markup=False)
         elapsed = time.perf_counter() - began
         summary = {
             "nodes": nodes,
@@ -71,6 +91,11 @@ def register(app: typer.Typer) -> None:
             "failed_seeds": [r.seed for r in failures],
             "seconds": round(elapsed, 2),
             "steps_per_second": round(totals["steps"] / elapsed) if elapsed else 0,
+            "seeds_per_second": round(totals["runs"] / elapsed, 2) if elapsed else 0,
+            "sync_runs": modes["sync"],
+            "async_runs": modes["async"],
+            "runs_with_stopped_nodes": stopped_runs,
+            "profiles": dict(sorted(profiles.items())),
         }
         if json_output:
             print(json.dumps(summary))
@@ -80,7 +105,7 @@ def register(app: typer.Typer) -> None:
             table.add_column("metric")
             table.add_column("value", justify="right")
             for key, value in summary.items():
-                if key != "failed_seeds":
+                if key not in ("failed_seeds", "profiles"):
                     table.add_row(key, str(value))
             console.print(table)
         raise typer.Exit(1 if failures else 0)

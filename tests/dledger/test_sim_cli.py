@@ -33,3 +33,18 @@ def test_sim_replays_one_seed_with_trace() -> None:
 def test_sim_rejects_bad_node_count() -> None:
     result = runner.invoke(app, ["sim", "--seeds", "1", "--nodes", "4"])
     assert result.exit_code != 0
+
+
+def test_sim_async_flush_and_profile_options() -> None:
+    result = runner.invoke(
+        app, ["sim", "--seeds", "3", "--flush", "async", "--profile", "slow_disk", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert summary["async_runs"] == 3 and summary["sync_runs"] == 0
+    assert summary["profiles"] == {"slow_disk": 3}
+
+
+def test_sim_rejects_unknown_flush_and_profile() -> None:
+    assert runner.invoke(app, ["sim", "--seeds", "1", "--flush", "maybe"]).exit_code != 0
+    assert runner.invoke(app, ["sim", "--seeds", "1", "--profile", "nope"]).exit_code != 0
