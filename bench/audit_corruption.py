@@ -2,7 +2,8 @@
 
 Two steps:
 
-    # once: a short real chaos run (3 brokers in a network namespace, root),
+    # once: a short real run (NameServer + 3 broker processes on loopback,
+    # the chaos workload recording its history, a SIGKILL of the leader),
     # its data directories and history packed as the suite's base
     python bench/audit_corruption.py --record tests/fixtures/real-run-3n.tar.gz
 
