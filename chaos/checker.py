@@ -37,10 +37,20 @@ Categories (counts and the first examples of each are in the result):
   step is `rebalance_resets` (info). A forward jump is `skipped_offsets`.
 - `order`: one producer sent x then y (sequentially) to the same queue and y
   sits at an earlier offset than x. A violation.
+- `misplaced_ack`: an acknowledged send named a (group, topic, queue, offset)
+  and the value was read, but never there: the acknowledgement lied about
+  where the message landed (an offset far beyond the queue, the wrong queue).
+  A violation. Acks without an offset (replicate=async) are not judged.
+- `body_mismatch`: a read message whose client identity (producer id,
+  sequence) names a send, but whose body is not the body sent: another value,
+  or the body's CRC32C (`body_crc32c`, recorded by the workload when the send
+  was invoked and by every read) or length differs. A violation: the broker
+  served bytes nobody sent under that identity.
 - `unknown`: sends whose outcome is unknown; never counted as lost.
 
-valid = no lost, unexpected, phantom, duplicated, inconsistent, skipped or
-order anomaly (Jepsen's total-queue validity plus the offset safety checks).
+valid = no lost, unexpected, phantom, duplicated, inconsistent, skipped,
+order, misplaced_ack or body_mismatch anomaly (Jepsen's total-queue validity
+plus the offset, placement and body checks).
 """
 
 from __future__ import annotations
@@ -54,7 +64,7 @@ from chaos.history import Op, pairs
 
 EXAMPLES = 10
 VIOLATIONS = ("lost", "unexpected", "phantom", "duplicated", "inconsistent_offsets",
-              "skipped_offsets", "order")
+              "skipped_offsets", "order", "misplaced_ack", "body_mismatch")
 INFO = ("lost_after_consumed", "backward_offsets", "recovered", "redelivered",
         "retry_duplicated", "rebalance_resets", "unknown")
 
@@ -72,6 +82,8 @@ class Seen:
     time_ns: int
     epoch: int  # the consumer's rebalance count when it saw the message
     drain: bool
+    identity: tuple[int, int] | None = None  # (producer_id, sequence) the record carries
+    body: tuple[int | None, int | None] = (None, None)  # (CRC32C, length) of the body read
 
 
 def _queue_key(v: dict[str, Any]) -> QueueKey | None:
@@ -110,11 +122,16 @@ def check(ops: Sequence[Op], *, strict_idempotence: bool = False) -> dict[str, A
     retried: set[int] = set()
     acked_order: dict[tuple[Any, QueueKey], list[tuple[int, int]]] = defaultdict(list)
     slot_values: dict[tuple[QueueKey, int], set[int]] = defaultdict(set)
+    acked_at: dict[int, tuple[QueueKey, int]] = {}  # value -> where its ack said it landed
+    by_identity: dict[tuple[int, int], dict[str, Any]] = {}  # (producer, sequence) -> send
     for invoke, done in pairs(op for op in client_ops if op.f == "send"):
         value = _value(invoke.value["value"])
         attempted[value] = invoke.value
         kind = done.type if done is not None else "info"
         outcome[value] = kind
+        ident = _identity(invoke.value)
+        if ident is not None:
+            by_identity[ident] = invoke.value
         done_value = (done.value or {}) if done is not None else {}
         if int(done_value.get("attempts", 1)) > 1 or kind == "info":
             retried.add(value)
@@ -122,6 +139,7 @@ def check(ops: Sequence[Op], *, strict_idempotence: bool = False) -> dict[str, A
             key = _queue_key(done_value)
             if key is not None and done_value.get("offset") is not None:
                 slot_values[(key, int(done_value["offset"]))].add(value)
+                acked_at[value] = (key, int(done_value["offset"]))
             if key is not None:
                 acked_order[(done_value.get("producer_id", invoke.process), key)].append(
                     (done.index, value))
@@ -139,7 +157,7 @@ def check(ops: Sequence[Op], *, strict_idempotence: bool = False) -> dict[str, A
             if key is None or m.get("offset") is None:
                 continue
             batch.append(Seen(_value(m["value"]), key, int(m["offset"]), op.process, op.time_ns,
-                              epoch, drain))
+                              epoch, drain, _identity(m), _body(m)))
         seen.extend(batch)
 
     seen_values: dict[int, set[tuple[QueueKey, int]]] = defaultdict(set)
@@ -189,6 +207,13 @@ def check(ops: Sequence[Op], *, strict_idempotence: bool = False) -> dict[str, A
             out.add("inconsistent_offsets", {"queue": list(q), "offset": o,
                                              "values": sorted(values, key=str)})
 
+    # where an ack said a value landed, against where it was read
+    for value, (q, o) in acked_at.items():
+        slots = seen_values.get(value)
+        if slots and (q, o) not in slots:
+            out.add("misplaced_ack", {"value": value, "acked_at": [*q, o],
+                                      "read_at": [[*sq, so] for sq, so in sorted(slots)][:3]})
+    _check_bodies(seen, by_identity, out)
     _check_coverage(seen, out)
     _check_consumer_order(seen, out)
     final_offset = _final_offsets(seen)
@@ -220,6 +245,51 @@ def _value(raw: Any) -> Any:
         return int(raw)
     except (TypeError, ValueError):
         return str(raw)
+
+
+def _identity(v: dict[str, Any]) -> tuple[int, int] | None:
+    """(producer_id, sequence) of a send or a read; None without a producer id."""
+    try:
+        producer = int(v.get("producer_id") or 0)
+        sequence = int(v.get("sequence") or 0)
+    except (TypeError, ValueError):
+        return None
+    return (producer, sequence) if producer else None
+
+
+def _body(v: dict[str, Any]) -> tuple[int | None, int | None]:
+    crc, length = v.get("body_crc32c"), v.get("body_len")
+    return (None if crc is None else int(crc), None if length is None else int(length))
+
+
+def _check_bodies(seen: Iterable[Seen], sends: dict[tuple[int, int], dict[str, Any]],
+                  out: _Anomalies) -> None:
+    """Each read of a sent identity must carry the value and body bytes that were sent.
+
+    Bodies are compared by the CRC32C and length both sides recorded (older
+    histories without them are compared by value only).
+    """
+    reported: set[tuple[tuple[int, int], QueueKey, int]] = set()
+    for s in seen:
+        sent = sends.get(s.identity) if s.identity is not None else None
+        if sent is None:
+            continue
+        want = _body(sent)
+        wrong = []
+        if _value(sent.get("value")) != s.value:
+            wrong.append("value")
+        for name, a, b in (("body_crc32c", want[0], s.body[0]), ("body_len", want[1], s.body[1])):
+            if a is not None and b is not None and a != b:
+                wrong.append(name)
+        where = (s.identity, s.queue, s.offset)
+        if wrong and where not in reported:
+            reported.add(where)
+            out.add("body_mismatch", {"producer_id": s.identity[0], "sequence": s.identity[1],
+                                      "at": [*s.queue, s.offset], "differs": wrong,
+                                      "sent": {"value": sent.get("value"),
+                                               "body_crc32c": want[0], "body_len": want[1]},
+                                      "read": {"value": s.value, "body_crc32c": s.body[0],
+                                               "body_len": s.body[1]}})
 
 
 def _brief(invoke_value: dict[str, Any]) -> dict[str, Any]:

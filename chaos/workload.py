@@ -1,6 +1,12 @@
 """The workload: producers at a set rate, a consumer group, and the final drain.
 
-Every message body is a unique integer (the op's `value`). Each producer
+Every message has a unique integer `value`; its body is that integer in
+decimal, a colon, and filler derived from the value (`body_of`), so a body
+can be damaged without its value changing. The CRC32C of the body
+(`body_crc32c`, the format's own checksum, which the audit can compute from
+the replicas' files without this code) is recorded with the send when it is
+invoked and with every read, so the checker and the audit compare what was
+read or stored with what was sent, byte for byte. Each producer
 worker owns one client `Producer` and sends one message at a time, so the
 idempotence sequence the client assigns is this worker's own counter, which
 is recorded with every send (the audit matches messages by producer id and
@@ -22,11 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import crc32c
 
 from chaos.history import History
 from client import Producer, PullConsumer, PushConsumer
@@ -56,6 +65,28 @@ class WorkloadSpec:
     group: str = "chaos-consumers"
     send_timeout: float = 2.0
     retry_timeout: float = 5.0
+    body_bytes: int = 48  # filler after "<value>:" in each body
+
+
+def body_of(value: int, filler: int = 48) -> bytes:
+    """The body sent for `value`: `b"<value>:"` then `filler` bytes derived from it."""
+    seed = hashlib.blake2b(str(value).encode(), digest_size=32).hexdigest().encode()
+    return str(value).encode() + b":" + (seed * (filler // len(seed) + 1))[:filler]
+
+
+def body_digest(body: bytes) -> int:
+    """What the history records of a body: its CRC32C (as docs/chaos.md says)."""
+    return crc32c.crc32c(body)
+
+
+def value_of(body: bytes) -> int | str:
+    """The value a body carries (the text before the first colon); a foreign body
+    stays text, so the checker reports it as unexpected."""
+    head = body.split(b":", 1)[0]
+    try:
+        return int(head)
+    except ValueError:
+        return body.decode(errors="replace")
 
 
 async def node_status(address: str, timeout: float = 1.0) -> dict[str, Any] | None:
@@ -151,12 +182,14 @@ class Workload:
                     break
                 value = next(self._values)
                 sequence += 1
+                body = body_of(value, spec.body_bytes)
                 base = {"topic": spec.topic, "value": value,
-                        "producer_id": producer.producer_id, "sequence": sequence}
+                        "producer_id": producer.producer_id, "sequence": sequence,
+                        "body_crc32c": body_digest(body), "body_len": len(body)}
                 self.history.record(process, "invoke", "send", dict(base))
                 retries = producer.retries
                 try:
-                    result = await producer.send(spec.topic, str(value).encode())
+                    result = await producer.send(spec.topic, body)
                 except asyncio.CancelledError:
                     self.history.record(process, "info", "send", dict(base),
                                         error="cancelled")
@@ -254,13 +287,12 @@ class Workload:
 
 
 def message_record(message: ReceivedMessage) -> dict[str, Any]:
-    try:
-        value: int | str = int(message.body)
-    except ValueError:
-        value = message.body.decode(errors="replace")
+    """A read message as the history records it, with the digest of the body read."""
     return {"topic": message.topic, "queue": message.queue_id, "offset": message.queue_offset,
             "msg_id": message.msg_id, "group": message.group,
-            "producer_id": message.producer_id, "sequence": message.sequence, "value": value}
+            "producer_id": message.producer_id, "sequence": message.sequence,
+            "value": value_of(message.body), "body_crc32c": body_digest(message.body),
+            "body_len": len(message.body)}
 
 
 def addresses_of(nodes: Sequence[int], address: Any) -> dict[int, str]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from spark_audit import checks, engine, fmt, history, inputs, replicas, tasks
+from spark_audit import bodies, checks, engine, fmt, history, inputs, replicas, tasks
 from spark_audit.checks import INFO, VIOLATION, Findings
 
 
@@ -69,7 +69,11 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         try:
             value = engine.decode_small(f.kind, small_data[f.fid])
         except fmt.FormatError as exc:
-            out.add("corruption", f"bad_{f.kind}", VIOLATION, gid=f.gid, rid=f.rid, fid=f.fid,
+            # A CRC-valid file with a value no log can hold is implausible, not torn;
+            # either way its values are not used.
+            kind = ("implausible_value" if isinstance(exc, fmt.ImplausibleValue)
+                    else f"bad_{f.kind}")
+            out.add("corruption", kind, VIOLATION, gid=f.gid, rid=f.rid, fid=f.fid,
                     detail=f"{f.path}: {exc}")
             continue
         if f.kind == inputs.CHECKPOINT:
@@ -87,6 +91,16 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     bulk = [f for f in inventory if f.kind in inputs.BULK_KINDS]
     tm["read_small_s"] = time.perf_counter() - t1
 
+    # The history first: when it records body digests, records are decoded with
+    # their body CRCs, to compare every replica's bodies with the bodies sent.
+    hist_msgs: list[history.HistMsg] = []
+    nops = 0
+    digests: dict[int, object] = {}
+    if opts.history:
+        hist_msgs, nops = history.read_history(opts.history)
+        digests = history.send_digests(hist_msgs, {st.name: gid for gid, st in groups.items()})
+    want_crcs = bool(digests)
+
     # Pass 1: every bulk file once; the reference replica's records fully decoded.
     t2 = time.perf_counter()
     refs = {gid: reference_replica(st) for gid, st in groups.items()}
@@ -96,7 +110,7 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         mode = {inputs.SEGMENT: tasks.SCAN_MSGS if is_ref else tasks.SCAN,
                 inputs.INDEX: tasks.INDEX,
                 inputs.CQ: tasks.CQ_UNITS if is_ref else tasks.CQ_HASH}[f.kind]
-        todo.append(tasks.FileTask(len(todo), f, mode))
+        todo.append(tasks.FileTask(len(todo), f, mode, digests=want_crcs))
     results = sorted(eng.run_tasks(todo, opts.max_entry_size), key=lambda r: r.tid)
     tm["scan_job_s"] = time.perf_counter() - t2
     task_s: dict[str, float] = defaultdict(float)
@@ -110,31 +124,27 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
                                                  for rid in st.replicas})
             for gid, st in groups.items()}
     units: dict[tuple, np.ndarray] = {}
+    # Implausible ConsumeQueue units, by file content: reported on every replica
+    # holding that content (identical files are decoded once).
+    cq_problems: dict[tuple, list] = {}
     problem_rows: list[dict] = []
     counts: dict[str, int] = defaultdict(int)
-    seg_slices = _assemble(todo, results, data, topics, units, problem_rows, counts,
-                           opts.share_identical)
+    seg_slices = _assemble(todo, results, data, topics, units, cq_problems, problem_rows,
+                           counts, opts.share_identical)
 
     found = [out.table()]
-    for gid, st in groups.items():
-        reps = [data[gid].replicas[r] for r in sorted(st.replicas)]
-        found.append(checks.check_group(replicas.entries_table(reps), st, opts.max_examples,
-                                        opts.segment_size))
-        for rep in reps:
-            found.append(checks.check_index_files(
-                replicas.index_table(rep), replicas.entries_table([rep]), gid, rep.rid,
-                opts.max_examples))
+    for gid in groups:
         data[gid].assign_identities(opts.share_identical)
     for task, res in zip(todo, results, strict=True):
         if task.mode == tasks.SCAN_MSGS:
             g = data[task.info.gid]
             lo, hi = seg_slices[task.tid]
             g.add_decoded(g.replicas[task.info.rid].eid[lo:hi], res, task.info, topics)
-    tm["log_checks_s"] = time.perf_counter() - t3
+    assemble_s = time.perf_counter() - t3
 
     # Pass 2: only what no decoded replica shares (usually nothing).
     t4 = time.perf_counter()
-    todo2, eids2 = _decode_plan(data, units, files)
+    todo2, eids2 = _decode_plan(data, units, files, want_crcs)
     for res in eng.run_tasks(todo2, opts.max_entry_size):
         task = todo2[res.tid]
         task_s[f"tasks_{task.mode}_cpu_s"] += res.cpu
@@ -142,11 +152,39 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         if task.mode == tasks.MSGS:
             data[task.info.gid].add_decoded(eids2[res.tid], res, task.info, topics)
         else:
-            units[replicas.cq_content_key(task.info, res, opts.share_identical)] = res.units
+            ck = replicas.cq_content_key(task.info, res, opts.share_identical)
+            units[ck] = res.units
+            cq_problems[ck] = [p for p in res.problems if p[2] == "implausible_value"]
     for g in data.values():
         g.seal()
         problem_rows += g.problem_rows()
+        for rep in g.replicas.values():
+            for files_q in rep.cq.values():
+                for f, ck in files_q:
+                    problem_rows += [dict(gid=f.gid, rid=f.rid, fid=f.fid, file_offset=p[0],
+                                          index=p[1], problem=p[2], detail=p[3])
+                                     for p in cq_problems.get(ck, [])]
     counts["decode_tasks"] = len(todo2)
+    tm["decode_job_s"] = time.perf_counter() - t4
+
+    # Log checks, with each entry version's body verdict when the history has digests.
+    t3 = time.perf_counter()
+    verdicts = {gid: bodies.verdicts(data[gid], digests.get(gid)) for gid in groups}
+    for gid, st in groups.items():
+        reps = [data[gid].replicas[r] for r in sorted(st.replicas)]
+        table = replicas.entries_table(reps)
+        if want_crcs:
+            eid = np.concatenate([r.eid for r in reps] or [np.zeros(0, np.int64)])
+            table = table.append_column("refuted", pa.array(verdicts[gid].refuted[eid]))
+            table = table.append_column("confirmed", pa.array(verdicts[gid].confirmed[eid]))
+        found.append(checks.check_group(table, st, opts.max_examples, opts.segment_size))
+        found.append(bodies.body_findings(data[gid], verdicts[gid], opts.max_examples))
+        for rep in reps:
+            found.append(checks.check_index_files(
+                replicas.index_table(rep), replicas.entries_table([rep]), gid, rep.rid,
+                opts.max_examples))
+    # Assembly and log checks, one phase as bench/audit.py reports it.
+    tm["log_checks_s"] = assemble_s + time.perf_counter() - t3
     starts = {f.fid: f.start for f in files}
     kinds = {f.fid: f.kind for f in files}
     durable_end = {(g, rid): (m.checkpoint.durable_end if m.checkpoint else 0)
@@ -154,7 +192,6 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     found.append(checks.problem_findings(replicas.problems_table(problem_rows), starts, kinds,
                                          durable_end))
     counts["problems"] = len(problem_rows)
-    tm["decode_job_s"] = time.perf_counter() - t4
 
     t5 = time.perf_counter()
     names = {(r.gid, r.rid): r.name for r in replicas_}
@@ -178,12 +215,13 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     hstats: dict = {}
     if opts.history:
         t7 = time.perf_counter()
-        msgs, nops = history.read_history(opts.history)
+        msgs = hist_msgs
         gids = {st.name: gid for gid, st in groups.items()}
         keys = history.history_keys(msgs, gids)
         matched = pa.concat_tables([checks.lookup_keys(gid, committed[gid], keys)
                                     for gid in groups])
         hf, hstats = history.check_history(msgs, matched, gids, opts.max_examples)
+        hstats["body_digests"] = sum(len(d) for d in digests.values())
         hstats["ops"] = nops
         found.append(hf)
         tm["history_s"] = time.perf_counter() - t7
@@ -207,8 +245,9 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
 
 def _assemble(todo: list[tasks.FileTask], results: list[tasks.FileResult],
               data: dict[int, replicas.Group], topics: replicas.Topics,
-              units: dict[tuple, np.ndarray], problem_rows: list[dict],
-              counts: dict[str, int], share: bool) -> dict[int, tuple[int, int]]:
+              units: dict[tuple, np.ndarray], cq_problems: dict[tuple, list],
+              problem_rows: list[dict], counts: dict[str, int], share: bool
+              ) -> dict[int, tuple[int, int]]:
     """Put the scan pass's per-file results together per replica (in log order).
 
     Fills the replicas' entries, Raft-index records and ConsumeQueue file
@@ -223,7 +262,8 @@ def _assemble(todo: list[tasks.FileTask], results: list[tasks.FileResult],
         by_replica[(task.info.gid, task.info.rid)].append((task, res))
         f = task.info
         problem_rows += [dict(gid=f.gid, rid=f.rid, fid=f.fid, file_offset=p[0], index=p[1],
-                              problem=p[2], detail=p[3]) for p in res.problems]
+                              problem=p[2], detail=p[3]) for p in res.problems
+                         if not (f.kind == inputs.CQ and p[2] == "implausible_value")]
     for (gid, rid), done in by_replica.items():
         rep = data[gid].replicas[rid]
         segs = sorted(((t, r) for t, r in done if t.info.kind == inputs.SEGMENT),
@@ -247,6 +287,7 @@ def _assemble(todo: list[tasks.FileTask], results: list[tasks.FileResult],
             ck = replicas.cq_content_key(t.info, r, share)
             if r.units is not None:
                 units[ck] = r.units
+                cq_problems[ck] = [p for p in r.problems if p[2] == "implausible_value"]
             q = int(topics.qkey(np.array([topics.id(t.info.topic)]),
                                 np.array([t.info.queue_id]))[0])
             rep.cq.setdefault(q, []).append((t.info, ck))
@@ -257,7 +298,8 @@ def _assemble(todo: list[tasks.FileTask], results: list[tasks.FileResult],
 
 
 def _decode_plan(data: dict[int, replicas.Group], units: dict[tuple, np.ndarray],
-                 files: list[inputs.FileInfo]) -> tuple[list[tasks.FileTask],
+                 files: list[inputs.FileInfo], digests: bool = False
+                 ) -> tuple[list[tasks.FileTask],
                                                         dict[int, np.ndarray]]:
     """Tasks of the decode pass, and the entry identities of each ``msgs`` task.
 
@@ -274,7 +316,7 @@ def _decode_plan(data: dict[int, replicas.Group], units: dict[tuple, np.ndarray]
                 mine = rows[rep.fid[rows] == fid]
                 eids[len(todo)] = rep.eid[mine]
                 todo.append(tasks.FileTask(len(todo), files_by_id[int(fid)], tasks.MSGS,
-                                           rep.entries[mine].tobytes()))
+                                           rep.entries[mine].tobytes(), digests))
     wanted: set[tuple] = set()
     for g in data.values():
         for rep in g.replicas.values():

@@ -225,11 +225,21 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
         check_replica_log(by_rid.get(rid, df.iloc[:0]), meta, gid, seg, out, max_examples)
 
     key = ["index", "term", "position", "size", "body_crc"]
-    votes = df.drop_duplicates(["rid", "index"]).groupby(key, sort=False).size()
-    votes = votes.rename("votes").reset_index()
-    best = votes.sort_values(["index", "votes"], ascending=[True, False],
+    for flag in ("refuted", "confirmed"):  # body verdicts (``bodies``), when a history has them
+        if flag not in df.columns:
+            df[flag] = False
+    votes = df.drop_duplicates(["rid", "index"]).groupby(key, sort=False).agg(
+        votes=("rid", "size"), refuted=("refuted", "any"), confirmed=("confirmed", "any"))
+    votes = votes.reset_index()
+    # A version the history refutes never wins an index while another exists.
+    best = votes.sort_values(["index", "refuted", "votes"], ascending=[True, True, False],
                              kind="stable").drop_duplicates("index")
-    held = best[best["votes"] >= majority]
+    open_versions = votes[~votes["refuted"]].groupby("index").size()
+    alone = best["index"].map(open_versions).fillna(0).to_numpy() == 1
+    # The only version the history does not refute, and one it confirms, holds its
+    # index even without a majority: the others hold bodies nobody sent.
+    vouched = (best["votes"] < majority) & best["confirmed"] & ~best["refuted"] & alone
+    held = best[(best["votes"] >= majority) | vouched]
     quorum_end = 0
     first = 0
     if len(held):
@@ -256,6 +266,15 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
                        f"(majority {majority}); {len(short)} of the claimed indexes are "
                        "present anywhere")
 
+    short = best[vouched & (best["index"] <= state.claimed_commit)]
+    if len(short):
+        j = int(short["index"].iloc[0])
+        out.add("lost_offsets", "under_replicated", VIOLATION, gid=gid, index=j,
+                count=len(short),
+                detail=f"{len(short)} committed indexes from {j} are held as sent by fewer "
+                       f"than {majority} of {n} replicas (index {j}: "
+                       f"{int(short['votes'].iloc[0])}); the other replicas' versions hold "
+                       "bodies the history says were not sent (body_mismatch)")
     ref = best.set_index("index")[["term", "position", "size", "body_crc"]]
     c = state.committed
     sources: list[tuple[int, int, int]] = []
@@ -369,7 +388,9 @@ def problem_findings(problems: pa.Table, starts: dict[int, int], kinds: dict[int
         pos = starts.get(fid, 0) + p["file_offset"] if kinds.get(fid) == "segment" else -1
         sev = VIOLATION
         detail = p["detail"]
-        if kinds.get(fid) == "segment" and pos >= durable_end.get((p["gid"], p["rid"]), 0):
+        # An implausible value passed its CRCs: a rewrite, never what a crash leaves.
+        if kinds.get(fid) == "segment" and kind != "implausible_value" and pos >= durable_end.get(
+                (p["gid"], p["rid"]), 0):
             # Past the durable point: what a crash leaves and recovery cuts.
             sev, detail = INFO, f"{kind}: {detail}"
             kind = "torn_tail"

@@ -64,8 +64,27 @@ def tag_hash(tags: bytes) -> int:
     return crc32c.crc32c(tags) if tags else 0
 
 
+# Largest plausible Raft index, term, log position or queue offset. The format
+# stores them as u64; the audit decodes the full range and reports anything
+# above this (2^63 - 1: no log reaches it, and every table keeps these as
+# int64) as ``implausible_value`` instead of carrying it into the checks.
+MAX_PLAUSIBLE = (1 << 63) - 1
+
+
 class FormatError(ValueError):
     """A small file that cannot be decoded (bad magic, version, CRC or length)."""
+
+
+class ImplausibleValue(FormatError):
+    """A small file that decodes (magic, version and CRC agree) but holds a value
+    outside the plausible range (see ``MAX_PLAUSIBLE``)."""
+
+
+def check_plausible(what: str, **fields: int) -> None:
+    """Raise ``ImplausibleValue`` naming the first field outside [0, MAX_PLAUSIBLE]."""
+    for name, value in fields.items():
+        if not 0 <= value <= MAX_PLAUSIBLE:
+            raise ImplausibleValue(f"{what} {name} = {value} is outside [0, 2^63-1]")
 
 
 @dataclass(frozen=True)
@@ -103,6 +122,8 @@ def parse_checkpoint(data: bytes) -> Checkpoint:
         raise FormatError(f"checkpoint version {version} is not known")
     if crc(data[:44]) != struct.unpack_from("<I", data, 44)[0]:
         raise FormatError("checkpoint CRC mismatch")
+    check_plausible("checkpoint", durable_index=durable_index, durable_end=durable_end,
+                    durable_term=durable_term, first_index=first_index)
     return Checkpoint(durable_index, durable_end, durable_term, first_index)
 
 
@@ -117,6 +138,7 @@ def parse_hardstate(data: bytes) -> HardState:
         raise FormatError(f"hardstate version {version} is not known")
     if crc(data[:36]) != struct.unpack_from("<I", data, 36)[0]:
         raise FormatError("hardstate CRC mismatch")
+    check_plausible("hardstate", term=term, vote=vote, commit=commit)
     return HardState(term, vote, commit)
 
 
@@ -133,8 +155,25 @@ def parse_dispatch_checkpoint(data: bytes) -> DispatchCheckpoint:
         raise FormatError(f"dispatch checkpoint is not msgpack: {exc}") from exc
     if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
         raise FormatError("dispatch checkpoint version is not known")
-    queues = tuple((str(t), int(q), int(n)) for t, q, n in doc.get("queues", []))
-    return DispatchCheckpoint(int(doc["dispatched_index"]), int(doc["dispatched_end"]), queues)
+    try:
+        queues = tuple((str(t), _int(q), _int(n)) for t, q, n in doc.get("queues", []))
+        index, end = _int(doc["dispatched_index"]), _int(doc["dispatched_end"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FormatError(f"dispatch checkpoint fields are malformed: {exc!r}") from exc
+    check_plausible("dispatch checkpoint", dispatched_index=index, dispatched_end=end)
+    for topic, queue_id, next_offset in queues:
+        check_plausible(f"dispatch checkpoint queue {topic}/{queue_id}", next_offset=next_offset)
+        if not 0 <= queue_id < 1 << 31:
+            raise ImplausibleValue(f"dispatch checkpoint queue id {queue_id} of {topic} is "
+                                   "outside [0, 2^31)")
+    return DispatchCheckpoint(index, end, queues)
+
+
+def _int(v: object) -> int:
+    """An integer field of the msgpack checkpoint (a bool or float is malformed)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{v!r} is not an integer")
+    return v
 
 
 def encode_checkpoint(cp: Checkpoint) -> bytes:

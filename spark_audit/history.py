@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 from spark_audit.checks import INFO, VIOLATION, Findings
@@ -42,6 +44,7 @@ class HistMsg:
     sequence: int
     queue_offset: int
     phys_offset: int  # from msg_id, -1 when absent
+    body_crc: int = -1  # CRC32C of the body the op names (``body_crc32c``), -1 when absent
 
 
 def _signed(v: int) -> int:
@@ -66,7 +69,9 @@ def _one(path: str, line: int, op: dict, v: dict) -> HistMsg:
                    str(v.get("topic", "")), int(v.get("queue", -1)),
                    _signed(int(v.get("producer_id", 0) or 0)),
                    _signed(int(v.get("sequence", 0) or 0)),
-                   int(v.get("offset", -1) if v.get("offset") is not None else -1), phys)
+                   int(v.get("offset", -1) if v.get("offset") is not None else -1), phys,
+                   int(v["body_crc32c"]) & 0xFFFFFFFF if v.get("body_crc32c") is not None
+                   else -1)
 
 
 def read_history(paths: list[str]) -> tuple[list[HistMsg], int]:
@@ -110,6 +115,32 @@ def history_keys(msgs: list[HistMsg], group_ids: dict[str, int]) -> pa.Table:
     return pa.table(dict(zip(KEY_SCHEMA.names, cols, strict=True)), schema=KEY_SCHEMA)
 
 
+def send_digests(msgs: list[HistMsg], group_ids: dict[str, int]) -> dict[int, pd.DataFrame]:
+    """Per group, the body CRC each sent client identity must carry.
+
+    One row per (producer_id, sequence) of a send with a recorded body digest,
+    whatever its outcome: whether or not it was stored, a stored message with
+    that identity must hold the body that was sent.
+    """
+    rows: dict[int, dict[tuple[int, int], tuple[int, HistMsg]]] = {}
+    for m in msgs:
+        if m.f != "send" or m.producer_id == 0 or m.body_crc < 0:
+            continue
+        gid = group_ids.get(m.group, -1) if m.group else (
+            next(iter(group_ids.values())) if len(group_ids) == 1 else -1)
+        if gid >= 0:
+            rows.setdefault(gid, {})[(m.producer_id, m.sequence)] = (m.body_crc, m)
+    out = {}
+    for gid, by_key in rows.items():
+        keys = list(by_key)
+        out[gid] = pd.DataFrame({
+            "producer_id": np.array([k[0] for k in keys], np.int64),
+            "sequence": np.array([k[1] for k in keys], np.int64),
+            "want_crc": np.array([by_key[k][0] for k in keys], np.int64),
+            "where": [f"{by_key[k][1].file}:{by_key[k][1].line}" for k in keys]})
+    return out
+
+
 def check_history(msgs: list[HistMsg], found: pa.Table, group_ids: dict[str, int],
                   max_examples: int = 20) -> tuple[pa.Table, dict]:
     """Acknowledged sends must be committed, consumed messages must exist, failed sends not.
@@ -118,17 +149,20 @@ def check_history(msgs: list[HistMsg], found: pa.Table, group_ids: dict[str, int
     sequence, phys_offset) that matched any history key.
     """
     out = Findings()
-    by_id = set()
+    by_id: dict[tuple[int, int, int], set[int]] = {}
     by_off = set()
     if found.num_rows:
         g = found.column("gid").to_pylist()
         p = found.column("producer_id").to_pylist()
         s = found.column("sequence").to_pylist()
         o = found.column("phys_offset").to_pylist()
-        by_id = {(a, b, c) for a, b, c in zip(g, p, s, strict=True) if b != 0}
+        for a, b, c, d in zip(g, p, s, o, strict=True):
+            if b != 0:
+                by_id.setdefault((a, b, c), set()).add(d)
         by_off = set(zip(g, o, strict=True))
     stats = {"acked_sends": 0, "failed_sends": 0, "indeterminate_sends": 0, "consumed": 0,
-             "acked_missing": 0, "consumed_missing": 0, "failed_present": 0,
+             "acked_missing": 0, "acked_misplaced": 0, "consumed_missing": 0,
+             "failed_present": 0,
              "indeterminate_present": 0, "unknown_group": 0}
     shown: dict[str, int] = {}
 
@@ -158,6 +192,14 @@ def check_history(msgs: list[HistMsg], found: pa.Table, group_ids: dict[str, int
             if not hit:
                 stats["acked_missing"] += 1
                 flag("acked_send_missing", VIOLATION, gid, m, "acknowledged, not in the log")
+            elif m.producer_id != 0 and m.phys_offset >= 0 and m.phys_offset not in by_id[
+                    (gid, m.producer_id, m.sequence)]:
+                # The ack's message id is the offset the message was stored at.
+                stats["acked_misplaced"] += 1
+                where = sorted(by_id[(gid, m.producer_id, m.sequence)])
+                flag("acked_send_misplaced", VIOLATION, gid, m,
+                     f"acknowledged at physical offset {m.phys_offset}, committed at "
+                     + ", ".join(str(x) for x in where[:5]))
         elif m.f == "send" and m.type == "fail":
             stats["failed_sends"] += 1
             if hit and m.producer_id != 0:

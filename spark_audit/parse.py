@@ -44,9 +44,12 @@ ENTRY_DTYPE = np.dtype([
 
 # One row per decoded message record. ``topic`` indexes the topic list returned
 # with the array (per file; the driver maps it to global ids).
+# ``body_crc`` is the CRC32C of the record's body bytes, computed only when asked
+# (a history with body digests to compare against); 0 otherwise.
 MSG_DTYPE = np.dtype([
     ("index", "<i8"), ("phys_offset", "<i8"), ("producer_id", "<i8"), ("sequence", "<i8"),
     ("tag_hash", "<i8"), ("size", "<i4"), ("queue_id", "<i4"), ("topic", "<i4"),
+    ("body_crc", "<u4"),
 ])
 
 # One row per non-empty Raft-index record; ``rec_ok`` is its record CRC.
@@ -262,6 +265,14 @@ def scan_segment(buf: Buffer, base_position: int,
             probs.append((off, index, "torn_tail",
                           f"entry of {size} bytes ends {off + size - n} bytes past end of file"))
             break
+        if not (1 <= index <= fmt.MAX_PLAUSIBLE and 1 <= term <= fmt.MAX_PLAUSIBLE):
+            # CRC-valid, so not a torn write: a header rewritten with a value no
+            # log can hold. Skipped whole (its size is sane), never carried on.
+            probs.append((off, -1, "implausible_value",
+                          f"entry header index {index}, term {term} outside [1, 2^63-1]"))
+            off += size
+            valid_end = off
+            continue
         if position != base_position + off:
             probs.append((off, index, "position_mismatch",
                           f"header position {position} found at {base_position + off}"))
@@ -287,12 +298,15 @@ def scan_segment(buf: Buffer, base_position: int,
     return SegmentScan(entries, probs, valid_end)
 
 
-def parse_messages(buf: Buffer, base_position: int, entries: np.ndarray) -> MessageScan:
+def parse_messages(buf: Buffer, base_position: int, entries: np.ndarray,
+                   body_crcs: bool = False) -> MessageScan:
     """Decode the records of the ``has_msgs`` rows of ``entries`` (rows of this segment).
 
     Records that do not fit their entry, or whose length fields disagree with
     their size, are reported (``bad_message``) and not decoded; the walk of
-    that entry stops at the first record that does not fit.
+    that entry stops at the first record that does not fit. With
+    ``body_crcs`` each record's body CRC32C is computed too (one CRC call per
+    record, so only when a history's digests are to be compared).
     """
     a = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
     probs: list[tuple[int, int, str, str, int]] = []
@@ -373,6 +387,15 @@ def parse_messages(buf: Buffer, base_position: int, entries: np.ndarray) -> Mess
     out["size"] = head["size"].view(np.int32)
     out["queue_id"] = head["queue_id"].view(np.int32)
     out["topic"] = topic_ids
+    out["body_crc"] = 0
+    if body_crcs and len(starts):
+        body_len = head["body_len"].astype(np.int64)
+        body_at = starts + head["size"].astype(np.int64) - body_len
+        crc = fmt.crc
+        mv = memoryview(a)
+        out["body_crc"] = np.fromiter(
+            (crc(mv[p:p + n]) for p, n in zip(body_at.tolist(), body_len.tolist(), strict=True)),
+            np.uint32, len(starts))
     counts = np.bincount(rows_of, minlength=len(entries)).astype(np.int32)
     return MessageScan(out, topics, counts, probs)
 
@@ -392,6 +415,12 @@ def parse_index_file(buf: Buffer, first_index: int) -> tuple[np.ndarray, list[Pr
     raw = np.frombuffer(mv[:n * fmt.INDEX_RECORD_SIZE], dtype=np.uint8).reshape(n, 32)
     slots = np.nonzero(raw.any(axis=1))[0]
     rec = raw.view(INDEX_DTYPE)[slots, 0]
+    wild = (rec["position"] > fmt.MAX_PLAUSIBLE) | (rec["term"] > fmt.MAX_PLAUSIBLE)
+    for j in np.nonzero(wild)[0]:
+        probs.append((int(slots[j]) * fmt.INDEX_RECORD_SIZE, int(slots[j]) + first_index,
+                      "implausible_value", f"index record position {int(rec['position'][j])}, "
+                                           f"term {int(rec['term'][j])} outside [0, 2^63-1]"))
+    slots, rec = slots[~wild], rec[~wild]
     ok = np.fromiter((fmt.crc(raw[i, :28].tobytes()) for i in slots), np.uint32, len(slots))
     out = np.empty(len(slots), INDEX_OUT_DTYPE)
     out["index"] = slots.astype(np.int64) + first_index
@@ -425,12 +454,19 @@ def parse_cq_file(buf: Buffer, first_slot: int) -> tuple[np.ndarray, list[Proble
     nonzero = (units["offset"] != 0) | (units["size"] != 0) | (units["tag_hash"] != 0)
     slots = np.nonzero(nonzero)[0]
     units = units[slots]
+    probs = cq_partial(len(mv))
+    wild = units["offset"] > fmt.MAX_PLAUSIBLE
+    for j in np.nonzero(wild)[0]:
+        probs.append((int(slots[j]) * fmt.CQ_UNIT_SIZE, -1, "implausible_value",
+                      f"unit of slot {int(slots[j]) + first_slot} points at offset "
+                      f"{int(units['offset'][j])}, outside [0, 2^63-1]"))
+    slots, units = slots[~wild], units[~wild]
     out = np.empty(len(slots), UNIT_DTYPE)
     out["slot"] = slots.astype(np.int64) + first_slot
     out["offset"] = units["offset"].view(np.int64)
     out["tag_hash"] = units["tag_hash"].view(np.int64)
     out["size"] = units["size"].view(np.int32)
-    return out, cq_partial(len(mv))
+    return out, probs
 
 
 def cq_unit_count(buf: Buffer) -> int:

@@ -50,6 +50,8 @@ class FileTask:
     mode: str
     # MSGS: the ENTRY_DTYPE rows (of this file) whose records to decode, as bytes.
     entries: bytes = b""
+    # SCAN_MSGS, MSGS: also compute each record's body CRC (a history has digests).
+    digests: bool = False
 
     @property
     def cost(self) -> float:
@@ -86,10 +88,11 @@ def run_task(task: FileTask, buf: parse.Buffer, max_entry_size: int) -> FileResu
         scan = parse.scan_segment(buf, info.start, max_entry_size)
         res.entries, res.problems = scan.entries, scan.problems
         if task.mode == SCAN_MSGS:
-            _add_messages(res, parse.parse_messages(buf, info.start, scan.entries))
+            _add_messages(res, parse.parse_messages(buf, info.start, scan.entries,
+                                                    task.digests))
     elif task.mode == MSGS:
         rows = np.frombuffer(task.entries, parse.ENTRY_DTYPE)
-        _add_messages(res, parse.parse_messages(buf, info.start, rows))
+        _add_messages(res, parse.parse_messages(buf, info.start, rows, task.digests))
     elif task.mode == INDEX:
         res.index, res.problems = parse.parse_index_file(buf, info.start)
     elif task.mode in (CQ_HASH, CQ_UNITS):

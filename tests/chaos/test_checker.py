@@ -138,3 +138,35 @@ def test_lost_is_judged_by_the_drain() -> None:
     assert result["counts"]["lost"] == 1 and result["counts"]["lost_after_consumed"] == 1
     assert result["examples"]["lost"][0] == {"value": 2, "consumed_before_loss": True,
                                              "topic": "t", "producer_id": 1, "sequence": 2}
+
+
+def test_an_ack_must_name_where_the_value_was_read() -> None:
+    b = clean()
+    b.send(1, 90, queue=0, offset=1_000_000)  # the ack names an offset far past the queue
+    b.send(1, 91, queue=1, offset=3)          # the ack names queue 1; it was read in queue 0
+    b.poll(10, [(90, 0, 3), (91, 0, 4)])
+    result = check(b.ops)
+    assert result["bad_kinds"] == ["misplaced_ack"]
+    assert result["counts"]["misplaced_ack"] == 2
+    first = result["examples"]["misplaced_ack"][0]
+    assert first == {"value": 90, "acked_at": ["g", "t", 0, 1_000_000],
+                     "read_at": [["g", "t", 0, 3]]}
+
+
+def test_a_read_body_must_be_the_body_sent_under_that_identity() -> None:
+    b = clean()
+    b.send(1, 95, queue=0, offset=3, producer=7, body_crc=0xAAAA)
+    b.send(1, 96, queue=0, offset=4, producer=7, body_crc=0xBBBB)
+    # 95's record carries its identity and the right CRC; 96's carries its identity
+    # but a body with another CRC.
+    b.poll(10, [(95, 0, 3), (96, 0, 4)], identity={95: (7, 95), 96: (7, 96)},
+           body_crc={95: 0xAAAA, 96: 0xBBBC})
+    result = check(b.ops)
+    assert result["bad_kinds"] == ["body_mismatch"]
+    (example,) = result["examples"]["body_mismatch"]
+    assert (example["sequence"], example["differs"]) == (96, ["body_crc32c"])
+    # A read without a recorded CRC (an older history) is compared by value only.
+    b = clean()
+    b.send(1, 95, queue=0, offset=3, producer=7, body_crc=0xAAAA)
+    b.poll(10, [(95, 0, 3)], identity={95: (7, 95)})
+    assert check(b.ops)["valid"]
