@@ -85,11 +85,20 @@ def check_committed(committed: Mapping[int, Entry], entry: Entry) -> str | None:
 
 
 def check_leader_complete(
-    committed: Mapping[int, Entry], term_at: Callable[[int], int | None], leader: int, term: int
+    committed: Mapping[int, Entry],
+    term_at: Callable[[int], int | None],
+    leader: int,
+    term: int,
+    committed_in: Mapping[int, int] | None = None,
 ) -> str | None:
-    """Leader completeness: the leader of `term` holds every entry committed so far."""
+    """Leader completeness (§5.4): the leader of `term` holds every entry committed
+    in an earlier term. `committed_in[index]` is the term the commit was first seen
+    in (an upper bound of the term that committed it); without it, the entry's own
+    term. A late winner of an old term (its votes delayed by a pause) need not
+    hold what a later term committed meanwhile."""
     for index, entry in committed.items():
-        if entry.term < term and term_at(index) != entry.term:
+        since = committed_in.get(index, entry.term) if committed_in else entry.term
+        if since < term and term_at(index) != entry.term:
             return (
                 f"leader {leader} of term {term} lacks committed entry "
                 f"{index}/{entry.term} (has term {term_at(index)})"
@@ -228,6 +237,8 @@ class SafetyChecker:
         self.leaders: dict[int, int] = {}
         self.seen: dict[tuple[int, int], tuple[Entry, int]] = {}
         self.committed: dict[int, Entry] = {}
+        # Term in which each committed index was first seen committed.
+        self.committed_in: dict[int, int] = {}
         self.committed_lost = 0
 
     @staticmethod
@@ -240,7 +251,9 @@ class SafetyChecker:
             return
         self._raise(check_leader_unique(self.leaders, term, node_id))
         if not self.flush_async:
-            self._raise(check_leader_complete(self.committed, term_at, node_id, term))
+            self._raise(
+                check_leader_complete(self.committed, term_at, node_id, term, self.committed_in)
+            )
         self.leaders[term] = node_id
 
     def observe_written(self, entries: Iterable[Entry], prev_term: int) -> None:
@@ -249,14 +262,19 @@ class SafetyChecker:
             self.seen.setdefault((entry.index, entry.term), (entry, prev_term))
             prev_term = entry.term
 
-    def observe_committed(self, entries: Iterable[Entry]) -> None:
+    def observe_committed(self, entries: Iterable[Entry], in_term: int | None = None) -> None:
+        """`entries` are committed, as seen by a node in term `in_term` (default: each
+        entry's own term, the earliest term that could have committed it)."""
         for entry in entries:
             problem = check_committed(self.committed, entry)
             if problem is not None:
                 if not self.flush_async:
                     raise SafetyViolation(problem)
                 self.committed_lost += 1
+                self.committed_in.pop(entry.index, None)
             self.committed[entry.index] = entry
+            seen_in = max(entry.term, in_term) if in_term is not None else entry.term
+            self.committed_in.setdefault(entry.index, seen_in)
 
     def observe_claim(
         self, node_id: int, entry: Entry, durable_term_at: list[Callable[[int], int | None]]

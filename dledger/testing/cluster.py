@@ -375,7 +375,7 @@ class SimCluster:
         if self.flush_async:
             return
         entries = node.log.entries(low + 1, node.commit + 1, 1 << 62, 1 << 62)
-        self.checker.observe_committed(entries)
+        self.checker.observe_committed(entries, node.term)
         last = entries[-1]
         self.checker.observe_claim(
             n, last, [self.disks[m].durable_term_any for m in self.node_ids]
@@ -484,7 +484,8 @@ class SimCluster:
         self.checker.observe_electable(candidates, voters)
 
     def _apply(self, n: int, entries: tuple[Entry, ...]) -> None:
-        self.checker.observe_committed(entries)
+        node = self.nodes[n]
+        self.checker.observe_committed(entries, node.term if node is not None else None)
         self._check_electable()
         applied = self.applied_logs[n]
         for entry in entries:

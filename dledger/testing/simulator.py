@@ -305,7 +305,7 @@ def _final_checks(cluster: SimCluster) -> str | None:
     if problem:
         return problem
     final_log = logs[leader.id]
-    cluster.checker.observe_committed(final_log)
+    cluster.checker.observe_committed(final_log, leader.term)
     acked = [p.data for p in cluster.proposals if p.acked]
     problem = check_acked_exactly_once(acked, final_log, may_lose=cluster.flush_async)
     if problem:

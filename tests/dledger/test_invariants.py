@@ -10,6 +10,7 @@ from dledger.invariants import (
     SafetyViolation,
     check_acked_exactly_once,
     check_electable_complete,
+    check_leader_complete,
     check_leader_unique,
     check_log_matching,
     check_message_durable,
@@ -75,3 +76,19 @@ def test_checker_refuses_changed_commit() -> None:
     checker.observe_committed([e(1, 1)])
     with pytest.raises(SafetyViolation):
         checker.observe_committed([e(1, 2)])
+
+
+def test_leader_complete_counts_the_term_of_the_commit() -> None:
+    committed = {14: e(14, 17)}
+    lacks = {14: 9}.get
+    # Committed in term 26: a leader of term 24 (late votes) need not hold it.
+    assert check_leader_complete(committed, lacks, 1, 24, {14: 26}) is None
+    assert check_leader_complete(committed, lacks, 1, 27, {14: 26}) is not None
+    assert check_leader_complete(committed, lacks, 1, 24) is not None  # entry term only
+
+
+def test_async_checker_counts_lost_commits_instead_of_failing() -> None:
+    checker = SafetyChecker(flush_async=True)
+    checker.observe_committed([e(1, 1)])
+    checker.observe_committed([e(1, 2)])
+    assert checker.committed_lost == 1 and checker.committed[1] == e(1, 2)
