@@ -54,6 +54,15 @@ class CannotInject(RuntimeError):
     """A fault this backend cannot inject on this machine."""
 
 
+class HarnessError(RuntimeError):
+    """The harness itself cannot go on truthfully (e.g. a torn durability trace).
+
+    Not a finding about the system under test: the run stops with this error
+    and is not valid, rather than carrying on with a fault it did not inject
+    as described.
+    """
+
+
 # Backends with something to tear down, closed at interpreter exit so an
 # interrupted run leaves no namespace, chain, process or container behind.
 _live: set[Backend] = set()
