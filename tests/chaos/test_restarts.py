@@ -19,6 +19,7 @@ from chaos import disk_faults
 from chaos.backend import ClusterSpec
 from chaos.nemesis import Context, Kill
 from chaos.netns import NetnsBackend, netns_available
+from chaos.node_report import node_report
 from chaos.runner import RunConfig, run
 from chaos.schedule import Schedule
 from tests.support import is_root, require
@@ -65,6 +66,15 @@ def test_a_broker_that_dies_at_restart_is_reported_failed(tmp_path) -> None:
             [(1, True, False), (1, False, False)]
         # The trap the old check fell into: the dead node's log has the ready text.
         assert "broker listening on" in (tmp_path / "logs" / "n1.log").read_text()
+
+        # Said explicitly, the same failure is still reported, but allowed.
+        lenient = Kill(may_stay_down="1")
+        lenient.start(ctx)
+        assert lenient.stop(ctx)["failures"][0]["allowed"] is True
+        final = {1: backend.wait_node(1, 5.0).as_dict()}
+        report = node_report(ctx.restarts, final)
+        assert report["down_at_end"] == [1] and report["allowed_down"] == [1]
+        assert not report["ok"]  # the first, undeclared failure still counts
     finally:
         backend.close()
 
