@@ -252,7 +252,8 @@ class _Targets:
 class Kill(_Restarting):
     name = "kill"
     needs = ("kill",)
-    doc = "kill -9 a random node; restart it on stop."
+    doc = ("kill -9 a random node; restart it on stop (may_stay_down=1: a failed restart "
+           "is allowed).")
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -273,7 +274,8 @@ class Kill(_Restarting):
 
 class KillLeader(Kill):
     name = "kill-leader"
-    doc = "kill -9 the current leader; restart it on stop."
+    doc = ("kill -9 the current leader; restart it on stop (may_stay_down=1: a failed restart "
+           "is allowed).")
 
     def targets(self, ctx: Context) -> list[int]:
         return [_pick_leader(ctx)]
@@ -317,7 +319,8 @@ class PowerLoss(_Restarting):
     needs = ("kill", "power-loss")
     doc = ("kill -9 nodes and drop every write they had not fsynced (durability trace), "
            "optionally leaving a torn tail; restart on stop. Params: targets "
-           "one|minority|majority|all (default majority), torn_tail bytes (default 0).")
+           "one|minority|majority|all (default majority), torn_tail bytes (default 0), "
+           "may_stay_down 0|1.")
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -374,7 +377,8 @@ class _FileFault(_Restarting):
 class Truncate(_FileFault):
     name = "truncate"
     doc = ("Kill one node (always the same: a minority), cut the last N bytes of its newest "
-           "CommitLog segment (param bytes, default 4096), restart on stop.")
+           "CommitLog segment (param bytes, default 4096), restart on stop (may_stay_down=1: a "
+           "failed restart is allowed).")
 
     def damage(self, ctx: Context, node: int) -> dict[str, Any]:
         segments = disk_faults.segment_files(ctx.backend.data_dir(node))
@@ -388,7 +392,8 @@ class Bitflip(_FileFault):
     name = "bitflip"
     doc = ("Kill one node (always the same: a minority), flip random bits in its newest "
            "CommitLog segment (param bits, default 8; param file: a path in the data "
-           "directory instead, e.g. hardstate), restart on stop.")
+           "directory instead, e.g. hardstate), restart on stop (may_stay_down=1: a failed "
+           "restart is allowed).")
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
