@@ -66,17 +66,31 @@ def cells(nodes: list[int]) -> list[dict[str, Any]]:
                     "replicate": replicate, "expect": expect, "broker_config": broker_config})
     out.append({"name": "flush-sync-power-loss", "nemesis": "power-loss:targets=all",
                 "nodes": 3, "flush": "sync", "replicate": "sync", "expect": "valid"})
+    # The power-loss pair again on the other group sizes asked for: flush=sync
+    # loses nothing, flush=async loses acknowledged messages and still every
+    # replica catches up afterwards.
+    async_loss = next(b for b in BITES if b[0] == "flush-async-power-loss")
+    for n in nodes:
+        if n == 3:
+            continue
+        out.append({"name": f"flush-async-power-loss-{n}n", "nemesis": async_loss[1],
+                    "nodes": n, "flush": "async", "replicate": "sync", "expect": "lost",
+                    "broker_config": async_loss[5]})
+        out.append({"name": f"flush-sync-power-loss-{n}n", "nemesis": "power-loss:targets=all",
+                    "nodes": n, "flush": "sync", "replicate": "sync", "expect": "valid"})
     return out
 
 
 def cell_passed(expect: str, results: dict[str, Any]) -> bool:
-    """A run's verdict for its cell: "valid" must be valid (checker, run and
-    nodes), "lost" must lose acknowledged messages (the checker bites) with
-    every node back, "report" passes."""
+    """A run's verdict for its cell: "valid" must be valid (checker, run,
+    nodes, convergence), "lost" must lose acknowledged messages (the checker
+    bites) with every node back and caught up afterwards, "report" passes."""
     if expect == "valid":
         return bool(results["valid"])
     if expect == "lost":
-        return results["checker"]["counts"]["lost"] > 0 and bool(results["nodes"]["ok"])
+        convergence = results["phases"].get("convergence") or {}
+        return (results["checker"]["counts"]["lost"] > 0 and bool(results["nodes"]["ok"])
+                and bool(convergence.get("converged")))
     return True
 
 

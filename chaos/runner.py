@@ -7,13 +7,16 @@
 3. Final heal: every active nemesis is stopped (links healed, nodes resumed
    and restarted), then wait for a leader again, and ask every node whether
    it is up (alive and answering PING).
-4. Stop the producers, then the consumers; drain every queue from offset 0.
+4. Stop the producers, then the consumers; drain every queue from offset 0;
+   then every node that is up must apply the leader's commit index
+   (`chaos.convergence`: a replica left behind is a finding).
 5. Stop the cluster; check the history; write results.json, plots and
    index.html next to history.jsonl, the node logs and data directories.
 
-A run is valid only when the checker finds nothing, the run finished, and
-every node came back (chaos.node_report; `may_stay_down=1` on a nemesis is
-the explicit way to accept a node that stays down). `invalid_because` in
+A run is valid only when the checker finds nothing, the run finished, every
+node that is up caught up, and every node came back (chaos.node_report;
+`may_stay_down=1` on a nemesis is the explicit way to accept a node that
+stays down). `invalid_because` in
 results.json lists every reason it is not.
 
 The clients run on an asyncio loop in a thread of their own that first
@@ -40,12 +43,13 @@ from typing import Any
 from chaos import nemesis as nemesis_lib
 from chaos.backend import Backend, ClusterSpec
 from chaos.checker import check
+from chaos.convergence import check_converged
 from chaos.history import History
 from chaos.node_report import node_report
 from chaos.report import write_report
 from chaos.schedule import Schedule, run_schedule
 from chaos.stats import latencies, latency_summary, unavailability
-from chaos.workload import Workload, WorkloadSpec, find_leader, wait_leader
+from chaos.workload import Workload, WorkloadSpec, find_leader, node_status, wait_leader
 
 
 @dataclass
@@ -67,6 +71,8 @@ class RunConfig:
     drain_timeout: float = 90.0
     # How long each node gets to answer PING after the final heal.
     final_node_timeout: float = 15.0
+    # How long the replicas get to apply the leader's commit after the drain.
+    convergence_timeout: float = 30.0
     log_level: str = "INFO"
     # Extra top-level broker configuration keys for every node.
     broker_config: dict[str, Any] = field(default_factory=dict)
@@ -150,6 +156,10 @@ def verdict_reasons(results: dict[str, Any]) -> list[str]:
     if results["phases"].get("error"):
         reasons.append(f"the run did not finish: {results['phases']['error']}")
     reasons += results["nodes"]["problems"]
+    convergence = results["phases"].get("convergence")
+    if convergence is not None and not convergence["converged"]:
+        reasons.append(f"nodes {convergence['behind']} did not catch up with the leader's "
+                       f"commit index {convergence['target_commit']} after the drain")
     return reasons
 
 
@@ -238,6 +248,15 @@ async def _clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_li
         await workload.stop_consumers()
     phase("drain")
     outcome["drained"] = await workload.drain(config.drain_timeout)
+    # Nothing stuck afterwards: every node that is up must catch up with the
+    # leader's commit (a replica that lost its tail to a power cut included).
+    final = node_state["final"] or {}
+    down = [n for n, state in final.items() if not state.get("ready")]
+    outcome["convergence"] = await check_converged(addresses, node_status,
+                                                   config.convergence_timeout, down)
+    if not outcome["convergence"]["converged"]:
+        log(f"chaos: nodes {outcome['convergence']['behind']} did not catch up with the "
+            f"leader's commit {outcome['convergence']['target_commit']}")
     phase("done")
 
 
