@@ -68,3 +68,13 @@ def test_the_verdict_lists_every_reason() -> None:
         "node 1 did not come back after bitflip: exited with status 1"]
     clean = {"checker": {"valid": True}, "phases": {}, "nodes": node_report([], up(1, 2, 3))}
     assert verdict_reasons(clean) == []
+
+
+def test_a_replica_that_did_not_catch_up_makes_the_run_invalid() -> None:
+    stuck = {"converged": False, "behind": [3], "target_commit": 812}
+    results = {"checker": {"valid": True}, "phases": {"convergence": stuck},
+               "nodes": node_report([], up(1, 2, 3))}
+    assert verdict_reasons(results) == [
+        "nodes [3] did not catch up with the leader's commit index 812 after the drain"]
+    results["phases"]["convergence"] = {"converged": True, "behind": [], "target_commit": 812}
+    assert verdict_reasons(results) == []
