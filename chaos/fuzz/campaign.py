@@ -41,6 +41,10 @@ KNOWN_FINDINGS: tuple[tuple[str, str, str], ...] = (
     ("HTTP 500", "RecursionError: maximum recursion depth exceeded while decoding a JSON",
      "ledgermq/webadmin.read_json lets json.loads' RecursionError on deeply nested "
      "bodies through: a 500 instead of a 400 (docs/fuzzing.md, Findings)"),
+    ("HTTP 500", "[Errno 36] File name too long",
+     "GET /static/<name longer than NAME_MAX>: aiohttp's static route raises OSError, "
+     "ledgermq/webadmin.error_middleware makes it a 500 instead of a 404 "
+     "(docs/fuzzing.md, Findings)"),
 )
 
 

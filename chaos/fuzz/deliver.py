@@ -30,7 +30,8 @@ _STATUS_LINE = re.compile(rb"^HTTP/1\.[01] (\d{3})")
 class Outcome:
     """What one case did. `end`: "eof" (server closed), "reset", "deadline"
     (still open when we gave up), "refused" (no connection), "answered" (every
-    expected answer came back and we closed)."""
+    expected answer came back and we closed), "cap" (we stopped reading a long
+    answer)."""
 
     end: str = ""
     answers: int = 0
@@ -113,7 +114,10 @@ async def deliver(host: str, port: int, kind: str, plan: Plan,
                     writer.write_eof()
             except (ConnectionError, OSError):
                 pass  # the server closed on an earlier error: read what it said
-            while len(data) < _READ_CAP:
+            while True:
+                if len(data) >= _READ_CAP:
+                    out.end = "cap"  # a big answer (a static file): enough of it
+                    break
                 got = await reader.read(65536)
                 if not got:
                     out.end = "eof"

@@ -128,8 +128,10 @@ def garbage_after_handshake(rng: random.Random, ctx: Context) -> Plan:
         t = rng.choice(list(ARITY))
         msg = _message(rng, t, src, ctx.node)
         i = rng.randint(1, len(msg) - 1)
+        # A value of a type the field does not take (a bool where an int
+        # belongs, an int where a bool does, never the other bool).
         msg[i] = rng.choice((odd_text(rng), None, 1.5, [1], {"a": 1},
-                             not msg[i] if isinstance(msg[i], bool) else True))
+                             1 if isinstance(msg[i], bool) else True))
         payload = msgpack.packb(msg, use_bin_type=True)
     return Plan([hello, _frame(payload)])
 
