@@ -63,7 +63,7 @@ def _wire_answers(data: bytes, out: Outcome) -> None:
     out.answers = len(payloads)
 
 
-def _http_answer(data: bytes, out: Outcome) -> None:
+def _http_answer(data: bytes, out: Outcome, request: bytes) -> None:
     m = _STATUS_LINE.match(data)
     if not m:
         return
@@ -72,7 +72,8 @@ def _http_answer(data: bytes, out: Outcome) -> None:
     out.answers = 1
     if status == 500:
         _, _, body = data.partition(b"\r\n\r\n")
-        out.findings.append(f"HTTP 500: {body[:300].decode('utf-8', 'replace')}")
+        line = request.split(b" HTTP/", 1)[0][:300].decode("utf-8", "replace")
+        out.findings.append(f"HTTP 500 ({line}): {body[:300].decode('utf-8', 'replace')}")
     if status == 200 and b"root:x:0:0" in data:
         out.findings.append("served a file from outside the reports directory")
 
@@ -138,7 +139,7 @@ async def deliver(host: str, port: int, kind: str, plan: Plan,
     if kind == WIRE:
         _wire_answers(bytes(data), out)
     elif kind == HTTP:
-        _http_answer(bytes(data), out)
+        _http_answer(bytes(data), out, plan.chunks[0] if plan.chunks else b"")
     elif kind == RAFT and data:
         out.findings.append(f"the Raft port wrote {len(data)} bytes back")
     out.seconds = time.monotonic() - started
