@@ -38,18 +38,9 @@ ORACLE_TOPIC = "fuzz-acked"
 # Findings already reported and not fixed here, matched by a regular
 # expression over the whole finding: counted in `Result.known`, not failing
 # the run. A new kind of finding still fails it. Each says where it is reported.
-KNOWN_FINDINGS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"HTTP 500 \(.*\): .*RecursionError: maximum recursion depth exceeded "
-                r"while decoding a JSON.*", re.S),
-     "ledgermq/webadmin.read_json lets json.loads' RecursionError on deeply nested "
-     "bodies through: a 500 instead of a 400 (docs/fuzzing.md, Findings)"),
-    # HEAD answers have no body, so the request line is what identifies them.
-    (re.compile(r"HTTP 500 \((GET|HEAD) /static/[^/?]{256,}[^)]*\): "
-                r"(.*\[Errno 36\] File name too long.*)?", re.S),
-     "GET or HEAD /static/<name longer than NAME_MAX>: aiohttp's static route raises "
-     "OSError, ledgermq/webadmin.error_middleware makes it a 500 instead of a 404 "
-     "(docs/fuzzing.md, Findings)"),
-)
+# Findings accepted while their fix is pending (pattern, why); empty now: the
+# deep-JSON 500 and the over-long static name 500 were fixed in webadmin.
+KNOWN_FINDINGS: tuple[tuple[re.Pattern[str], str], ...] = ()
 
 
 def is_known(finding: str) -> bool:

@@ -33,6 +33,9 @@ MAX_TERM_OR_INDEX = 2**63 - 1
 OUT_OF_RANGE: tuple[int, ...] = (MAX_TERM_OR_INDEX + 1, 2**64 - 1, -1, -(2**63))
 # Arity of each message type (type code -> number of fields, type included).
 ARITY = {1: 8, 2: 6, 3: 5, 4: 4, 5: 4, 6: 8, 7: 8}
+# The longest form each type may take: a HeartbeatResponse (4) may carry the
+# follower's last index as a fifth field.
+MAX_ARITY = {**ARITY, 4: 5}
 _BOOL_FIELDS = {1: (6, 7), 2: (4, 5), 7: (4,)}
 
 
@@ -122,7 +125,8 @@ def garbage_after_handshake(rng: random.Random, ctx: Context) -> Plan:
         if rng.random() < 0.5:
             msg = msg[: rng.randint(1, len(msg) - 1)] if len(msg) > 1 else msg
         else:
-            msg.append(random_value(rng, 1))
+            while len(msg) <= MAX_ARITY[t]:
+                msg.append(random_value(rng, 1))
         payload = msgpack.packb(msg, use_bin_type=True)
     else:
         t = rng.choice(list(ARITY))

@@ -119,15 +119,10 @@ def test_seed_log_lines_load_back_as_cases(tmp_path: Path) -> None:
     assert campaign.load_cases(log, {4}) == []
 
 
-def test_known_findings_match_narrowly() -> None:
+def test_no_finding_is_excused() -> None:
+    """The two admin 500s the fuzzer found are fixed (tests/ops/test_admin_api.py
+    holds their regressions), so every finding fails a run again."""
+    assert campaign.KNOWN_FINDINGS == ()
     deep = ('HTTP 500 (POST /api/v1/topics): {"error": {"code": "INTERNAL", "message": '
             '"RecursionError: maximum recursion depth exceeded while decoding a JSON array"}}')
-    assert campaign.is_known(deep)
-    long_name = "/static/" + "a" * 9000
-    assert campaign.is_known(f"HTTP 500 (HEAD {long_name}?limit=1): ")
-    assert campaign.is_known(f'HTTP 500 (GET {long_name}): {{"error": {{"message": "OSError: '
-                             '[Errno 36] File name too long: ..."}}}}')
-    assert not campaign.is_known("HTTP 500 (HEAD /static/app.js): ")
-    assert not campaign.is_known('HTTP 500 (GET /api/v1/topics): {"error": "KeyError"}')
-    assert not campaign.is_known("INTERNAL: RecursionError: maximum recursion depth exceeded "
-                                 "while decoding a JSON array")
+    assert not campaign.is_known(deep)
