@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({**cell, "passed": passed, "valid": results["valid"],
                      **check["sends"], **{k: v for k, v in check["counts"].items() if v},
                      "longest_unavailable_s": results["availability"]["longest_s"],
+                     "converged": (results["phases"].get("convergence") or {}).get("converged"),
                      "restart_failures": len(nodes["restart_failures"]),
                      "down_at_end": nodes["down_at_end"], "allowed_down": nodes["allowed_down"],
                      "invalid_because": results["invalid_because"]})
