@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos.readiness import Readiness
+
 # Fault kinds a nemesis may need; the backend says which it can inject.
 FAULTS = ("partition", "loss", "delay", "kill", "pause", "power-loss", "file", "clock")
 
@@ -52,6 +54,15 @@ class ClusterSpec:
 
 class CannotInject(RuntimeError):
     """A fault this backend cannot inject on this machine."""
+
+
+class HarnessError(RuntimeError):
+    """The harness itself cannot go on truthfully (e.g. a torn durability trace).
+
+    Not a finding about the system under test: the run stops with this error
+    and is not valid, rather than carrying on with a fault it did not inject
+    as described.
+    """
 
 
 # Backends with something to tear down, closed at interpreter exit so an
@@ -133,7 +144,12 @@ class Backend(abc.ABC):
     def start_node(self, node: int) -> None: ...
 
     @abc.abstractmethod
-    def wait_node_ready(self, node: int, timeout: float) -> bool: ...
+    def wait_node(self, node: int, timeout: float) -> Readiness:
+        """Wait until the node's process is alive and answers PING; says why if not
+        (exit status, last log lines). Never judged from log text alone."""
+
+    def wait_node_ready(self, node: int, timeout: float) -> bool:
+        return self.wait_node(node, timeout).ready
 
     @abc.abstractmethod
     def signal_node(self, node: int, sig: int) -> None: ...

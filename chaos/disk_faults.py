@@ -8,6 +8,11 @@ durable length, a file without one was never synced and is removed; the
 `.durable` files and the LOCK file stay. Optionally a torn tail of junk
 bytes is appended where data was dropped, as a disk that wrote part of a
 page would leave. The node must be dead (SIGKILL) before any of this runs.
+
+Every trace is read before any file is touched: a trace that is not one
+whole length (torn, damaged, unreadable) raises HarnessError and the data
+directory is left exactly as the kill left it. Reading such a trace as "0
+bytes durable" would cut fsynced data and fake a loss.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TRACE_SUFFIX = ".durable"
+from chaos.backend import HarnessError
+from commitlog.disk import TraceError, is_trace_file, read_durable
 
 
 @dataclass
@@ -30,12 +36,21 @@ class CutReport:
     torn_bytes: int = 0
 
 
-def _durable_length(path: str) -> int | None:
-    try:
-        with open(path + TRACE_SUFFIX) as fh:
-            return int(fh.read().strip() or "0")
-    except FileNotFoundError:
-        return None
+def _plan(data_dir: str | Path) -> list[tuple[str, int, int | None]]:
+    """(path, size, durable length or None) of every data file; reads every trace first."""
+    plan = []
+    for root, _dirs, files in os.walk(data_dir):
+        for name in sorted(files):
+            if is_trace_file(name) or name == "LOCK":
+                continue
+            path = os.path.join(root, name)
+            try:
+                keep = read_durable(path)
+            except TraceError as exc:
+                raise HarnessError(f"power cut of {data_dir} refused, nothing changed: "
+                                   f"{exc}") from exc
+            plan.append((path, os.path.getsize(path), keep))
+    return plan
 
 
 def power_cut(data_dir: str | Path, *, torn_tail: int = 0,
@@ -43,26 +58,20 @@ def power_cut(data_dir: str | Path, *, torn_tail: int = 0,
     """Drop every byte not recorded as durable (optionally leaving a torn tail)."""
     rng = rng or random.Random()
     report = CutReport()
-    for root, _dirs, files in os.walk(data_dir):
-        for name in sorted(files):
-            if name.endswith(TRACE_SUFFIX) or name == "LOCK":
-                continue
-            path = os.path.join(root, name)
-            size = os.path.getsize(path)
-            keep = _durable_length(path)
-            if keep is None:
-                os.remove(path)
-                report.files_removed.append(path)
-                report.bytes_dropped += size
-            elif keep < size:
-                os.truncate(path, keep)
-                report.files_truncated.append(path)
-                report.bytes_dropped += size - keep
-                junk = min(torn_tail, size - keep)
-                if junk > 0:  # only where bytes really were lost: a partly written page
-                    with open(path, "ab") as fh:
-                        fh.write(rng.randbytes(junk))
-                    report.torn_bytes += junk
+    for path, size, keep in _plan(data_dir):
+        if keep is None:
+            os.remove(path)
+            report.files_removed.append(path)
+            report.bytes_dropped += size
+        elif keep < size:
+            os.truncate(path, keep)
+            report.files_truncated.append(path)
+            report.bytes_dropped += size - keep
+            junk = min(torn_tail, size - keep)
+            if junk > 0:  # only where bytes really were lost: a partly written page
+                with open(path, "ab") as fh:
+                    fh.write(rng.randbytes(junk))
+                report.torn_bytes += junk
     return report
 
 

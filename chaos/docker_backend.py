@@ -24,6 +24,11 @@ Faults, mapped onto the containers:
   operation here does); LEDGERMQ_DURABILITY_TRACE=1 is set in the containers.
 - clock: refused; the image carries no libfaketime.
 
+Readiness: a container is up when it is running and the process in it
+answers PING on its address (chaos.readiness), never from a line of its log
+(a crash's traceback can contain the "listening on" source line). When it is
+not, the answer carries the container's exit code and its last log lines.
+
 Evidence: `close()` stops the nodes (SIGTERM, so they flush), copies each data
 directory out with `docker cp` to `data/<group>/n<N>/` (the layout
 `ledgermq audit` reads) and each container's log to `logs/`, then removes the
@@ -45,17 +50,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from chaos import readiness
 from chaos.backend import Backend, CannotInject, ClusterSpec
+from chaos.readiness import Readiness
 
 IMAGE = os.environ.get("LEDGERMQ_IMAGE", "ledgermq:latest")
 CLIENT_PORT = 10911
 RAFT_PORT = 20911
 NAMESRV_PORT = 9876
 CHAIN = "LMQ-CHAOS"
-READY = "broker listening on"
-NAMESRV_READY = "namesrv listening on"
 CONTAINER_DATA = "/var/lib/ledgermq/data"
-
 
 
 def docker_available() -> str | None:
@@ -125,7 +129,6 @@ class DockerBackend(Backend):
         self._ids: dict[str, str] = {}
         self._rules: dict[int, list[list[str]]] = {}
         self._shapes: dict[int, dict[int, tuple[float, float, float]]] = {}
-        self._ready_seen: dict[int, int] = {}
         self._caps: dict[str, str | None] = {}
         self._collected: dict[str, str] | None = None
         self._up = False
@@ -204,7 +207,7 @@ class DockerBackend(Backend):
                 # The harness decides when a node comes back, not docker.
                 "restart": "no", "cap_add": ["NET_ADMIN"], "environment": env,
                 # One ping process per container every few seconds costs real
-                # CPU on a small machine; readiness comes from the logs here.
+                # CPU on a small machine; the harness PINGs when it needs to know.
                 "healthcheck": {"disable": True},
                 "volumes": [f"n{node}:/var/lib/ledgermq"],
                 "networks": {"chaos": {"ipv4_address": self.node_ip(node)}},
@@ -246,14 +249,15 @@ class DockerBackend(Backend):
                 self._ids[name] = cid
             self.log(f"chaos: docker project {self.project} on {self.prefix}.0/24, "
                      f"image {self.image}")
-            if not self._wait_log("namesrv", NAMESRV_READY, 60.0, 0):
-                raise RuntimeError("the NameServer container did not start: "
-                                   + self._logs("namesrv")[-2000:])
+            namesrv = self._wait("namesrv", self.namesrv_address, 60.0)
+            if not namesrv.ready:
+                raise RuntimeError(f"the NameServer container did not start: {namesrv.reason}\n"
+                                   + "\n".join(namesrv.log_tail))
             for node in self.node_ids:
-                self._ready_seen[node] = 0
-                if not self.wait_node_ready(node, 90.0):
-                    raise RuntimeError(f"node {node} did not start: "
-                                       + self._logs(f"n{node}")[-2000:])
+                ready = self.wait_node(node, 90.0)
+                if not ready.ready:
+                    raise RuntimeError(f"node {node} did not start: {ready.reason}\n"
+                                       + "\n".join(ready.log_tail))
             self._probe()
         except BaseException:
             self.close()
@@ -330,30 +334,33 @@ class DockerBackend(Backend):
                           check=False, timeout=30)
         return state.stdout.strip() == "true"
 
-    def _wait_log(self, name: str, marker: str, timeout: float, seen: int) -> bool:
-        """Until the log holds more than `seen` lines with `marker` (one per start)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._logs(name).count(marker) > seen:
-                return True
-            if not self._running(name):
-                # One last read: the line may have landed just before an exit.
-                return self._logs(name).count(marker) > seen
-            time.sleep(0.25)
-        return False
+    def _exit_status(self, name: str) -> int | None:
+        """None while the container runs, else its exit code."""
+        state = self._run(["docker", "inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}",
+                           self._ids[name]], check=False, timeout=30).stdout.split()
+        if state and state[0] == "true":
+            return None
+        # -1: not running, and docker would not say how it ended.
+        return int(state[1]) if len(state) == 2 and state[1].lstrip("-").isdigit() else -1
+
+    def _wait(self, name: str, address: str, timeout: float) -> Readiness:
+        """Until container `name` runs and answers PING at `address` (or stops)."""
+        return readiness.wait_ready(
+            name, exit_status=lambda: self._exit_status(name),
+            answers=lambda: readiness.ping(address, 2.0),
+            tail=lambda: tuple(self._logs(name).splitlines()[-readiness.TAIL_LINES:]),
+            timeout=timeout, interval=0.25)
 
     def start_node(self, node: int) -> None:
-        name = f"n{node}"
-        self._ready_seen[node] = self._logs(name).count(READY)
-        self._run(["docker", "start", self._ids[name]])
+        self._run(["docker", "start", self._ids[f"n{node}"]])
 
-    def wait_node_ready(self, node: int, timeout: float) -> bool:
-        if not self._wait_log(f"n{node}", READY, timeout, self._ready_seen.get(node, 0)):
-            return False
-        # A restarted container has a new network namespace: put our chain and
-        # this node's rules back, so a partition outlives a kill of its victim.
-        self._install_chain(node)
-        return True
+    def wait_node(self, node: int, timeout: float) -> Readiness:
+        ready = self._wait(f"n{node}", self.client_address(node), timeout)
+        if ready.ready:
+            # A restarted container has a new network namespace: put our chain
+            # and this node's rules back, so a partition outlives a kill of its victim.
+            self._install_chain(node)
+        return ready
 
     def signal_node(self, node: int, sig: int) -> None:
         name = signal.Signals(sig).name.removeprefix("SIG")

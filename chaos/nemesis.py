@@ -8,6 +8,13 @@ and the schedule starts and stops them together or in random subsets.
 
 Targets are drawn from the run's seeded random generator; "leader" nemeses
 ask the nodes who leads at the moment they strike.
+
+A node a nemesis restarts must come back: alive and answering PING
+(`Backend.wait_node`). One that does not is listed under `failed` with its
+exit status and last log lines. Every attempt is kept in `Context.restarts`
+and judged by chaos.node_report: a failure makes the run invalid unless the
+nemesis was told `may_stay_down=1` (a node that rightly refuses damaged
+data, e.g. after `bitflip`); then it is still reported, as allowed.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import random
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from chaos import disk_faults
@@ -30,6 +38,9 @@ class Context:
     leader: Callable[[], int | None]  # the current ready leader, asked of the nodes
     log: Callable[[str], None] = print
     restart_timeout: float = 60.0
+    # Every restart a nemesis attempted (_Restarting.restart), in order, with
+    # whether the node came back; chaos.node_report judges them.
+    restarts: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Nemesis(abc.ABC):
@@ -183,19 +194,47 @@ class Delay(Nemesis):
         return {"healed": True}
 
 
-def _restart(ctx: Context, nodes: list[int]) -> dict[str, Any]:
-    started, failed = [], []
-    for node in nodes:
-        if ctx.backend.node_alive(node):
-            continue
-        ctx.backend.start_node(node)
-    for node in nodes:
-        if ctx.backend.wait_node_ready(node, ctx.restart_timeout):
-            started.append(node)
-        else:
+_TRUE = ("1", "true", "yes")
+_FALSE = ("0", "false", "no")
+
+
+class _Restarting(Nemesis):
+    """A nemesis that stops nodes and restarts them on `stop`.
+
+    Param `may_stay_down` (0 by default): 1 says the run expects that a
+    restart may fail (the node refusing damaged files); the failure is
+    still reported, but does not make the run invalid.
+    """
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        flag = str(params.get("may_stay_down", "0")).lower()
+        if flag not in _TRUE + _FALSE:
+            raise ValueError(f"{self.name}: may_stay_down must be 0 or 1, not {flag!r}")
+        self.may_stay_down = flag in _TRUE
+
+    def restart(self, ctx: Context, nodes: list[int]) -> dict[str, Any]:
+        """Start every dead node of `nodes`, then wait for each to answer."""
+        for node in nodes:
+            if not ctx.backend.node_alive(node):
+                ctx.backend.start_node(node)
+        started, failed, failures = [], [], []
+        for node in nodes:
+            ready = ctx.backend.wait_node(node, ctx.restart_timeout)
+            attempt = {**ready.as_dict(), "node": node, "nemesis": self.name,
+                       "allowed": self.may_stay_down}
+            ctx.restarts.append(attempt)
+            if ready.ready:
+                started.append(node)
+                continue
             failed.append(node)
-            ctx.log(f"chaos: node {node} did not come back (see its log)")
-    return {"restarted": started, "failed": failed}
+            failures.append(attempt)
+            ctx.log(f"chaos: node {node} did not come back after {self.name}: {ready.reason}"
+                    + (" (allowed: may_stay_down)" if self.may_stay_down else ""))
+        detail: dict[str, Any] = {"restarted": started, "failed": failed}
+        if failures:
+            detail["failures"] = failures
+        return detail
 
 
 def _kill(ctx: Context, nodes: list[int]) -> None:
@@ -210,10 +249,11 @@ class _Targets:
     nodes: list[int] = field(default_factory=list)
 
 
-class Kill(Nemesis):
+class Kill(_Restarting):
     name = "kill"
     needs = ("kill",)
-    doc = "kill -9 a random node; restart it on stop."
+    doc = ("kill -9 a random node; restart it on stop (may_stay_down=1: a failed restart "
+           "is allowed).")
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -229,12 +269,13 @@ class Kill(Nemesis):
 
     def stop(self, ctx: Context) -> dict[str, Any]:
         nodes, self._down.nodes = self._down.nodes, []
-        return _restart(ctx, nodes)
+        return self.restart(ctx, nodes)
 
 
 class KillLeader(Kill):
     name = "kill-leader"
-    doc = "kill -9 the current leader; restart it on stop."
+    doc = ("kill -9 the current leader; restart it on stop (may_stay_down=1: a failed restart "
+           "is allowed).")
 
     def targets(self, ctx: Context) -> list[int]:
         return [_pick_leader(ctx)]
@@ -273,12 +314,13 @@ class PauseLeader(Pause):
         return [_pick_leader(ctx)]
 
 
-class PowerLoss(Nemesis):
+class PowerLoss(_Restarting):
     name = "power-loss"
     needs = ("kill", "power-loss")
     doc = ("kill -9 nodes and drop every write they had not fsynced (durability trace), "
            "optionally leaving a torn tail; restart on stop. Params: targets "
-           "one|minority|majority|all (default majority), torn_tail bytes (default 0).")
+           "one|minority|majority|all (default majority), torn_tail bytes (default 0), "
+           "may_stay_down 0|1.")
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -302,10 +344,10 @@ class PowerLoss(Nemesis):
 
     def stop(self, ctx: Context) -> dict[str, Any]:
         nodes, self._down = self._down, []
-        return _restart(ctx, nodes)
+        return self.restart(ctx, nodes)
 
 
-class _FileFault(Nemesis):
+class _FileFault(_Restarting):
     """Damage files of one node (the same node every time: always a minority)."""
 
     needs = ("kill", "file")
@@ -329,13 +371,14 @@ class _FileFault(Nemesis):
 
     def stop(self, ctx: Context) -> dict[str, Any]:
         nodes, self._down = self._down, []
-        return _restart(ctx, nodes)
+        return self.restart(ctx, nodes)
 
 
 class Truncate(_FileFault):
     name = "truncate"
     doc = ("Kill one node (always the same: a minority), cut the last N bytes of its newest "
-           "CommitLog segment (param bytes, default 4096), restart on stop.")
+           "CommitLog segment (param bytes, default 4096), restart on stop (may_stay_down=1: a "
+           "failed restart is allowed).")
 
     def damage(self, ctx: Context, node: int) -> dict[str, Any]:
         segments = disk_faults.segment_files(ctx.backend.data_dir(node))
@@ -348,14 +391,30 @@ class Truncate(_FileFault):
 class Bitflip(_FileFault):
     name = "bitflip"
     doc = ("Kill one node (always the same: a minority), flip random bits in its newest "
-           "CommitLog segment (param bits, default 8), restart on stop.")
+           "CommitLog segment (param bits, default 8; param file: a path in the data "
+           "directory instead, e.g. hardstate), restart on stop (may_stay_down=1: a failed "
+           "restart is allowed).")
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.target = str(params.get("file", "segment"))
+        if ".." in Path(self.target).parts or Path(self.target).is_absolute():
+            raise ValueError(f"bitflip: file {self.target!r} must be a path inside the data dir")
 
     def damage(self, ctx: Context, node: int) -> dict[str, Any]:
-        segments = disk_faults.segment_files(ctx.backend.data_dir(node))
-        if not segments:
+        data_dir = ctx.backend.data_dir(node)
+        path: Path | None
+        if self.target == "segment":
+            segments = disk_faults.segment_files(data_dir)
+            path = segments[-1] if segments else None
+        else:
+            path = data_dir / self.target
+            if not path.is_file():
+                path = None
+        if path is None:
             return {"file": None}
-        offsets = disk_faults.flip_bits(segments[-1], int(self.params.get("bits", 8)), ctx.rng)
-        return {"file": segments[-1].name, "offsets": offsets}
+        offsets = disk_faults.flip_bits(path, int(self.params.get("bits", 8)), ctx.rng)
+        return {"file": str(path.relative_to(data_dir)), "offsets": offsets}
 
 
 class ClockSkew(Nemesis):

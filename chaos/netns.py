@@ -16,6 +16,9 @@ Faults:
   A's address instead of B's Raft port). Without it, shaping is refused.
 - kill/pause: signals to the node's PID (`ip netns exec` execs, so the PID
   we hold is the broker's).
+- readiness: the process is alive and answers PING on its client address,
+  asked from a thread inside the namespace (chaos.readiness); never a line
+  of its log, which a crash's traceback can contain.
 - clock: libfaketime preloaded with a per-node timestamp file the harness
   rewrites; FAKETIME_DONT_FAKE_MONOTONIC=1 keeps monotonic time real.
 - power loss and file faults: the node's data directory, under the run's
@@ -41,8 +44,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from chaos import readiness
 from chaos.backend import Backend, CannotInject, ClusterSpec
 from chaos.proxy import Link, LinkProxy, Shape
+from chaos.readiness import Readiness
 
 REPO = Path(__file__).resolve().parents[1]
 CLONE_NEWNET = 0x40000000
@@ -50,8 +55,6 @@ RAFT_PORT = 7000
 CLIENT_PORT = 9000
 PROXY_PORT_BASE = 7100
 NAMESRV = "127.0.0.1:9876"
-READY = "broker listening on"
-
 
 
 def node_ip(node: int) -> str:
@@ -107,7 +110,7 @@ class NetnsBackend(Backend):
         self.chain = f"LMQ-CHAOS-{os.getpid()}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._log_files: list[IO[bytes]] = []
-        self._ready_from: dict[int, int] = {}
+        self._log_from: dict[str, int] = {}  # log size when each process last started
         self._caps: dict[str, str | None] = {}
         self._created = False
         self._proxy: LinkProxy | None = None
@@ -189,12 +192,17 @@ class NetnsBackend(Backend):
                 self._write_config(node)
                 if self._faketime and self.spec.faketime:
                     self.set_clock_offset(node, 0.0)
-            self._wait_log("namesrv", "namesrv listening on", 30.0)
+            namesrv = self._wait("namesrv", NAMESRV, 30.0)
+            if not namesrv.ready:
+                raise RuntimeError(f"the NameServer did not start: {namesrv.reason}\n"
+                                   + "\n".join(namesrv.log_tail))
             for node in self.node_ids:
                 self.start_node(node)
             for node in self.node_ids:
-                if not self.wait_node_ready(node, 60.0):
-                    raise RuntimeError(f"node {node} did not start; see {self._log_path(node)}")
+                ready = self.wait_node(node, 60.0)
+                if not ready.ready:
+                    raise RuntimeError(f"node {node} did not start: {ready.reason}; see "
+                                       f"{self._log_path(node)}\n" + "\n".join(ready.log_tail))
         except BaseException:
             self.close()
             raise
@@ -248,6 +256,7 @@ class NetnsBackend(Backend):
                         "FAKETIME_TIMESTAMP_FILE": str(clock_file),
                         "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
         path = self._log_path(name)
+        self._log_from[name] = path.stat().st_size if path.exists() else 0
         fh = open(path, "ab")  # noqa: SIM115 - closed in close()
         fh.write(f"=== chaos: start {name} at {time.time():.3f} ===\n".encode())
         fh.flush()
@@ -259,18 +268,14 @@ class NetnsBackend(Backend):
             ["ip", "netns", "exec", self.ns, *argv], stdout=fh, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, env=env, cwd=REPO, start_new_session=True)
 
-    def _wait_log(self, name: str, marker: str, timeout: float, start: int = 0) -> bool:
-        deadline = time.monotonic() + timeout
-        path = self._log_path(name)
-        while time.monotonic() < deadline:
-            with contextlib.suppress(FileNotFoundError), open(path, "rb") as fh:
-                fh.seek(start)
-                if marker.encode() in fh.read():
-                    return True
-            if self.procs[name].poll() is not None:
-                return False
-            time.sleep(0.05)
-        return False
+    def _wait(self, name: str, address: str, timeout: float) -> Readiness:
+        """Until process `name` is alive and answers PING at `address` (or exits)."""
+        proc = self.procs[name]
+        start = self._log_from.get(name, 0)
+        return readiness.wait_ready(
+            name, exit_status=proc.poll,
+            answers=lambda: readiness.ping(address, 2.0, self.client_thread_init()),
+            tail=lambda: readiness.log_tail(self._log_path(name), start), timeout=timeout)
 
     def _write_config(self, node: int) -> None:
         s = self.spec
@@ -295,14 +300,12 @@ class NetnsBackend(Backend):
 
     def start_node(self, node: int) -> None:
         self.data_dir(node).mkdir(parents=True, exist_ok=True)
-        path = self._log_path(node)
-        self._ready_from[node] = path.stat().st_size if path.exists() else 0
         self._spawn(f"n{node}", [sys.executable, "-m", "ledgermq.cli", "broker", "--config",
                                  str(self.out / "config" / f"n{node}.toml")],
                     clock_file=self._clock_file(node))
 
-    def wait_node_ready(self, node: int, timeout: float) -> bool:
-        return self._wait_log(f"n{node}", READY, timeout, self._ready_from.get(node, 0))
+    def wait_node(self, node: int, timeout: float) -> Readiness:
+        return self._wait(f"n{node}", self.client_address(node), timeout)
 
     def signal_node(self, node: int, sig: int) -> None:
         proc = self.procs.get(f"n{node}")

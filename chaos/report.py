@@ -97,8 +97,13 @@ def write_index(results: dict[str, Any], out: str | Path) -> Path:
     """index.html: verdict, counts, availability, plots, links to logs and data."""
     out = Path(out)
     check = results.get("checker", {})
-    verdict = "VALID" if check.get("valid") else "INVALID"
-    colour = "#2a9d8f" if check.get("valid") else "#e63946"
+    # The run's verdict, not the checker's alone: a node that never came back
+    # or a run that did not finish is not valid, whatever the history says.
+    valid = bool(results.get("valid"))
+    verdict = "VALID" if valid else "INVALID"
+    colour = "#2a9d8f" if valid else "#e63946"
+    because = "".join(f"<li>{html.escape(r)}</li>" for r in results.get("invalid_because", []))
+    nodes = _nodes_section(results.get("nodes", {}))
     rows = "".join(
         f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>"
         for k, v in check.get("counts", {}).items())
@@ -129,10 +134,12 @@ def write_index(results: dict[str, Any], out: str | Path) -> Path:
 td,th{{padding:2px 10px;border-bottom:1px solid #ddd}}
 pre{{background:#f6f6f6;padding:8px;overflow:auto}}</style></head><body>
 <h1>LedgerMQ chaos run: <span style="color:{colour}">{verdict}</span></h1>
+{f"<ul>{because}</ul>" if because else ""}
 <p>Sends: {sends}</p>
 <h2>Run</h2><pre>{params}</pre>
 <h2>Anomalies</h2><table><tr><th>kind</th><th>count</th></tr>{rows}</table>
 <p>Violations: {html.escape(", ".join(check.get("bad_kinds", [])) or "none")}</p>
+{nodes}
 <h2>Faults and unavailability</h2>
 <table><tr><th>nemesis</th><th>start (s)</th><th>end (s)</th>
 <th>longest gap without acks (s)</th></tr>
@@ -147,6 +154,29 @@ pre{{background:#f6f6f6;padding:8px;overflow:auto}}</style></head><body>
     path = out / "index.html"
     path.write_text(page)
     return path
+
+
+def _nodes_section(nodes: dict[str, Any]) -> str:
+    """Nodes that did not come back: each failed restart with its reason and log tail."""
+    failures = nodes.get("restart_failures", [])
+    down = nodes.get("down_at_end", [])
+    if not nodes.get("final"):
+        checked = "The nodes were not checked after the final heal (the run did not get there)."
+    else:
+        checked = "Every node was up after the final heal." if not down else ""
+    if not failures and not down:
+        return f"<h2>Nodes</h2><p>Every restart came back. {checked}</p>"
+    parts = ["<h2>Nodes that did not come back</h2>",
+             f"<p>Down after the final heal: {html.escape(str(down) if down else 'none')}; "
+             f"allowed to stay down (<code>may_stay_down=1</code>): "
+             f"{html.escape(str(nodes.get('allowed_down', [])))}</p>"]
+    for f in failures:
+        allowed = " (allowed: may_stay_down)" if f.get("allowed") else ""
+        parts.append(f"<h3>node {f['node']} after {html.escape(str(f['nemesis']))}{allowed}</h3>"
+                     f"<p>{html.escape(str(f['reason']))}; exit status "
+                     f"{html.escape(str(f.get('exit_status')))}</p>"
+                     f"<pre>{html.escape(chr(10).join(f.get('log_tail', [])))}</pre>")
+    return "\n".join(parts)
 
 
 def write_report(ops: Sequence[Op], results: dict[str, Any], out: str | Path) -> None:

@@ -5,10 +5,19 @@
 2. Start the consumers and producers; drive the nemeses on their schedule
    for `time_limit` seconds.
 3. Final heal: every active nemesis is stopped (links healed, nodes resumed
-   and restarted), then wait for a leader again.
-4. Stop the producers, then the consumers; drain every queue from offset 0.
+   and restarted), then wait for a leader again, and ask every node whether
+   it is up (alive and answering PING).
+4. Stop the producers, then the consumers; drain every queue from offset 0;
+   then every node that is up must apply the leader's commit index
+   (`chaos.convergence`: a replica left behind is a finding).
 5. Stop the cluster; check the history; write results.json, plots and
    index.html next to history.jsonl, the node logs and data directories.
+
+A run is valid only when the checker finds nothing, the run finished, every
+node that is up caught up, and every node came back (chaos.node_report;
+`may_stay_down=1` on a nemesis is the explicit way to accept a node that
+stays down). `invalid_because` in
+results.json lists every reason it is not.
 
 The clients run on an asyncio loop in a thread of their own that first
 enters the backend's client context (the namespace), while the main thread
@@ -34,11 +43,13 @@ from typing import Any
 from chaos import nemesis as nemesis_lib
 from chaos.backend import Backend, ClusterSpec
 from chaos.checker import check
+from chaos.convergence import check_converged
 from chaos.history import History
+from chaos.node_report import node_report
 from chaos.report import write_report
 from chaos.schedule import Schedule, run_schedule
 from chaos.stats import latencies, latency_summary, unavailability
-from chaos.workload import Workload, WorkloadSpec, find_leader, wait_leader
+from chaos.workload import Workload, WorkloadSpec, find_leader, node_status, wait_leader
 
 
 @dataclass
@@ -58,6 +69,10 @@ class RunConfig:
     queues: int = 4
     recovery_timeout: float = 60.0
     drain_timeout: float = 90.0
+    # How long each node gets to answer PING after the final heal.
+    final_node_timeout: float = 15.0
+    # How long the replicas get to apply the leader's commit after the drain.
+    convergence_timeout: float = 30.0
     log_level: str = "INFO"
     # Extra top-level broker configuration keys for every node.
     broker_config: dict[str, Any] = field(default_factory=dict)
@@ -93,6 +108,8 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
     log(f"chaos: run {json.dumps(params, default=str)}")
     backend = make_backend(config, spec, log, seed)
     outcome: dict[str, Any] = {}
+    # Filled by the client side: every restart attempt, and each node's state after the heal.
+    node_state: dict[str, Any] = {"restarts": [], "final": None}
     previous = signal.getsignal(signal.SIGTERM)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -100,7 +117,7 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
         backend.start()
         for need in sorted(wanted):
             backend.require(need)  # refuse loudly before any fault, never a silent no-op
-        _run_clients(config, backend, nemeses, history, rng, outcome, log)
+        _run_clients(config, backend, nemeses, history, rng, outcome, node_state, log)
     finally:
         with contextlib.suppress(Exception):
             backend.close()
@@ -111,17 +128,39 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
     ops = history.ops
     results = {
         "valid": None,
+        "invalid_because": [],
         "run": params,
         "checker": check(ops),
+        "nodes": node_report(node_state["restarts"], node_state["final"]),
         "availability": unavailability(ops),
         "latency": latency_summary(latencies(ops)),
         "phases": outcome,
         "capabilities": backend.capabilities(),
         "collected": collected,
     }
-    results["valid"] = results["checker"]["valid"] and not outcome.get("error")
+    reasons = verdict_reasons(results)
+    results["valid"] = not reasons
+    results["invalid_because"] = reasons
+    for reason in reasons:
+        log(f"chaos: NOT VALID: {reason}")
     write_report(ops, results, out)
     return results
+
+
+def verdict_reasons(results: dict[str, Any]) -> list[str]:
+    """Why a run is not valid (empty: it is): the checker, an error, the nodes."""
+    reasons = []
+    if not results["checker"]["valid"]:
+        reasons.append("checker: " + (", ".join(results["checker"].get("bad_kinds", []))
+                                      or "invalid"))
+    if results["phases"].get("error"):
+        reasons.append(f"the run did not finish: {results['phases']['error']}")
+    reasons += results["nodes"]["problems"]
+    convergence = results["phases"].get("convergence")
+    if convergence is not None and not convergence["converged"]:
+        reasons.append(f"nodes {convergence['behind']} did not catch up with the leader's "
+                       f"commit index {convergence['target_commit']} after the drain")
+    return reasons
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
@@ -130,7 +169,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def _run_clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_lib.Nemesis],
                  history: History, rng: random.Random, outcome: dict[str, Any],
-                 log: Callable[[str], None]) -> None:
+                 node_state: dict[str, Any], log: Callable[[str], None]) -> None:
     """Run the asyncio client side in its own thread; Ctrl-C cancels it cleanly."""
     loop_box: list[asyncio.AbstractEventLoop] = []
     task_box: list[asyncio.Task[None]] = []
@@ -143,7 +182,7 @@ def _run_clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_lib.
             loop = asyncio.new_event_loop()
             loop_box.append(loop)
             task = loop.create_task(_clients(config, backend, nemeses, history, rng,
-                                             outcome, log, loop))
+                                             outcome, node_state, log, loop))
             task_box.append(task)
             ready.set()
             loop.run_until_complete(task)
@@ -174,7 +213,8 @@ def _run_clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_lib.
 
 async def _clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_lib.Nemesis],
                    history: History, rng: random.Random, outcome: dict[str, Any],
-                   log: Callable[[str], None], loop: asyncio.AbstractEventLoop) -> None:
+                   node_state: dict[str, Any], log: Callable[[str], None],
+                   loop: asyncio.AbstractEventLoop) -> None:
     addresses = {n: backend.client_address(n) for n in backend.node_ids}
     t0 = time.monotonic()
 
@@ -194,11 +234,12 @@ async def _clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_li
     def leader() -> int | None:
         return asyncio.run_coroutine_threadsafe(find_leader(addresses), loop).result(10)
 
-    ctx = nemesis_lib.Context(backend, rng, leader, log)
+    ctx = nemesis_lib.Context(backend, rng, leader, log, restarts=node_state["restarts"])
     try:
         await run_schedule(nemeses, config.schedule, ctx, history, config.time_limit, rng)
         phase("healed")
         outcome["leader_after_heal"] = await wait_leader(addresses, config.recovery_timeout)
+        node_state["final"] = await _check_nodes(backend, config.final_node_timeout, log)
         # Give sends in flight at the heal a chance to finish against the new leader.
         await asyncio.sleep(2.0)
     finally:
@@ -207,7 +248,28 @@ async def _clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_li
         await workload.stop_consumers()
     phase("drain")
     outcome["drained"] = await workload.drain(config.drain_timeout)
+    # Nothing stuck afterwards: every node that is up must catch up with the
+    # leader's commit (a replica that lost its tail to a power cut included).
+    final = node_state["final"] or {}
+    down = [n for n, state in final.items() if not state.get("ready")]
+    outcome["convergence"] = await check_converged(addresses, node_status,
+                                                   config.convergence_timeout, down)
+    if not outcome["convergence"]["converged"]:
+        log(f"chaos: nodes {outcome['convergence']['behind']} did not catch up with the "
+            f"leader's commit {outcome['convergence']['target_commit']}")
     phase("done")
+
+
+async def _check_nodes(backend: Backend, timeout: float,
+                       log: Callable[[str], None]) -> dict[int, dict[str, Any]]:
+    """Every node's state after the final heal: alive and answering PING, or why not."""
+    final = {}
+    for node in backend.node_ids:
+        ready = await asyncio.to_thread(backend.wait_node, node, timeout)
+        final[node] = ready.as_dict()
+        if not ready.ready:
+            log(f"chaos: node {node} is down after the final heal: {ready.reason}")
+    return final
 
 
 def main_log(message: str) -> None:

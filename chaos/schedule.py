@@ -13,6 +13,7 @@ import random
 import time
 from dataclasses import dataclass
 
+from chaos.backend import HarnessError
 from chaos.history import NEMESIS, History
 from chaos.nemesis import Context, Nemesis
 
@@ -41,6 +42,8 @@ async def _act(nemesis: Nemesis, what: str, ctx: Context, history: History) -> N
         history.record(NEMESIS, "info", what, {"nemesis": nemesis.name, "error": repr(exc)},
                        error=repr(exc))
         ctx.log(f"chaos: nemesis {nemesis.name} {what} failed: {exc!r}")
+        if isinstance(exc, HarnessError):
+            raise  # the harness cannot go on truthfully: stop the run
         return
     history.record(NEMESIS, "info", what, {"nemesis": nemesis.name, "detail": detail})
     ctx.log(f"chaos: {nemesis.name} {what}: {detail}")

@@ -11,6 +11,7 @@ import errno
 import fcntl
 import itertools
 import os
+import threading
 
 from commitlog.errors import DiskFullError, LockedError
 
@@ -69,7 +70,12 @@ def sync_fd(fd: int) -> None:
 # `<file>.durable`, and the nemesis cuts each file back to that length to drop
 # exactly what a power cut would. Off in production (one small write per sync).
 TRACE_ENV = "LEDGERMQ_DURABILITY_TRACE"
+TRACE_SUFFIX = ".durable"
 _trace = os.environ.get(TRACE_ENV, "") not in ("", "0")
+
+
+class TraceError(ValueError):
+    """A durability trace that cannot be read as one whole length."""
 
 
 def set_durability_trace(enabled: bool) -> None:
@@ -78,12 +84,48 @@ def set_durability_trace(enabled: bool) -> None:
 
 
 def record_durable(path: str, length: int) -> None:
-    """Write `<path>.durable` = the file's fsynced length (tracing only)."""
-    fd = os.open(path + ".durable", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    """Replace `<path>.durable` with the file's fsynced length (tracing only).
+
+    Write-then-rename: the trace is a whole earlier value or a whole new one,
+    whenever the process is killed. Truncating it in place would leave it
+    empty between the open and the write, and an empty trace would say no
+    byte of the file is durable. The temporary name is per thread so that two
+    threads tracing the same file never write into one temporary. No fsync:
+    the harness kills processes, not the kernel, and reads the trace from the
+    same page cache.
+    """
+    trace = path + TRACE_SUFFIX
+    tmp = f"{trace}.{threading.get_native_id()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         os.write(fd, f"{length}\n".encode())
     finally:
         os.close(fd)
+    os.replace(tmp, trace)
+
+
+def is_trace_file(name: str) -> bool:
+    """A trace or a trace's temporary (left behind by a kill before its rename)."""
+    return name.endswith(TRACE_SUFFIX) or (TRACE_SUFFIX + "." in name and name.endswith(".tmp"))
+
+
+def read_durable(path: str) -> int | None:
+    """The fsynced length `<path>.durable` records; None when the file has no trace.
+
+    Raises TraceError unless the trace is exactly one decimal length and a
+    newline: a torn or damaged trace is a harness failure, never "0 durable".
+    """
+    try:
+        with open(path + TRACE_SUFFIX, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise TraceError(f"durability trace {path}{TRACE_SUFFIX} unreadable: {exc}") from exc
+    text = raw[:-1] if raw.endswith(b"\n") else b""
+    if not text.isdigit():
+        raise TraceError(f"durability trace {path}{TRACE_SUFFIX} is torn or damaged: {raw[:40]!r}")
+    return int(text)
 
 
 # A file to sync: a duplicated fd (owned by whoever syncs it), its path, and

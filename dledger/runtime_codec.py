@@ -20,6 +20,11 @@ map, see `encode_hello` / `decode_hello`.
 
 Decoding trusts nothing: every field is type- and range-checked and any
 problem raises `CodecError`, which makes the transport close that connection.
+Terms, indexes, commit indexes and positions must be at most 2**63 - 1 and an
+entry kind must fit the entry header's byte: the CommitLog stores them as u64
+and u8, and a node increments a term it adopted, so a term of 2**64 - 1 taken
+from the wire would overflow on the next election (the node could then neither
+persist nor send its term, and every peer that heard it would wedge too).
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ _T_APPEND_REQ = 6
 _T_APPEND_RESP = 7
 
 _MAX_U64 = 2**64 - 1
+# Largest term / index / position accepted off the wire (see the module doc):
+# the i64 range, which leaves 2**63 increments of headroom below u64 overflow.
+MAX_TERM_OR_INDEX = 2**63 - 1
+_MAX_KIND = 0xFF
 
 
 class CodecError(ValueError):
@@ -131,6 +140,20 @@ def _uint(value: Any, what: str) -> int:
     return value
 
 
+def _u63(value: Any, what: str) -> int:
+    """A term, index, commit index or position: unsigned and within the i64 range."""
+    if type(value) is not int or not 0 <= value <= MAX_TERM_OR_INDEX:
+        raise CodecError(f"{what} must be an integer in [0, 2**63 - 1], got "
+                         f"{type(value).__name__}")
+    return value
+
+
+def _kind(value: Any) -> int:
+    if type(value) is not int or not 0 <= value <= _MAX_KIND:
+        raise CodecError(f"entry kind must be an integer in [0, 255], got {value!r:.40}")
+    return value
+
+
 def _bool(value: Any, what: str) -> bool:
     if type(value) is not bool:
         raise CodecError(f"{what} must be a boolean, got {type(value).__name__}")
@@ -148,12 +171,14 @@ def _decode_one(obj: Any) -> Message:
     t = obj[0]
     if t == _T_APPEND_REQ and type(t) is int:
         _fields(obj, 8, "AppendRequest")
-        src, dst, term = _uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term")
-        prev_index, prev_term = _uint(obj[4], "prev_index"), _uint(obj[5], "prev_term")
-        commit = _uint(obj[6], "commit")
+        src, dst, term = _uint(obj[1], "src"), _uint(obj[2], "dst"), _u63(obj[3], "term")
+        prev_index, prev_term = _u63(obj[4], "prev_index"), _u63(obj[5], "prev_term")
+        commit = _u63(obj[6], "commit")
         flat = obj[7]
         if type(flat) is not list or len(flat) % 4:
             raise CodecError("AppendRequest entries must be an array of 4-tuples")
+        if prev_index + len(flat) // 4 > MAX_TERM_OR_INDEX:
+            raise CodecError("AppendRequest entries would pass index 2**63 - 1")
         entries = []
         index = prev_index
         for k in range(0, len(flat), 4):
@@ -161,38 +186,38 @@ def _decode_one(obj: Any) -> Message:
             if type(data) is not bytes:
                 raise CodecError("entry data must be binary")
             index += 1
-            entries.append(Entry(index, _uint(e_term, "entry term"), _uint(e_kind, "entry kind"),
-                                 data, _uint(position, "entry position")))
+            entries.append(Entry(index, _u63(e_term, "entry term"), _kind(e_kind),
+                                 data, _u63(position, "entry position")))
         return AppendRequest(src, dst, term, prev_index, prev_term, tuple(entries), commit)
     if type(t) is not int:
         raise CodecError("message type must be an integer")
     if t == _T_APPEND_RESP:
         _fields(obj, 8, "AppendResponse")
-        return AppendResponse(_uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term"),
-                              _bool(obj[4], "success"), _uint(obj[5], "index"),
-                              _uint(obj[6], "hint_index"), _uint(obj[7], "hint_term"))
+        return AppendResponse(_uint(obj[1], "src"), _uint(obj[2], "dst"), _u63(obj[3], "term"),
+                              _bool(obj[4], "success"), _u63(obj[5], "index"),
+                              _u63(obj[6], "hint_index"), _u63(obj[7], "hint_term"))
     if t == _T_HEARTBEAT:
         _fields(obj, 5, "Heartbeat")
-        return Heartbeat(_uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term"),
-                         _uint(obj[4], "commit"))
+        return Heartbeat(_uint(obj[1], "src"), _uint(obj[2], "dst"), _u63(obj[3], "term"),
+                         _u63(obj[4], "commit"))
     if t == _T_HEARTBEAT_RESP:
         if len(obj) == 5:  # with the follower's log end (it lost entries)
             return HeartbeatResponse(_uint(obj[1], "src"), _uint(obj[2], "dst"),
                                      _uint(obj[3], "term"), _uint(obj[4], "last_index"))
         _fields(obj, 4, "HeartbeatResponse")
-        return HeartbeatResponse(_uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term"))
+        return HeartbeatResponse(_uint(obj[1], "src"), _uint(obj[2], "dst"), _u63(obj[3], "term"))
     if t == _T_VOTE_REQ:
         _fields(obj, 8, "VoteRequest")
-        return VoteRequest(_uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term"),
-                           _uint(obj[4], "last_index"), _uint(obj[5], "last_term"),
+        return VoteRequest(_uint(obj[1], "src"), _uint(obj[2], "dst"), _u63(obj[3], "term"),
+                           _u63(obj[4], "last_index"), _u63(obj[5], "last_term"),
                            _bool(obj[6], "pre_vote"), _bool(obj[7], "transfer"))
     if t == _T_VOTE_RESP:
         _fields(obj, 6, "VoteResponse")
-        return VoteResponse(_uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term"),
+        return VoteResponse(_uint(obj[1], "src"), _uint(obj[2], "dst"), _u63(obj[3], "term"),
                             _bool(obj[4], "granted"), _bool(obj[5], "pre_vote"))
     if t == _T_TIMEOUT_NOW:
         _fields(obj, 4, "TimeoutNow")
-        return TimeoutNow(_uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term"))
+        return TimeoutNow(_uint(obj[1], "src"), _uint(obj[2], "dst"), _u63(obj[3], "term"))
     raise CodecError(f"unknown message type {t}")
 
 

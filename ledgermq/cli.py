@@ -6,6 +6,8 @@ import importlib
 
 import typer
 
+from ledgermq import __version__
+
 app = typer.Typer(
     name="ledgermq",
     help="LedgerMQ: a RocketMQ-style message broker with a Raft-replicated CommitLog.",
@@ -15,8 +17,17 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"ledgermq {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
     # A callback keeps `ledgermq <command>` a command group even while only one
     # command is registered; without it Typer runs that command as the app itself.
     pass

@@ -15,6 +15,7 @@ codes.
 from __future__ import annotations
 
 import base64
+import errno
 import hmac
 import json
 import logging
@@ -116,6 +117,14 @@ async def error_middleware(request: web.Request,
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status, "HTTP_ERROR")
         message = f"{request.method} {request.path}: {exc.reason}"
         return json_response(error_body(code, message), exc.status)
+    except OSError as exc:
+        if request.path.startswith("/static/") and exc.errno == errno.ENAMETOOLONG:
+            # aiohttp's static route stats the asked-for name as is: a name no
+            # file system can hold is simply not there.
+            return json_response(error_body("NOT_FOUND", f"{request.method} static file not "
+                                            "found"), 404)
+        log.exception("admin %s %s failed", request.method, request.path)
+        return json_response(error_body("INTERNAL", f"{type(exc).__name__}: {exc}"), 500)
     except Exception as exc:
         log.exception("admin %s %s failed", request.method, request.path)
         return json_response(error_body("INTERNAL", f"{type(exc).__name__}: {exc}"), 500)
@@ -159,6 +168,8 @@ async def read_json(request: web.Request) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "INVALID_JSON", f"malformed JSON body: {exc}") from None
+    except RecursionError:  # a body nested deeper than the decoder's stack
+        raise ApiError(400, "INVALID_JSON", "the JSON body is nested too deeply") from None
     if not isinstance(body, dict):
         raise ApiError(400, "INVALID_JSON", "the JSON body must be an object")
     return body

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+import signal
 from pathlib import Path
 
 import pytest
 
 from chaos import disk_faults
-from chaos.nemesis import REGISTRY, Context, MajoritiesRing, needs, parse
+from chaos.backend import HarnessError
+from chaos.history import History
+from chaos.nemesis import REGISTRY, Bitflip, Context, MajoritiesRing, needs, parse
+from chaos.schedule import Schedule, run_schedule
 
 
 class RecordingBackend:
@@ -74,3 +79,64 @@ def test_truncate_and_bitflip(tmp_path: Path) -> None:
     data = seg.read_bytes()
     assert len(offsets) == 3 and all(data[o] != 0 for o in offsets)
     assert sum(bin(b).count("1") for b in data) <= 3
+
+
+class DiskBackend(RecordingBackend):
+    """Node data directories under `root`; signals recorded (nothing runs)."""
+
+    def __init__(self, nodes: int, root: Path) -> None:
+        super().__init__(nodes)
+        self.root = root
+        self.signals: list[tuple[int, int]] = []
+
+    def signal_node(self, node: int, sig: int) -> None:
+        self.signals.append((node, sig))
+
+    def wait_node_exit(self, node: int, timeout: float) -> bool:
+        return True
+
+    def data_dir(self, node: int) -> Path:
+        return self.root / f"n{node}"
+
+
+def test_a_torn_trace_stops_the_schedule_with_a_harness_error(tmp_path: Path) -> None:
+    """The power-loss nemesis must not carry on past a trace it cannot read: the
+    schedule re-raises, so the run stops (and is not valid) instead of logging it."""
+    backend = DiskBackend(1, tmp_path)
+    seg = backend.data_dir(1) / "commitlog" / ("0" * 20)
+    seg.parent.mkdir(parents=True)
+    seg.write_bytes(b"s" * 5000)
+    (seg.parent / (seg.name + ".durable")).write_bytes(b"")  # torn
+    ctx = Context(backend, random.Random(3), leader=lambda: None,  # type: ignore[arg-type]
+                  log=lambda _m: None)
+    history = History(tmp_path / "history.jsonl")
+    with pytest.raises(HarnessError, match="torn or damaged"):
+        asyncio.run(run_schedule(parse("power-loss:targets=all"), Schedule("fixed", 1, 0),
+                                 ctx, history, 5.0, random.Random(3)))
+    history.close()
+    assert seg.stat().st_size == 5000
+    errors = [op for op in history.ops if op.process == "nemesis" and op.error]
+    assert errors and "HarnessError" in errors[0].error
+
+
+def test_may_stay_down_is_explicit_and_checked() -> None:
+    assert [n.may_stay_down for n in parse("kill,bitflip:may_stay_down=1,truncate:"
+                                          "may_stay_down=0,power-loss:may_stay_down=true")] == \
+        [False, True, False, True]
+    with pytest.raises(ValueError, match="may_stay_down"):
+        parse("kill-leader:may_stay_down=maybe")
+
+
+def test_bitflip_can_damage_a_named_file_of_the_data_dir(tmp_path: Path) -> None:
+    backend = DiskBackend(1, tmp_path)
+    (backend.data_dir(1)).mkdir()
+    hardstate = backend.data_dir(1) / "hardstate"
+    hardstate.write_bytes(bytes(40))
+    ctx = Context(backend, random.Random(4), leader=lambda: None,  # type: ignore[arg-type]
+                  log=lambda _m: None)
+    detail = Bitflip(file="hardstate", bits="3").start(ctx)
+    assert detail["node"] == 1 and detail["file"] == "hardstate"
+    assert backend.signals == [(1, signal.SIGKILL)]
+    assert hardstate.read_bytes() != bytes(40)
+    with pytest.raises(ValueError, match="inside the data dir"):
+        Bitflip(file="../elsewhere")

@@ -72,6 +72,14 @@ def test_topics_crud_and_errors(ops_cluster: OpsCluster) -> None:
         assert (answer[0], error_code(answer)) == (400, "INVALID_JSON")
         answer = await http("POST", f"{ns}/api/v1/topics", [1, 2], token=TOKEN)
         assert (answer[0], error_code(answer)) == (400, "INVALID_JSON")
+        # Nested deeper than the decoder's stack (found by the fuzzer: a 500).
+        deep = b"[" * 200_000 + b"]" * 200_000
+        for url in (ns, follower_url):
+            answer = await http("POST", f"{url}/api/v1/topics", raw=deep, token=TOKEN)
+            assert (answer[0], error_code(answer)) == (400, "INVALID_JSON")
+        # A static name no file system can hold is not found (was a 500).
+        status, _ = await http("GET", f"{follower_url}/static/{'a' * 300}")
+        assert status == 404
         answer = await http("POST", f"{ns}/api/v1/topics", {"queues": 2}, token=TOKEN)
         assert (answer[0], error_code(answer)) == (400, "INVALID_REQUEST")
         answer = await http("POST", f"{ns}/api/v1/topics", {"topic": "Orders", "queues": 0},
