@@ -42,6 +42,13 @@ class BrokerConfig:
     flush_interval_ms: int = 200
     flush_bytes: int = 4 * MIB
     replicate: str = "sync"
+    # What a replica does when the group's log contradicts entries it had
+    # committed (CommittedDivergence): "stop" (fail, keep everything for an
+    # operator), "rollback" (set the diverged tail aside, rebuild from the
+    # group's log, restart itself), "" = rollback with flush="async" (whose
+    # contract allows the loss), stop with flush="sync" (where it means a disk
+    # lied). See docs/configuration.md.
+    on_divergence: str = ""
     tick_ms: int = 50
     election_timeout_ticks: int = 10
     heartbeat_interval_ticks: int = 1
@@ -66,6 +73,13 @@ class BrokerConfig:
     admin_listen: str = ""
     admin_token: str = ""
     reports_dir: str = ""
+
+    @property
+    def divergence_action(self) -> str:
+        """"stop" or "rollback", with the flush-dependent default resolved."""
+        if self.on_divergence:
+            return self.on_divergence
+        return "rollback" if self.flush == "async" else "stop"
 
     @property
     def client_address(self) -> str:
@@ -168,6 +182,9 @@ def validate(config: BrokerConfig) -> None:
         raise BrokerConfigError(f"flush must be 'sync' or 'async', not {config.flush!r}")
     if config.replicate not in ("sync", "async"):
         raise BrokerConfigError(f"replicate must be 'sync' or 'async', not {config.replicate!r}")
+    if config.on_divergence not in ("", "stop", "rollback"):
+        raise BrokerConfigError(
+            f"on_divergence must be 'stop' or 'rollback', not {config.on_divergence!r}")
     for name in ("tick_ms", "election_timeout_ticks", "heartbeat_interval_ticks",
                  "message_size_bytes_max", "default_queues", "pull_max_messages",
                  "batch_max_messages", "batch_max_bytes", "max_inflight_proposals",

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from broker import rollback
 from broker.codec import Records
 from broker.config import BrokerConfig, split_address
 from broker.control import encode_control
@@ -34,6 +35,7 @@ from broker.state import BrokerState, Stored
 from commitlog import KIND_CONTROL, KIND_MESSAGES, CommitLogConfig, Entry, StorageError
 from commitlog.columns import RecordColumns, queue_groups, scan_body
 from consumequeue import ConsumeQueueStore
+from dledger.log import CommittedDivergence
 from ledgermq.errors import (
     NotLeaderError,
     OutcomeUnknownError,
@@ -100,6 +102,10 @@ class Broker:
         self.controls: GroupCommitter[dict[str, Any]] | None = None
         self.entry_limit = 0
         self.admin: Any = None  # broker.admin_http.BrokerAdmin when admin_listen is set
+        # Set when the node asks for this process to restart (a rollback after
+        # a committed divergence, see broker/rollback.py); `serve` obeys it.
+        self.restart_requested = asyncio.Event()
+        self.rolled_back: rollback.Rollback | None = None
         self.advertised = config.client_address
         if split_address(config.client_address)[0] in ("0.0.0.0", "::"):
             # Listening on every interface (a container): clients must be told
@@ -131,8 +137,13 @@ class Broker:
         from broker.handlers import handlers_for  # the handlers need a started broker
 
         c = self.config
+        node_config = self._node_config()
+        done = rollback.apply_pending(c.data_dir, node_config.commitlog_config())
+        if done is not None:
+            self.rolled_back = done
         self.node = self.runtime.RaftGroupNode(
-            self._node_config(), apply=self._apply, on_soft_state=self._on_soft_state)
+            node_config, apply=self._apply, on_soft_state=self._on_soft_state,
+            on_failure=self._on_node_failure)
         log_ = self.node.log
         self.entry_limit = log_.config.entry_size_limit
         self.cq = ConsumeQueueStore(c.data_dir, log_)
@@ -309,6 +320,25 @@ class Broker:
         with contextlib.suppress(Exception):
             await self.node.wait_leader_ready(30.0)
         self.registrar.kick()
+
+    def _on_node_failure(self, exc: BaseException) -> None:
+        """The node stopped. A committed divergence under `on_divergence =
+        "rollback"` becomes a rollback at the next start and a restart now;
+        anything else leaves the node failed (status and metrics say why)."""
+        if not isinstance(exc, CommittedDivergence):
+            return
+        if self.config.divergence_action != "rollback":
+            log.error("committed divergence; on_divergence=stop: this replica stays failed "
+                      "until an operator repairs it: %s", exc)
+            return
+        try:
+            rollback.request_rollback(self.config.data_dir, exc.index, str(exc))
+        except OSError as err:
+            log.error("cannot record the rollback (%s); staying failed", err)
+            return
+        log.warning("committed divergence at index %d: restarting to roll back onto the "
+                    "group's log", exc.index)
+        self.restart_requested.set()
 
     # ----------------------------------------------------------- leadership
 

@@ -45,7 +45,7 @@ from commitlog.recovery import recover
 from commitlog.segments import SegmentFiles
 
 # Names a data directory may hold; anything else is reported, never deleted.
-KNOWN_TOP_LEVEL = frozenset(("LOCK", "checkpoint", "hardstate", "commitlog", "index",
+KNOWN_TOP_LEVEL = frozenset(("LOCK", "checkpoint", "hardstate", "commitlog", "index", "ROLLBACK",
                              "consumequeue"))
 
 
@@ -123,7 +123,8 @@ class CommitLog:
     def _foreign_files(self) -> list[str]:
         found = list(self.segments.foreign) + list(self.index.foreign)
         for name in sorted(os.listdir(self.data_dir)):
-            if name in KNOWN_TOP_LEVEL or name.endswith((".durable", ".tmp")):
+            if name in KNOWN_TOP_LEVEL or name.endswith((".durable", ".tmp")) \
+                    or name.startswith("diverged-"):  # kept by a rollback (broker)
                 continue
             found.append(os.path.join(self.data_dir, name))
         return found

@@ -239,10 +239,12 @@ class RaftGroupNode:
         apply: Callable[[Sequence[commitlog.Entry]], None],
         on_soft_state: Callable[[SoftStateInfo], None] | None = None,
         io: NodeIO | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.config = config
         self._apply_cb = apply
         self._on_soft_state = on_soft_state
+        self._on_failure = on_failure
         io = io or NodeIO()
         self._bugs = io.bugs
         # Opened (and recovered) now so the broker can replay before start().
@@ -731,6 +733,11 @@ class RaftGroupNode:
             self._ticker_task.cancel()
         self._spawn(self._transport.close())
         self._notify_state()
+        if self._on_failure is not None:
+            try:
+                self._on_failure(exc)
+            except Exception:
+                log.exception("on_failure callback failed")
 
     # ---------------------------------------------------------------- waiting
 

@@ -20,6 +20,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run one broker node of a Raft-replicated broker group."""
         import logging
+        import os
+        import sys
 
         from rich.console import Console
 
@@ -41,7 +43,16 @@ def register(app: typer.Typer) -> None:
             print(f"broker listening on {host}:{port}", flush=True)
 
         try:
-            loop.run(serve(cfg, on_ready=ready))
+            restart = loop.run(serve(cfg, on_ready=ready))
         except OSError as exc:
             console.print(f"[red]broker: {exc}[/red]")
             raise typer.Exit(1) from None
+        if restart:
+            # A rollback (broker/rollback.py) is carried out at start-up: run
+            # this very command again in this process (same PID, so whoever
+            # supervises it sees one process that never went away).
+            console.print("[yellow]broker: restarting to roll back onto the group's log"
+                          "[/yellow]")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])

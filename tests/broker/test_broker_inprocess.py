@@ -505,3 +505,67 @@ def test_a_full_disk_fails_the_node_loudly_and_loses_nothing_acknowledged(small_
             assert set(acked) <= set(seen)
 
     loop.run(main())
+
+
+# ---------------------------------------------------------------- rollback
+# After a committed divergence (flush=async power cut) the broker sets the
+# diverged tail aside and rebuilds from the log; see broker/rollback.py.
+
+
+def test_a_requested_rollback_sets_the_tail_aside_and_rebuilds(tmp_path) -> None:
+    from broker import rollback
+
+    async def fill() -> tuple[int, dict[int, bytes]]:
+        async with Env(tmp_path) as env:
+            producer = Producer([env.ns])
+            try:
+                for i in range(12):
+                    await producer.send("T", b"m%02d" % i)
+            finally:
+                await producer.close()
+            log_ = env.broker.node.log
+            bodies = {}
+            for entry in log_.read_entries(1, log_.last_index + 1):
+                if entry.kind == 1:
+                    bodies[entry.index] = entry.body
+            return log_.last_index, bodies
+
+    last, bodies = loop.run(fill())
+    cut_from = sorted(bodies)[-4]  # the last four message entries "diverged"
+    rollback.request_rollback(str(tmp_path / "n1"), cut_from, "test: diverged at the leader")
+
+    async def reopen() -> None:
+        async with Env(tmp_path) as env:
+            done = env.broker.rolled_back
+            assert done is not None and done.from_index == cut_from
+            assert done.kept_last_index == cut_from - 1
+            assert not (tmp_path / "n1" / rollback.MARKER).exists()
+            aside = tmp_path / "n1" / done.aside.rsplit("/", 1)[-1]
+            assert (aside / "consumequeue").is_dir() and (aside / "hardstate").exists()
+            assert any((aside / "commitlog").iterdir())
+            consumer = PullConsumer([env.ns], "g-rollback")
+            try:
+                seen = []
+                for mq in await consumer.queues("T"):
+                    result = await consumer.pull(mq, 0, 64)
+                    seen += [m.body for m in result.messages]
+            finally:
+                await consumer.close()
+            assert sorted(seen) == [b"m%02d" % i for i in range(8)]
+
+    loop.run(reopen())
+
+
+def test_a_committed_divergence_asks_for_a_restart_only_when_rollback_is_allowed(
+        tmp_path) -> None:
+    from broker import rollback
+    from dledger.log import CommittedDivergence
+
+    async def main(flush: str) -> tuple[bool, bool]:
+        async with Env(tmp_path / flush, flush=flush) as env:
+            env.broker._on_node_failure(CommittedDivergence(5, 1, 2))
+            marker = (tmp_path / flush / "n1" / rollback.MARKER).exists()
+            return env.broker.restart_requested.is_set(), marker
+
+    assert loop.run(main("async")) == (True, True)
+    assert loop.run(main("sync")) == (False, False)  # flush=sync: stop, keep everything
