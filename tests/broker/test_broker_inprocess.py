@@ -515,7 +515,7 @@ def test_a_full_disk_fails_the_node_loudly_and_loses_nothing_acknowledged(small_
 def test_a_requested_rollback_sets_the_tail_aside_and_rebuilds(tmp_path) -> None:
     from broker import rollback
 
-    async def fill() -> tuple[int, dict[int, bytes]]:
+    async def fill() -> dict[int, bytes]:
         async with Env(tmp_path) as env:
             producer = Producer([env.ns])
             try:
@@ -528,9 +528,9 @@ def test_a_requested_rollback_sets_the_tail_aside_and_rebuilds(tmp_path) -> None
             for entry in log_.read_entries(1, log_.last_index + 1):
                 if entry.kind == 1:
                     bodies[entry.index] = entry.body
-            return log_.last_index, bodies
+            return bodies
 
-    last, bodies = loop.run(fill())
+    bodies = loop.run(fill())
     cut_from = sorted(bodies)[-4]  # the last four message entries "diverged"
     rollback.request_rollback(str(tmp_path / "n1"), cut_from, "test: diverged at the leader")
 
