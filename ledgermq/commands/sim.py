@@ -21,6 +21,9 @@ def register(app: typer.Typer) -> None:
         trace: bool = typer.Option(False, help="Print the event trace of each run."),
         json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
         bug: str | None = typer.Option(None, help="Switch on one injected bug (see docs/raft.md)."),
+        real_node: bool = typer.Option(
+            False, "--real-node", help="Simulate the real node (runtime, storage, apply path)."),
+        flush: str = typer.Option("mixed", help="--real-node: flush=sync, async or mixed."),
     ) -> None:
         """Run the deterministic Raft simulator over a range of seeds."""
         import json
@@ -34,6 +37,11 @@ def register(app: typer.Typer) -> None:
 
         if nodes not in (3, 5):
             raise typer.BadParameter("--nodes must be 3 or 5")
+        if real_node:
+            from ledgermq.commands import sim_real_node
+
+            sim_real_node.run([seed] if seed is not None else list(range(start, start + seeds)),
+                              nodes, flush, trace, json_output, bug)
         try:
             bugs = Bugs.only(bug) if bug else Bugs()
         except ValueError as exc:

@@ -388,6 +388,9 @@ class Harness:
             self.watch()
             if self.violation:
                 break
+            for slot in self.slots.values():
+                # Failed on a fault injected before the heal (seen only now).
+                self.restart(slot)
             if self.converged() is None:
                 self.done = True
                 return
