@@ -37,7 +37,7 @@ class BrokerConfig:
     # Raft bind host; default: the host of this node's `raft` address.
     raft_bind_host: str = ""
     namesrv: tuple[str, ...] = ()
-    flush: str = "async"
+    flush: str = "sync"
     # flush="async": the background flusher's period and byte threshold.
     flush_interval_ms: int = 200
     flush_bytes: int = 4 * MIB

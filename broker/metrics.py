@@ -135,6 +135,10 @@ class BrokerCollector(Collector):
         yield gauge("ledgermq_raft_leader_ready",
                     "1 when this node leads and its current-term no-op is applied.",
                     1.0 if node.leader_ready else 0.0)
+        yield gauge("ledgermq_node_failed",
+                    "1 when this replica stopped on a storage error or lost committed data"
+                    " (the status page's `failed` says why); restart or repair it.",
+                    1.0 if node.failed is not None else 0.0)
         yield gauge("ledgermq_raft_term", "Current Raft term.", node.term)
         yield gauge("ledgermq_raft_leader_id", "Node id of the known leader (0: none).",
                     node.leader_id or 0)

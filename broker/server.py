@@ -319,6 +319,10 @@ class Broker:
     def require_writable(self) -> None:
         """Writes go to the leader of this term, once its no-op is applied."""
         node = self.node
+        if node.failed is not None:
+            raise ServiceUnavailableError(
+                f"node {self.config.node_id} of {self.config.group} has failed and takes no"
+                f" writes: {node.failed!r}")
         if node.role != "leader":
             leader = self.leader_client_address()
             raise NotLeaderError(

@@ -27,6 +27,15 @@ class Bugs:
     apply_before_commit: bool = False
     # Follower accepts entries without checking (prev_index, prev_term).
     skip_consistency_check: bool = False
+    # Leader counts its whole log (last_index) toward commit, not only what
+    # the driver reported durable (stable_index).
+    leader_counts_unsynced: bool = False
+    # Follower sets commit to min(leaderCommit, its last index) instead of
+    # min(leaderCommit, index of the last new entry) (Raft Figure 2).
+    follower_commit_to_last_index: bool = False
+    # Leader sends its full commit index in heartbeats instead of
+    # min(commit, follower's match), so a follower with a stale suffix commits it.
+    heartbeat_full_commit: bool = False
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

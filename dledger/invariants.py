@@ -5,19 +5,33 @@ description of the violation, or None. `SafetyChecker` keeps the history
 those predicates need (leaders per term, every (index, term) ever written,
 the committed log) and raises `SafetyViolation` on the first failure.
 
-Checked:
-- election safety: at most one leader per term;
+Checked in both flush modes:
+- election safety: at most one leader per term (term and vote are always
+  fsynced before anything that depends on them);
 - log matching: two entries with the same (index, term) are identical
   (kind, data, position) and have the same predecessor term, so by induction
   their whole prefixes are identical;
+- durability of term and vote before speech: a message in term T leaves only
+  once T is durable; a granted vote only once it is durable;
+- at the end (`dledger.testing.simulator`): every running replica's log
+  equals the leader's up to the commit index, and no running node handed its
+  state machine an entry other than the final log's at that index (a node
+  that detected lost committed data and stopped is not running).
+
+Checked only under flush=sync (`SafetyChecker(flush_async=False)`), because
+flush=async may lose acknowledged writes by contract:
 - leader completeness: a new leader holds every entry known committed, and
   no node lacking a committed entry could gather a quorum of votes;
 - state-machine safety: an index is committed with one entry only, on every
   replica (committed entries are never lost or changed, and all replicas'
   committed prefixes are identical, position included);
-- durability before speech: a message in term T leaves only once T is
-  durable; a granted vote only once it is durable; an acknowledgement of
-  index i only once i is durable.
+- commit claims: whenever a node's commit index moves, the entry it names is
+  durable on a quorum (the definition of committed);
+- durability of acknowledgements: an acknowledgement of index i leaves only
+  once i is durable; the latest committed entry is durable on a quorum after
+  every crash;
+- every write acknowledged as committed is in the final log exactly once
+  (under flush=async: at most once).
 """
 
 from __future__ import annotations
@@ -148,15 +162,51 @@ def check_prefixes_identical(logs: Mapping[int, list[Entry]], upto: int) -> str 
     return None
 
 
-def check_acked_exactly_once(acked: Iterable[bytes], final_log: list[Entry]) -> str | None:
-    """Every proposal acknowledged as committed appears exactly once in the final log."""
+def check_acked_exactly_once(
+    acked: Iterable[bytes], final_log: list[Entry], may_lose: bool = False
+) -> str | None:
+    """Every proposal acknowledged as committed appears exactly once in the final log
+    (at most once when `may_lose`: flush=async may lose it, never duplicate it)."""
     counts: dict[bytes, int] = {}
     for entry in final_log:
         counts[entry.data] = counts.get(entry.data, 0) + 1
     for data in acked:
-        if counts.get(data, 0) != 1:
-            return f"acknowledged proposal {data!r} appears {counts.get(data, 0)} times"
+        count = counts.get(data, 0)
+        if count > 1 or (count == 0 and not may_lose):
+            return f"acknowledged proposal {data!r} appears {count} times"
     return None
+
+
+def check_claim_durable(
+    node_id: int, entry: Entry, durable_term_at: list[Callable[[int], int | None]]
+) -> str | None:
+    """A commit index names an entry durable on a quorum (flush=sync's meaning of committed)."""
+    holders = sum(1 for term_at in durable_term_at if term_at(entry.index) == entry.term)
+    if holders < len(durable_term_at) // 2 + 1:
+        return (
+            f"node {node_id} set commit to {entry.index}/{entry.term}, durable on only "
+            f"{holders} of {len(durable_term_at)} nodes"
+        )
+    return None
+
+
+def check_applied_match(
+    node_id: int, applied: Mapping[int, Entry], final_log: list[Entry]
+) -> str | None:
+    """A running node's state machine saw exactly the final log's entries at their indexes."""
+    for index in sorted(applied):
+        entry = applied[index]
+        if index > len(final_log) or final_log[index - 1] != entry:
+            return (
+                f"node {node_id} applied {entry.index}/{entry.term} but the group's log "
+                f"has {final_log[index - 1] if index <= len(final_log) else 'nothing'} there "
+                "and the node carried on"
+            )
+    return None
+
+
+def _anything_durable(index: int) -> int | None:
+    return 0
 
 
 # ------------------------------------------------------------------ history
@@ -164,12 +214,21 @@ def check_acked_exactly_once(acked: Iterable[bytes], final_log: list[Entry]) -> 
 
 @dataclass
 class SafetyChecker:
-    """History for the predicates above; every `observe_*` raises on a violation."""
+    """History for the predicates above; every `observe_*` raises on a violation.
+
+    `flush_async=True` drops the checks that need acknowledged writes to be
+    durable (see the module docstring); `committed` then holds the latest
+    entry seen committed at each index and `committed_lost` counts indexes
+    whose committed entry was replaced (a loss the contract allows).
+    """
+
+    flush_async: bool = False
 
     def __post_init__(self) -> None:
         self.leaders: dict[int, int] = {}
         self.seen: dict[tuple[int, int], tuple[Entry, int]] = {}
         self.committed: dict[int, Entry] = {}
+        self.committed_lost = 0
 
     @staticmethod
     def _raise(problem: str | None) -> None:
@@ -180,7 +239,8 @@ class SafetyChecker:
         if self.leaders.get(term) == node_id:
             return
         self._raise(check_leader_unique(self.leaders, term, node_id))
-        self._raise(check_leader_complete(self.committed, term_at, node_id, term))
+        if not self.flush_async:
+            self._raise(check_leader_complete(self.committed, term_at, node_id, term))
         self.leaders[term] = node_id
 
     def observe_written(self, entries: Iterable[Entry], prev_term: int) -> None:
@@ -191,13 +251,26 @@ class SafetyChecker:
 
     def observe_committed(self, entries: Iterable[Entry]) -> None:
         for entry in entries:
-            self._raise(check_committed(self.committed, entry))
+            problem = check_committed(self.committed, entry)
+            if problem is not None:
+                if not self.flush_async:
+                    raise SafetyViolation(problem)
+                self.committed_lost += 1
             self.committed[entry.index] = entry
+
+    def observe_claim(
+        self, node_id: int, entry: Entry, durable_term_at: list[Callable[[int], int | None]]
+    ) -> None:
+        """`node_id` moved its commit index to `entry` (flush=sync only)."""
+        if not self.flush_async:
+            self._raise(check_claim_durable(node_id, entry, durable_term_at))
 
     def observe_sent(
         self, msg: Message, durable: HardState, durable_term_at: Callable[[int], int | None]
     ) -> None:
-        self._raise(check_message_durable(msg, durable, durable_term_at))
+        # flush=async acknowledges written, unsynced entries by design.
+        term_at = _anything_durable if self.flush_async else durable_term_at
+        self._raise(check_message_durable(msg, durable, term_at))
 
     def latest_committed(self) -> Entry | None:
         return self.committed[max(self.committed)] if self.committed else None
@@ -208,14 +281,14 @@ class SafetyChecker:
         voters: Mapping[int, tuple[int, int]],
     ) -> None:
         latest = self.latest_committed()
-        if latest is not None:
+        if latest is not None and not self.flush_async:
             self._raise(check_electable_complete(latest, candidates, voters))
 
     def observe_durable_logs(
         self, durable_term_at: Mapping[int, Callable[[int], int | None]]
     ) -> None:
-        """Committed entries survive crashes: the last one is durable on a quorum."""
-        if not self.committed:
+        """Committed entries survive crashes: the last one is durable on a quorum (sync only)."""
+        if not self.committed or self.flush_async:
             return
         index = max(self.committed)
         term = self.committed[index].term

@@ -102,7 +102,7 @@ class NodeConfig:
     node_id: int
     peers: dict[int, tuple[str, int]]
     data_dir: str
-    flush: str = "async"
+    flush: str = "sync"
     replicate: str = "sync"
     tick_ms: int = 50
     # 10 ticks x 50 ms: a follower campaigns 0.5-1.0 s after the last

@@ -91,6 +91,12 @@ class Progress:
             self.inflight.popleft()
         return True
 
+    def lost_tail(self, last_index: int) -> None:
+        """The follower says its log ends at `last_index`, below `match`: it
+        lost acknowledged entries. Probe it from its real end."""
+        self.match = min(self.match, max(last_index, 0))
+        self.become_probe()
+
     def decrease(self, rejected: int, match_hint: int) -> bool:
         """The follower rejected an append at prev_index `rejected`; False if stale.
 

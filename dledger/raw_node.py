@@ -250,7 +250,7 @@ class RaftNode:
         elif kind is Heartbeat:
             self._handle_heartbeat(msg)  # type: ignore[arg-type]
         elif kind is HeartbeatResponse:
-            self._handle_heartbeat_response(msg)
+            self._handle_heartbeat_response(msg)  # type: ignore[arg-type]
         elif kind is VoteRequest:
             self._handle_vote_request(msg)  # type: ignore[arg-type]
         elif kind is VoteResponse:
@@ -286,6 +286,10 @@ class RaftNode:
         for msg in self._outbox:
             kind = type(msg)
             if kind is AppendResponse:
+                if msg.success and msg.term != self.term:  # type: ignore[attr-defined]
+                    # Acked before a newer leader may have cut those entries
+                    # (the ack waited behind a slow fsync): drop, never mislead.
+                    continue
                 wait = not self.bugs.ack_before_persist
             elif kind is VoteResponse and msg.granted and not msg.pre_vote:  # type: ignore[attr-defined]
                 wait = not self.bugs.vote_before_persist
@@ -450,7 +454,10 @@ class RaftNode:
             if first <= self.stable_index:
                 self.stable_index = first - 1  # the durable suffix is being replaced
             self.log.append(new_entries, self.commit)
-        self._commit_to(min(commit, prev_index + len(entries)))
+        last_new = prev_index + len(entries)
+        if self.bugs.follower_commit_to_last_index:
+            last_new = self.log.last_index
+        self._commit_to(min(commit, last_new))
 
     def _commit_to(self, index: int) -> None:
         index = min(index, self.log.last_index)
@@ -461,13 +468,19 @@ class RaftNode:
         self._follow(msg.src)
         # The leader sends min(commit, our match), so our log agrees up to it.
         self._commit_to(msg.commit)
-        self._outbox.append(HeartbeatResponse(self.id, msg.src, self.term))
+        # ... unless our log ends below it: we lost entries we acknowledged
+        # (flush=async power cut). Say where it ends, or an idle leader never
+        # resends them.
+        lost = msg.commit > self.log.last_index
+        self._outbox.append(HeartbeatResponse(self.id, msg.src, self.term,
+                                              self.log.last_index if lost else -1))
 
     # -- leader side
 
     def _broadcast_heartbeat(self) -> None:
         for peer, pr in self.progress.items():
-            self._outbox.append(Heartbeat(self.id, peer, self.term, min(self.commit, pr.match)))
+            commit = self.commit if self.bugs.heartbeat_full_commit else min(self.commit, pr.match)
+            self._outbox.append(Heartbeat(self.id, peer, self.term, commit))
 
     def _broadcast_append(self) -> None:
         for peer in self.progress:
@@ -521,19 +534,22 @@ class RaftNode:
         if self.elector.transferee == msg.src and pr.match == self.log.last_index:
             self._outbox.append(TimeoutNow(self.id, msg.src, self.term))
 
-    def _handle_heartbeat_response(self, msg: Message) -> None:
+    def _handle_heartbeat_response(self, msg: HeartbeatResponse) -> None:
         pr = self.progress.get(msg.src)
         if pr is None or self.role is not Role.LEADER:
             return
         self.elector.mark_active(msg.src)
         pr.recent_active = True
+        if 0 <= msg.last_index < pr.match:
+            pr.lost_tail(msg.last_index)
         if pr.state is ProgressState.PROBE:
             pr.probe_sent = False  # the probe may have been lost: allow another
         if pr.match < self.log.last_index:
             self._send_append(msg.src)
 
     def _maybe_commit(self) -> bool:
-        matches = [self.stable_index] + [pr.match for pr in self.progress.values()]
+        own = self.log.last_index if self.bugs.leader_counts_unsynced else self.stable_index
+        matches = [own] + [pr.match for pr in self.progress.values()]
         candidate = quorum_index(matches)
         if candidate <= self.commit:
             return False

@@ -9,7 +9,7 @@ frames of bounded size without re-encoding). Entry bodies stay `bytes`
     VoteRequest        [1, src, dst, term, last_index, last_term, pre_vote, transfer]
     VoteResponse       [2, src, dst, term, granted, pre_vote]
     Heartbeat          [3, src, dst, term, commit]
-    HeartbeatResponse  [4, src, dst, term]
+    HeartbeatResponse  [4, src, dst, term] or [4, src, dst, term, last_index]
     TimeoutNow         [5, src, dst, term]
     AppendRequest      [6, src, dst, term, prev_index, prev_term, commit,
                         [term, kind, position, data, term, kind, position, data, ...]]
@@ -77,7 +77,9 @@ def _encode_one(msg: Message) -> list[Any]:
     if isinstance(msg, Heartbeat):
         return [_T_HEARTBEAT, msg.src, msg.dst, msg.term, msg.commit]
     if isinstance(msg, HeartbeatResponse):
-        return [_T_HEARTBEAT_RESP, msg.src, msg.dst, msg.term]
+        if msg.last_index < 0:
+            return [_T_HEARTBEAT_RESP, msg.src, msg.dst, msg.term]
+        return [_T_HEARTBEAT_RESP, msg.src, msg.dst, msg.term, msg.last_index]
     if isinstance(msg, VoteRequest):
         return [_T_VOTE_REQ, msg.src, msg.dst, msg.term, msg.last_index, msg.last_term,
                 msg.pre_vote, msg.transfer]
@@ -174,6 +176,9 @@ def _decode_one(obj: Any) -> Message:
         return Heartbeat(_uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term"),
                          _uint(obj[4], "commit"))
     if t == _T_HEARTBEAT_RESP:
+        if len(obj) == 5:  # with the follower's log end (it lost entries)
+            return HeartbeatResponse(_uint(obj[1], "src"), _uint(obj[2], "dst"),
+                                     _uint(obj[3], "term"), _uint(obj[4], "last_index"))
         _fields(obj, 4, "HeartbeatResponse")
         return HeartbeatResponse(_uint(obj[1], "src"), _uint(obj[2], "dst"), _uint(obj[3], "term"))
     if t == _T_VOTE_REQ:

@@ -86,7 +86,15 @@ class Heartbeat(Message):
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatResponse(Message):
-    """Follower liveness, counted by check-quorum; also tells a stale leader its term is over."""
+    """Follower liveness, counted by check-quorum; also tells a stale leader its term is over.
+
+    `last_index` is -1 normally. A follower sets it to its log's last index
+    when the heartbeat named a commit beyond that end: the leader believes the
+    follower matches entries it no longer has (lost to a power cut under
+    flush=async) and, told so, resends from there even when no write comes.
+    """
+
+    last_index: int = -1
 
     @property
     def is_heartbeat(self) -> bool:

@@ -13,6 +13,21 @@ handled the way the real driver will: write entries and hard state, send
 
 `SafetyChecker` observes every write, send, commit and leader on the spot, so
 the first broken invariant stops the run at the step that broke it.
+
+Timing comes from a `FaultProfile` (`dledger.testing.faults`): fsync latency,
+message delays and their tail, process pauses and clock skew. A paused node
+processes nothing (its ticks are counted, its messages and fsync completions
+wait) until it resumes, then takes the missed ticks as one burst or drops
+them, as drivers differ.
+
+flush=async (`flush_async=True`) models the runtime's `flush="async"`: a
+Ready's entries are written and acknowledged without waiting; only a new term
+or vote waits, for the fsync of the hard state alone; a background flush every
+few ticks makes the writes issued before it durable. A crash therefore loses
+acknowledged entries, which the contract allows. A node that finds its
+committed prefix contradicted by the leader raises `CommittedDivergence`: in
+async mode it stops for good (recorded in `stopped`), in sync mode that is a
+violation.
 """
 
 from __future__ import annotations
@@ -25,17 +40,19 @@ from dataclasses import dataclass, field
 
 from dledger.config import Bugs, Config
 from dledger.entry import Entry, segment_placement
-from dledger.invariants import SafetyChecker
-from dledger.messages import Message
+from dledger.invariants import SafetyChecker, SafetyViolation
+from dledger.log import CommittedDivergence
+from dledger.messages import AppendRequest, Message
 from dledger.raw_node import NotLeader, RaftNode
 from dledger.ready import Ready
 from dledger.testing.disk import SimDisk
+from dledger.testing.faults import CLASSIC, FaultProfile
 from dledger.testing.network import SimNetwork
 from election.config import ElectionConfig
 from election.roles import Role
 
-# Event kinds, in the order they are processed when due at the same time.
-DELIVER, TICK, SYNC_DONE, CALL = range(4)
+# Event kinds; events due at the same time run in the order they were scheduled.
+DELIVER, TICK, SYNC_DONE, CALL, FLUSH_DONE, RESUME = range(6)
 
 
 @dataclass
@@ -57,6 +74,8 @@ class SimStats:
     crashes: int = 0
     proposals: int = 0
     writes_lost: int = 0
+    pauses: int = 0
+    stale_appends: int = 0
     trace: deque[str] = field(default_factory=lambda: deque(maxlen=60))
 
 
@@ -72,13 +91,23 @@ class SimCluster:
         segment_size_bytes: int = 1024,
         election: ElectionConfig | None = None,
         trace: Callable[[str], None] | None = None,
+        profile: FaultProfile = CLASSIC,
+        flush_async: bool = False,
+        rng: random.Random | None = None,
     ) -> None:
-        self.rng = random.Random(seed)
+        self.rng = rng or random.Random(seed)
+        self.profile = profile
+        self.flush_async = flush_async
         self.node_ids = list(range(1, node_count + 1))
         self.voters = frozenset(self.node_ids)
         self.bugs = bugs
         self.place = segment_placement(segment_size_bytes)
         self.network = SimNetwork(self.rng, self.node_ids)
+        faults = self.network.faults
+        faults.delay_control = profile.delay_control
+        faults.delay_replication = profile.delay_replication
+        faults.long_delay_probability = profile.long_delay_probability
+        faults.long_delay_units = profile.long_delay_units
         # Pre-vote and check-quorum are options of the protocol, so every
         # combination must be safe; runs without them churn leaders harder.
         self.election = election or ElectionConfig(
@@ -93,7 +122,7 @@ class SimCluster:
         self.generation = dict.fromkeys(self.node_ids, 0)
         self.syncing: dict[int, Ready | None] = dict.fromkeys(self.node_ids)
         # Clock skew: every node's tick lasts a different number of units.
-        self.tick_period = {n: 10 + self.rng.randint(-3, 3) for n in self.node_ids}
+        self.tick_period = {n: self.rng.randint(*profile.tick_period_units) for n in self.node_ids}
         # Batch and window sizes vary per run: one-entry batches split a new
         # leader's catch-up from its NOOP, which is where Figure 8 hides.
         self.append_entries_max = self.rng.choice((1, 2, 8))
@@ -101,7 +130,7 @@ class SimCluster:
         self.now = 0
         self._queue: list[tuple[int, int, int, object]] = []
         self._seq = 0
-        self.checker = SafetyChecker()
+        self.checker = SafetyChecker(flush_async=flush_async)
         self.stats = SimStats()
         self.proposals: list[Proposal] = []
         self._by_position: dict[tuple[int, int], Proposal] = {}
@@ -111,6 +140,24 @@ class SimCluster:
         # Cleared when the liveness phase starts: faults already scheduled
         # (a pending leader kill) must not fire into the healed cluster.
         self.faults_active = True
+        # Process pauses: until when, ticks missed, and whether they burst on resume.
+        self.paused_until = dict.fromkeys(self.node_ids, 0)
+        self.missed_ticks = dict.fromkeys(self.node_ids, 0)
+        self._pause_burst = dict.fromkeys(self.node_ids, False)
+        # flush=async: background flush every few ticks, one at a time per node.
+        self.flush_every = {n: self.rng.randint(2, 6) for n in self.node_ids}
+        self._ticks_since_flush = dict.fromkeys(self.node_ids, 0)
+        self._flushing = dict.fromkeys(self.node_ids, False)
+        # Nodes stopped for good after detecting lost committed data (async only).
+        self.stopped: dict[int, str] = {}
+        # Highest commit index each node has claimed so far (checked on change).
+        self._claimed = dict.fromkeys(self.node_ids, 0)
+        # Entries each running incarnation handed to its state machine.
+        self.applied_logs: dict[int, dict[int, Entry]] = {n: {} for n in self.node_ids}
+        # Scenario hooks: called with (node id) when a node first leads a term.
+        self.on_new_leader: Callable[[int], None] | None = None
+        # A running scenario holds off the random nemesis and the leader killer.
+        self.scenario_active = False
         for n in self.node_ids:
             self._start(n)
             self._schedule(self.rng.randint(1, self.tick_period[n]), TICK, n)
@@ -138,16 +185,31 @@ class SimCluster:
             self.now = at
             self.stats.steps += 1
             if kind == DELIVER:
-                self._deliver(payload)  # type: ignore[arg-type]
+                if not self._defer(payload.dst, kind, payload):  # type: ignore[attr-defined]
+                    self._deliver(payload)  # type: ignore[arg-type]
             elif kind == TICK:
                 self._tick(payload)  # type: ignore[arg-type]
             elif kind == SYNC_DONE:
-                self._sync_done(payload)  # type: ignore[arg-type]
+                if not self._defer(payload[0], kind, payload):  # type: ignore[index]
+                    self._sync_done(payload)  # type: ignore[arg-type]
+            elif kind == FLUSH_DONE:
+                if not self._defer(payload[0], kind, payload):  # type: ignore[index]
+                    self._flush_done(payload)  # type: ignore[arg-type]
+            elif kind == RESUME:
+                self._resume(payload)  # type: ignore[arg-type]
             else:
                 payload()  # type: ignore[operator]
             if stop is not None and stop():
                 return
         self.now = max(self.now, end)
+
+    def _defer(self, n: int, kind: int, payload: object) -> bool:
+        """A paused node processes nothing: push the event to its resume time."""
+        until = self.paused_until[n]
+        if self.now < until:
+            self._schedule(until, kind, payload)
+            return True
+        return False
 
     # ------------------------------------------------------------- lifecycle
 
@@ -171,6 +233,10 @@ class SimCluster:
         self.nodes[n] = None
         self.syncing[n] = None
         self.generation[n] += 1
+        self.paused_until[n] = 0
+        self._flushing[n] = False
+        self._claimed[n] = 0
+        self.applied_logs[n] = {}
         lost = self.disks[n].crash(self.rng)
         self.stats.crashes += 1
         self.stats.writes_lost += lost
@@ -181,11 +247,40 @@ class SimCluster:
         self._check_electable()
 
     def _kill(self, n: int) -> None:
-        if self.faults_active:
+        if self.faults_active and not self.scenario_active:
             self.crash(n)
 
+    def stop_for_good(self, n: int, reason: str) -> None:
+        """flush=async: the node found its committed log contradicted; it stops, not restarts."""
+        self.log(f"stop {n}: {reason}")
+        self.crash(n)
+        self.stopped[n] = reason
+
+    def pause(self, n: int, units: int, burst: bool) -> None:
+        """Process pause: `n` handles nothing for `units`, then resumes (see module doc)."""
+        if self.nodes[n] is None or self.now < self.paused_until[n]:
+            return
+        self.paused_until[n] = self.now + units
+        self.missed_ticks[n] = 0
+        self._pause_burst[n] = burst
+        self.stats.pauses += 1
+        self.log(f"pause {n} for {units} ({'burst' if burst else 'drop'} ticks on resume)")
+        self._schedule(self.now + units, RESUME, (n, self.generation[n]))
+
+    def _resume(self, payload: tuple[int, int]) -> None:
+        n, generation = payload
+        node = self.nodes[n]
+        if node is None or generation != self.generation[n]:
+            return
+        missed = self.missed_ticks[n] if self._pause_burst[n] else 0
+        self.missed_ticks[n] = 0
+        self.log(f"resume {n} ({missed} ticks at once)")
+        for _ in range(missed):
+            node.tick()
+        self._after_step(n)
+
     def restart(self, n: int) -> None:
-        if self.nodes[n] is not None:
+        if self.nodes[n] is not None or n in self.stopped:
             return
         self._start(n)
         node = self.nodes[n]
@@ -197,21 +292,55 @@ class SimCluster:
     def alive(self) -> list[RaftNode]:
         return [node for node in self.nodes.values() if node is not None]
 
+    def running_ids(self) -> list[int]:
+        """Nodes that are not stopped for good (alive or crashed and restartable)."""
+        return [n for n in self.node_ids if n not in self.stopped]
+
     # --------------------------------------------------------------- handlers
 
     def _tick(self, n: int) -> None:
         node = self.nodes[n]
         if node is None:
             return  # a crashed node's tick chain ends; restart starts a new one
-        node.tick()
-        self._after_step(n)
         self._schedule(self.now + self.tick_period[n], TICK, n)
+        if self.now < self.paused_until[n]:
+            self.missed_ticks[n] += 1  # the clock moves on; the process does not
+            return
+        node.tick()
+        if self.flush_async:
+            self._maybe_flush(n)
+        self._after_step(n)
+
+    def _maybe_flush(self, n: int) -> None:
+        """flush=async: every few ticks, fsync what was written so far (in the background)."""
+        self._ticks_since_flush[n] += 1
+        disk = self.disks[n]
+        due = self._ticks_since_flush[n] >= self.flush_every[n]
+        if self._flushing[n] or not due or not disk.pending:
+            return
+        self._ticks_since_flush[n] = 0
+        self._flushing[n] = True
+        at = self.now + self.profile.fsync_delay(self.rng)
+        self._schedule(at, FLUSH_DONE, (n, self.generation[n], disk.issued))
+
+    def _flush_done(self, payload: tuple[int, int, int]) -> None:
+        n, generation, upto = payload
+        if generation != self.generation[n]:
+            return
+        self._flushing[n] = False
+        self.disks[n].sync(upto)
 
     def _deliver(self, msg: Message) -> None:
         node = self.nodes[msg.dst]
         if node is None:
             return
-        node.step(msg)
+        try:
+            node.step(msg)
+        except CommittedDivergence as exc:
+            if not self.flush_async:
+                raise SafetyViolation(f"node {msg.dst} under flush=sync: {exc}") from exc
+            self.stop_for_good(msg.dst, str(exc))
+            return
         self._after_step(msg.dst)
 
     def _after_step(self, n: int) -> None:
@@ -225,14 +354,66 @@ class SimCluster:
                 self.log(f"leader {n} term={node.term} last={node.log.last_index}")
                 if self.rng.random() < self.leader_kill_probability:
                     self.call_at(self.now + self.rng.randint(1, 30), lambda: self._kill(n))
+                if self.on_new_leader is not None:
+                    self.on_new_leader(n)  # before the NOOP leaves: a scenario may cut links
         self._drain(n)
+        self._check_claim(n)
+
+    def _check_claim(self, n: int) -> None:
+        """The commit index a node holds is a claim: check it when it moves.
+
+        Under flush=sync the entries up to it are committed (one entry per
+        index across the cluster) and the claimed entry is durable on a
+        quorum; so a leader that counts its own unsynced write is caught the
+        moment it claims, before any crash. Under flush=async the claim is
+        not checked here (the contract lets a quorum's power loss undo it).
+        """
+        node = self.nodes[n]
+        if node is None or node.commit <= self._claimed[n]:
+            return
+        low, self._claimed[n] = self._claimed[n], node.commit
+        if self.flush_async:
+            return
+        entries = node.log.entries(low + 1, node.commit + 1, 1 << 62, 1 << 62)
+        self.checker.observe_committed(entries)
+        last = entries[-1]
+        self.checker.observe_claim(
+            n, last, [self.disks[m].durable_term_any for m in self.node_ids]
+        )
+        self._check_electable()
 
     def _send(self, n: int, messages: tuple[Message, ...]) -> None:
         disk = self.disks[n]
+        stale_p = self.profile.stale_append_probability if self.faults_active else 0.0
         for msg in messages:
             self.checker.observe_sent(msg, disk.durable_hard_state, disk.durable_term)
             for at in self.network.arrivals(msg, self.now):
                 self._schedule(at, DELIVER, msg)
+            if stale_p and type(msg) is AppendRequest and self.rng.random() < stale_p:
+                self._stale_append(n, msg)  # type: ignore[arg-type]
+
+    def _stale_append(self, n: int, msg: AppendRequest) -> None:
+        """Also send an older slice of the leader's log, as a leader probing from a lower
+        next index (or an old retransmission arriving late) would: prev anywhere at or
+        below this append's, entries the leader holds, its commit of now. Every such
+        message is legal, so a correct follower must stay safe whatever it receives."""
+        node = self.nodes[n]
+        if node is None or node.role is not Role.LEADER or node.term != msg.term:
+            return
+        # Mostly a little below (a probe that backs off further than needed),
+        # sometimes anywhere down to the start of the log.
+        low = 0 if self.rng.random() < 0.2 else max(0, msg.prev_index - 8)
+        prev = self.rng.randint(low, msg.prev_index)
+        count = self.rng.randint(0, self.append_entries_max)
+        entries = node.log.entries(prev + 1, prev + 1 + count, 1 << 62, count) if count else []
+        stale = AppendRequest(
+            n, msg.dst, msg.term, prev, node.log.term(prev), tuple(entries), node.commit
+        )
+        self.stats.stale_appends += 1
+        disk = self.disks[n]
+        self.checker.observe_sent(stale, disk.durable_hard_state, disk.durable_term)
+        for at in self.network.arrivals(stale, self.now):
+            self._schedule(at, DELIVER, stale)
 
     def _drain(self, n: int) -> None:
         """Handle Readies until the node has none or waits for an fsync."""
@@ -245,11 +426,17 @@ class SimCluster:
                 prev_term = node.log.term_or_none(first - 1)
                 self.checker.observe_written(ready.entries, prev_term or 0)
                 self._check_electable()
+            durable = disk.durable_hard_state
             disk.write(ready.hard_state, ready.entries)
             self._send(n, ready.messages)
-            if ready.must_sync:
+            wait = ready.must_sync
+            if self.flush_async:
+                # Only a new term or vote waits, for the hard-state file alone.
+                hs = ready.hard_state
+                wait = hs is not None and (hs.term, hs.vote) != (durable.term, durable.vote)
+            if wait:
                 self.syncing[n] = ready
-                delay = self.rng.randint(1, 6)
+                delay = self.profile.fsync_delay(self.rng)
                 self._schedule(self.now + delay, SYNC_DONE, (n, self.generation[n]))
                 return
             self._finish(n, ready)
@@ -260,7 +447,10 @@ class SimCluster:
         if generation != self.generation[n] or ready is None:
             return  # the node crashed while this fsync was pending
         self.syncing[n] = None
-        self.disks[n].sync()
+        if self.flush_async:
+            self.disks[n].sync_hard_state()
+        else:
+            self.disks[n].sync()
         self._finish(n, ready)
         self._after_step(n)
 
@@ -273,6 +463,8 @@ class SimCluster:
         node.advance(ready)
 
     def _check_electable(self) -> None:
+        if self.flush_async:
+            return  # a crash may lose committed entries by contract
         latest = self.checker.latest_committed()
         if latest is None:
             return
@@ -294,17 +486,30 @@ class SimCluster:
     def _apply(self, n: int, entries: tuple[Entry, ...]) -> None:
         self.checker.observe_committed(entries)
         self._check_electable()
+        applied = self.applied_logs[n]
         for entry in entries:
+            applied[entry.index] = entry
             proposal = self._by_position.get((entry.index, entry.term))
             if proposal is not None and proposal.node == n and proposal.data == entry.data:
                 proposal.acked = True
 
     # ----------------------------------------------------------------- client
 
-    def propose(self, data: bytes) -> None:
-        """A client write sent to the node it believes leads (or any live node)."""
-        leaders = [node for node in self.alive() if node.role is Role.LEADER]
-        target = self.rng.choice(leaders or self.alive() or [None])
+    def propose(self, data: bytes, to: int | None = None) -> None:
+        """A client write sent to node `to`, or to one it believes leads (or any live node)."""
+        if to is not None:
+            target = self.nodes[to]
+            if target is not None and self.now < self.paused_until[to]:
+                # The request waits in the socket until the process resumes.
+                self.call_at(self.paused_until[to], lambda: self.propose(data, to))
+                return
+        else:
+            leaders = [node for node in self.alive() if node.role is Role.LEADER]
+            target = self.rng.choice(leaders or self.alive() or [None])
+            if target is not None and self.now < self.paused_until[target.id]:
+                to = target.id
+                self.call_at(self.paused_until[to], lambda: self.propose(data, to))
+                return
         self.stats.proposals += 1
         if target is None:
             self.proposals.append(Proposal(data, 0, rejected=True))

@@ -4,6 +4,8 @@ Reordering comes from independent random delays. Partitions are sets of
 blocked *directed* links, so one-way cuts are as easy as symmetric ones. The
 control channel (heartbeats, votes) gets its own, shorter delay range, which
 is how a real driver keeps heartbeats from queueing behind bulk appends.
+The delay ranges and the long-delay tail come from the run's
+`dledger.testing.faults.FaultProfile`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ class NetworkFaults:
     duplication: float = 0.0
     delay_control: tuple[int, int] = (1, 4)
     delay_replication: tuple[int, int] = (1, 10)
+    # A share of messages takes far longer (past an election timeout).
+    long_delay_probability: float = 0.0
+    long_delay_units: tuple[int, int] = (100, 400)
 
 
 class SimNetwork:
@@ -48,10 +53,16 @@ class SimNetwork:
             if msg.channel == CHANNEL_CONTROL
             else self.faults.delay_replication
         )
-        times = [now + self._rng.randint(low, high)]
+        times = [now + self._delay(low, high)]
         if self._rng.random() < self.faults.duplication:
-            times.append(now + self._rng.randint(low, high * 3))
+            times.append(now + self._delay(low, high * 3))
         return times
+
+    def _delay(self, low: int, high: int) -> int:
+        faults = self.faults
+        if faults.long_delay_probability and self._rng.random() < faults.long_delay_probability:
+            return self._rng.randint(*faults.long_delay_units)
+        return self._rng.randint(low, high)
 
     def can_reach(self, src: int, dst: int) -> bool:
         return (src, dst) not in self.blocked
@@ -80,6 +91,17 @@ class SimNetwork:
         right = set(others[len(others) // 2 :])
         self.blocked = {(a, b) for a in left for b in right} | {(b, a) for a in left for b in right}
         self.shape = f"bridge via {middle}: {sorted(left)}|{sorted(right)}"
+
+    def groups(self, groups: list[set[int]]) -> None:
+        """Only nodes of the same group reach each other (a scenario's exact partition)."""
+        side = {n: i for i, group in enumerate(groups) for n in group}
+        self.blocked = {
+            (a, b)
+            for a in self.node_ids
+            for b in self.node_ids
+            if a != b and side.get(a, -1 - a) != side.get(b, -1 - b)
+        }
+        self.shape = "groups " + "|".join(str(sorted(g)) for g in groups)
 
     def ring(self) -> None:
         """Each node reaches only its ring neighbours (majorities ring for 5 nodes)."""

@@ -5,6 +5,14 @@ replays the run event for event. A run fails on the first safety violation
 (`dledger.invariants`), on a crash of the core's own invariant checks, or when
 the healed cluster does not converge in time (a leader, every replica caught
 up, every write decided).
+
+Per seed the rng draws a fault profile (`dledger.testing.faults`), the flush
+mode when `SimOptions.flush == "mix"` (async in `ASYNC_SHARE` of seeds), and
+whether a Figure-8 scenario (`dledger.testing.scenarios`) runs. Under
+flush=async a node that detects lost committed data stops for good; the
+run then needs only the remaining nodes to converge, and reports the
+stopped nodes (`RunResult.stopped`). If a quorum stops, the group cannot
+serve by design: the run ends there, reported, not a violation.
 """
 
 from __future__ import annotations
@@ -17,13 +25,19 @@ from dledger.config import Bugs
 from dledger.invariants import (
     SafetyViolation,
     check_acked_exactly_once,
+    check_applied_match,
     check_prefixes_identical,
 )
 from dledger.log import InvariantViolation
 from dledger.testing.cluster import SimCluster
+from dledger.testing.faults import CLASSIC, draw_profile
+from dledger.testing.scenarios import Figure8
 from election.roles import Role
 
 NO_BUGS = Bugs()
+FLUSH_MODES = ("sync", "async", "mix")
+# Share of seeds run under flush=async when SimOptions.flush == "mix".
+ASYNC_SHARE = 0.3
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,18 @@ class SimOptions:
     crash_probability: float = 0.35
     segment_size_bytes: int = 1024
     bugs: Bugs = NO_BUGS
+    # Fault profile name (dledger.testing.faults.PROFILES), or None: drawn per seed.
+    profile: str | None = None
+    # "sync", "async" (every seed) or "mix" (async in ASYNC_SHARE of seeds).
+    flush: str = "sync"
+    # Chance per seed of one Figure-8 scenario during the fault phase.
+    figure8_probability: float = 0.3
+
+    def __post_init__(self) -> None:
+        if self.flush not in FLUSH_MODES:
+            raise ValueError(f"flush must be one of {FLUSH_MODES}, not {self.flush!r}")
+        if self.profile is not None:
+            draw_profile(None, self.profile)  # type: ignore[arg-type]  # validates the name
 
 
 @dataclass
@@ -53,6 +79,15 @@ class RunResult:
     crashes: int
     violation: str | None
     trace: list[str] = field(default_factory=list)
+    profile: str = "classic"
+    flush: str = "sync"
+    figure8: bool = False
+    pauses: int = 0
+    stale_appends: int = 0
+    # flush=async: nodes stopped after detecting lost committed data, and why.
+    stopped: dict[int, str] = field(default_factory=dict)
+    # flush=async: committed indexes whose entry was later replaced (allowed loss).
+    committed_lost: int = 0
 
     @property
     def ok(self) -> bool:
@@ -66,13 +101,20 @@ def run_seed(
 ) -> RunResult:
     """Run one seed; never raises for a violation, it is reported in the result."""
     options = options or SimOptions()
+    rng = random.Random(seed)
+    profile = draw_profile(rng, options.profile)
+    flush = options.flush
+    if flush == "mix":
+        flush = "async" if rng.random() < ASYNC_SHARE else "sync"
+    figure8 = rng.random() < options.figure8_probability
     cluster = SimCluster(
         seed, options.nodes, options.bugs, segment_size_bytes=options.segment_size_bytes,
-        trace=trace,
+        trace=trace, profile=profile, flush_async=flush == "async", rng=rng,
     )
+    cluster.log(f"profile {profile.name} flush={flush} figure8={figure8}")
     violation: str | None = None
     try:
-        _fault_phase(cluster, options)
+        _fault_phase(cluster, options, figure8)
         violation = _liveness_phase(cluster, options)
         if violation is None:
             violation = _final_checks(cluster)
@@ -95,6 +137,13 @@ def run_seed(
         crashes=cluster.stats.crashes,
         violation=violation,
         trace=list(cluster.stats.trace) if violation else [],
+        profile=profile.name,
+        flush=flush,
+        figure8=figure8,
+        pauses=cluster.stats.pauses,
+        stale_appends=cluster.stats.stale_appends,
+        stopped=dict(cluster.stopped),
+        committed_lost=cluster.checker.committed_lost,
     )
 
 
@@ -106,7 +155,7 @@ def _is_committed(cluster: SimCluster, proposal: object) -> bool:
 # ------------------------------------------------------------------ phases
 
 
-def _fault_phase(cluster: SimCluster, options: SimOptions) -> None:
+def _fault_phase(cluster: SimCluster, options: SimOptions, figure8: bool) -> None:
     rng = cluster.rng
     # Swarm testing: each run draws its own fault intensities, so some runs
     # are calm and some churn leaders hard (where multi-term bugs hide).
@@ -135,14 +184,20 @@ def _fault_phase(cluster: SimCluster, options: SimOptions) -> None:
         if t >= options.fault_phase_units:
             break
         cluster.call_at(t, lambda: _nemesis(cluster, options))
+    if figure8:
+        # Late enough for a leader and some log, early enough to finish in the phase.
+        at = rng.randint(options.fault_phase_units // 10, options.fault_phase_units // 2)
+        cluster.call_at(at, Figure8(cluster).start)
     cluster.run_until(options.fault_phase_units)
 
 
 def _nemesis(cluster: SimCluster, options: SimOptions) -> None:
     """One random fault (or repair), logged to the trace."""
     rng = cluster.rng
+    if cluster.scenario_active:
+        return
     ids = cluster.node_ids
-    down = [n for n in ids if cluster.nodes[n] is None]
+    down = [n for n in ids if cluster.nodes[n] is None and n not in cluster.stopped]
     roll = rng.random()
     if roll < options.crash_probability:
         if down and rng.random() < 0.5:
@@ -151,6 +206,14 @@ def _nemesis(cluster: SimCluster, options: SimOptions) -> None:
             leaders = [n.id for n in cluster.alive() if n.role is Role.LEADER]
             victim = rng.choice(leaders) if leaders and rng.random() < 0.5 else rng.choice(ids)
             cluster.crash(victim)
+        return
+    pause = cluster.profile.pause_probability
+    if pause and rng.random() < pause:
+        alive = [n.id for n in cluster.alive()]
+        leaders = [n.id for n in cluster.alive() if n.role is Role.LEADER]
+        if alive:
+            victim = leaders[0] if leaders and rng.random() < 0.5 else rng.choice(alive)
+            cluster.pause(victim, rng.randint(*cluster.profile.pause_units), rng.random() < 0.5)
         return
     net = cluster.network
     shape = rng.randint(0, 6)
@@ -183,12 +246,20 @@ def _liveness_phase(cluster: SimCluster, options: SimOptions) -> str | None:
     cluster.network.heal()
     cluster.network.faults.loss = 0.0
     cluster.network.faults.duplication = 0.0
+    # Healed means the network's timing faults end too (wide reordering, the
+    # long tail); disks keep their latency: slow hardware stays slow.
+    cluster.network.faults.long_delay_probability = 0.0
+    cluster.network.faults.delay_control = CLASSIC.delay_control
+    cluster.network.faults.delay_replication = CLASSIC.delay_replication
     cluster.log("heal: network healed, all nodes restarted")
     for n in cluster.node_ids:
         cluster.restart(n)
     deadline = cluster.now + options.liveness_phase_units
     while cluster.now < deadline:
         cluster.run_until(cluster.now + 50)
+        if len(cluster.running_ids()) < len(cluster.node_ids) // 2 + 1:
+            cluster.log(f"a quorum stopped after detecting lost data: {sorted(cluster.stopped)}")
+            return None
         if _converged(cluster):
             return None
     return f"liveness: no convergence {options.liveness_phase_units} units after heal: " + (
@@ -199,7 +270,7 @@ def _liveness_phase(cluster: SimCluster, options: SimOptions) -> str | None:
 def _converged(cluster: SimCluster) -> bool:
     nodes = cluster.alive()
     leaders = [n for n in nodes if n.role is Role.LEADER]
-    if len(nodes) != len(cluster.node_ids) or len(leaders) != 1:
+    if len(nodes) != len(cluster.running_ids()) or len(leaders) != 1:
         return False
     leader = leaders[0]
     if leader.log.last_term() != leader.term or leader.commit != leader.log.last_index:
@@ -225,17 +296,24 @@ def _describe(cluster: SimCluster) -> str:
 
 
 def _final_checks(cluster: SimCluster) -> str | None:
-    logs = {n: cluster.disks[n].volatile.all_entries() for n in cluster.node_ids}
-    leader = next(node for node in cluster.alive() if node.role is Role.LEADER)
+    leaders = [node for node in cluster.alive() if node.role is Role.LEADER]
+    if not leaders:
+        return None  # a quorum stopped (flush=async): nothing left to compare
+    leader = leaders[0]
+    logs = {n: cluster.disks[n].volatile.all_entries() for n in cluster.running_ids()}
     problem = check_prefixes_identical(logs, leader.commit)
     if problem:
         return problem
     final_log = logs[leader.id]
     cluster.checker.observe_committed(final_log)
     acked = [p.data for p in cluster.proposals if p.acked]
-    problem = check_acked_exactly_once(acked, final_log)
+    problem = check_acked_exactly_once(acked, final_log, may_lose=cluster.flush_async)
     if problem:
         return problem
+    for n in cluster.running_ids():
+        problem = check_applied_match(n, cluster.applied_logs[n], final_log)
+        if problem:
+            return problem
     # Every write is decided: committed at its (index, term) or gone for good.
     for p in cluster.proposals:
         if p.index and p.index <= len(final_log):

@@ -21,7 +21,8 @@ def register(app: typer.Typer) -> None:
         messages: int = typer.Option(2000, min=2, help="Messages to send in total."),
         nodes: int = typer.Option(3, min=3, max=7, help="Nodes in the broker group."),
         replicate: str = typer.Option("sync", help="replicate: sync or async."),
-        flush: str = typer.Option("async", help="flush: sync or async."),
+        flush: str = typer.Option(
+            "sync", help="flush: sync (fsync before the ack, the default) or async."),
     ) -> None:
         """Local cluster, send, consume, SIGKILL the leader, fail over, summary."""
         import shutil

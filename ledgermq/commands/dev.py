@@ -15,7 +15,8 @@ def register(app: typer.Typer) -> None:
         directory: str = typer.Option("ledgermq-dev", "--dir", help="Data and log directory."),
         nodes: int = typer.Option(3, min=1, max=9, help="Nodes in the broker group."),
         namesrv: str = typer.Option("127.0.0.1:9876", help="NameServer listen address."),
-        flush: str = typer.Option("async", help="flush: sync or async."),
+        flush: str = typer.Option(
+            "sync", help="flush: sync (fsync before the ack, the default) or async."),
         replicate: str = typer.Option("sync", help="replicate: sync or async."),
         admin: str = typer.Option("127.0.0.1:9877", help="NameServer admin app (API, "
                                   "dashboard, metrics) address; empty: no admin apps."),

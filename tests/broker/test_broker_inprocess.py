@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+import subprocess
 
+import aiohttp
 import pytest
+from support import is_root, require
 
 from broker.config import BrokerConfig, Peer
 from broker.launcher import free_port
@@ -22,12 +25,14 @@ from client.model import MessageQueue
 from ledgermq import loop
 from ledgermq.codes import RequestCode
 from ledgermq.errors import (
+    DiskFullError,
     InvalidRequestError,
     LedgerMQError,
     MalformedFrameError,
     MessageTooLargeError,
     NoPermissionError,
     OffsetOutOfRangeError,
+    ServiceUnavailableError,
     UnknownRequestError,
     UnknownTopicError,
 )
@@ -424,3 +429,79 @@ def test_flush_interval_reaches_the_commitlog_flusher(tmp_path) -> None:
 
     assert run(durable_gap(tmp_path / "slow", 60_000)) > 0
     assert run(durable_gap(tmp_path / "fast", 20)) == 0
+
+
+# ---------------------------------------------------------------- a full disk
+# A broker whose disk fills up fails loudly: it refuses writes with the reason,
+# its status and metrics say so, and what it acknowledged stays readable. The
+# disk is a real 1 MiB tmpfs (needs root): the ENOSPC comes from the kernel.
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    require(is_root(), "mounting a tmpfs to fill a disk needs root")
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
+                             str(mount_point)], capture_output=True, text=True)
+    require(result.returncode == 0, f"cannot mount a tmpfs: {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_full_disk_fails_the_node_loudly_and_loses_nothing_acknowledged(small_disk) -> None:
+    async def main() -> None:
+        async with Env(small_disk, segment_size_bytes=64 * 1024,
+                       admin_listen="127.0.0.1:0") as env:
+            producer = Producer([env.ns], retry_timeout=2.0)
+            acked: list[bytes] = []
+            refusal: Exception | None = None
+            try:
+                for i in range(5000):
+                    body = b"%06d" % i + b"x" * 2000
+                    try:
+                        await producer.send("T", body)
+                    except (LedgerMQError, OSError) as exc:
+                        refusal = exc
+                        break
+                    acked.append(body)
+            finally:
+                await producer.close()
+            assert refusal is not None and len(acked) > 10
+            node = env.broker.node
+            assert node.failed is not None or isinstance(refusal, DiskFullError)
+            # Whatever the first refusal was, the node is failed now or at its
+            # next write, and from then on every write is refused with why.
+            with pytest.raises((ServiceUnavailableError, DiskFullError)):
+                await env.req(RequestCode.SEND_MESSAGES, {"topic": "T", "messages": [
+                    {"body": b"after"}]})
+            if node.failed is None:
+                with pytest.raises(ServiceUnavailableError, match="has failed"):
+                    await env.req(RequestCode.SEND_MESSAGES, {"topic": "T", "messages": [
+                        {"body": b"after"}]})
+            assert node.failed is not None
+            status = await env.req(RequestCode.BROKER_STATUS, None)
+            assert "disk full" in str(status.get("raft", status).get("failed"))
+            async with aiohttp.ClientSession() as http, \
+                    http.get(f"{env.broker.admin.url}/metrics") as resp:
+                text = await resp.text()
+            assert 'ledgermq_node_failed{group="g1",node="1"} 1.0' in text
+            # Everything acknowledged is still served.
+            consumer = PullConsumer([env.ns], "g-check")
+            try:
+                seen: list[bytes] = []
+                for mq in await consumer.queues("T"):
+                    offset = 0
+                    while True:
+                        result = await consumer.pull(mq, offset, 64)
+                        if not result.messages:
+                            break
+                        seen += [m.body for m in result.messages]
+                        offset = result.next_offset
+            finally:
+                await consumer.close()
+            assert set(acked) <= set(seen)
+
+    loop.run(main())

@@ -101,3 +101,23 @@ def test_committed_entry_with_another_term_stops_the_follower() -> None:
     with pytest.raises(CommittedDivergence) as info:
         follower.step(msg)
     assert info.value.index == 3
+
+
+def test_idle_group_resends_a_lost_tail_on_heartbeats() -> None:
+    """No write follows the power cut: the follower's heartbeat answer says
+    where its log ends, and the leader resends from there."""
+    env = _cluster_with_entries(6)
+    leader = env.nodes[1]
+    assert leader is not None
+    env.handle("crash 3")
+    storage = env.storages[3]
+    storage.truncate_after(4)
+    storage.set_hard_state(storage.hard_state.__class__(storage.hard_state.term,
+                                                      storage.hard_state.vote, 4))
+    env.handle("restart 3")
+    env.handle("tick 1 2")
+    env.handle("stabilize")
+    follower = env.nodes[3]
+    assert follower is not None
+    assert follower.log.last_index == leader.log.last_index == 7
+    assert follower.commit == 7 and leader.progress[3].match == 7

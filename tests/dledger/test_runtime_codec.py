@@ -35,6 +35,7 @@ SAMPLES = [
     VoteResponse(2, 1, 7, True, pre_vote=True),
     Heartbeat(1, 2, 7, 99),
     HeartbeatResponse(2, 1, 7),
+    HeartbeatResponse(3, 1, 7, 14),  # a follower that lost its tail says where it ends
     TimeoutNow(1, 2, 7),
     AppendRequest(1, 2, 7, 10, 6, (), 9),
     AppendRequest(1, 2, 7, 10, 6, (Entry(11, 7, 2, b"", 4096), Entry(12, 7, 1, b"\x00" * 70,
