@@ -34,6 +34,7 @@ from dledger.config import NO_BUGS, Bugs
 from dledger.log import CommittedDivergence
 from dledger.node import NodeConfig, NodeIO, NotLeaderError, ProposalUnknown, RaftGroupNode
 from dledger.testing.nodesim.apply import Applier, ApplierFactory, RecordingApplier, digest
+from dledger.testing.nodesim.durability import observe_replace, observe_send
 from dledger.testing.nodesim.network import SimNetwork, SimTransport
 from dledger.testing.nodesim.runtime_bugs import planted
 from dledger.testing.nodesim.simfs import FAULT_NAMES, NO_FAULTS, SimFileSystem
@@ -133,6 +134,7 @@ class Harness:
         self.slots = {n: Slot(n, f"/sim/n{n}") for n in range(1, options.nodes + 1)}
         for slot in self.slots.values():
             self.fs.set_faults(slot.data_dir, NO_FAULTS)
+        self.fs.on_replace = lambda path: observe_replace(self, path)
         self.dead_loops: list[SimLoop] = []
         self.proposals: list[Proposal] = []
         self.by_digest: dict[str, Proposal] = {}
@@ -143,6 +145,8 @@ class Harness:
             ("crashes", "restarts", "pauses", "partitions", "node_failures", "divergences",
              "restart_faults"), 0)
         self.healing = False
+        self.leader_killer = False
+        self._doomed: set[tuple[int, int]] = set()
         self.heal_acked = 0
         self.done = False
 
@@ -200,7 +204,8 @@ class Harness:
 
         def transport(group: str, node_id: int, peers: Any, deliver: Any,
                       bind_host: Any) -> SimTransport:
-            return SimTransport(self.net, node_id, loop, deliver)
+            return SimTransport(self.net, node_id, loop, deliver,
+                                lambda src, messages: observe_send(self, src, messages))
 
         io = NodeIO(transport=transport, rng=random.Random(self.rng.getrandbits(64)),
                     fsync_worker=SimWorker(loop, self.disk_latency(slot)),
@@ -327,6 +332,19 @@ class Harness:
             if healing:
                 self.heal_acked += 1
 
+    def _doom(self, slot: Slot) -> None:
+        """Cut the power of this leader incarnation soon (the leader killer)."""
+        key = (slot.nid, slot.incarnation)
+        if key in self._doomed:
+            return
+        self._doomed.add(key)
+
+        def strike() -> None:
+            if not self.healing and slot.state == "up" and slot.incarnation == key[1]:
+                self.trace(f"leader killer: n{slot.nid}")
+                self.crash(slot)
+        self.client_loop.call_later(self.client_rng.uniform(0.0, 0.3), strike)
+
     async def client(self) -> None:
         rng = self.client_rng
         while not self.done:
@@ -335,6 +353,8 @@ class Harness:
             if self.violation:
                 return
             target = self.leader()
+            if target is not None and self.leader_killer and not self.healing:
+                self._doom(target)
             if target is None:
                 up = [s for s in self.slots.values() if s.state == "up"]
                 if not up:

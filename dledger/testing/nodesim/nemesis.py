@@ -15,7 +15,10 @@ Fault kinds, by the names the trace uses:
 - `disk_faults`: ENOSPC (sometimes after a short write) and EIO on write, EIO
   on fsync, ENOSPC and EIO on rename, each at its own small rate;
 - `net_delay`: 1-5% of messages are delayed 0.6-2 s (past an election timeout);
-- `net_loss`: 2-10% of messages lost, 1-5% duplicated.
+- `net_loss`: 2-10% of messages lost, 1-5% duplicated;
+- `leader_killer`: while on, every new leader loses power 0-0.3 s after it is
+  seen leading (the Figure 8 pattern: short reigns leave uncommitted entries
+  of several terms behind).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ if TYPE_CHECKING:
     from dledger.testing.nodesim.harness import Harness
 
 KINDS = ("power_cut", "power_cut_leader", "pause", "partition", "slow_disk", "disk_faults",
-         "net_delay", "net_loss")
+         "net_delay", "net_loss", "leader_killer")
 
 
 async def nemesis(h: Harness, until: float) -> None:
@@ -89,6 +92,9 @@ async def nemesis(h: Harness, until: float) -> None:
             faults = h.net.faults
             faults.long_delay = 0.0 if faults.long_delay else rng.uniform(0.01, 0.05)
             h.trace(f"nemesis: long delays {faults.long_delay:.3f}")
+        elif kind == "leader_killer":
+            h.leader_killer = not h.leader_killer
+            h.trace(f"nemesis: leader killer {'on' if h.leader_killer else 'off'}")
         elif kind == "net_loss":
             faults = h.net.faults
             if faults.loss:

@@ -147,8 +147,10 @@ class SimTransport:
     """`dledger.node.Transport` over a `SimNetwork`."""
 
     def __init__(self, network: SimNetwork, node_id: int, loop: asyncio.AbstractEventLoop,
-                 deliver: Callable[[list[Message]], None]) -> None:
+                 deliver: Callable[[list[Message]], None],
+                 observe: Callable[[int, Sequence[Message]], None] | None = None) -> None:
         self._network = network
+        self._observe = observe
         self._node_id = node_id
         self._loop = loop
         self._deliver = deliver
@@ -163,6 +165,8 @@ class SimTransport:
     def send(self, messages: Sequence[Message]) -> None:
         if self.closed or not self._incarnation:
             return
+        if self._observe is not None:
+            self._observe(self._node_id, messages)
         links: dict[tuple[int, str], list[Message]] = {}
         for msg in messages:
             links.setdefault((msg.dst, msg.channel), []).append(msg)

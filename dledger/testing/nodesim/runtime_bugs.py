@@ -4,9 +4,10 @@ Each is a small monkeypatch applied for one simulated run and undone after,
 so production code carries no switch. They prove the real-node simulator
 catches storage-level mistakes that the core's simulator cannot see:
 
-- `durable_at_sync_start`: the CommitLog declares a sync's entries durable
-  when the sync *starts*, so the Flusher releases group-commit waiters (and
-  the node acknowledges) before the fsync ran.
+- `ack_round_before_fsync`: the Flusher releases a group-commit round's
+  waiters as soon as it hands the fsync to its worker, not when the fsync
+  returns, so the node acknowledges entries (to the leader, or as leader to
+  the client) that a power cut can still take.
 - `checkpoint_beyond_durable`: the checkpoint vouches for every written
   entry, not only the fsynced ones, so after a power cut recovery finds the
   log shorter than the checkpoint claims.
@@ -19,18 +20,21 @@ from collections.abc import Iterator
 from typing import Any
 
 from commitlog.checkpoint import Checkpoint
-from commitlog.log import CommitLog, SyncToken
+from commitlog.flush import Flusher
+from commitlog.log import CommitLog
 
-RUNTIME_BUGS = ("durable_at_sync_start", "checkpoint_beyond_durable")
+RUNTIME_BUGS = ("ack_round_before_fsync", "checkpoint_beyond_durable")
 
 
-def _durable_at_sync_start(original: Any) -> Any:
-    def begin_sync(self: CommitLog) -> SyncToken:
-        token = original(self)
-        self.durable_index, self.durable_end, self.durable_term = token.index, token.end, \
-            token.term  # the bug: nothing is fsynced yet
-        return token
-    return begin_sync
+def _ack_round_before_fsync(original: Any) -> Any:
+    def begin_round(self: Flusher) -> bool:
+        started: bool = original(self)
+        if started:
+            for future in self._inflight or ():  # the bug: the fsync has not run yet
+                if not future.done():
+                    future.set_result(None)
+        return started
+    return begin_round
 
 
 def _checkpoint_beyond_durable(original: Any) -> Any:
@@ -41,8 +45,8 @@ def _checkpoint_beyond_durable(original: Any) -> Any:
 
 
 _PATCHES = {
-    "durable_at_sync_start": ("begin_sync", _durable_at_sync_start),
-    "checkpoint_beyond_durable": ("_checkpoint_value", _checkpoint_beyond_durable),
+    "ack_round_before_fsync": (Flusher, "_begin_round", _ack_round_before_fsync),
+    "checkpoint_beyond_durable": (CommitLog, "_checkpoint_value", _checkpoint_beyond_durable),
 }
 
 
@@ -54,10 +58,10 @@ def planted(name: str) -> Iterator[None]:
         return
     if name not in _PATCHES:
         raise ValueError(f"unknown runtime bug {name!r}; known: {', '.join(RUNTIME_BUGS)}")
-    attribute, wrap = _PATCHES[name]
-    original = getattr(CommitLog, attribute)
-    setattr(CommitLog, attribute, wrap(original))
+    owner, attribute, wrap = _PATCHES[name]
+    original = getattr(owner, attribute)
+    setattr(owner, attribute, wrap(original))
     try:
         yield
     finally:
-        setattr(CommitLog, attribute, original)
+        setattr(owner, attribute, original)

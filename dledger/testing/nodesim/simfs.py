@@ -33,6 +33,7 @@ import errno
 import os
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 PAGE = 4096
@@ -118,6 +119,9 @@ class SimFileSystem:
         self._full: set[str] = set()  # nodes whose next write fails (after a partial one)
         self.counts: Counter[str] = Counter()
         self._node_counts: Counter[str] = Counter()
+        # Called with the destination after every successful replace (the
+        # harness checks what checkpoints and hard states claim).
+        self.on_replace: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------- harness
 
@@ -208,6 +212,21 @@ class SimFileSystem:
                 dropped += 1
             start = stop
         return dropped
+
+    def durable_slice(self, path: str, offset: int, length: int) -> bytes | None:
+        """Bytes of `path` a power cut now would certainly keep (None: the
+        name itself is not durable)."""
+        d, name, _ = self._split(path)
+        inode = d.durable.get(name)
+        if inode is None:
+            return None
+        return bytes(inode.durable[offset:offset + length])
+
+    def volatile_slice(self, path: str, offset: int, length: int) -> bytes | None:
+        """Bytes of `path` as reads see them (None: no such file)."""
+        d, name, _ = self._split(path)
+        inode = d.entries.get(name)
+        return None if inode is None else bytes(inode.data[offset:offset + length])
 
     def files(self, prefix: str) -> dict[str, bytes]:
         """Every file under `prefix` as reads see it (tests, debugging)."""
@@ -369,6 +388,8 @@ class SimFileSystem:
         else:  # not used by the storage engine; two directories, two operations
             self._name_op(dd, [(dname, inode)])
             self._name_op(sd, [(sname, None)])
+        if self.on_replace is not None:
+            self.on_replace(dst)
 
     def remove(self, path: str) -> None:
         d, name, path = self._split(path)
