@@ -9,7 +9,14 @@ checks ask the `SimFileSystem` what a power cut *now* would keep:
 - *checkpoints*: a checkpoint file, when it is replaced, vouches only for
   entries that are durable (recovery trusts it);
 - *hard state*: the commit index saved never names an entry that is not
-  durable (a restart replays up to it).
+  durable (a restart replays up to it); every message but a pre-vote leaves
+  only once its term is durable, a granted vote only once the vote (or a later
+  term) is;
+- *commits*: with flush=sync an entry a client is told is committed is
+  durable, with that term, on a quorum (nodes that are down count as
+  holding it, since their files cannot be read without a restart);
+- *committed entries never change* (flush=sync): every index seen committed
+  on any node keeps its term on every node that commits it later.
 """
 
 from __future__ import annotations
@@ -18,8 +25,8 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from commitlog.checkpoint import read_checkpoint, read_hard_state
-from dledger.messages import AppendResponse, Message
+from commitlog.checkpoint import HardState, decode_hard_state, read_checkpoint, read_hard_state
+from dledger.messages import AppendResponse, Message, VoteRequest, VoteResponse
 
 if TYPE_CHECKING:
     from dledger.testing.nodesim.harness import Harness, Slot
@@ -44,17 +51,77 @@ def durable(h: Harness, slot: Slot, index: int) -> bool:
     return kept is not None and kept == h.fs.volatile_slice(path, at, size)
 
 
+def durable_hard_state(h: Harness, slot: Slot) -> HardState:
+    path = os.path.join(slot.data_dir, "hardstate")
+    raw = h.fs.durable_slice(path, 0, 1 << 16)
+    return decode_hard_state(path, raw) if raw else HardState()
+
+
 def observe_send(h: Harness, node_id: int, messages: Sequence[Message]) -> None:
-    if h.flush != "sync":
-        return
     slot = h.slots[node_id]
     if slot.node is None:
+        return
+    hs: HardState | None = None
+    for msg in messages:
+        if isinstance(msg, (VoteRequest, VoteResponse)) and msg.pre_vote:
+            continue
+        if hs is None:
+            hs = durable_hard_state(h, slot)
+        if msg.term > hs.term:
+            h.fail(f"n{node_id} sent {type(msg).__name__} of term {msg.term} to n{msg.dst} "
+                   f"while its durable term is {hs.term}")
+        elif isinstance(msg, VoteResponse) and msg.granted and hs.term == msg.term \
+                and hs.vote != msg.dst:
+            # (A durable later term also binds: no second vote in this one.)
+            h.fail(f"n{node_id} granted its vote to n{msg.dst} in term {msg.term} before "
+                   f"the vote was durable (durable: term {hs.term} vote {hs.vote})")
+    if h.flush != "sync":
         return
     for msg in messages:
         if isinstance(msg, AppendResponse) and msg.success and msg.index \
                 and not durable(h, slot, msg.index):
             h.fail(f"n{node_id} acknowledged entry {msg.index} to n{msg.dst} before it was "
                    "durable")
+
+
+def check_acked(h: Harness, slot: Slot, index: int, term: int) -> None:
+    """A client was told entry `index` of `term` committed (flush=sync)."""
+    if h.flush != "sync":
+        return
+    held = 0
+    for other in h.slots.values():
+        node = other.node
+        if other.state != "up" or node is None:
+            held += 1  # cannot tell without reading its files: assume it does
+            continue
+        log = node.log
+        if index <= log.last_index and log.term_at(index) == term and durable(h, other, index):
+            held += 1
+    if held < len(h.slots) // 2 + 1:
+        h.fail(f"n{slot.nid} acknowledged entry {index} (term {term}) to the client, but it is "
+               f"durable on {held} of {len(h.slots)} nodes")
+
+
+def check_commits(h: Harness) -> None:
+    """Committed entries never change (flush=sync): polled by the client."""
+    if h.flush != "sync":
+        return
+    seen = h.committed_terms
+    for slot in h.slots.values():
+        node = slot.node
+        if slot.state != "up" or node is None or node.failed is not None:
+            continue
+        log = node.log
+        top = min(node.commit_index, log.last_index)
+        start = max(h.commit_checked.get(slot.nid, 0), log.first_index - 1)
+        for index in range(start + 1, top + 1):
+            term = log.term_at(index)
+            known = seen.setdefault(index, term)
+            if known != term:
+                h.fail(f"n{slot.nid} committed entry {index} in term {term}, but term {known} "
+                       "was committed there before")
+                return
+        h.commit_checked[slot.nid] = top
 
 
 def observe_replace(h: Harness, path: str) -> None:

@@ -34,7 +34,12 @@ from dledger.config import NO_BUGS, Bugs
 from dledger.log import CommittedDivergence
 from dledger.node import NodeConfig, NodeIO, NotLeaderError, ProposalUnknown, RaftGroupNode
 from dledger.testing.nodesim.apply import Applier, ApplierFactory, RecordingApplier, digest
-from dledger.testing.nodesim.durability import observe_replace, observe_send
+from dledger.testing.nodesim.durability import (
+    check_acked,
+    check_commits,
+    observe_replace,
+    observe_send,
+)
 from dledger.testing.nodesim.network import SimNetwork, SimTransport
 from dledger.testing.nodesim.runtime_bugs import planted
 from dledger.testing.nodesim.simfs import FAULT_NAMES, NO_FAULTS, SimFileSystem
@@ -149,6 +154,9 @@ class Harness:
         self._doomed: set[tuple[int, int]] = set()
         self.heal_acked = 0
         self.done = False
+        # index -> term seen committed; per node, how far its commits were checked
+        self.committed_terms: dict[int, int] = {}
+        self.commit_checked: dict[int, int] = {}
 
     # -------------------------------------------------------------- tracing
 
@@ -329,6 +337,7 @@ class Harness:
             self.fail(f"propose on n{node.config.node_id} raised {exc!r}")
         else:
             p.outcome, p.index, p.term = "acked", entry.index, entry.term
+            check_acked(self, self.slots[node.config.node_id], entry.index, entry.term)
             if healing:
                 self.heal_acked += 1
 
@@ -350,6 +359,7 @@ class Harness:
         while not self.done:
             await asyncio.sleep(rng.uniform(0.01, 0.15))
             self.watch()
+            check_commits(self)
             if self.violation:
                 return
             target = self.leader()
