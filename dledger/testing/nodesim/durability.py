@@ -12,8 +12,8 @@ checks ask the `SimFileSystem` what a power cut *now* would keep:
   durable (a restart replays up to it); every message but a pre-vote leaves
   only once its term is durable, a granted vote only once the vote (or a later
   term) is;
-- *commits*: with flush=sync an entry a client is told is committed is
-  durable, with that term, on a quorum (nodes that are down count as
+- *commits*: with flush=sync an entry any node applies, or a client is told
+  is committed, is durable, with that term, on a quorum (nodes that are down count as
   holding it, since their files cannot be read without a restart);
 - *committed entries never change* (flush=sync): every index seen committed
   on any node keeps its term on every node that commits it later.
@@ -84,8 +84,9 @@ def observe_send(h: Harness, node_id: int, messages: Sequence[Message]) -> None:
                    "durable")
 
 
-def check_acked(h: Harness, slot: Slot, index: int, term: int) -> None:
-    """A client was told entry `index` of `term` committed (flush=sync)."""
+def check_acked(h: Harness, slot: Slot, index: int, term: int, what: str) -> None:
+    """Entry `index` of `term` was applied, or a client told it committed
+    (flush=sync): it must be durable on a quorum."""
     if h.flush != "sync":
         return
     held = 0
@@ -98,8 +99,8 @@ def check_acked(h: Harness, slot: Slot, index: int, term: int) -> None:
         if index <= log.last_index and log.term_at(index) == term and durable(h, other, index):
             held += 1
     if held < len(h.slots) // 2 + 1:
-        h.fail(f"n{slot.nid} acknowledged entry {index} (term {term}) to the client, but it is "
-               f"durable on {held} of {len(h.slots)} nodes")
+        h.fail(f"n{slot.nid} {what} entry {index} (term {term}), but it is durable on {held} "
+               f"of {len(h.slots)} nodes")
 
 
 def check_commits(h: Harness) -> None:

@@ -209,6 +209,8 @@ class Harness:
 
         def record(entry: commitlog.Entry) -> None:
             records.append((entry.index, entry.term, digest(entry.body)))
+            if slot.node is not None:  # applied live, not replayed at start
+                check_acked(self, slot, entry.index, entry.term, "applied")
 
         def transport(group: str, node_id: int, peers: Any, deliver: Any,
                       bind_host: Any) -> SimTransport:
@@ -337,7 +339,8 @@ class Harness:
             self.fail(f"propose on n{node.config.node_id} raised {exc!r}")
         else:
             p.outcome, p.index, p.term = "acked", entry.index, entry.term
-            check_acked(self, self.slots[node.config.node_id], entry.index, entry.term)
+            check_acked(self, self.slots[node.config.node_id], entry.index, entry.term,
+                        "acknowledged to the client")
             if healing:
                 self.heal_acked += 1
 

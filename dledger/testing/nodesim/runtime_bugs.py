@@ -29,8 +29,10 @@ RUNTIME_BUGS = ("ack_round_before_fsync", "checkpoint_beyond_durable")
 def _ack_round_before_fsync(original: Any) -> Any:
     def begin_round(self: Flusher) -> bool:
         started: bool = original(self)
-        if started:
-            for future in self._inflight or ():  # the bug: the fsync has not run yet
+        if started and self._round_token is not None:
+            # The bug: the durable point moves and the waiters go before the fsync ran.
+            self.log.finish_sync(self._round_token)
+            for future in self._inflight or ():
                 if not future.done():
                     future.set_result(None)
         return started
