@@ -74,8 +74,11 @@ def write_checkpoint(data_dir: str, checkpoint: Checkpoint) -> None:
 def read_hard_state(data_dir: str) -> HardState | None:
     path = os.path.join(data_dir, "hardstate")
     raw = read_small_file(path)
-    if raw is None:
-        return None
+    return None if raw is None else decode_hard_state(path, raw)
+
+
+def decode_hard_state(path: str, raw: bytes) -> HardState:
+    """The hard state in `raw` (the bytes of the file at `path`), checked."""
     _check(path, raw, _HARDSTATE.size, HARDSTATE_MAGIC)
     _m, _v, term, vote, commit, _r = _HARDSTATE.unpack_from(raw)
     return HardState(term, vote, commit)

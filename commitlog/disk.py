@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import itertools
 import os
 import threading
 
+from commitlog import fileio
 from commitlog.errors import DiskFullError, LockedError
 
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -20,7 +20,7 @@ _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 def open_append(path: str) -> int:
     """Open (creating) a file for reading and writing; the caller tracks its length."""
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    return fileio.fs.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
 
 def write_at_end(fd: int, length: int, data: bytes | memoryview, path: str) -> None:
@@ -31,17 +31,17 @@ def write_at_end(fd: int, length: int, data: bytes | memoryview, path: str) -> N
     """
     done = 0
     try:
-        done = os.pwrite(fd, data, length)
+        done = fileio.fs.pwrite(fd, data, length)
         if done == len(data):
             return  # the common case: one call wrote everything
         view = memoryview(data)
         while done < len(view):
-            done += os.pwrite(fd, view[done:], length + done)
+            done += fileio.fs.pwrite(fd, view[done:], length + done)
     except OSError as exc:
         if done or exc.errno in _DISK_FULL_ERRNOS:
             # If even this fails, the next open's recovery cuts the rest by CRC.
             with contextlib.suppress(OSError):
-                os.ftruncate(fd, length)
+                fileio.fs.ftruncate(fd, length)
         if exc.errno in _DISK_FULL_ERRNOS:
             raise DiskFullError(f"disk full while writing {path}: {exc.strerror}") from exc
         raise
@@ -51,7 +51,7 @@ def read_exact(fd: int, offset: int, length: int) -> bytes:
     """pread that returns fewer bytes only at end of file."""
     chunks = []
     while length > 0:
-        chunk = os.pread(fd, length, offset)
+        chunk = fileio.fs.pread(fd, length, offset)
         if not chunk:
             break
         chunks.append(chunk)
@@ -62,7 +62,7 @@ def read_exact(fd: int, offset: int, length: int) -> bytes:
 
 def sync_fd(fd: int) -> None:
     """Make a file's data durable (fdatasync also covers a grown file size)."""
-    os.fdatasync(fd)
+    fileio.fs.fdatasync(fd)
 
 
 # Durability trace for the chaos harness's power-loss fault: when enabled,
@@ -96,12 +96,12 @@ def record_durable(path: str, length: int) -> None:
     """
     trace = path + TRACE_SUFFIX
     tmp = f"{trace}.{threading.get_native_id()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = fileio.fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        os.write(fd, f"{length}\n".encode())
+        fileio.fs.write(fd, f"{length}\n".encode())
     finally:
-        os.close(fd)
-    os.replace(tmp, trace)
+        fileio.fs.close(fd)
+    fileio.fs.replace(tmp, trace)
 
 
 def is_trace_file(name: str) -> bool:
@@ -142,16 +142,16 @@ def sync_and_close(files: list[DirtyFile]) -> None:
                 record_durable(path, length)
     finally:
         for fd, _path, _length in files:
-            os.close(fd)
+            fileio.fs.close(fd)
 
 
 def sync_directory(path: str) -> None:
     """Make created, renamed or removed directory entries durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fd = fileio.fs.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        fileio.fs.fsync(fd)
     finally:
-        os.close(fd)
+        fileio.fs.close(fd)
 
 
 _tmp_names = itertools.count()
@@ -166,17 +166,17 @@ def atomic_replace(path: str, data: bytes) -> None:
     other's half-written file, or find theirs gone.
     """
     tmp = f"{path}.{os.getpid()}.{next(_tmp_names)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = fileio.fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         try:
             write_at_end(fd, 0, data, tmp)
-            os.fsync(fd)
+            fileio.fs.fsync(fd)
         finally:
-            os.close(fd)
-        os.replace(tmp, path)
+            fileio.fs.close(fd)
+        fileio.fs.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.remove(tmp)
+            fileio.fs.remove(tmp)
         raise
     sync_directory(os.path.dirname(path) or ".")
     if _trace:
@@ -184,19 +184,15 @@ def atomic_replace(path: str, data: bytes) -> None:
 
 
 def read_small_file(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
+    return fileio.fs.read_file(path)
 
 
 def lock_directory(path: str) -> int:
     """Hold an exclusive advisory lock on `<path>/LOCK` for the process lifetime."""
-    fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = fileio.fs.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fileio.fs.lock(fd)
     except BlockingIOError as exc:
-        os.close(fd)
+        fileio.fs.close(fd)
         raise LockedError(f"data directory {path} is in use by another process") from exc
     return fd

@@ -262,9 +262,7 @@ class Flusher:
     async def _run(self) -> None:
         try:
             await self._run_rounds()
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
+        except Exception as exc:  # not CancelledError or GeneratorExit: those are no failure
             self._fail_for_good(exc)
 
     def _fail_for_good(self, exc: BaseException) -> None:

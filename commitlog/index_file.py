@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
+from commitlog import fileio
 from commitlog.disk import DirtyFile, open_append, read_exact, sync_and_close, write_at_end
 from commitlog.errors import DiskFullError
 
@@ -63,7 +64,7 @@ class IndexFiles:
     def __init__(self, directory: str, records_per_file: int) -> None:
         self.directory = directory
         self.records_per_file = records_per_file
-        os.makedirs(directory, exist_ok=True)
+        fileio.fs.makedirs(directory, exist_ok=True)
         self._fds: dict[int, int] = {}  # file first index -> fd
         self._lengths: dict[int, int] = {}  # file first index -> bytes
         self._dirty: set[int] = set()
@@ -76,16 +77,16 @@ class IndexFiles:
         self._pending: list[bytes] = []
         self._pending_first = 0
         self.foreign: list[str] = []
-        for name in sorted(os.listdir(directory)):
+        for name in sorted(fileio.fs.listdir(directory)):
             path = os.path.join(directory, name)
             if name.endswith(".durable"):
                 continue  # the chaos harness's durability trace
             if name.endswith(".tmp"):
-                os.remove(path)
+                fileio.fs.remove(path)
             elif len(name) == NAME_DIGITS and name.isdigit() and self._is_base(int(name)):
                 base = int(name)
                 self._fds[base] = open_append(path)
-                self._lengths[base] = os.fstat(self._fds[base]).st_size
+                self._lengths[base] = fileio.fs.size(self._fds[base])
             else:
                 self.foreign.append(path)
 
@@ -202,7 +203,7 @@ class IndexFiles:
             else:
                 keep = (index - base + 1) * RECORD_SIZE
                 if self._lengths[base] > keep:
-                    os.ftruncate(self._fds[base], keep)
+                    fileio.fs.ftruncate(self._fds[base], keep)
                     self._lengths[base] = keep
                     self._dirty.add(base)
                 break
@@ -215,14 +216,14 @@ class IndexFiles:
                 self._remove(base)
 
     def _remove(self, base: int) -> None:
-        os.close(self._fds.pop(base))
+        fileio.fs.close(self._fds.pop(base))
         del self._lengths[base]
         self._dirty.discard(base)
-        os.remove(self._path(base))
+        fileio.fs.remove(self._path(base))
 
     def dirty_fds(self) -> list[DirtyFile]:
         self.write_pending()
-        fds = [(os.dup(self._fds[b]), self._path(b), self._lengths[b])
+        fds = [(fileio.fs.dup(self._fds[b]), self._path(b), self._lengths[b])
                for b in self._dirty if b in self._fds]
         self._dirty.clear()
         return fds
@@ -236,6 +237,6 @@ class IndexFiles:
             self.write_pending()
         self._pending = []
         for fd in self._fds.values():
-            os.close(fd)
+            fileio.fs.close(fd)
         self._fds.clear()
         self._lengths.clear()

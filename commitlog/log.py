@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
+from commitlog import fileio
 from commitlog.checkpoint import (
     Checkpoint,
     HardState,
@@ -76,7 +77,7 @@ class CommitLog:
         self.data_dir = data_dir
         self.config = config
         self._entry_size_limit = config.entry_size_limit  # the config is frozen
-        os.makedirs(data_dir, exist_ok=True)
+        fileio.fs.makedirs(data_dir, exist_ok=True)
         self._lock_fd = lock_directory(data_dir)
         self.segments: SegmentFiles | None = None
         self.index: IndexFiles | None = None
@@ -112,8 +113,12 @@ class CommitLog:
         self.durable_index = self.first_index - 1
         self.durable_end = 0
         self.durable_term = 0
-        self.flush()
-        self.checkpoint()
+        try:
+            self.flush()
+            self.checkpoint()
+        except BaseException:
+            self.abandon()  # release the directory lock: a retry in this process may open it
+            raise
 
     @classmethod
     def open(cls, data_dir: str, config: CommitLogConfig | None = None) -> CommitLog:
@@ -122,7 +127,7 @@ class CommitLog:
 
     def _foreign_files(self) -> list[str]:
         found = list(self.segments.foreign) + list(self.index.foreign)
-        for name in sorted(os.listdir(self.data_dir)):
+        for name in sorted(fileio.fs.listdir(self.data_dir)):
             if name in KNOWN_TOP_LEVEL or name.endswith((".durable", ".tmp")) \
                     or name.startswith("diverged-"):  # kept by a rollback (broker)
                 continue
@@ -493,7 +498,7 @@ class CommitLog:
             # A failed log writes nothing more: its next open recovers from
             # what is on disk (index records are rebuilt from the segments).
             self.index.close(write_pending=self.failed is None)
-            os.close(self._lock_fd)
+            fileio.fs.close(self._lock_fd)
             self._lock_fd = -1
 
     def abandon(self) -> None:
@@ -503,7 +508,7 @@ class CommitLog:
         if self.index is not None:
             self.index.close(write_pending=False)
         if self._lock_fd >= 0:
-            os.close(self._lock_fd)
+            fileio.fs.close(self._lock_fd)
             self._lock_fd = -1
 
     def __enter__(self) -> CommitLog:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from commitlog import fileio
 from commitlog.disk import DirtyFile, open_append, read_exact, sync_directory, write_at_end
 from commitlog.errors import ConfigError, PositionMismatchError
 
@@ -21,7 +22,7 @@ class SegmentFiles:
     def __init__(self, directory: str, segment_size: int) -> None:
         self.directory = directory
         self.segment_size = segment_size
-        os.makedirs(directory, exist_ok=True)
+        fileio.fs.makedirs(directory, exist_ok=True)
         self.bases: list[int] = []  # sorted
         self._fds: dict[int, int] = {}
         self.lengths: dict[int, int] = {}
@@ -29,12 +30,12 @@ class SegmentFiles:
         self._directory_dirty = False
         self.foreign: list[str] = []
         self._paths: dict[int, str] = {}
-        for name in sorted(os.listdir(directory)):
+        for name in sorted(fileio.fs.listdir(directory)):
             path = os.path.join(directory, name)
             if name.endswith(".durable"):
                 continue  # the chaos harness's durability trace
             if name.endswith(".tmp"):
-                os.remove(path)
+                fileio.fs.remove(path)
                 continue
             if not (len(name) == NAME_DIGITS and name.isdigit()):
                 self.foreign.append(path)
@@ -46,9 +47,9 @@ class SegmentFiles:
                     f"{segment_size}: the group's segment size must not change"
                 )
             fd = open_append(path)
-            length = os.fstat(fd).st_size
+            length = fileio.fs.size(fd)
             if length > segment_size:
-                os.close(fd)
+                fileio.fs.close(fd)
                 raise ConfigError(
                     f"segment {path} holds {length} bytes, more than segment_size_bytes="
                     f"{segment_size}: the group's segment size must not change"
@@ -111,7 +112,7 @@ class SegmentFiles:
             if base >= end:
                 self._remove(base)
             elif base + self.lengths[base] > end:
-                os.ftruncate(self._fds[base], end - base)
+                fileio.fs.ftruncate(self._fds[base], end - base)
                 self.lengths[base] = end - base
                 self._dirty.add(base)
 
@@ -125,11 +126,11 @@ class SegmentFiles:
         return removed
 
     def _remove(self, base: int) -> None:
-        os.close(self._fds.pop(base))
+        fileio.fs.close(self._fds.pop(base))
         del self.lengths[base]
         self.bases.remove(base)
         self._dirty.discard(base)
-        os.remove(self.path(base))
+        fileio.fs.remove(self.path(base))
         self._directory_dirty = True
 
     def take_dirty(self) -> tuple[list[DirtyFile], bool]:
@@ -137,7 +138,7 @@ class SegmentFiles:
         and whether the directory changed. The caller syncs and closes them;
         dup() keeps a concurrent truncate from closing an fd under a syncing
         thread."""
-        fds = [(os.dup(self._fds[b]), self.path(b), self.lengths[b])
+        fds = [(fileio.fs.dup(self._fds[b]), self.path(b), self.lengths[b])
                for b in self._dirty if b in self._fds]
         self._dirty.clear()
         directory_dirty, self._directory_dirty = self._directory_dirty, False
@@ -148,5 +149,5 @@ class SegmentFiles:
 
     def close(self) -> None:
         for fd in self._fds.values():
-            os.close(fd)
+            fileio.fs.close(fd)
         self._fds.clear()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from commitlog import fileio
 from commitlog.disk import DirtyFile, open_append, read_exact, sync_and_close, write_at_end
 from consumequeue.unit import NAME_DIGITS, UNIT_SIZE, decode_units, encode_units
 
@@ -34,19 +35,19 @@ class ConsumeQueue:
         self.topic = topic
         self.queue_id = queue_id
         self.units_per_file = units_per_file
-        os.makedirs(directory, exist_ok=True)
+        fileio.fs.makedirs(directory, exist_ok=True)
         self._fds: dict[int, int] = {}
         self._lengths: dict[int, int] = {}
         self._dirty: set[int] = set()
         self.foreign: list[str] = []
-        for name in sorted(os.listdir(directory)):
+        for name in sorted(fileio.fs.listdir(directory)):
             path = os.path.join(directory, name)
             if len(name) == NAME_DIGITS and name.isdigit() and int(name) % units_per_file == 0:
                 fd = open_append(path)
                 self._fds[int(name)] = fd
-                self._lengths[int(name)] = os.fstat(fd).st_size
+                self._lengths[int(name)] = fileio.fs.size(fd)
             elif name.endswith(".tmp"):
-                os.remove(path)
+                fileio.fs.remove(path)
             elif name.endswith(".durable"):
                 continue  # the chaos harness's durability trace
             else:
@@ -62,7 +63,7 @@ class ConsumeQueue:
     def _trim_partial_units(self) -> None:
         for base, length in self._lengths.items():
             if length % UNIT_SIZE:
-                os.ftruncate(self._fds[base], length - length % UNIT_SIZE)
+                fileio.fs.ftruncate(self._fds[base], length - length % UNIT_SIZE)
                 self._lengths[base] = length - length % UNIT_SIZE
 
     def _find_bounds(self) -> None:
@@ -157,14 +158,14 @@ class ConsumeQueue:
         """Drop every slot at or after `offset`."""
         for base in sorted(self._fds, reverse=True):
             if base >= offset:
-                os.close(self._fds.pop(base))
+                fileio.fs.close(self._fds.pop(base))
                 del self._lengths[base]
                 self._dirty.discard(base)
-                os.remove(self._path(base))
+                fileio.fs.remove(self._path(base))
             else:
                 keep = (offset - base) * UNIT_SIZE
                 if self._lengths[base] > keep:
-                    os.ftruncate(self._fds[base], keep)
+                    fileio.fs.ftruncate(self._fds[base], keep)
                     self._lengths[base] = keep
                     self._dirty.add(base)
                 break
@@ -193,15 +194,15 @@ class ConsumeQueue:
             last = self.read(end - 1, 1)
             if not last or last[0].physical_offset >= physical_offset:
                 break
-            os.close(self._fds.pop(base))
+            fileio.fs.close(self._fds.pop(base))
             del self._lengths[base]
-            os.remove(self._path(base))
+            fileio.fs.remove(self._path(base))
             removed += 1
             self.min_offset = max(self.min_offset, end)
         return removed
 
     def dirty_fds(self) -> list[DirtyFile]:
-        fds = [(os.dup(self._fds[b]), self._path(b), self._lengths[b])
+        fds = [(fileio.fs.dup(self._fds[b]), self._path(b), self._lengths[b])
                for b in self._dirty if b in self._fds]
         self._dirty.clear()
         return fds
@@ -211,5 +212,5 @@ class ConsumeQueue:
 
     def close(self) -> None:
         for fd in self._fds.values():
-            os.close(fd)
+            fileio.fs.close(fd)
         self._fds.clear()

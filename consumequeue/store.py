@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from commitlog import HEADER_SIZE, KIND_MESSAGES, CommitLog, Entry, iter_records, tag_hash
+from commitlog import HEADER_SIZE, KIND_MESSAGES, CommitLog, Entry, fileio, iter_records, tag_hash
 from commitlog.columns import RecordColumns, queue_groups, scan_body
 from commitlog.disk import DirtyFile, sync_and_close
 from commitlog.message import MESSAGE_HEAD_SIZE
@@ -103,7 +102,7 @@ class ConsumeQueueStore:
         self.log = log
         self.units_per_file = units_per_file
         self.queues: dict[QueueKey, ConsumeQueue] = {}
-        os.makedirs(self.directory, exist_ok=True)
+        fileio.fs.makedirs(self.directory, exist_ok=True)
         self.recovery = DispatchRecovery()
         self._recover()
 
@@ -148,16 +147,16 @@ class ConsumeQueueStore:
         self.recovery.dispatched_index = self.dispatched_index
 
     def _open_existing(self) -> None:
-        for topic in sorted(os.listdir(self.directory)):
+        for topic in sorted(fileio.fs.listdir(self.directory)):
             topic_dir = os.path.join(self.directory, topic)
             if topic == "checkpoint" or topic.endswith((".tmp", ".durable")):
                 continue
-            if not (os.path.isdir(topic_dir) and _TOPIC_DIR.match(topic)):
+            if not (fileio.fs.isdir(topic_dir) and _TOPIC_DIR.match(topic)):
                 self.recovery.foreign_files.append(topic_dir)
                 continue
-            for queue_name in sorted(os.listdir(topic_dir)):
+            for queue_name in sorted(fileio.fs.listdir(topic_dir)):
                 queue_dir = os.path.join(topic_dir, queue_name)
-                if not (queue_name.isdigit() and os.path.isdir(queue_dir)):
+                if not (queue_name.isdigit() and fileio.fs.isdir(queue_dir)):
                     self.recovery.foreign_files.append(queue_dir)
                     continue
                 queue = ConsumeQueue(queue_dir, topic, int(queue_name), self.units_per_file)
@@ -307,4 +306,4 @@ class ConsumeQueueStore:
     @staticmethod
     def destroy(data_dir: str) -> None:
         """Remove every ConsumeQueue file (to rebuild them from the CommitLog)."""
-        shutil.rmtree(os.path.join(data_dir, "consumequeue"), ignore_errors=True)
+        fileio.fs.rmtree(os.path.join(data_dir, "consumequeue"))

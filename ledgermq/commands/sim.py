@@ -24,10 +24,14 @@ def register(app: typer.Typer) -> None:
         trace: bool = typer.Option(False, help="Print the event trace of each run."),
         json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
         bug: str | None = typer.Option(None, help="Switch on one injected bug (see docs/raft.md)."),
-        flush: str = typer.Option("sync", help="Durability model: sync, async or mix."),
+        flush: str | None = typer.Option(
+            None, help="Durability model: sync, async or mix (default: sync for the core "
+                       "simulator, mix for --real-node)."),
         profile: str | None = typer.Option(
             None, help="Pin one fault profile (default: drawn per seed)."
         ),
+        real_node: bool = typer.Option(
+            False, "--real-node", help="Simulate the real node (runtime, storage, apply path)."),
     ) -> None:
         """Run the deterministic Raft simulator over a range of seeds."""
         import json
@@ -42,6 +46,12 @@ def register(app: typer.Typer) -> None:
 
         if nodes not in (3, 5):
             raise typer.BadParameter("--nodes must be 3 or 5")
+        if real_node:
+            from ledgermq.commands import sim_real_node
+
+            sim_real_node.run([seed] if seed is not None else list(range(start, start + seeds)),
+                              nodes, flush or "mix", trace, json_output, bug)
+        flush = flush or "sync"
         try:
             bugs = Bugs.only(bug) if bug else Bugs()
         except ValueError as exc:

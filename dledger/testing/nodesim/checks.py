@@ -1,0 +1,74 @@
+"""The end-of-run checks of the real-node simulator.
+
+After the liveness phase every node that is not stopped on a (flush=async)
+committed divergence is up, caught up and applied to the leader's commit
+index. Then:
+
+- every node's committed log equals the leader's (index, term, body);
+- no client proposal is in the final log twice;
+- flush=sync: every acknowledged proposal is in the final log at the index and
+  term it was acknowledged with;
+- what every node applied, replays after restarts included, equals the final
+  log at each index (flush=async: only the current incarnations, since a power
+  cut of a quorum may legitimately lose committed entries there);
+- the state machines agree with themselves (`Applier.check`) and with each
+  other (`Applier.summary`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from dledger.testing.nodesim.apply import digest, read_committed
+
+if TYPE_CHECKING:
+    from dledger.testing.nodesim.harness import Harness
+
+
+def final_checks(h: Harness) -> str | None:
+    leader = h.leader()
+    if leader is None or leader.node is None:
+        return "no leader at the end"
+    commit = leader.node.commit_index
+    final = {e.index: (e.term, digest(e.body))
+             for e in read_committed(leader.node.log, 1, commit)}
+    live = [s for s in h.slots.values() if s.state == "up" and s.node is not None]
+    for slot in live:
+        assert slot.node is not None
+        for e in read_committed(slot.node.log, 1, slot.node.commit_index):
+            if final.get(e.index) != (e.term, digest(e.body)):
+                return (f"n{slot.nid} committed entry {e.index} (term {e.term}) differs from "
+                        f"the leader n{leader.nid}'s {final.get(e.index)}")
+    seen = Counter(d for _, d in final.values() if d in h.by_digest)
+    twice = [h.by_digest[d].seq for d, n in seen.items() if n > 1]
+    if twice:
+        return f"proposals {sorted(twice)[:5]} are in the final log more than once"
+    if h.flush == "sync":
+        for p in h.proposals:
+            if p.outcome != "acked":
+                continue
+            if final.get(p.index) != (p.term, digest(p.body)):
+                return (f"acknowledged proposal {p.seq} (index {p.index}, term {p.term}) is "
+                        f"not in the final log there: {final.get(p.index)}")
+    for slot in h.slots.values():
+        incarnations = slot.applied.items()
+        if h.flush == "async":
+            if slot.state == "diverged":
+                continue
+            incarnations = [(slot.incarnation, slot.applied.get(slot.incarnation, []))]
+        for incarnation, records in incarnations:
+            for index, term, dig in records:
+                if final.get(index) != (term, dig):
+                    return (f"n{slot.nid}#{incarnation} applied entry {index} (term {term}) "
+                            f"but the final log has {final.get(index)}")
+    summaries = {}
+    for slot in live:
+        assert slot.applier is not None
+        problem = slot.applier.check()
+        if problem:
+            return f"n{slot.nid} state machine: {problem}"
+        summaries[slot.nid] = slot.applier.summary()
+    if len({repr(v) for v in summaries.values()}) > 1:
+        return f"state machines differ: {summaries}"
+    return None

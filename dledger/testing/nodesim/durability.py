@@ -1,0 +1,142 @@
+"""Durability checks against the simulated disk's ground truth, as things happen.
+
+The runtime's own counters trust its own idea of what is durable; these
+checks ask the `SimFileSystem` what a power cut *now* would keep:
+
+- *acks*: with flush=sync a follower's successful AppendResponse for index i
+  leaves only once entry i is durable on that follower (checked as the
+  transport sends it);
+- *checkpoints*: a checkpoint file, when it is replaced, vouches only for
+  entries that are durable (recovery trusts it);
+- *hard state*: the commit index saved never names an entry that is not
+  durable (a restart replays up to it); every message but a pre-vote leaves
+  only once its term is durable, a granted vote only once the vote (or a later
+  term) is;
+- *commits*: with flush=sync an entry any node applies, or a client is told
+  is committed, is durable, with that term, on a quorum (nodes that are down count as
+  holding it, since their files cannot be read without a restart);
+- *committed entries never change* (flush=sync): every index seen committed
+  on any node keeps its term on every node that commits it later.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from commitlog.checkpoint import HardState, decode_hard_state, read_checkpoint, read_hard_state
+from dledger.messages import AppendResponse, Message, VoteRequest, VoteResponse
+
+if TYPE_CHECKING:
+    from dledger.testing.nodesim.harness import Harness, Slot
+
+
+def durable(h: Harness, slot: Slot, index: int) -> bool:
+    """Entry `index` of the node's log (as it reads now) would survive a power cut."""
+    node = slot.node
+    assert node is not None
+    log = node.log
+    if index < log.first_index:
+        return True
+    if index > log.last_index:
+        return False
+    record = log.index.read(index)  # queued records are served from memory
+    assert record is not None, f"no index record for entry {index}"
+    base = log.segments.base_of(record.position)
+    path = log.segments.path(base)
+    size = record.size
+    at = record.position - base
+    kept = h.fs.durable_slice(path, at, size)
+    return kept is not None and kept == h.fs.volatile_slice(path, at, size)
+
+
+def durable_hard_state(h: Harness, slot: Slot) -> HardState:
+    path = os.path.join(slot.data_dir, "hardstate")
+    raw = h.fs.durable_slice(path, 0, 1 << 16)
+    return decode_hard_state(path, raw) if raw else HardState()
+
+
+def observe_send(h: Harness, node_id: int, messages: Sequence[Message]) -> None:
+    slot = h.slots[node_id]
+    if slot.node is None:
+        return
+    hs: HardState | None = None
+    for msg in messages:
+        if isinstance(msg, (VoteRequest, VoteResponse)) and msg.pre_vote:
+            continue
+        if hs is None:
+            hs = durable_hard_state(h, slot)
+        if msg.term > hs.term:
+            h.fail(f"n{node_id} sent {type(msg).__name__} of term {msg.term} to n{msg.dst} "
+                   f"while its durable term is {hs.term}")
+        elif isinstance(msg, VoteResponse) and msg.granted and hs.term == msg.term \
+                and hs.vote != msg.dst:
+            # (A durable later term also binds: no second vote in this one.)
+            h.fail(f"n{node_id} granted its vote to n{msg.dst} in term {msg.term} before "
+                   f"the vote was durable (durable: term {hs.term} vote {hs.vote})")
+    if h.flush != "sync":
+        return
+    for msg in messages:
+        if isinstance(msg, AppendResponse) and msg.success and msg.index \
+                and not durable(h, slot, msg.index):
+            h.fail(f"n{node_id} acknowledged entry {msg.index} to n{msg.dst} before it was "
+                   "durable")
+
+
+def check_acked(h: Harness, slot: Slot, index: int, term: int, what: str) -> None:
+    """Entry `index` of `term` was applied, or a client told it committed
+    (flush=sync): it must be durable on a quorum."""
+    if h.flush != "sync":
+        return
+    held = 0
+    for other in h.slots.values():
+        node = other.node
+        if other.state != "up" or node is None:
+            held += 1  # cannot tell without reading its files: assume it does
+            continue
+        log = node.log
+        if index <= log.last_index and log.term_at(index) == term and durable(h, other, index):
+            held += 1
+    if held < len(h.slots) // 2 + 1:
+        h.fail(f"n{slot.nid} {what} entry {index} (term {term}), but it is durable on {held} "
+               f"of {len(h.slots)} nodes")
+
+
+def check_commits(h: Harness) -> None:
+    """Committed entries never change (flush=sync): polled by the client."""
+    if h.flush != "sync":
+        return
+    seen = h.committed_terms
+    for slot in h.slots.values():
+        node = slot.node
+        if slot.state != "up" or node is None or node.failed is not None:
+            continue
+        log = node.log
+        top = min(node.commit_index, log.last_index)
+        start = max(h.commit_checked.get(slot.nid, 0), log.first_index - 1)
+        for index in range(start + 1, top + 1):
+            term = log.term_at(index)
+            known = seen.setdefault(index, term)
+            if known != term:
+                h.fail(f"n{slot.nid} committed entry {index} in term {term}, but term {known} "
+                       "was committed there before")
+                return
+        h.commit_checked[slot.nid] = top
+
+
+def observe_replace(h: Harness, path: str) -> None:
+    data_dir, name = os.path.split(path)
+    slot = next((s for s in h.slots.values() if s.data_dir == data_dir), None)
+    if slot is None or slot.node is None or name not in ("checkpoint", "hardstate"):
+        return  # a ConsumeQueue checkpoint, or a node still opening its log
+    if name == "checkpoint":
+        ck = read_checkpoint(data_dir)
+        if ck is not None and ck.durable_index >= ck.first_index \
+                and not durable(h, slot, ck.durable_index):
+            h.fail(f"n{slot.nid} checkpoint vouches for entry {ck.durable_index}, which is "
+                   "not durable")
+    else:
+        hs = read_hard_state(data_dir)
+        if hs is not None and hs.commit and not durable(h, slot, hs.commit):
+            h.fail(f"n{slot.nid} saved commit index {hs.commit}, whose entry is not durable")

@@ -1,0 +1,505 @@
+"""`run_seed`: one run of real nodes on simulated time, disks and network.
+
+Each simulated node is a real `RaftGroupNode` (the runtime, its CommitLog,
+Flusher and checkpoint code, and the applier's state machine) on its own
+`SimLoop`, with a `SimWorker` for fsyncs and hard-state writes, a
+`SimTransport`, and its data directory `/sim/n<id>` on the shared
+`SimFileSystem`. A run has two phases:
+
+1. *faults* (`fault_s` of virtual time): a client proposes entries to
+   whichever node leads while the nemesis (`nemesis.py`) cuts power, restarts,
+   pauses, partitions, slows disks and injects disk and network faults;
+2. *liveness* (up to `heal_s`): every fault is healed and every node that is
+   down is restarted; the group must converge (one ready leader, every node
+   caught up and applied) and commit a new proposal.
+
+Then `checks.py` compares what every node applied, the final logs and the
+client's acknowledged proposals. Everything random comes from
+`random.Random(seed)`, so a run is a pure function of (seed, options).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import commitlog
+from commitlog import fileio
+from dledger.config import NO_BUGS, Bugs
+from dledger.log import CommittedDivergence
+from dledger.node import NodeConfig, NodeIO, NotLeaderError, ProposalUnknown, RaftGroupNode
+from dledger.testing.nodesim.apply import Applier, ApplierFactory, RecordingApplier, digest
+from dledger.testing.nodesim.durability import (
+    check_acked,
+    check_commits,
+    observe_replace,
+    observe_send,
+)
+from dledger.testing.nodesim.network import SimNetwork, SimTransport
+from dledger.testing.nodesim.runtime_bugs import planted
+from dledger.testing.nodesim.simfs import FAULT_NAMES, NO_FAULTS, SimFileSystem
+from dledger.testing.nodesim.vtime import Scheduler, SimLoop, VirtualClock
+from dledger.testing.nodesim.worker import SimWorker
+
+GROUP = "sim"
+TICK_MS = 50
+ELECTION_TICKS = 10
+
+
+@dataclass(frozen=True)
+class NodeSimOptions:
+    """What a run simulates; with the seed, everything that decides it."""
+
+    nodes: int = 3
+    # "sync", "async", or "mix" (a quarter of the seeds run flush=async).
+    flush: str = "mix"
+    bugs: Bugs = NO_BUGS
+    runtime_bug: str = ""  # see runtime_bugs.RUNTIME_BUGS
+    fault_s: float = 6.0
+    heal_s: float = 20.0
+    applier: ApplierFactory | None = None
+    segment_size: int = 16 * 1024
+
+
+@dataclass
+class NodeSimResult:
+    seed: int
+    nodes: int
+    flush: str
+    violation: str | None = None
+    trace: list[str] = field(default_factory=list)
+    steps: int = 0
+    virtual_s: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.violation is None
+
+
+class Violation(Exception):
+    """A broken guarantee; ends the run."""
+
+
+@dataclass
+class Slot:
+    """One simulated node across its incarnations."""
+
+    nid: int
+    data_dir: str
+    state: str = "down"  # up | down | diverged
+    incarnation: int = 0
+    loop: SimLoop | None = None
+    node: RaftGroupNode | None = None
+    applier: Applier | None = None
+    faults_at_start: int = 0
+    failure_seen: bool = False
+    disk_mode: str = "normal"  # normal | slow
+    # (index, term, digest) applied by each incarnation
+    applied: dict[int, list[tuple[int, int, str]]] = field(default_factory=dict)
+
+
+@dataclass
+class Proposal:
+    seq: int
+    body: bytes
+    node: int
+    outcome: str = "pending"  # pending | acked | refused | unknown
+    index: int = 0
+    term: int = 0
+
+
+class Harness:
+    """The simulated cluster of one run and its bookkeeping."""
+
+    def __init__(self, seed: int, options: NodeSimOptions,
+                 trace: Callable[[str], None] | None) -> None:
+        self.seed = seed
+        self.options = options
+        rng = random.Random(seed)
+        self.rng = rng
+        self.flush = options.flush
+        if self.flush == "mix":
+            self.flush = "async" if rng.random() < 0.25 else "sync"
+        self.clock = VirtualClock()
+        self.scheduler = Scheduler(self.clock)
+        self.fs = SimFileSystem(random.Random(rng.getrandbits(64)))
+        self.crash_rng = random.Random(rng.getrandbits(64))
+        self.net = SimNetwork(random.Random(rng.getrandbits(64)), lambda: self.clock.now)
+        self.disk_rng = random.Random(rng.getrandbits(64))
+        self.client_rng = random.Random(rng.getrandbits(64))
+        self.nemesis_rng = random.Random(rng.getrandbits(64))
+        self.client_loop = SimLoop(self.clock, "client")
+        self.scheduler.loops.append(self.client_loop)
+        self.slots = {n: Slot(n, f"/sim/n{n}") for n in range(1, options.nodes + 1)}
+        for slot in self.slots.values():
+            self.fs.set_faults(slot.data_dir, NO_FAULTS)
+        self.fs.on_replace = lambda path: observe_replace(self, path)
+        self.dead_loops: list[SimLoop] = []
+        self.proposals: list[Proposal] = []
+        self.by_digest: dict[str, Proposal] = {}
+        self.lines: list[str] = []
+        self._trace_out = trace
+        self.violation: str | None = None
+        self.counts: dict[str, int] = dict.fromkeys(
+            ("crashes", "restarts", "pauses", "partitions", "node_failures", "divergences",
+             "restart_faults"), 0)
+        self.healing = False
+        self.leader_killer = False
+        self._doomed: set[tuple[int, int]] = set()
+        self.heal_acked = 0
+        self.done = False
+        # index -> term seen committed; per node, how far its commits were checked
+        self.committed_terms: dict[int, int] = {}
+        self.commit_checked: dict[int, int] = {}
+
+    # -------------------------------------------------------------- tracing
+
+    def trace(self, text: str) -> None:
+        line = f"t={self.clock.now:8.3f} {text}"
+        self.lines.append(line)
+        if self._trace_out is not None:
+            self._trace_out(line)
+
+    def fail(self, text: str) -> None:
+        if self.violation is None:
+            self.violation = text
+            self.trace(f"VIOLATION {text}")
+
+    # ---------------------------------------------------------- node lifecycle
+
+    def node_config(self, slot: Slot) -> NodeConfig:
+        peers = {n: ("sim", n) for n in self.slots}
+        return NodeConfig(
+            GROUP, slot.nid, peers, slot.data_dir, flush=self.flush, replicate="sync",
+            tick_ms=TICK_MS, election_timeout_ticks=ELECTION_TICKS,
+            commitlog=commitlog.CommitLogConfig(
+                segment_size_bytes=self.options.segment_size, index_file_records=64,
+                flush_interval_ms=100, flush_bytes=8192, checkpoint_interval_ms=300))
+
+    def disk_latency(self, slot: Slot) -> Callable[[], float]:
+        rng = self.disk_rng
+
+        def draw() -> float:
+            if slot.disk_mode == "slow":
+                # Slower than a network round trip, sometimes a stall.
+                if rng.random() < 0.03:
+                    return rng.uniform(0.3, 1.2)
+                return rng.uniform(0.005, 0.08)
+            return rng.uniform(0.0002, 0.003)
+        return draw
+
+    def start(self, slot: Slot) -> bool:
+        """Start a new incarnation on the node's files (the real recovery)."""
+        slot.incarnation += 1
+        loop = SimLoop(self.clock, f"n{slot.nid}#{slot.incarnation}")
+        index = self.scheduler.loops.index(slot.loop) if slot.loop in self.scheduler.loops \
+            else None
+        if index is None:
+            self.scheduler.loops.append(loop)
+        else:
+            self.scheduler.loops[index] = loop
+        slot.loop = loop
+        records = slot.applied.setdefault(slot.incarnation, [])
+
+        def record(entry: commitlog.Entry) -> None:
+            records.append((entry.index, entry.term, digest(entry.body)))
+            if slot.node is not None:  # applied live, not replayed at start
+                check_acked(self, slot, entry.index, entry.term, "applied")
+
+        def transport(group: str, node_id: int, peers: Any, deliver: Any,
+                      bind_host: Any) -> SimTransport:
+            return SimTransport(self.net, node_id, loop, deliver,
+                                lambda src, messages: observe_send(self, src, messages))
+
+        io = NodeIO(transport=transport, rng=random.Random(self.rng.getrandbits(64)),
+                    fsync_worker=SimWorker(loop, self.disk_latency(slot)),
+                    state_worker=SimWorker(loop, self.disk_latency(slot)),
+                    clock=loop.time, bugs=self.options.bugs)
+        holder: list[Applier] = []
+        slot.faults_at_start = self.fs.node_faults(slot.data_dir)
+        slot.failure_seen = False
+        try:
+            node = loop.run_sync(lambda: RaftGroupNode(
+                self.node_config(slot), lambda entries: holder[0].apply(entries), io=io))
+            factory = self.options.applier or RecordingApplier
+            applier = factory(node.log, slot.data_dir, record)
+            holder.append(applier)
+            applied = loop.run_sync(applier.recover)
+        except Exception as exc:
+            if self.fs.node_faults(slot.data_dir) > slot.faults_at_start:
+                self.counts["restart_faults"] += 1
+                self.trace(f"n{slot.nid} restart failed on an injected fault: {exc!r}")
+                self._abandon(slot)
+                return False
+            self.fail(f"n{slot.nid} failed to restart: {exc!r}")
+            return False
+        slot.node, slot.applier, slot.state = node, applier, "up"
+        loop.create_task(self._run_start(slot, node, applied))
+        self.trace(f"n{slot.nid} started #{slot.incarnation}: log {node.log.first_index}.."
+                   f"{node.log.last_index}, commit {node.commit_index}, replayed {applied}")
+        return True
+
+    async def _run_start(self, slot: Slot, node: RaftGroupNode, applied: int) -> None:
+        try:
+            await node.start(applied)
+        except Exception as exc:
+            self.fail(f"n{slot.nid} start raised {exc!r}")
+
+    def _abandon(self, slot: Slot) -> None:
+        """The process is gone: its loop never runs again."""
+        if slot.loop is not None and not slot.loop.dead:
+            slot.loop.abandon()
+            self.dead_loops.append(slot.loop)
+        self.fs.kill(slot.data_dir)
+        slot.node, slot.applier = None, None
+        slot.state = "down" if slot.state != "diverged" else "diverged"
+
+    def crash(self, slot: Slot) -> None:
+        """Power cut: the process dies and its unsynced data may be lost or torn."""
+        self._abandon(slot)
+        self.net.detach_node(slot.nid)
+        lost = self.fs.crash(slot.data_dir, self.crash_rng)
+        self.counts["crashes"] += 1
+        self.trace(f"n{slot.nid} power cut: lost {lost}")
+
+    def restart(self, slot: Slot) -> None:
+        if slot.state != "down":
+            return
+        self.counts["restarts"] += 1
+        self.start(slot)
+
+    def watch(self) -> None:
+        """React to nodes that failed (called often from the client loop)."""
+        for slot in self.slots.values():
+            node = slot.node
+            if slot.state != "up" or node is None or node.failed is None or slot.failure_seen:
+                continue
+            slot.failure_seen = True
+            exc = node.failed
+            cause = exc
+            while cause is not None and not isinstance(cause, CommittedDivergence):
+                cause = cause.__cause__ or cause.__context__
+            if cause is not None:
+                self.counts["divergences"] += 1
+                if self.flush != "async":
+                    self.fail(f"n{slot.nid} found committed divergence under flush=sync: "
+                              f"{exc!r}")
+                    return
+                self.trace(f"n{slot.nid} stopped on committed divergence (flush=async): "
+                           f"{exc!r}")
+                self._abandon(slot)
+                slot.state = "diverged"
+                continue
+            if self.fs.node_faults(slot.data_dir) > slot.faults_at_start:
+                self.counts["node_failures"] += 1
+                self.trace(f"n{slot.nid} failed on an injected disk fault: {exc!r}")
+                # Restarting it is a reboot: the page cache goes too (a failed
+                # fsync's pages are not on disk; see docs/raft.md).
+                self.crash(slot)
+                continue
+            self.fail(f"n{slot.nid} failed without an injected fault: {exc!r}")
+
+    # ------------------------------------------------------------- client
+
+    def leader(self) -> Slot | None:
+        best = None
+        for slot in self.slots.values():
+            node = slot.node
+            if slot.state == "up" and node is not None and node.failed is None \
+                    and node.role == "leader" and (best is None or node.term > best.node.term):
+                best = slot
+        return best
+
+    def propose(self, slot: Slot) -> None:
+        seq = len(self.proposals) + 1
+        message = commitlog.Message(topic=f"T{seq % 2}", body=f"p{seq}".encode(),
+                                    queue_id=seq % 3, producer_id=1 + seq % 2, sequence=seq)
+        body = commitlog.encode_messages([message], 1 << 20)
+        proposal = Proposal(seq, body, slot.nid)
+        self.proposals.append(proposal)
+        self.by_digest[digest(body)] = proposal
+        assert slot.loop is not None and slot.node is not None
+        slot.loop.create_task(self._propose(slot.node, proposal))
+
+    async def _propose(self, node: RaftGroupNode, p: Proposal) -> None:
+        healing = self.healing
+        try:
+            entry = await node.propose(commitlog.KIND_MESSAGES, p.body, timeout=2.0)
+        except NotLeaderError:
+            p.outcome = "refused"
+        except ProposalUnknown:
+            p.outcome = "unknown"
+        except Exception as exc:
+            self.fail(f"propose on n{node.config.node_id} raised {exc!r}")
+        else:
+            p.outcome, p.index, p.term = "acked", entry.index, entry.term
+            check_acked(self, self.slots[node.config.node_id], entry.index, entry.term,
+                        "acknowledged to the client")
+            if healing:
+                self.heal_acked += 1
+
+    def _doom(self, slot: Slot) -> None:
+        """Cut the power of this leader incarnation soon (the leader killer)."""
+        key = (slot.nid, slot.incarnation)
+        if key in self._doomed:
+            return
+        self._doomed.add(key)
+
+        def strike() -> None:
+            if not self.healing and slot.state == "up" and slot.incarnation == key[1]:
+                self.trace(f"leader killer: n{slot.nid}")
+                self.crash(slot)
+        self.client_loop.call_later(self.client_rng.uniform(0.0, 0.3), strike)
+
+    async def client(self) -> None:
+        rng = self.client_rng
+        while not self.done:
+            await asyncio.sleep(rng.uniform(0.01, 0.15))
+            self.watch()
+            check_commits(self)
+            if self.violation:
+                return
+            target = self.leader()
+            if target is not None and self.leader_killer and not self.healing:
+                self._doom(target)
+            if target is None:
+                up = [s for s in self.slots.values() if s.state == "up"]
+                if not up:
+                    continue
+                target = rng.choice(up)
+            for _ in range(rng.randint(1, 4)):
+                self.propose(target)
+
+    # -------------------------------------------------------------- liveness
+
+    def heal(self) -> None:
+        self.healing = True
+        self.net.heal()
+        for slot in self.slots.values():
+            self.fs.set_faults(slot.data_dir, NO_FAULTS)
+            slot.disk_mode = "normal"
+            if slot.loop is not None:
+                slot.loop.paused_until = 0.0
+        self.trace("heal: faults off, restarting every node that is down")
+        for slot in self.slots.values():
+            self.restart(slot)
+
+    def converged(self) -> str | None:
+        """None once the group has converged, else what is still missing."""
+        leader = self.leader()
+        if leader is None or leader.node is None or not leader.node.leader_ready:
+            return "no ready leader"
+        lnode = leader.node
+        for slot in self.slots.values():
+            if slot.state == "diverged":
+                continue
+            node = slot.node
+            if slot.state != "up" or node is None:
+                return f"n{slot.nid} is down"
+            if node.failed is not None:
+                return f"n{slot.nid} failed: {node.failed!r}"
+            if node.term != lnode.term or (slot is not leader and node.leader_id != leader.nid):
+                return f"n{slot.nid} does not follow n{leader.nid} in term {lnode.term}"
+            if (node.commit_index, node.applied_index, node.last_index) != (
+                    lnode.commit_index, lnode.commit_index, lnode.last_index):
+                return (f"n{slot.nid} commit/applied/last {node.commit_index}/"
+                        f"{node.applied_index}/{node.last_index}, leader n{leader.nid} "
+                        f"{lnode.commit_index}/{lnode.last_index}")
+        if not self.heal_acked:
+            return "no proposal acknowledged since the heal"
+        return None
+
+    async def liveness(self, deadline: float) -> None:
+        while self.clock.now < deadline and not self.violation:
+            await asyncio.sleep(0.1)
+            self.watch()
+            if self.violation:
+                break
+            for slot in self.slots.values():
+                # Failed on a fault injected before the heal (seen only now).
+                self.restart(slot)
+            if self.converged() is None:
+                self.done = True
+                return
+
+    def fault_counts(self) -> dict[str, int]:
+        out = dict(self.counts)
+        out.update({name: self.fs.counts.get(name, 0) for name in FAULT_NAMES})
+        out.update({f"net_{k}": v for k, v in sorted(self.net.counts.items())})
+        out["proposals"] = len(self.proposals)
+        out["acked"] = sum(p.outcome == "acked" for p in self.proposals)
+        return out
+
+
+def run_seed(seed: int, options: NodeSimOptions | None = None,
+             trace: Callable[[str], None] | None = None) -> NodeSimResult:
+    """Run one seed; the result (and trace) is a pure function of its arguments."""
+    from dledger.testing.nodesim.checks import final_checks
+    from dledger.testing.nodesim.nemesis import nemesis
+
+    options = options or NodeSimOptions()
+    h = Harness(seed, options, trace)
+    result = NodeSimResult(seed, options.nodes, h.flush)
+    with fileio.use(h.fs), planted(options.runtime_bug), _quiet():
+        try:
+            h.trace(f"seed={seed} nodes={options.nodes} flush={h.flush}")
+            for slot in h.slots.values():
+                h.start(slot)
+            h.client_loop.create_task(h.client())
+            h.client_loop.create_task(nemesis(h, options.fault_s))
+            stop = lambda: h.violation is not None or h.done  # noqa: E731
+            h.scheduler.run_until(options.fault_s, stop)
+            if h.violation is None:
+                h.heal()
+                deadline = options.fault_s + options.heal_s
+                h.client_loop.create_task(h.liveness(deadline))
+                h.scheduler.run_until(deadline, stop)
+            if h.violation is None and not h.done:
+                h.fail(f"no convergence within {options.heal_s} s of the heal: "
+                       f"{h.converged()}")
+            if h.violation is None:
+                problem = final_checks(h)
+                if problem:
+                    h.fail(problem)
+            _uncaught(h)
+        finally:
+            h.done = True
+            for loop in [*h.dead_loops, *h.scheduler.loops]:
+                loop.bury()
+    result.violation = h.violation
+    result.trace = h.lines
+    result.steps = h.scheduler.steps
+    result.virtual_s = round(h.clock.now, 3)
+    result.counts = h.fault_counts()
+    return result
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Nodes log their (simulated) failures as errors; a run reports through
+    its trace instead. Restored afterwards."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
+def _uncaught(h: Harness) -> None:
+    """Any call of a loop's exception handler is an exception that escaped."""
+    for loop in [*h.dead_loops, *h.scheduler.loops]:
+        for context in loop.errors:
+            exc = context.get("exception")
+            h.fail(f"uncaught in {loop.name}: {context.get('message')} {exc!r}")
+            return
+
+
+def replay_hint(seed: int, nodes: int) -> str:
+    return f"ledgermq sim --real-node --seed {seed} --nodes {nodes} --trace"

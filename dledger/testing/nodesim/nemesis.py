@@ -1,0 +1,136 @@
+"""The fault schedule of a run's first phase (swarm testing: each seed enables
+its own subset of fault kinds, with its own intensities).
+
+Fault kinds, by the names the trace uses:
+
+- `power_cut` / `power_cut_leader`: the node's process dies and its disk
+  keeps only what was fsynced plus a seeded, possibly torn, part of the rest
+  (`SimFileSystem.crash`); `restart` brings it back with the real recovery;
+- `pause`: the node's loop is not run for 0.1-1.5 s (past the 0.5-1.0 s
+  election timeout at the upper end), then catches up in a burst;
+- `partition`: one node cut off both ways, a random split, or one direction
+  of one link; healed by a later `partition` action;
+- `slow_disk`: that node's fsyncs take 5-80 ms (longer than a network round
+  trip), 3% of them stall 0.3-1.2 s;
+- `disk_faults`: ENOSPC (sometimes after a short write) and EIO on write, EIO
+  on fsync, ENOSPC and EIO on rename, each at its own small rate;
+- `net_delay`: 1-5% of messages are delayed 0.6-2 s (past an election timeout);
+- `net_loss`: 2-10% of messages lost, 1-5% duplicated;
+- `leader_killer`: while on, every new leader loses power 0-0.3 s after it is
+  seen leading (the Figure 8 pattern: short reigns leave uncommitted entries
+  of several terms behind).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from dledger.testing.nodesim.simfs import NO_FAULTS, DiskFaults
+
+if TYPE_CHECKING:
+    from dledger.testing.nodesim.harness import Harness
+
+KINDS = ("power_cut", "power_cut_leader", "pause", "partition", "slow_disk", "disk_faults",
+         "net_delay", "net_loss", "leader_killer")
+
+
+async def nemesis(h: Harness, until: float) -> None:
+    rng = h.nemesis_rng
+    enabled = [k for k in KINDS if rng.random() < 0.6] or ["power_cut"]
+    h.trace(f"nemesis: {', '.join(enabled)}")
+    slots = list(h.slots.values())
+    tolerated = (len(slots) - 1) // 2
+    while h.clock.now < until - 0.5 and not h.violation:
+        await asyncio.sleep(rng.uniform(0.15, 0.8))
+        if h.healing or h.violation:
+            return
+        h.watch()
+        down = [s for s in slots if s.state == "down"]
+        if down and (len(down) > tolerated or rng.random() < 0.4):
+            slot = rng.choice(down)
+            h.trace(f"nemesis: restart n{slot.nid}")
+            h.restart(slot)
+            continue
+        kind = rng.choice(enabled)
+        up = [s for s in slots if s.state == "up"]
+        if not up:
+            continue
+        if kind == "power_cut":
+            h.crash(rng.choice(up))
+        elif kind == "power_cut_leader":
+            leader = h.leader()
+            if leader is not None:
+                h.crash(leader)
+        elif kind == "pause":
+            slot = rng.choice(up)
+            assert slot.loop is not None
+            span = rng.uniform(0.1, 1.5)
+            slot.loop.paused_until = h.clock.now + span
+            h.counts["pauses"] += 1
+            h.trace(f"nemesis: pause n{slot.nid} for {span:.3f} s")
+        elif kind == "partition":
+            _partition(h, rng)
+        elif kind == "slow_disk":
+            slot = rng.choice(slots)
+            slot.disk_mode = "normal" if slot.disk_mode == "slow" else "slow"
+            h.trace(f"nemesis: n{slot.nid} disk {slot.disk_mode}")
+        elif kind == "disk_faults":
+            slot = rng.choice(slots)
+            if rng.random() < 0.4:
+                h.fs.set_faults(slot.data_dir, NO_FAULTS)
+                h.trace(f"nemesis: n{slot.nid} disk faults off")
+            else:
+                rate = rng.uniform(0.002, 0.03)
+                faults = DiskFaults(
+                    enospc_write=rate * rng.random(), eio_write=rate * rng.random(),
+                    eio_fsync=rate * rng.random(), enospc_rename=rate * rng.random(),
+                    eio_rename=rate * rng.random())
+                h.fs.set_faults(slot.data_dir, faults)
+                h.trace(f"nemesis: n{slot.nid} disk faults {faults}")
+        elif kind == "net_delay":
+            faults = h.net.faults
+            faults.long_delay = 0.0 if faults.long_delay else rng.uniform(0.01, 0.05)
+            h.trace(f"nemesis: long delays {faults.long_delay:.3f}")
+        elif kind == "leader_killer":
+            h.leader_killer = not h.leader_killer
+            h.trace(f"nemesis: leader killer {'on' if h.leader_killer else 'off'}")
+        elif kind == "net_loss":
+            faults = h.net.faults
+            if faults.loss:
+                faults.loss = faults.duplicate = 0.0
+            else:
+                faults.loss, faults.duplicate = rng.uniform(0.02, 0.1), rng.uniform(0.01, 0.05)
+            h.trace(f"nemesis: loss {faults.loss:.3f} duplicate {faults.duplicate:.3f}")
+
+
+def _partition(h: Harness, rng: object) -> None:
+    import random
+
+    assert isinstance(rng, random.Random)
+    blocked = h.net.blocked
+    if blocked:
+        blocked.clear()
+        h.trace("nemesis: partition healed")
+        return
+    ids = sorted(h.slots)
+    shape = rng.choice(("isolate", "isolate_leader", "split", "one_way"))
+    if shape == "isolate_leader" and h.leader() is not None:
+        alone = [h.leader().nid]  # type: ignore[union-attr]
+    elif shape == "split":
+        alone = rng.sample(ids, rng.randint(1, len(ids) // 2))
+    elif shape == "one_way":
+        a, b = rng.sample(ids, 2)
+        blocked.add((a, b))
+        h.counts["partitions"] += 1
+        h.trace(f"nemesis: link n{a}->n{b} cut")
+        return
+    else:
+        alone = [rng.choice(ids)]
+    rest = [n for n in ids if n not in alone]
+    for a in alone:
+        for b in rest:
+            blocked.add((a, b))
+            blocked.add((b, a))
+    h.counts["partitions"] += 1
+    h.trace(f"nemesis: partition {sorted(alone)} | {rest}")

@@ -1,0 +1,183 @@
+"""`SimNetwork` and `SimTransport`: the peer transport of the real node, simulated.
+
+`SimTransport` is what `NodeIO.transport` builds for a simulated node. It
+encodes each Ready's messages with the real codec (`dledger.runtime_codec`,
+one payload per peer and channel, as `PeerTransport` writes them) and hands
+the payloads to the network; the network decodes them on the receiving
+node's loop at a seeded virtual time and calls that node's `_deliver`, the
+same entry point the TCP transport uses.
+
+Like the two TCP connections per direction, each (src, dst, channel) link is
+FIFO: a message is never delivered before one sent earlier on its link, so a
+long delay (past an election timeout) stalls the messages behind it, as a
+stalled connection does. Faults: loss, duplication, long delays, partitions
+(blocked directed links); a `CodecError` from `_deliver` (the core refused a
+message) drops everything in flight on that link, as the connection reset
+that the real transport does would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dledger.messages import Message
+from dledger.runtime_codec import CodecError, decode_batch, encode_batches
+
+MAX_PAYLOAD = 4 * 1024 * 1024
+MAX_FRAME = 64 * 1024 * 1024
+
+
+@dataclass
+class NetFaults:
+    """Per-message fault rates and delay ranges (seconds of virtual time)."""
+
+    delay: tuple[float, float] = (0.0002, 0.002)
+    loss: float = 0.0
+    duplicate: float = 0.0
+    long_delay: float = 0.0
+    long_delay_range: tuple[float, float] = (0.6, 2.0)
+
+
+@dataclass
+class _Endpoint:
+    loop: asyncio.AbstractEventLoop
+    deliver: Callable[[list[Message]], None]
+    incarnation: int
+
+
+@dataclass
+class _Link:
+    last_at: float = 0.0
+    epoch: int = 0
+
+
+class SimNetwork:
+    """Every link between the simulated nodes of one run."""
+
+    def __init__(self, rng: random.Random, now: Callable[[], float]) -> None:
+        self._rng = rng
+        self._now = now
+        self.faults = NetFaults()
+        self.blocked: set[tuple[int, int]] = set()
+        self._endpoints: dict[int, _Endpoint] = {}
+        self._links: dict[tuple[int, int, str], _Link] = {}
+        self._incarnations = 0
+        self.counts: Counter[str] = Counter()
+
+    def attach(self, node_id: int, loop: asyncio.AbstractEventLoop,
+               deliver: Callable[[list[Message]], None]) -> int:
+        self._incarnations += 1
+        self._endpoints[node_id] = _Endpoint(loop, deliver, self._incarnations)
+        return self._incarnations
+
+    def detach(self, node_id: int, incarnation: int) -> None:
+        endpoint = self._endpoints.get(node_id)
+        if endpoint is not None and endpoint.incarnation == incarnation:
+            del self._endpoints[node_id]
+
+    def detach_node(self, node_id: int) -> None:
+        """The node's process is gone (crash): nothing reaches it any more."""
+        self._endpoints.pop(node_id, None)
+
+    def heal(self) -> None:
+        """No more partitions, loss, duplication or long delays."""
+        self.blocked.clear()
+        self.faults = NetFaults()
+
+    def send(self, src: int, dst: int, channel: str, payload: bytes) -> None:
+        if (src, dst) in self.blocked:
+            self.counts["partitioned"] += 1
+            return
+        faults, rng = self.faults, self._rng
+        if faults.loss and rng.random() < faults.loss:
+            self.counts["lost"] += 1
+            return
+        target = self._endpoints.get(dst)
+        if target is None:
+            self.counts["no_listener"] += 1
+            return
+        delay = rng.uniform(*faults.delay)
+        if faults.long_delay and rng.random() < faults.long_delay:
+            delay = rng.uniform(*faults.long_delay_range)
+            self.counts["long_delay"] += 1
+        link = self._links.setdefault((src, dst, channel), _Link())
+        at = max(self._now() + delay, link.last_at)
+        link.last_at = at
+        copies = 1
+        if faults.duplicate and rng.random() < faults.duplicate:
+            copies = 2
+            self.counts["duplicated"] += 1
+        for _ in range(copies):
+            target.loop.call_at(at, self._arrive, src, dst, channel, payload, link.epoch,
+                                target.incarnation)
+        self.counts["sent"] += 1
+
+    def _arrive(self, src: int, dst: int, channel: str, payload: bytes, epoch: int,
+                incarnation: int) -> None:
+        target = self._endpoints.get(dst)
+        link = self._links[(src, dst, channel)]
+        if target is None or target.incarnation != incarnation or link.epoch != epoch:
+            self.counts["dropped_in_flight"] += 1
+            return
+        if (src, dst) in self.blocked:
+            self.counts["partitioned"] += 1
+            return
+        try:
+            messages = decode_batch(payload, MAX_FRAME)
+            for msg in messages:
+                if msg.src != src or msg.dst != dst:
+                    raise CodecError(f"message {msg.src}->{msg.dst} on link {src}->{dst}")
+            target.deliver(messages)
+        except CodecError:
+            # The real transport closes the connection: what was in flight on
+            # it is gone, and the sender re-dials.
+            link.epoch += 1
+            link.last_at = self._now()
+            self.counts["connection_resets"] += 1
+            return
+        self.counts["delivered"] += 1
+
+
+class SimTransport:
+    """`dledger.node.Transport` over a `SimNetwork`."""
+
+    def __init__(self, network: SimNetwork, node_id: int, loop: asyncio.AbstractEventLoop,
+                 deliver: Callable[[list[Message]], None],
+                 observe: Callable[[int, Sequence[Message]], None] | None = None) -> None:
+        self._network = network
+        self._observe = observe
+        self._node_id = node_id
+        self._loop = loop
+        self._deliver = deliver
+        self._incarnation = 0
+        self.closed = False
+        self.payloads = 0
+
+    async def start(self) -> tuple[str, int]:
+        self._incarnation = self._network.attach(self._node_id, self._loop, self._deliver)
+        return ("sim", self._node_id)
+
+    def send(self, messages: Sequence[Message]) -> None:
+        if self.closed or not self._incarnation:
+            return
+        if self._observe is not None:
+            self._observe(self._node_id, messages)
+        links: dict[tuple[int, str], list[Message]] = {}
+        for msg in messages:
+            links.setdefault((msg.dst, msg.channel), []).append(msg)
+        for (dst, channel), batch in links.items():
+            for payload in encode_batches(batch, MAX_PAYLOAD):
+                self.payloads += 1
+                self._network.send(self._node_id, dst, channel, payload)
+
+    async def close(self) -> None:
+        self.closed = True
+        self._network.detach(self._node_id, self._incarnation)
+
+    def stats(self) -> dict[str, Any]:
+        return {"payloads": self.payloads}
