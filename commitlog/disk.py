@@ -104,6 +104,26 @@ def record_durable(path: str, length: int) -> None:
     fileio.fs.replace(tmp, trace)
 
 
+def trace_cut(path: str, length: int | None) -> None:
+    """Tracing only: `path` was cut to `length` bytes (None: removed).
+
+    The trace must never claim more than the file now holds of what was
+    fsynced: after a cut, bytes written later at the same offsets are not
+    durable, and a removed file's trace must not pass on to a new file of the
+    same name (a segment re-created at the same base). Lower it (or drop it).
+    """
+    if not _trace:
+        return
+    trace = path + TRACE_SUFFIX
+    if length is None:
+        with contextlib.suppress(FileNotFoundError):
+            fileio.fs.remove(trace)
+        return
+    recorded = read_durable(path)
+    if recorded is not None and recorded > length:
+        record_durable(path, length)
+
+
 def is_trace_file(name: str) -> bool:
     """A trace or a trace's temporary (left behind by a kill before its rename)."""
     return name.endswith(TRACE_SUFFIX) or (TRACE_SUFFIX + "." in name and name.endswith(".tmp"))

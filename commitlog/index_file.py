@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from crc32c import crc32c
 
 from commitlog import fileio
-from commitlog.disk import DirtyFile, open_append, read_exact, sync_and_close, write_at_end
+from commitlog.disk import (
+    DirtyFile,
+    open_append,
+    read_exact,
+    sync_and_close,
+    trace_cut,
+    write_at_end,
+)
 from commitlog.errors import DiskFullError
 
 RECORD = struct.Struct("<QQIB3xI")  # 28 bytes covered by the record CRC
@@ -204,6 +211,7 @@ class IndexFiles:
                 keep = (index - base + 1) * RECORD_SIZE
                 if self._lengths[base] > keep:
                     fileio.fs.ftruncate(self._fds[base], keep)
+                    trace_cut(self._path(base), keep)
                     self._lengths[base] = keep
                     self._dirty.add(base)
                 break
@@ -220,6 +228,7 @@ class IndexFiles:
         del self._lengths[base]
         self._dirty.discard(base)
         fileio.fs.remove(self._path(base))
+        trace_cut(self._path(base), None)
 
     def dirty_fds(self) -> list[DirtyFile]:
         self.write_pending()

@@ -10,7 +10,14 @@ from __future__ import annotations
 import os
 
 from commitlog import fileio
-from commitlog.disk import DirtyFile, open_append, read_exact, sync_directory, write_at_end
+from commitlog.disk import (
+    DirtyFile,
+    open_append,
+    read_exact,
+    sync_directory,
+    trace_cut,
+    write_at_end,
+)
 from commitlog.errors import ConfigError, PositionMismatchError
 
 NAME_DIGITS = 20
@@ -113,6 +120,7 @@ class SegmentFiles:
                 self._remove(base)
             elif base + self.lengths[base] > end:
                 fileio.fs.ftruncate(self._fds[base], end - base)
+                trace_cut(self.path(base), end - base)
                 self.lengths[base] = end - base
                 self._dirty.add(base)
 
@@ -131,6 +139,7 @@ class SegmentFiles:
         self.bases.remove(base)
         self._dirty.discard(base)
         fileio.fs.remove(self.path(base))
+        trace_cut(self.path(base), None)
         self._directory_dirty = True
 
     def take_dirty(self) -> tuple[list[DirtyFile], bool]:

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from commitlog import fileio
-from commitlog.disk import DirtyFile, open_append, read_exact, sync_and_close, write_at_end
+from commitlog.disk import (
+    DirtyFile,
+    open_append,
+    read_exact,
+    sync_and_close,
+    trace_cut,
+    write_at_end,
+)
 from consumequeue.unit import NAME_DIGITS, UNIT_SIZE, decode_units, encode_units
 
 
@@ -162,10 +169,12 @@ class ConsumeQueue:
                 del self._lengths[base]
                 self._dirty.discard(base)
                 fileio.fs.remove(self._path(base))
+                trace_cut(self._path(base), None)
             else:
                 keep = (offset - base) * UNIT_SIZE
                 if self._lengths[base] > keep:
                     fileio.fs.ftruncate(self._fds[base], keep)
+                    trace_cut(self._path(base), keep)
                     self._lengths[base] = keep
                     self._dirty.add(base)
                 break
@@ -197,6 +206,7 @@ class ConsumeQueue:
             fileio.fs.close(self._fds.pop(base))
             del self._lengths[base]
             fileio.fs.remove(self._path(base))
+            trace_cut(self._path(base), None)
             removed += 1
             self.min_offset = max(self.min_offset, end)
         return removed

@@ -41,7 +41,7 @@ class CommittedDivergence(Exception):
         super().__init__(
             f"committed entry {index} has term {ours} here but term {leaders} at the leader: "
             "this replica's committed log diverged from the group (acknowledged data was lost); "
-            "it stops and must be repaired")
+            "it stops (the broker's on_divergence decides: roll back or wait for repair)")
         self.index = index
         self.ours = ours
         self.leaders = leaders

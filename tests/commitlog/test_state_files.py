@@ -76,3 +76,32 @@ def test_hard_state_and_checkpoint_writes_leave_no_temporary_files(tmp_path) -> 
     log.close()
     assert [n for n in os.listdir(data_dir) if n.endswith(".tmp")] == []
     assert log.load_hard_state() == HardState(2, 1, 3)
+
+
+def test_the_durability_trace_never_outlives_a_cut(tmp_path) -> None:
+    """Chaos tracing: after a truncation the trace may not claim bytes that
+    were rewritten since, and a removed segment's trace must not pass on to a
+    new segment of the same name (the power cut would keep unsynced bytes)."""
+    from commitlog.disk import read_durable, set_durability_trace
+
+    data_dir = str(tmp_path / "n1")
+    set_durability_trace(True)
+    try:
+        log = CommitLog.open(data_dir, SMALL)
+        fill(log, 30)  # several 4 KiB segments
+        log.flush()
+        bases = list(log.segments.bases)
+        assert len(bases) >= 3
+        last = log.segments.path(bases[-1])
+        assert read_durable(last) == log.end - bases[-1]
+        keep = log.last_index - 12
+        log.truncate_after(keep)
+        for base in bases:
+            path = log.segments.path(base)
+            if base in log.segments.bases:
+                assert read_durable(path) <= log.segments.lengths[base]
+            else:
+                assert read_durable(path) is None  # removed with its segment
+        log.close()
+    finally:
+        set_durability_trace(False)
