@@ -6,8 +6,9 @@ a hash of `sharding_key` when the order of related messages matters (same key
 
 - NOT_LEADER with a hint: at once, at the named leader;
 - no leader yet, a broken connection, a timeout, OUTCOME_UNKNOWN: after a short
-  back-off, with a fresh route, on another queue (unless a sharding key pins
-  the queue);
+  poll (10 ms doubling to 40 ms, jittered), asking the group's nodes in turn
+  (a follower that knows the new leader names it), with a fresh route, on
+  another queue (unless a sharding key pins the queue);
 - UNKNOWN_TOPIC, MESSAGE_TOO_LARGE, NO_PERMISSION, INVALID_REQUEST: never.
 
 Concurrent sends to one broker share requests (`client.coalesce`), so many
@@ -35,6 +36,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import random
 import secrets
 import socket
 import struct
@@ -61,6 +63,10 @@ from ledgermq.errors import (
 log = logging.getLogger(__name__)
 
 _RETRY_LATER = (*RETRIABLE, ServiceUnavailableError, OutcomeUnknownError)
+# Retries that wait (no leader known yet, a broken connection): the first
+# after 10 ms, doubling to at most 40 ms, each with +-20% jitter.
+RETRY_POLL_S = 0.01
+RETRY_POLL_MAX_S = 0.04
 _pack_head = HEAD.pack
 _monotonic = time.monotonic
 _time_ns = time.time_ns
@@ -98,6 +104,7 @@ class Producer:
         # topic -> (the route's groups the slots were built from, the slots)
         self._plans: dict[str, tuple[list[GroupRoute], list[Slot]]] = {}
         self.retries = 0
+        self._jitter = random.Random()
         self.coalescer = SendCoalescer(self._send_request)
 
     async def _send_request(self, address: str, records: bytes | bytearray, count: int) -> Any:
@@ -448,7 +455,7 @@ class Producer:
         attempt = 0
         refresh = False
         pinned = queue
-        backoff = 0.02
+        backoff = RETRY_POLL_S
         while True:
             if failed is not None:
                 error, slot, address = failed
@@ -494,8 +501,14 @@ class Producer:
                 raise RequestTimeoutError(
                     f"send to {topic!r} failed after {attempt} attempts: {error!r}") from error
             log.debug("send attempt %d to %s failed: %r", attempt, address, error)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 0.3)
+            # A short poll, not a long back-off: during a failover the nodes
+            # are asked in turn and the first follower that knows the new
+            # leader names it, so the send lands within one poll of the new
+            # leader being ready (a doubling to 300 ms quantised failover to
+            # about 0.6 or 0.9 s). Jitter keeps many producers from polling
+            # in step.
+            await asyncio.sleep(backoff * (0.8 + 0.4 * self._jitter.random()))
+            backoff = min(backoff * 2, RETRY_POLL_MAX_S)
 
     async def create_topic(self, topic: str, queues: int = 4, perm: int = 6) -> dict[str, Any]:
         """Create or update a topic on every broker group (admin helper)."""
