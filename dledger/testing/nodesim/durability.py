@@ -16,7 +16,15 @@ checks ask the `SimFileSystem` what a power cut *now* would keep:
   is committed, is durable, with that term, on a quorum (nodes that are down count as
   holding it, since their files cannot be read without a restart);
 - *committed entries never change* (flush=sync): every index seen committed
-  on any node keeps its term on every node that commits it later.
+  on any node keeps its term on every node that commits it later;
+- *commit claims* (flush=sync): a node's commit index is a claim, checked the
+  moment it rises (on a leader, as the first message carrying it leaves):
+  the entry it names is durable, with that term, on a quorum, and no node
+  lacking it could win an election against the durable logs of the others
+  (Raft's leader completeness, looking ahead: a Figure-8 commit breaks it at
+  once, before the crash that would lose the entry). A leader that counts
+  its own unsynced write, or a follower that commits a stale suffix, is
+  caught at the claim rather than only if a later crash happens to expose it.
 """
 
 from __future__ import annotations
@@ -26,7 +34,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from commitlog.checkpoint import HardState, decode_hard_state, read_checkpoint, read_hard_state
-from dledger.messages import AppendResponse, Message, VoteRequest, VoteResponse
+from dledger.entry import Entry, EntryKind
+from dledger.invariants import check_electable_complete
+from dledger.messages import (
+    AppendRequest,
+    AppendResponse,
+    Heartbeat,
+    Message,
+    VoteRequest,
+    VoteResponse,
+)
 
 if TYPE_CHECKING:
     from dledger.testing.nodesim.harness import Harness, Slot
@@ -78,6 +95,8 @@ def observe_send(h: Harness, node_id: int, messages: Sequence[Message]) -> None:
     if h.flush != "sync":
         return
     for msg in messages:
+        if isinstance(msg, (AppendRequest, Heartbeat)):
+            check_claim(h, slot, msg.commit)
         if isinstance(msg, AppendResponse) and msg.success and msg.index \
                 and not durable(h, slot, msg.index):
             h.fail(f"n{node_id} acknowledged entry {msg.index} to n{msg.dst} before it was "
@@ -103,8 +122,61 @@ def check_acked(h: Harness, slot: Slot, index: int, term: int, what: str) -> Non
                f"of {len(h.slots)} nodes")
 
 
+def durable_last(h: Harness, slot: Slot) -> tuple[int, int]:
+    """(term, index) of the last entry of the node's log a power cut now would
+    keep (the durable part of a log is a prefix of it)."""
+    node = slot.node
+    assert node is not None
+    log = node.log
+    lo, hi = log.first_index - 1, log.last_index  # durable(lo) holds
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if durable(h, slot, mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return (log.term_at(lo) if lo >= log.first_index else 0), lo
+
+
+def check_claim(h: Harness, slot: Slot, commit: int) -> None:
+    """The node claims entries up to `commit` committed (flush=sync; once per
+    rise of its claim per incarnation)."""
+    node = slot.node
+    key = (slot.nid, slot.incarnation)
+    if h.flush != "sync" or node is None or commit <= h.claimed.get(key, 0):
+        return
+    h.claimed[key] = commit
+    log = node.log
+    if commit < log.first_index or commit > log.last_index:
+        return  # compacted (committed long ago), or a claim the log cannot name yet
+    term = log.term_at(commit)
+    check_acked(h, slot, commit, term, "claims committed")
+    candidates: dict[int, tuple[bool, int, int]] = {}
+    voters: dict[int, tuple[int, int]] = {}
+    for other in h.slots.values():
+        onode = other.node
+        if other.state != "up" or onode is None:
+            # Its files cannot be read without a restart: as a candidate it
+            # holds the entry, as a voter it refuses everyone (the check stays
+            # sound, only weaker).
+            candidates[other.nid] = (True, 0, 0)
+            voters[other.nid] = (1 << 62, 1 << 62)
+            continue
+        olog = onode.log
+        holds = (olog.first_index <= commit <= olog.last_index
+                 and olog.term_at(commit) == term) or commit < olog.first_index
+        candidates[other.nid] = (holds, olog.term_at(olog.last_index), olog.last_index)
+        voters[other.nid] = durable_last(h, other)
+    # Only (index, term) of the entry appear in the report.
+    named = Entry(commit, term, EntryKind.MESSAGES, b"", 0)
+    problem = check_electable_complete(named, candidates, voters)
+    if problem:
+        h.fail(f"n{slot.nid} claims entry {commit} (term {term}) committed, but {problem}")
+
+
 def check_commits(h: Harness) -> None:
-    """Committed entries never change (flush=sync): polled by the client."""
+    """Committed entries never change, and every rise of a node's commit index
+    is a checked claim (flush=sync): polled by the client."""
     if h.flush != "sync":
         return
     seen = h.committed_terms
@@ -112,6 +184,9 @@ def check_commits(h: Harness) -> None:
         node = slot.node
         if slot.state != "up" or node is None or node.failed is not None:
             continue
+        check_claim(h, slot, node.commit_index)
+        if h.violation:
+            return
         log = node.log
         top = min(node.commit_index, log.last_index)
         start = max(h.commit_checked.get(slot.nid, 0), log.first_index - 1)

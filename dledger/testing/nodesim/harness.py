@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ import commitlog
 from commitlog import fileio
 from dledger.config import NO_BUGS, Bugs
 from dledger.log import CommittedDivergence
+from dledger.messages import AppendRequest, Message
 from dledger.node import NodeConfig, NodeIO, NotLeaderError, ProposalUnknown, RaftGroupNode
 from dledger.testing.nodesim.apply import Applier, ApplierFactory, RecordingApplier, digest
 from dledger.testing.nodesim.durability import (
@@ -148,15 +149,22 @@ class Harness:
         self.violation: str | None = None
         self.counts: dict[str, int] = dict.fromkeys(
             ("crashes", "restarts", "pauses", "partitions", "node_failures", "divergences",
-             "restart_faults"), 0)
+             "restart_faults", "stale_appends"), 0)
         self.healing = False
         self.leader_killer = False
+        # Share of a leader's AppendRequests followed by a stale one (nemesis).
+        self.stale_rate = 0.0
+        self.stale_rng = random.Random(rng.getrandbits(64))
+        # A scenario's hook, called as a node sends and before the network sees it.
+        self.on_send: Callable[[int, Sequence[Message]], None] | None = None
         self._doomed: set[tuple[int, int]] = set()
         self.heal_acked = 0
         self.done = False
         # index -> term seen committed; per node, how far its commits were checked
         self.committed_terms: dict[int, int] = {}
         self.commit_checked: dict[int, int] = {}
+        # (node, incarnation) -> highest commit index claimed and checked
+        self.claimed: dict[tuple[int, int], int] = {}
 
     # -------------------------------------------------------------- tracing
 
@@ -215,7 +223,7 @@ class Harness:
         def transport(group: str, node_id: int, peers: Any, deliver: Any,
                       bind_host: Any) -> SimTransport:
             return SimTransport(self.net, node_id, loop, deliver,
-                                lambda src, messages: observe_send(self, src, messages))
+                                self._observe_send, self.stale_appends)
 
         io = NodeIO(transport=transport, rng=random.Random(self.rng.getrandbits(64)),
                     fsync_worker=SimWorker(loop, self.disk_latency(slot)),
@@ -304,6 +312,63 @@ class Harness:
                 self.crash(slot)
                 continue
             self.fail(f"n{slot.nid} failed without an injected fault: {exc!r}")
+
+    def _observe_send(self, src: int, messages: Sequence[Message]) -> None:
+        if self.on_send is not None:
+            self.on_send(src, messages)  # a scenario may cut links before these leave
+        observe_send(self, src, messages)
+
+    def stale_appends(self, src: int, messages: Sequence[Message]) -> list[Message]:
+        """Older, still legal slices of the leader's log to send along.
+
+        A leader that probes from a lower next index, or an old
+        retransmission arriving late, gives a follower (prev, entries) below
+        what it already holds, with the leader's commit of now: e.g. a
+        follower whose log goes on past the slice with entries of an older
+        term must not commit those (`follower_commit_to_last_index`). Every
+        such message is one the leader could send, so a correct follower
+        stays safe whatever it receives (the core simulator's stale appends,
+        `SimCluster._stale_append`).
+        """
+        if not self.stale_rate or self.healing:
+            return []
+        slot = self.slots[src]
+        node = slot.node
+        core = node._core if node is not None else None  # the sans-I/O RaftNode
+        if core is None or node is None or node.role != "leader":
+            return []
+        rng = self.stale_rng
+        out: list[Message] = []
+        for msg in messages:
+            if not isinstance(msg, AppendRequest) or msg.term != core.term \
+                    or rng.random() >= self.stale_rate:
+                continue
+            floor = node.log.first_index - 1
+            pr = core.progress.get(msg.dst)
+            draw = rng.random()
+            if draw < 0.4 and pr is not None:
+                # From just below what the follower is known to match: the
+                # slice is accepted, and anything past it stays as it is.
+                top = min(pr.match, msg.prev_index)
+                low = max(floor, top - 8)
+            else:
+                top = msg.prev_index
+                low = floor if draw < 0.55 else max(floor, top - 8)
+            if low > top:
+                continue
+            prev = rng.randint(low, top)
+            # The slice ends anywhere up to the log's end (at most 16 entries).
+            count = rng.randint(0, min(16, core.log.last_index - prev))
+            try:
+                prev_term = core.log.term(prev)
+                entries = core.log.entries(prev + 1, prev + 1 + count, 1 << 62, count) \
+                    if count else []
+            except LookupError:
+                continue  # compacted meanwhile
+            out.append(AppendRequest(src, msg.dst, msg.term, prev, prev_term, tuple(entries),
+                                     core.commit))
+            self.counts["stale_appends"] += 1
+        return out
 
     # ------------------------------------------------------------- client
 

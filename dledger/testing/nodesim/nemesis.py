@@ -16,6 +16,11 @@ Fault kinds, by the names the trace uses:
   on fsync, ENOSPC and EIO on rename, each at its own small rate;
 - `net_delay`: 1-5% of messages are delayed 0.6-2 s (past an election timeout);
 - `net_loss`: 2-10% of messages lost, 1-5% duplicated;
+- `stale_append`: 5-40% of a leader's AppendRequests are followed by an
+  older, still legal slice of its log with its commit of now
+  (`Harness.stale_appends`);
+- `figure8`: the Figure-8 schedule, steered by the elections it sees
+  (`figure8.py`); the other kinds wait for it;
 - `leader_killer`: while on, every new leader loses power 0-0.3 s after it is
   seen leading (the Figure 8 pattern: short reigns leave uncommitted entries
   of several terms behind).
@@ -26,13 +31,14 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from dledger.testing.nodesim.figure8 import figure8
 from dledger.testing.nodesim.simfs import NO_FAULTS, DiskFaults
 
 if TYPE_CHECKING:
     from dledger.testing.nodesim.harness import Harness
 
 KINDS = ("power_cut", "power_cut_leader", "pause", "partition", "slow_disk", "disk_faults",
-         "net_delay", "net_loss", "leader_killer")
+         "net_delay", "net_loss", "leader_killer", "stale_append", "figure8")
 
 
 async def nemesis(h: Harness, until: float) -> None:
@@ -95,6 +101,11 @@ async def nemesis(h: Harness, until: float) -> None:
         elif kind == "leader_killer":
             h.leader_killer = not h.leader_killer
             h.trace(f"nemesis: leader killer {'on' if h.leader_killer else 'off'}")
+        elif kind == "figure8":
+            await figure8(h, rng)
+        elif kind == "stale_append":
+            h.stale_rate = 0.0 if h.stale_rate else rng.uniform(0.05, 0.4)
+            h.trace(f"nemesis: stale appends {h.stale_rate:.3f}")
         elif kind == "net_loss":
             faults = h.net.faults
             if faults.loss:

@@ -148,9 +148,14 @@ class SimTransport:
 
     def __init__(self, network: SimNetwork, node_id: int, loop: asyncio.AbstractEventLoop,
                  deliver: Callable[[list[Message]], None],
-                 observe: Callable[[int, Sequence[Message]], None] | None = None) -> None:
+                 observe: Callable[[int, Sequence[Message]], None] | None = None,
+                 extra: Callable[[int, Sequence[Message]], list[Message]] | None = None,
+                 ) -> None:
         self._network = network
         self._observe = observe
+        # Legal messages the node could have sent along with these (the
+        # harness's stale appends); observed and sent like the node's own.
+        self._extra = extra
         self._node_id = node_id
         self._loop = loop
         self._deliver = deliver
@@ -165,6 +170,8 @@ class SimTransport:
     def send(self, messages: Sequence[Message]) -> None:
         if self.closed or not self._incarnation:
             return
+        if self._extra is not None:
+            messages = [*messages, *self._extra(self._node_id, messages)]
         if self._observe is not None:
             self._observe(self._node_id, messages)
         links: dict[tuple[int, str], list[Message]] = {}
