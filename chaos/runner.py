@@ -101,6 +101,10 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
                        proxied="delay" in wanted, faketime="clock" in wanted,
                        log_level=config.log_level, extra=dict(config.broker_config))
     out = Path(config.out)
+    if (out / "history.jsonl").exists() or (out / "data").exists():
+        # An earlier run's data directories would be started as this run's
+        # nodes (and its history appended to): refuse rather than mix runs.
+        raise ValueError(f"{out} already holds a chaos run; choose a new --out")
     out.mkdir(parents=True, exist_ok=True)
     history = History(out / "history.jsonl")
     params = {**asdict(config), "out": str(out), "seed": seed,

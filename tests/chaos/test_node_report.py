@@ -78,3 +78,15 @@ def test_a_replica_that_did_not_catch_up_makes_the_run_invalid() -> None:
         "nodes [3] did not catch up with the leader's commit index 812 after the drain"]
     results["phases"]["convergence"] = {"converged": True, "behind": [], "target_commit": 812}
     assert verdict_reasons(results) == []
+
+
+def test_a_run_refuses_an_output_directory_that_holds_an_earlier_run(tmp_path) -> None:
+    """Reusing --out used to start the earlier run's (maybe damaged) data
+    directories as this run's nodes and append to its history."""
+    import pytest
+
+    from chaos.runner import RunConfig, run
+
+    (tmp_path / "history.jsonl").write_text("")
+    with pytest.raises(ValueError, match="already holds a chaos run"):
+        run(RunConfig(out=tmp_path), log=lambda line: None)
