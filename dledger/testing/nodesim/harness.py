@@ -1,4 +1,4 @@
-"""`run_seed`: one run of real nodes on simulated time, disks and network.
+"""`Harness`: the simulated world of one real-node run (nodes, disks, network, client).
 
 Each simulated node is a real `RaftGroupNode` (the runtime, its CommitLog,
 Flusher and checkpoint code, and the applier's state machine) on its own
@@ -13,7 +13,7 @@ Flusher and checkpoint code, and the applier's state machine) on its own
    down is restarted; the group must converge (one ready leader, every node
    caught up and applied) and commit a new proposal.
 
-Then `checks.py` compares what every node applied, the final logs and the
+`run.py` drives the phases; then `checks.py` compares what every node applied, the final logs and the
 client's acknowledged proposals. Everything random comes from
 `random.Random(seed)`, so a run is a pure function of (seed, options).
 """
@@ -21,15 +21,12 @@ client's acknowledged proposals. Everything random comes from
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import commitlog
-from commitlog import fileio
 from dledger.config import NO_BUGS, Bugs
 from dledger.log import CommittedDivergence
 from dledger.messages import AppendRequest, Message
@@ -42,7 +39,6 @@ from dledger.testing.nodesim.durability import (
     observe_send,
 )
 from dledger.testing.nodesim.network import SimNetwork, SimTransport
-from dledger.testing.nodesim.runtime_bugs import planted
 from dledger.testing.nodesim.simfs import FAULT_NAMES, NO_FAULTS, SimFileSystem
 from dledger.testing.nodesim.vtime import Scheduler, SimLoop, VirtualClock
 from dledger.testing.nodesim.worker import SimWorker
@@ -500,70 +496,6 @@ class Harness:
         out["proposals"] = len(self.proposals)
         out["acked"] = sum(p.outcome == "acked" for p in self.proposals)
         return out
-
-
-def run_seed(seed: int, options: NodeSimOptions | None = None,
-             trace: Callable[[str], None] | None = None) -> NodeSimResult:
-    """Run one seed; the result (and trace) is a pure function of its arguments."""
-    from dledger.testing.nodesim.checks import final_checks
-    from dledger.testing.nodesim.nemesis import nemesis
-
-    options = options or NodeSimOptions()
-    h = Harness(seed, options, trace)
-    result = NodeSimResult(seed, options.nodes, h.flush)
-    with fileio.use(h.fs), planted(options.runtime_bug), _quiet():
-        try:
-            h.trace(f"seed={seed} nodes={options.nodes} flush={h.flush}")
-            for slot in h.slots.values():
-                h.start(slot)
-            h.client_loop.create_task(h.client())
-            h.client_loop.create_task(nemesis(h, options.fault_s))
-            stop = lambda: h.violation is not None or h.done  # noqa: E731
-            h.scheduler.run_until(options.fault_s, stop)
-            if h.violation is None:
-                h.heal()
-                deadline = options.fault_s + options.heal_s
-                h.client_loop.create_task(h.liveness(deadline))
-                h.scheduler.run_until(deadline, stop)
-            if h.violation is None and not h.done:
-                h.fail(f"no convergence within {options.heal_s} s of the heal: "
-                       f"{h.converged()}")
-            if h.violation is None:
-                problem = final_checks(h)
-                if problem:
-                    h.fail(problem)
-            _uncaught(h)
-        finally:
-            h.done = True
-            for loop in [*h.dead_loops, *h.scheduler.loops]:
-                loop.bury()
-    result.violation = h.violation
-    result.trace = h.lines
-    result.steps = h.scheduler.steps
-    result.virtual_s = round(h.clock.now, 3)
-    result.counts = h.fault_counts()
-    return result
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Nodes log their (simulated) failures as errors; a run reports through
-    its trace instead. Restored afterwards."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logging.disable(previous)
-
-
-def _uncaught(h: Harness) -> None:
-    """Any call of a loop's exception handler is an exception that escaped."""
-    for loop in [*h.dead_loops, *h.scheduler.loops]:
-        for context in loop.errors:
-            exc = context.get("exception")
-            h.fail(f"uncaught in {loop.name}: {context.get('message')} {exc!r}")
-            return
 
 
 def replay_hint(seed: int, nodes: int) -> str:
