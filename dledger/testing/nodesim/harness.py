@@ -13,8 +13,8 @@ Flusher and checkpoint code, and the applier's state machine) on its own
    down is restarted; the group must converge (one ready leader, every node
    caught up and applied) and commit a new proposal.
 
-`run.py` drives the phases; then `checks.py` compares what every node applied, the final logs and the
-client's acknowledged proposals. Everything random comes from
+`run.py` drives the phases; then `checks.py` compares what every node
+applied, the final logs and the client's acknowledged proposals. Everything random comes from
 `random.Random(seed)`, so a run is a pure function of (seed, options).
 """
 
