@@ -8,8 +8,12 @@ test fails instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +39,18 @@ def have_java() -> bool:
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+@contextlib.contextmanager
+def small_tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of `size` (e.g. "512k") mounted at `mount_point` for the
+    test: a disk that really fills up (ENOSPC from the kernel). Needs root."""
+    require(is_root(), "mounting a tmpfs to fill a disk needs root")
+    mount_point.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                             str(mount_point)], capture_output=True, text=True)
+    require(result.returncode == 0, f"cannot mount a tmpfs: {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)

@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
-import subprocess
 
 import aiohttp
 import pytest
-from support import is_root, require
+from support import small_tmpfs
 
 from broker.config import BrokerConfig, Peer
 from broker.launcher import free_port
@@ -439,16 +438,8 @@ def test_flush_interval_reaches_the_commitlog_flusher(tmp_path) -> None:
 
 @pytest.fixture
 def small_disk(tmp_path):
-    require(is_root(), "mounting a tmpfs to fill a disk needs root")
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
-                             str(mount_point)], capture_output=True, text=True)
-    require(result.returncode == 0, f"cannot mount a tmpfs: {result.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small", "1m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def test_a_full_disk_fails_the_node_loudly_and_loses_nothing_acknowledged(small_disk) -> None:

@@ -11,11 +11,10 @@ import asyncio
 import contextlib
 import errno
 import os
-import subprocess
 
 import pytest
 from storage_support import message_body
-from support import is_root, require
+from support import small_tmpfs
 
 from commitlog import KIND_MESSAGES, CommitLog, CommitLogConfig, DiskFullError, Flusher
 from commitlog.errors import StorageError
@@ -24,16 +23,8 @@ from consumequeue import ConsumeQueueStore
 
 @pytest.fixture
 def tiny_disk(tmp_path):
-    require(is_root(), "mounting a tmpfs to fill a disk needs root")
-    mount_point = tmp_path / "tiny"
-    mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs",
-                             str(mount_point)], capture_output=True, text=True)
-    require(result.returncode == 0, f"cannot mount a tmpfs: {result.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "tiny", "512k") as mount_point:
         yield str(mount_point)
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def test_full_disk_fails_the_append_and_loses_nothing(tiny_disk: str) -> None:
