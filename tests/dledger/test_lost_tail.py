@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from dledger.entry import Entry, EntryKind
+from dledger.entry import Entry, EntryKind, HardState
 from dledger.log import CommittedDivergence
 from dledger.messages import AppendRequest
 from dledger.progress import Progress, ProgressState
@@ -49,18 +49,24 @@ def _cluster_with_entries(count: int) -> InteractionEnv:
     return env
 
 
+def _power_cut(env: InteractionEnv, node: int, keep: int) -> None:
+    """Node `node` loses every entry after `keep` (never fsynced under
+    flush=async); the commit it persisted covers no more than that."""
+    env.handle(f"crash {node}")
+    storage = env.storages[node]
+    storage.truncate_after(keep)
+    state = storage.hard_state
+    storage.set_hard_state(HardState(state.term, state.vote, min(state.commit, keep)))
+    env.handle(f"restart {node}")
+
+
 def test_follower_that_lost_its_tail_catches_up() -> None:
     env = _cluster_with_entries(6)
     leader = env.nodes[1]
     assert leader is not None and leader.progress[3].match == leader.log.last_index == 7
     # Power cut on node 3 under flush=async: its last three acknowledged
     # entries were never fsynced. The commit it persisted covers less.
-    env.handle("crash 3")
-    storage = env.storages[3]
-    storage.truncate_after(4)
-    storage.set_hard_state(storage.hard_state.__class__(storage.hard_state.term,
-                                                      storage.hard_state.vote, 4))
-    env.handle("restart 3")
+    _power_cut(env, 3, keep=4)
     env.handle("propose 1 after-restart")
     env.handle("stabilize")
     env.handle("tick 1 2")  # heartbeats: a probe lost on the way is retried
@@ -109,12 +115,7 @@ def test_idle_group_resends_a_lost_tail_on_heartbeats() -> None:
     env = _cluster_with_entries(6)
     leader = env.nodes[1]
     assert leader is not None
-    env.handle("crash 3")
-    storage = env.storages[3]
-    storage.truncate_after(4)
-    storage.set_hard_state(storage.hard_state.__class__(storage.hard_state.term,
-                                                      storage.hard_state.vote, 4))
-    env.handle("restart 3")
+    _power_cut(env, 3, keep=4)
     env.handle("tick 1 2")
     env.handle("stabilize")
     follower = env.nodes[3]
