@@ -43,6 +43,7 @@ def register(app: typer.Typer) -> None:
 
         from dledger.config import Bugs
         from dledger.testing import SimOptions, replay_hint, run_seed
+        from ledgermq.commands.sim_output import print_failure
 
         if nodes not in (3, 5):
             raise typer.BadParameter("--nodes must be 3 or 5")
@@ -84,14 +85,7 @@ def register(app: typer.Typer) -> None:
             if not result.ok:
                 failures.append(result)
                 if not json_output:
-                    console.print(
-                        f"[bold red]seed={s} nodes={nodes} flush={result.flush}: "
-                        f"{result.violation}[/]"
-                    )
-                    if not trace:
-                        for line in result.trace[-25:]:
-                            console.print(f"  {line}", markup=False)
-                    console.print(f"  {replay_hint(s, nodes, flush)}", markup=False)
+                    print_failure(console, result, nodes, trace, replay_hint(s, nodes, flush))
         elapsed = time.perf_counter() - began
         summary = {
             "nodes": nodes,

@@ -23,6 +23,7 @@ def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: 
     from broker.nodesim_apply import BrokerApplier
     from dledger.config import Bugs
     from dledger.testing.nodesim import RUNTIME_BUGS, NodeSimOptions, replay_hint, run_seed
+    from ledgermq.commands.sim_output import print_failure
 
     if flush not in ("sync", "async", "mix"):
         raise typer.BadParameter("--flush must be sync, async or mix")
@@ -54,12 +55,7 @@ def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: 
         if not result.ok:
             failures.append(result)
             if not json_output:
-                console.print(f"[bold red]seed={s} nodes={nodes} flush={result.flush}: "
-                              f"{result.violation}[/]")
-                if not trace:
-                    for line in result.trace[-25:]:
-                        console.print(f"  {line}", markup=False)
-                console.print(f"  {replay_hint(s, nodes)}", markup=False)
+                print_failure(console, result, nodes, trace, replay_hint(s, nodes))
     elapsed = time.perf_counter() - began
     summary = {
         "simulator": "real-node", "nodes": nodes, "first_seed": seed_list[0],
