@@ -18,18 +18,16 @@ and one line per case; `--seed` re-runs the same sequence of cases, and
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import re
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker.launcher import LocalCluster, node_status, wait_leader
+from broker.launcher import LocalCluster, wait_admin_url, wait_leader
 from chaos.fuzz import campaign
 from chaos.fuzz.oracle import AckLedger, Targets, verify
 from ledgermq import loop
@@ -58,7 +56,7 @@ def start_cluster(base: Path) -> tuple[LocalCluster, Targets]:
         urls = {"namesrv": next(m.group(1) for line in cluster.namesrv.output
                                 if (m := _ADMIN_LINE.search(line)))}
         for nid in cluster.peers:
-            urls[f"broker-{nid}"] = loop.run(_admin_url(cluster, nid))
+            urls[f"broker-{nid}"] = loop.run(wait_admin_url(cluster, nid, 20.0))
     except BaseException:
         cluster.stop()
         raise
@@ -73,16 +71,6 @@ def start_cluster(base: Path) -> tuple[LocalCluster, Targets]:
                       raft={nid: p.raft for nid, p in cluster.peers.items()},
                       http=urls, alive=alive, group=cluster.group)
     return cluster, targets
-
-
-async def _admin_url(cluster: LocalCluster, nid: int, timeout: float = 20.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = await node_status(cluster.client_address(nid))
-        if status and status.get("admin_url"):
-            return status["admin_url"]
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"node {nid} reported no admin URL")
 
 
 async def _replay(targets: Targets, seeds: Path, numbers: set[int] | None) -> dict:

@@ -247,6 +247,19 @@ async def node_status(address: str, timeout: float = 1.0) -> dict[str, Any] | No
         await client.close()
 
 
+async def wait_admin_url(cluster: LocalCluster, nid: int, timeout: float = 10.0) -> str:
+    """The admin app URL node `nid` reports once it serves (`admin_listen` set)."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = await node_status(cluster.client_address(nid))
+        if status and status.get("admin_url"):
+            return str(status["admin_url"])
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"node {nid} reported no admin URL")
+
+
 async def wait_leader(cluster: LocalCluster, timeout: float = 30.0,
                       exclude: tuple[int, ...] = ()) -> int:
     """Poll the live nodes until one is a ready leader; its node id."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 
-from broker.launcher import LocalCluster, node_status
+from broker.launcher import LocalCluster, wait_admin_url
 from ledgermq import loop
 
 TOKEN = "ops-test-token"
@@ -61,13 +61,7 @@ class OpsCluster(LocalCluster):
         return self
 
     async def admin_url(self, nid: int, timeout: float = 10.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            status = await node_status(self.client_address(nid))
-            if status and status.get("admin_url"):
-                return status["admin_url"]
-            await asyncio.sleep(0.05)
-        raise TimeoutError(f"node {nid} reported no admin URL")
+        return await wait_admin_url(self, nid, timeout)
 
     def admin_urls(self) -> dict[int, str]:
         return {nid: loop.run(self.admin_url(nid)) for nid in self.alive()}
