@@ -17,7 +17,6 @@ import ctypes
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,16 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import Peer, render_config
+from ledgermq.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 _NAMESRV_READY = re.compile(r"namesrv listening on (\S+):(\d+)")
 _BROKER_READY = re.compile(r"broker listening on (\S+):(\d+)")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

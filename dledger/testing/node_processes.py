@@ -12,7 +12,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,23 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from dledger.runtime_process import CONTROL_ENTRIES, CONTROL_PROPOSE, CONTROL_STATUS
+from ledgermq.ports import free_ports
 from ledgermq.wire.rpc import RpcClient
 
 REPO = Path(__file__).resolve().parents[2]
 _LISTENING = re.compile(r"raft-node (\d+) control (\S+):(\d+)")
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass

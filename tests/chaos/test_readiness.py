@@ -11,14 +11,9 @@ from pathlib import Path
 import pytest
 
 from chaos import readiness
+from ledgermq.ports import free_port
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_live_nameserver_answers_and_is_ready(tmp_path: Path) -> None:
