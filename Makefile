@@ -19,9 +19,12 @@ setup: $(STAMP)
 run: setup
 	$(BIN)/ledgermq demo
 
-# The whole test suite, lint first.
+# The whole test suite: lint, the import contracts (pyproject.toml,
+# [tool.importlinter]) and the type checker first.
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 bench: setup

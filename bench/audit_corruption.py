@@ -45,10 +45,10 @@ def record(target: Path, seconds: float, rate: float, seed: int) -> dict:
     """
     import asyncio
 
-    from broker.launcher import LocalCluster, wait_leader
     from chaos.checker import check
     from chaos.history import History
     from chaos.workload import Workload, WorkloadSpec
+    from ledgermq.broker.launcher import LocalCluster, wait_leader
 
     async def drive(cluster: LocalCluster, history: History) -> dict:
         workload = Workload(WorkloadSpec(topic="chaos", queues=4, rate=rate, producers=2,

@@ -1,6 +1,6 @@
 """Failover time of real node processes: SIGKILL the leader, time until a new one serves.
 
-Starts a 3-node group (`dledger.runtime_process`) in a temporary directory,
+Starts a 3-node group (`dledger.runtime.process`) in a temporary directory,
 then N times: write a little, SIGKILL the leader, poll the survivors every
 `--poll-ms` until one reports `leader_ready` (its NOOP committed and applied,
 so it can take writes), restart the killed node and wait for it to catch up.
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from dledger.testing.node_processes import ProcessCluster
-from ledgermq.loop import run
+from ledgermq.base.loop import run
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -27,10 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker.launcher import LocalCluster, wait_admin_url, wait_leader
 from chaos.fuzz import campaign
 from chaos.fuzz.oracle import AckLedger, Targets, verify
-from ledgermq import loop
+from ledgermq.base import loop
+from ledgermq.broker.launcher import LocalCluster, wait_admin_url, wait_leader
 
 TOKEN = "fuzz-admin-token"
 _ADMIN_LINE = re.compile(r"namesrv admin listening on (http://\S+)")

@@ -9,8 +9,8 @@ import argparse
 import json
 import time
 
-from broker.nodesim_apply import BrokerApplier
 from dledger.testing.nodesim import NodeSimOptions, run_seed
+from ledgermq.broker.nodesim_apply import BrokerApplier
 
 
 def main() -> None:

@@ -33,9 +33,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker.launcher import LocalCluster, wait_leader
-from client import Producer
-from ledgermq import loop
+from ledgermq.base import loop
+from ledgermq.broker.launcher import LocalCluster, wait_leader
+from ledgermq.client import Producer
 
 BODY = b"x" * 1024
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ledgermq.codes import RequestCode
-from ledgermq.errors import LedgerMQError
+from ledgermq.base.codes import RequestCode
+from ledgermq.base.errors import LedgerMQError
 from ledgermq.wire.rpc import RpcClient
 
 TAIL_LINES = 20

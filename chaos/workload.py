@@ -38,15 +38,15 @@ from typing import Any
 import crc32c
 
 from chaos.history import History
-from client import Producer, PullConsumer, PushConsumer
-from client.model import MessageQueue, ReceivedMessage
-from ledgermq.codes import RequestCode
-from ledgermq.errors import (
+from ledgermq.base.codes import RequestCode
+from ledgermq.base.errors import (
     InvalidRequestError,
     MessageTooLargeError,
     NoPermissionError,
     UnknownTopicError,
 )
+from ledgermq.client import Producer, PullConsumer, PushConsumer
+from ledgermq.client.model import MessageQueue, ReceivedMessage
 from ledgermq.wire import RpcClient
 
 DEFINITE_FAILURES = (UnknownTopicError, MessageTooLargeError, NoPermissionError,

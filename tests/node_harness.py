@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import commitlog
-from dledger.node import NodeConfig, RaftGroupNode, SoftStateInfo
+from dledger.runtime.node import NodeConfig, RaftGroupNode, SoftStateInfo
 from dledger.testing.node_processes import free_ports
 
 

@@ -24,8 +24,8 @@ from chaos.fuzz.values import (
     odd_text,
     random_value,
 )
-from client.records import encode_properties, encode_record
-from ledgermq.codes import RequestCode
+from ledgermq.base.codes import RequestCode
+from ledgermq.client.records import encode_properties, encode_record
 
 Builder = Callable[[random.Random, Names], Any]
 

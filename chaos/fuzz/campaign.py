@@ -31,7 +31,7 @@ from chaos.fuzz.deliver import Outcome, deliver
 from chaos.fuzz.oracle import AckLedger, Targets, verify
 from chaos.fuzz.plan import Context
 from chaos.fuzz.values import Names
-from client.routes import split
+from ledgermq.client.routes import split
 
 SEEDS_FILE = "fuzz-seeds.jsonl"
 ORACLE_TOPIC = "fuzz-acked"

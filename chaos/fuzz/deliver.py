@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from chaos.fuzz.cases import HTTP, RAFT, WIRE
 from chaos.fuzz.plan import Plan
-from ledgermq.errors import ErrorCode, LedgerMQError
+from ledgermq.base.errors import ErrorCode, LedgerMQError
 from ledgermq.wire.codec import FrameDecoder, decode_response
 
 _READ_CAP = 1 << 20

@@ -20,9 +20,9 @@ from typing import Any
 
 import aiohttp
 
-from client import Producer
-from client.routes import split
-from ledgermq.codes import RequestCode
+from ledgermq.base.codes import RequestCode
+from ledgermq.client import Producer
+from ledgermq.client.routes import split
 from ledgermq.wire import RpcClient
 
 

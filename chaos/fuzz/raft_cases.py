@@ -1,4 +1,4 @@
-"""Cases for a broker's Raft peer port (dledger/runtime_transport.py).
+"""Cases for a broker's Raft peer port (dledger/runtime/transport.py).
 
 Broken handshakes; a valid handshake (claiming to be another node of the
 group) followed by garbage frames; and well-formed-looking messages that a
@@ -22,11 +22,11 @@ import msgpack
 
 from chaos.fuzz.plan import Context, Plan
 from chaos.fuzz.values import extreme_int, odd_text, random_value
-from dledger.runtime_codec import CHANNELS, HELLO_MAGIC, HELLO_VERSION
+from dledger.runtime.codec import CHANNELS, HELLO_MAGIC, HELLO_VERSION
 from ledgermq.wire.codec import HEADER, encode_frame
 
 # The largest term or index a node accepts off the wire (docs/raft.md,
-# dledger/runtime_codec.py). Spelt out here rather than imported so that the
+# dledger/runtime/codec.py). Spelt out here rather than imported so that the
 # fuzzer also runs against a build from before the check existed.
 MAX_TERM_OR_INDEX = 2**63 - 1
 # Out of the accepted range: each must make the node drop the connection.

@@ -20,7 +20,7 @@ import zstandard
 from chaos.fuzz.bodies import body_for
 from chaos.fuzz.plan import Context, Plan
 from chaos.fuzz.values import deep_nesting, extreme_int, random_value
-from ledgermq.codes import RequestCode
+from ledgermq.base.codes import RequestCode
 from ledgermq.wire.codec import FLAG_ZSTD, HEADER, encode_frame, hello_body
 
 ALL_CODES: tuple[int, ...] = tuple(int(c) for c in RequestCode)

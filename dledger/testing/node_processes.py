@@ -1,4 +1,4 @@
-"""Clusters of real node processes (`dledger.runtime_process`) for tests and benchmarks.
+"""Clusters of real node processes (`dledger.runtime.process`) for tests and benchmarks.
 
 Every process is started here and signalled only by its own PID.
 """
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dledger.runtime_process import CONTROL_ENTRIES, CONTROL_PROPOSE, CONTROL_STATUS
-from ledgermq.ports import free_ports
+from dledger.runtime.process import CONTROL_ENTRIES, CONTROL_PROPOSE, CONTROL_STATUS
+from ledgermq.base.ports import free_ports
 from ledgermq.wire.rpc import RpcClient
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ class ProcessCluster:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dledger.runtime_process", "--config",
+            [sys.executable, "-m", "dledger.runtime.process", "--config",
              str(self.write_config(node_id))],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
         lines: queue.Queue[str | None] = queue.Queue()

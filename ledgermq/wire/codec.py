@@ -28,7 +28,7 @@ from typing import Any
 import msgpack
 import zstandard
 
-from ledgermq.errors import (
+from ledgermq.base.errors import (
     OK,
     ErrorCode,
     FrameTooLargeError,
@@ -212,7 +212,7 @@ class FrameDecoder:
 @dataclass(frozen=True, slots=True)
 class Request:
     """A request: `id` chosen by the sender to match the response, `code` from
-    ledgermq.codes.RequestCode, `body` any msgpack value."""
+    ledgermq.base.codes.RequestCode, `body` any msgpack value."""
 
     id: int
     code: int

@@ -24,8 +24,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledgermq.codes import RequestCode
-from ledgermq.errors import (
+from ledgermq.base.codes import RequestCode
+from ledgermq.base.errors import (
     ConnectionClosedError,
     FrameTooLargeError,
     HandshakeRequiredError,
@@ -38,7 +38,7 @@ from ledgermq.errors import (
     UnsupportedVersionError,
     error_from_response,
 )
-from ledgermq.tasks import cancel_and_wait
+from ledgermq.base.tasks import cancel_and_wait
 from ledgermq.wire.codec import (
     CONNECTION_ERROR_ID,
     DEFAULT_COMPRESS_THRESHOLD,

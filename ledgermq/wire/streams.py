@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterable
 
-from ledgermq.errors import MalformedFrameError
+from ledgermq.base.errors import MalformedFrameError
 from ledgermq.wire.codec import (
     DEFAULT_COMPRESS_THRESHOLD,
     DEFAULT_MAX_FRAME_BYTES,

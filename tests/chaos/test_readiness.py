@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from chaos import readiness
-from ledgermq.ports import free_port
+from ledgermq.base.ports import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from dledger.testing.node_processes import ProcessCluster
-from ledgermq.errors import NotLeaderError
-from ledgermq.loop import run
+from ledgermq.base.errors import NotLeaderError
+from ledgermq.base.loop import run
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.nodesim_apply import BrokerApplier
 from dledger.config import Bugs
 from dledger.testing.nodesim import RUNTIME_BUGS, NodeSimOptions, run_seed
+from ledgermq.broker.nodesim_apply import BrokerApplier
 
 SEEDS_3 = range(1, 41)
 SEEDS_5 = range(1, 11)

@@ -10,7 +10,7 @@ import random
 import commitlog
 from commitlog import CommitLog, CommitLogConfig, Flusher, fileio
 from commitlog.checkpoint import read_checkpoint
-from dledger.node import NotLeaderError
+from dledger.runtime.node import NotLeaderError
 from dledger.testing.nodesim.harness import Harness, NodeSimOptions
 from dledger.testing.nodesim.simfs import DiskFaults, SimFileSystem
 from dledger.testing.nodesim.vtime import Scheduler, SimLoop, VirtualClock

@@ -24,9 +24,9 @@ import pytest
 
 from chaos.docker_backend import container_ids, free_prefix
 from chaos.workload import node_status, wait_leader
-from client.consumer import PullConsumer
-from client.producer import Producer
-from ledgermq import loop
+from ledgermq.base import loop
+from ledgermq.client.consumer import PullConsumer
+from ledgermq.client.producer import Producer
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 

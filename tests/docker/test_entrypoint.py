@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import parse_config
+from ledgermq.broker.config import parse_config
 
 SPEC = importlib.util.spec_from_file_location(
     "ledgermq_entrypoint", Path(__file__).resolve().parents[2] / "docker" / "entrypoint.py")
@@ -61,7 +61,7 @@ def test_bad_environment_is_refused_with_the_variable_named(env: dict, message: 
 
 
 def test_unknown_key_reaches_the_broker_validation() -> None:
-    from broker.config import BrokerConfigError
+    from ledgermq.broker.config import BrokerConfigError
 
     with pytest.raises(BrokerConfigError, match="no_such_key"):
         parse_config(render(LEDGERMQ_CONF_NO_SUCH_KEY="1"))

@@ -18,8 +18,8 @@ from typing import Any
 
 import aiohttp
 
-from broker.launcher import LocalCluster, wait_admin_url
-from ledgermq import loop
+from ledgermq.base import loop
+from ledgermq.broker.launcher import LocalCluster, wait_admin_url
 
 TOKEN = "ops-test-token"
 _ADMIN_LINE = re.compile(r"namesrv admin listening on (http://\S+)")

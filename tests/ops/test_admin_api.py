@@ -9,9 +9,9 @@ import time
 import pytest
 from ops.support import TOKEN, OpsCluster, http, until
 
-from broker.launcher import wait_leader
-from client import Producer, PushConsumer
-from ledgermq import loop
+from ledgermq.base import loop
+from ledgermq.broker.launcher import wait_leader
+from ledgermq.client import Producer, PushConsumer
 
 pytestmark = [pytest.mark.timeout(120)]
 

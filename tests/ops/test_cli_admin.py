@@ -9,10 +9,10 @@ import pytest
 from ops.support import TOKEN, OpsCluster
 from typer.testing import CliRunner
 
-from broker.launcher import wait_leader
-from client import Producer
-from ledgermq import loop
+from ledgermq.base import loop
+from ledgermq.broker.launcher import wait_leader
 from ledgermq.cli import app
+from ledgermq.client import Producer
 
 pytestmark = [pytest.mark.timeout(120)]
 

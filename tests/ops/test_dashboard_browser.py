@@ -14,9 +14,9 @@ from ops.cdp import Browser, find_chromium
 from ops.support import OpsCluster, until
 from support import require
 
-from broker.launcher import wait_leader
-from client import Producer
-from ledgermq import loop
+from ledgermq.base import loop
+from ledgermq.broker.launcher import wait_leader
+from ledgermq.client import Producer
 
 pytestmark = [pytest.mark.timeout(120)]
 

@@ -7,10 +7,10 @@ import pytest
 from ops.support import TOKEN, OpsCluster, http, until
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.launcher import wait_leader
-from client import Producer, PullConsumer
-from client.model import MessageQueue
-from ledgermq import loop
+from ledgermq.base import loop
+from ledgermq.broker.launcher import wait_leader
+from ledgermq.client import Producer, PullConsumer
+from ledgermq.client.model import MessageQueue
 
 pytestmark = [pytest.mark.timeout(120)]
 

@@ -30,7 +30,7 @@ import commitlog
 from dledger.config import NO_BUGS, Bugs
 from dledger.log import CommittedDivergence
 from dledger.messages import AppendRequest, Message
-from dledger.node import NodeConfig, NodeIO, NotLeaderError, ProposalUnknown, RaftGroupNode
+from dledger.runtime.node import NodeConfig, NodeIO, NotLeaderError, ProposalUnknown, RaftGroupNode
 from dledger.testing.nodesim.apply import Applier, ApplierFactory, RecordingApplier, digest
 from dledger.testing.nodesim.durability import (
     check_acked,

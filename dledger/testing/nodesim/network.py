@@ -1,7 +1,7 @@
 """`SimNetwork` and `SimTransport`: the peer transport of the real node, simulated.
 
 `SimTransport` is what `NodeIO.transport` builds for a simulated node. It
-encodes each Ready's messages with the real codec (`dledger.runtime_codec`,
+encodes each Ready's messages with the real codec (`dledger.runtime.codec`,
 one payload per peer and channel, as `PeerTransport` writes them) and hands
 the payloads to the network; the network decodes them on the receiving
 node's loop at a seeded virtual time and calls that node's `_deliver`, the
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dledger.messages import Message
-from dledger.runtime_codec import CodecError, decode_batch, encode_batches
+from dledger.runtime.codec import CodecError, decode_batch, encode_batches
 
 MAX_PAYLOAD = 4 * 1024 * 1024
 MAX_FRAME = 64 * 1024 * 1024
@@ -144,7 +144,7 @@ class SimNetwork:
 
 
 class SimTransport:
-    """`dledger.node.Transport` over a `SimNetwork`."""
+    """`dledger.runtime.node.Transport` over a `SimNetwork`."""
 
     def __init__(self, network: SimNetwork, node_id: int, loop: asyncio.AbstractEventLoop,
                  deliver: Callable[[list[Message]], None],

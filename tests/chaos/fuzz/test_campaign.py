@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.launcher import LocalCluster
 from chaos.fuzz import campaign
 from chaos.fuzz.cases import GENERATORS, RAFT, Case
 from chaos.fuzz.oracle import AckLedger, Targets, verify
-from ledgermq import loop
-from ledgermq.codes import RequestCode
+from ledgermq.base import loop
+from ledgermq.base.codes import RequestCode
+from ledgermq.broker.launcher import LocalCluster
 from ledgermq.wire import RpcClient
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]

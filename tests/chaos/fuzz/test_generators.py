@@ -15,8 +15,8 @@ from chaos.fuzz.bodies import SCHEMAS, body_for
 from chaos.fuzz.cases import GENERATORS, RAFT, Case, build
 from chaos.fuzz.plan import Context
 from chaos.fuzz.values import Names
-from dledger.runtime_codec import CodecError, decode_batch, decode_hello
-from ledgermq.codes import RequestCode
+from dledger.runtime.codec import CodecError, decode_batch, decode_hello
+from ledgermq.base.codes import RequestCode
 from ledgermq.wire.codec import FrameDecoder
 
 PROTECTED = frozenset({"fuzz-acked", "broker-a"})

@@ -1,0 +1,762 @@
+"""`RaftGroupNode`: the asyncio runtime that runs one replica of a broker group.
+
+Theory of operation
+-------------------
+The sans-I/O core (`dledger.raw_node.RaftNode`) decides; this module does
+the I/O, all on one event loop (uvloop when `ledgermq.base.loop` installs it):
+
+- *Inputs go straight into the core.* Peer messages are stepped as soon as the
+  transport decodes them; a ticker task calls `tick()` every `tick_ms` on the
+  loop's monotonic clock; `propose()` queues the proposal and wakes the driver,
+  which hands every queued proposal to the core at once (`propose_many`), so
+  many `propose()` calls of one loop iteration become one Ready, one CommitLog
+  append and one fsync (group commit) and one batched append per follower.
+- *One driver task carries out Readies*, one at a time (the core produces no
+  new Ready before `advance`). For each Ready, in this order:
+  1. send `messages` (allowed before the write);
+  2. write `entries` (cutting a replaced suffix, never a committed entry) and,
+     when term or vote changed, the hard state (always durable: atomic
+     replace with fsync, on a thread); with `flush="sync"` and `must_sync`,
+     wait for the group-commit fsync of the entries (on the Flusher's thread);
+  3. send `messages_after_persist` (acks, granted votes, new-term traffic);
+  4. `apply(committed entries)`, then resolve the proposals they complete;
+  5. report soft-state changes; `advance`.
+  While the driver waits for an fsync, the loop keeps stepping messages and
+  queueing proposals; they land in the next Ready.
+- *Ack points.* `replicate="sync"`: a proposal completes when its entry (same
+  index and term) is in `committed_entries` and has been applied locally; with
+  `flush="sync"` that implies it was fsynced on a quorum (followers ack only
+  after their fsync, the leader counts itself only up to its fsynced index).
+  `replicate="async"`: it completes once the leader's core reports the entry
+  stable (written, and fsynced when `flush="sync"`); replication continues in
+  the background and a failover can lose it.
+- The commit index is persisted lazily (with every term/vote change, about
+  once a second while it moves, and at `stop()`), so a restarted broker can
+  replay up to it before `start()`.
+
+See docs/raft.md, "Runtime", for the knobs and why the defaults give
+sub-second failover on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import commitlog
+from commitlog import CommitLog, CommitLogConfig, Flusher
+from commitlog.errors import StorageError
+from commitlog.flush import Worker
+from commitlog.sync_thread import SyncThread
+from dledger.config import NO_BUGS, Bugs, Config
+from dledger.entry import HardState, segment_placement
+from dledger.log import CommittedDivergence, InvariantViolation
+from dledger.messages import AppendResponse, Message
+from dledger.raw_node import NotLeader, RaftNode
+from dledger.ready import Ready, SoftState
+from dledger.runtime.codec import CodecError
+from dledger.runtime.storage import CommitLogStorage
+from dledger.runtime.transport import PeerTransport
+from election.config import ElectionConfig
+from election.roles import Role
+from ledgermq.base.errors import NotLeaderError as WireNotLeaderError
+
+__all__ = [
+    "NodeConfig",
+    "NotLeaderError",
+    "ProposalUnknown",
+    "RaftGroupNode",
+    "SoftStateInfo",
+]
+
+log = logging.getLogger(__name__)
+
+ROLE_NAMES: dict[Role, str] = {
+    Role.LEADER: "leader",
+    Role.FOLLOWER: "follower",
+    Role.CANDIDATE: "candidate",
+    Role.PRE_CANDIDATE: "pre_candidate",
+}
+
+# The commit index is written to the hard-state file at most this often.
+COMMIT_PERSIST_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything one replica needs; every node of a group uses the same
+    `peers`, `segment_size_bytes` and timing knobs.
+
+    `flush` is also written into the CommitLog config (`commitlog` overrides
+    everything else of it), so the two can never disagree.
+    """
+
+    group: str
+    node_id: int
+    peers: dict[int, tuple[str, int]]
+    data_dir: str
+    flush: str = "sync"
+    replicate: str = "sync"
+    tick_ms: int = 50
+    # 10 ticks x 50 ms: a follower campaigns 0.5-1.0 s after the last
+    # heartbeat; heartbeats go every tick, so 10 consecutive losses are needed.
+    election_timeout_ticks: int = 10
+    heartbeat_interval_ticks: int = 1
+    preferred_leader: int = 0
+    segment_size_bytes: int = 256 * 1024 * 1024
+    commitlog: CommitLogConfig | None = None
+    bind_host: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.node_id not in self.peers:
+            raise ValueError(f"node_id {self.node_id} is not among the peers {sorted(self.peers)}")
+        if any(n <= 0 for n in self.peers):
+            raise ValueError("node ids are positive integers")
+        if self.flush not in ("sync", "async"):
+            raise ValueError(f"flush must be 'sync' or 'async', not {self.flush!r}")
+        if self.replicate not in ("sync", "async"):
+            raise ValueError(f"replicate must be 'sync' or 'async', not {self.replicate!r}")
+        if self.tick_ms < 1:
+            raise ValueError("tick_ms must be >= 1")
+        if self.preferred_leader and self.preferred_leader not in self.peers:
+            raise ValueError(f"preferred_leader {self.preferred_leader} is not a peer")
+        # Validates the tick counts (>= 2, heartbeat below the timeout).
+        self.election_config()
+
+    def election_config(self) -> ElectionConfig:
+        return ElectionConfig(
+            election_timeout_ticks=self.election_timeout_ticks,
+            heartbeat_interval_ticks=self.heartbeat_interval_ticks,
+            pre_vote=True,
+            check_quorum=True,
+            preferred_leader=self.preferred_leader,
+        )
+
+    def commitlog_config(self) -> CommitLogConfig:
+        base = self.commitlog or CommitLogConfig(segment_size_bytes=self.segment_size_bytes)
+        return replace(base, flush=self.flush)
+
+
+class Transport(Protocol):
+    """What the node needs of its peer transport (`PeerTransport` on TCP, a
+    simulated network in the real-node simulator)."""
+
+    async def start(self) -> Any: ...
+
+    def send(self, messages: Sequence[Message]) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+# (group, node_id, peers, deliver, bind_host) -> transport
+TransportFactory = Callable[
+    [str, int, dict[int, tuple[str, int]], Callable[[list[Message]], None], str | None],
+    Transport]
+
+
+def _tcp_transport(group: str, node_id: int, peers: dict[int, tuple[str, int]],
+                   deliver: Callable[[list[Message]], None], bind_host: str | None) -> Transport:
+    return PeerTransport(group, node_id, peers, deliver, bind_host=bind_host)
+
+
+@dataclass
+class NodeIO:
+    """Everything a node does I/O or draws chance with. The defaults are
+    production's; the real-node simulator (dledger/testing/nodesim) passes
+    its own seeded, virtual-time parts and runs this very runtime."""
+
+    transport: TransportFactory = _tcp_transport
+    # Seeds election timeouts; production draws it from the OS.
+    rng: random.Random | None = None
+    # Runs the Flusher's fsyncs and checkpoint writes (SyncThread by default).
+    fsync_worker: Worker | None = None
+    # Runs hard-state writes (SyncThread by default).
+    state_worker: Worker | None = None
+    clock: Callable[[], float] = time.perf_counter
+    # Deliberate bugs (simulator only), passed to the core.
+    bugs: Bugs = field(default=NO_BUGS)
+
+
+@dataclass(frozen=True)
+class SoftStateInfo:
+    """What the broker reacts to: role ("leader", "follower", "candidate",
+    "pre_candidate"), the known leader (0 = unknown) and the term."""
+
+    role: str
+    leader_id: int
+    term: int
+
+
+class NotLeaderError(WireNotLeaderError):
+    """This node cannot take the proposal; `leader_id` is where to retry (0 = unknown).
+
+    A `ledgermq.base.errors.NotLeaderError` (wire code NOT_LEADER), so the broker can
+    answer it as is after filling in the leader's client address.
+    """
+
+    def __init__(self, leader_id: int, message: str | None = None) -> None:
+        text = message or (f"not leader; leader is node {leader_id}" if leader_id
+                           else "not leader; leader unknown")
+        super().__init__(text, data={"leader": None, "leader_id": leader_id})
+        self.leader_id = leader_id
+
+
+class ProposalUnknown(Exception):
+    """The proposal may or may not commit: it was appended, but leadership was
+    lost, the node stopped, or the timeout passed before the ack point."""
+
+    def __init__(self, message: str, index: int = 0, term: int = 0) -> None:
+        super().__init__(message)
+        self.index = index
+        self.term = term
+
+
+@dataclass
+class _Pending:
+    term: int
+    future: asyncio.Future[commitlog.Entry]
+    entry: commitlog.Entry
+
+
+_Queued = tuple[int, bytes, "asyncio.Future[commitlog.Entry]"]
+
+
+class RaftGroupNode:
+    """One replica: CommitLog + Raft core + peer transport on the running loop."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        apply: Callable[[Sequence[commitlog.Entry]], None],
+        on_soft_state: Callable[[SoftStateInfo], None] | None = None,
+        io: NodeIO | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.config = config
+        self._apply_cb = apply
+        self._on_soft_state = on_soft_state
+        self._on_failure = on_failure
+        io = io or NodeIO()
+        self._bugs = io.bugs
+        # Opened (and recovered) now so the broker can replay before start().
+        self.log: CommitLog = CommitLog.open(config.data_dir, config.commitlog_config())
+        self.storage = CommitLogStorage(self.log)
+        self._initial_hard_state = self.storage.initial_state()
+        if self._initial_hard_state.commit > self.log.last_index:
+            # The commit index is saved only up to what was fsynced, so the
+            # entries it covers survived any crash: if they are gone, the disk
+            # lost acknowledged data. Serving would hide it.
+            self.log.close()
+            raise StorageError(
+                f"{config.data_dir}: the hard state says entry {self._initial_hard_state.commit}"
+                f" is committed but the log ends at {self.log.last_index}: durable entries "
+                "were lost; repair this replica")
+        self._core: RaftNode | None = None
+        self._flusher = Flusher(self.log, worker=io.fsync_worker, clock=io.clock,
+                                on_failure=self._fail)
+        self._state_worker: Worker = io.state_worker or SyncThread("hardstate")
+        self._transport = io.transport(config.group, config.node_id, config.peers,
+                                       self._deliver, config.bind_host)
+        # Election timeouts are randomised by the core through this rng; the
+        # runtime seeds it from the OS so the replicas never draw alike.
+        self._rng = io.rng or random.Random(int.from_bytes(os.urandom(16), "little"))
+        self._queue: list[_Queued] = []
+        self._pending: dict[int, _Pending] = {}
+        self._wake = asyncio.Event()
+        self._state_waiters: list[asyncio.Future[None]] = []
+        self._driver: asyncio.Task[None] | None = None
+        self._ticker_task: asyncio.Task[None] | None = None
+        self._bg: set[asyncio.Task[Any]] = set()
+        self._hs_lock = asyncio.Lock()
+        self._started = False
+        self._stopping = False
+        self._stopped = False
+        self.failed: BaseException | None = None
+        self._applied = 0
+        self._applied_term = 0
+        self._soft = SoftState(Role.FOLLOWER, 0, self._initial_hard_state.term)
+        # Hard state as handed out by the core (latest) and as on disk.
+        self._hs_latest = self._initial_hard_state
+        self._hs_saved = self._initial_hard_state
+        # Counters for status() and metrics.
+        self.counters: dict[str, int] = dict.fromkeys((
+            "readies", "proposals", "proposal_batches", "proposals_acked", "proposals_unknown",
+            "elections", "leader_changes", "hard_state_saves", "entries_written",
+            "acks_sent", "acks_not_durable", "peer_errors"), 0)
+
+    # ------------------------------------------------------------ observation
+
+    @property
+    def role(self) -> str:
+        if self._core is None or self.failed is not None:
+            return "follower"  # a failed node leads nothing (status() says why)
+        return ROLE_NAMES[self._core.role]
+
+    @property
+    def term(self) -> int:
+        return self._core.term if self._core else self._initial_hard_state.term
+
+    @property
+    def leader_id(self) -> int:
+        return self._core.leader_id if self._core and self.failed is None else 0
+
+    @property
+    def commit_index(self) -> int:
+        if self._core:
+            return self._core.commit
+        return self._initial_hard_state.commit
+
+    @property
+    def applied_index(self) -> int:
+        return self._applied
+
+    @property
+    def last_index(self) -> int:
+        return self._core.log.last_index if self._core else self.log.last_index
+
+    @property
+    def leader_ready(self) -> bool:
+        """Leader whose current-term NOOP is committed and applied: entries of
+        earlier terms are all applied too, so the broker's state is complete."""
+        core = self._core
+        return (core is not None and self.failed is None and core.role is Role.LEADER
+                and self._applied_term == core.term)
+
+    async def wait_leader_ready(self, timeout: float) -> bool:
+        return await self._wait_for(lambda: self.leader_ready, timeout)
+
+    def status(self) -> dict[str, Any]:
+        core = self._core
+        out: dict[str, Any] = {
+            "group": self.config.group,
+            "node_id": self.config.node_id,
+            "role": self.role,
+            "term": self.term,
+            "leader_id": self.leader_id,
+            "leader_ready": self.leader_ready,
+            "commit_index": self.commit_index,
+            "applied_index": self._applied,
+            "last_index": self.last_index,
+            "durable_index": self.log.durable_index,
+            "flush": self.config.flush,
+            "replicate": self.config.replicate,
+            "failed": repr(self.failed) if self.failed else None,
+            "fsyncs": self._flusher.syncs,
+            "fsynced_entries": self._flusher.synced_entries,
+            "fsync_seconds": round(self._flusher.sync_s, 6),
+            "fsync_handoff_seconds": round(self._flusher.sync_start_wait_s
+                                           + self._flusher.sync_resume_wait_s, 6),
+            "entries_per_fsync": (self._flusher.synced_entries / self._flusher.syncs
+                                  if self._flusher.syncs else 0.0),
+            "pending_proposals": len(self._pending) + len(self._queue),
+            **self.counters,
+        }
+        if core is not None:
+            st = core.status()
+            out["stable_index"] = st.stable_index
+            out["vote"] = st.vote
+            out["elections_won"] = core.elections_won
+            out["followers"] = {
+                peer: {"match": f.match, "next": f.next, "state": f.state,
+                       "inflight": f.inflight, "lag": st.last_index - f.match}
+                for peer, f in st.progress.items()
+            }
+            out["transport"] = self._transport.stats()
+        return out
+
+    # -------------------------------------------------------------- lifecycle
+
+    async def start(self, applied_index: int) -> None:
+        """Bind the Raft port and start ticking; entries after `applied_index`
+        are handed to `apply` once committed."""
+        if self._started:
+            raise RuntimeError("node already started")
+        self._started = True
+        cfg = self.config
+        core_config = Config(
+            node_id=cfg.node_id,
+            voters=frozenset(cfg.peers),
+            election=cfg.election_config(),
+            append_entries_max=256,
+            append_bytes_max=1 << 20,
+            bugs=self._bugs,
+        )
+        self._core = RaftNode(core_config, self.storage, self._rng,
+                              place=segment_placement(self.log.config.segment_size_bytes),
+                              applied=applied_index)
+        self._applied = applied_index
+        # Mirror the core's starting hard state (its commit is clamped to the log).
+        self._hs_latest = HardState(self._initial_hard_state.term, self._initial_hard_state.vote,
+                                    self._core.commit)
+        if 0 < applied_index <= self.log.last_index:
+            self._applied_term = self.log.term_at(applied_index)
+        await self._flusher.start()
+        await self._transport.start()
+        loop = asyncio.get_running_loop()
+        self._driver = loop.create_task(self._drive(), name=f"raft-driver-{cfg.node_id}")
+        self._ticker_task = loop.create_task(self._ticker(), name=f"raft-ticker-{cfg.node_id}")
+
+    async def wait_durable(self, index: int) -> None:
+        """Wait until the local CommitLog has fsynced entry `index` (through the
+        Flusher, so the fsync runs on its thread, never on the loop)."""
+        await self._flusher.wait_durable(index)
+
+    async def stop(self) -> None:
+        """Close sockets, finish the Ready in progress, flush, checkpoint, close the log."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stopping = True
+        if not self._started:
+            self._state_worker.shutdown()
+            self.log.close()
+            return
+        if self._ticker_task is not None:
+            self._ticker_task.cancel()
+        self._wake.set()
+        if self._driver is not None:
+            try:
+                async with asyncio.timeout(10.0):
+                    await asyncio.shield(self._driver)
+            except (TimeoutError, Exception):
+                self._driver.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._driver
+        self._fail_proposals("node stopped")
+        await self._transport.close()
+        for task in list(self._bg):
+            with contextlib.suppress(BaseException):
+                await task
+        with contextlib.suppress(Exception):
+            await self._flusher.close()
+        if self.failed is None:
+            with contextlib.suppress(OSError, StorageError):
+                await self._save_hard_state()
+        self._state_worker.shutdown()
+        self.log.close()
+        self._notify_state()
+
+    # -------------------------------------------------------------- proposals
+
+    async def propose(self, kind: int, body: bytes, timeout: float = 3.0) -> commitlog.Entry:
+        """Append an entry as leader; return it once the configured guarantee holds.
+
+        Raises NotLeaderError at once when this node cannot take it (with the
+        leader it knows), commitlog.MessageTooLargeError for an entry too big
+        for the log, ProposalUnknown when the outcome cannot be known.
+        """
+        core = self._require_core()
+        if self.failed is not None or self._stopping:
+            raise NotLeaderError(0, f"node unavailable: {self.failed or 'stopping'}")
+        if core.role is not Role.LEADER:
+            raise NotLeaderError(core.leader_id)
+        if core.elector.transferee:
+            raise NotLeaderError(core.elector.transferee)
+        size = commitlog.HEADER_SIZE + len(body)
+        if size > self.log.config.entry_size_limit:
+            raise commitlog.MessageTooLargeError("entry", size, self.log.config.entry_size_limit)
+        future: asyncio.Future[commitlog.Entry] = asyncio.get_running_loop().create_future()
+        self._queue.append((kind, body, future))
+        self.counters["proposals"] += 1
+        self._wake.set()
+        try:
+            async with asyncio.timeout(timeout):
+                return await future
+        except TimeoutError:
+            self.counters["proposals_unknown"] += 1
+            raise ProposalUnknown(f"no ack within {timeout} s; the entry may still commit") \
+                from None
+
+    def _drain_proposals(self) -> None:
+        core = self._require_core()
+        queued, self._queue = self._queue, []
+        # A proposal whose caller gave up before it was appended is dropped:
+        # nothing was written, so nothing can commit.
+        live = [q for q in queued if not q[2].done()]
+        if not live:
+            return
+        try:
+            proposed = core.propose_many([(kind, body) for kind, body, _ in live])
+        except NotLeader as exc:
+            for _, _, future in live:
+                future.set_exception(NotLeaderError(exc.leader_id))
+            return
+        self.counters["proposal_batches"] += 1
+        unstable, offset = core.log.unstable, core.log.offset
+        for (kind, body, future), p in zip(live, proposed, strict=True):
+            position = unstable[p.index - offset].position
+            self._pending[p.index] = _Pending(
+                p.term, future, commitlog.Entry(p.index, p.term, kind, position, body))
+
+    def _fail_proposals(self, reason: str) -> None:
+        queued, self._queue = self._queue, []
+        for _, _, future in queued:
+            if not future.done():
+                future.set_exception(NotLeaderError(0, f"not appended: {reason}"))
+        pending, self._pending = self._pending, {}
+        for index, p in pending.items():
+            if not p.future.done():
+                self.counters["proposals_unknown"] += 1
+                p.future.set_exception(ProposalUnknown(reason, index, p.term))
+
+    # ------------------------------------------------------- leadership transfer
+
+    async def transfer_leadership(self, to: int, timeout: float = 3.0) -> bool:
+        """Hand leadership to `to`; True once `to` is known to lead."""
+        core = self._require_core()
+        if to == self.config.node_id:
+            return core.role is Role.LEADER
+        if core.role is not Role.LEADER or not core.transfer_leadership(to):
+            return False
+        self._wake.set()
+        return await self._wait_for(
+            lambda: core.role is not Role.LEADER and core.leader_id == to, timeout)
+
+    # ---------------------------------------------------------------- driver
+
+    def _require_core(self) -> RaftNode:
+        if self._core is None:
+            raise RuntimeError("node not started")
+        return self._core
+
+    def _deliver(self, messages: list[Message]) -> None:
+        core = self._core
+        if core is None or self._stopping or self.failed is not None:
+            return
+        try:
+            for msg in messages:
+                core.step(msg)
+        except CommittedDivergence as exc:
+            # Not the peer's fault: this replica lost data it had committed.
+            self._fail(exc)
+        except (InvariantViolation, LookupError, ValueError, TypeError) as exc:
+            # A peer's message broke a rule the core checks (e.g. an entry at
+            # the wrong position; checks run before any state changes):
+            # refuse that peer's connection, keep serving the others.
+            self.counters["peer_errors"] += 1
+            log.error("raft %s/%d: message rejected by the core: %r", self.config.group,
+                      self.config.node_id, exc)
+            raise CodecError(f"message rejected: {exc!r}") from exc
+        finally:
+            self._wake.set()
+
+    async def _ticker(self) -> None:
+        core = self._require_core()
+        loop = asyncio.get_running_loop()
+        interval = self.config.tick_ms / 1000
+        commit_every = max(1, round(COMMIT_PERSIST_INTERVAL_S / interval))
+        n = 0
+        next_at = loop.time() + interval
+        while not self._stopping:
+            delay = next_at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            now = loop.time()
+            # Missed ticks are dropped, not replayed: after a stall of the
+            # loop a burst of ticks would start an election at once.
+            next_at = max(next_at + interval, now + interval / 2)
+            if self.failed is not None:
+                return
+            core.tick()
+            self._wake.set()
+            n += 1
+            if n % commit_every == 0 and min(self._hs_latest.commit, self.log.durable_index) \
+                    > self._hs_saved.commit:
+                self._spawn(self._save_in_background())
+
+    async def _drive(self) -> None:
+        core = self._require_core()
+        try:
+            while not self._stopping:
+                if self._queue:
+                    self._drain_proposals()
+                if not core.has_ready():
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                ready = core.ready()
+                await self._handle_ready(ready)
+                core.advance(ready)
+                if self.config.replicate == "async" and self._pending:
+                    self._ack_stable()
+                self._notify_state()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(exc)
+
+    async def _handle_ready(self, rd: Ready) -> None:
+        self.counters["readies"] += 1
+        if rd.messages:
+            self._transport.send(rd.messages)
+        waits = []
+        if rd.entries:
+            # Only entries above the last commit handed out may be replaced.
+            self.storage.write(rd.entries, self._hs_latest.commit)
+            self.counters["entries_written"] += len(rd.entries)
+            self._flusher.appended()
+            if rd.must_sync and self.config.flush == "sync":
+                waits.append(self._flusher.wait_durable(rd.entries[-1].index, self.log.generation))
+        if rd.hard_state is not None:
+            hs = rd.hard_state
+            term_or_vote = (hs.term, hs.vote) != (self._hs_latest.term, self._hs_latest.vote)
+            self._hs_latest = hs
+            if term_or_vote:
+                # Always durable, whatever `flush` says: a forgotten vote or
+                # term lets a node vote twice in one term.
+                waits.append(self._save_hard_state())
+        if waits:
+            await asyncio.gather(*waits)
+        if rd.messages_after_persist:
+            for msg in rd.messages_after_persist:
+                if isinstance(msg, AppendResponse) and msg.success:
+                    self.counters["acks_sent"] += 1
+                    if self.log.durable_index < msg.index:
+                        self.counters["acks_not_durable"] += 1
+            self._transport.send(rd.messages_after_persist)
+        if rd.committed_entries:
+            self._apply(rd)
+        if rd.soft_state is not None:
+            self._soft_state_changed(rd.soft_state)
+
+    def _apply(self, rd: Ready) -> None:
+        out = [commitlog.Entry(e.index, e.term, e.kind, e.position, e.data)
+               for e in rd.committed_entries if e.index > self._applied]
+        if out:
+            self._apply_cb(out)
+            self._applied = out[-1].index
+            self._applied_term = out[-1].term
+        if not self._pending:
+            return
+        for e in rd.committed_entries:
+            p = self._pending.pop(e.index, None)
+            if p is None or p.future.done():
+                continue
+            if e.term == p.term:
+                self.counters["proposals_acked"] += 1
+                p.future.set_result(p.entry)
+            else:
+                self.counters["proposals_unknown"] += 1
+                p.future.set_exception(ProposalUnknown(
+                    f"entry {e.index} of term {p.term} was replaced by term {e.term}",
+                    e.index, p.term))
+
+    def _ack_stable(self) -> None:
+        """replicate=async: complete proposals the leader has persisted locally."""
+        core = self._require_core()
+        stable = core.stable_index
+        for index in list(self._pending):
+            if index > stable:
+                break
+            p = self._pending.pop(index)
+            if p.future.done():
+                continue
+            if core.log.term_or_none(index) == p.term:
+                self.counters["proposals_acked"] += 1
+                p.future.set_result(p.entry)
+            else:
+                self.counters["proposals_unknown"] += 1
+                p.future.set_exception(ProposalUnknown(f"entry {index} was replaced", index,
+                                                       p.term))
+
+    def _soft_state_changed(self, ss: SoftState) -> None:
+        old = self._soft
+        self._soft = ss
+        if ss.role is Role.CANDIDATE and (old.role is not Role.CANDIDATE or old.term != ss.term):
+            self.counters["elections"] += 1
+        if ss.leader_id and (ss.leader_id, ss.term) != (old.leader_id, old.term):
+            self.counters["leader_changes"] += 1
+        if ss.role is not Role.LEADER:
+            self._fail_proposals(f"node {self.config.node_id} lost leadership (term {ss.term})")
+        log.info("raft %s/%d: %s term %d leader %d", self.config.group, self.config.node_id,
+                 ROLE_NAMES[ss.role], ss.term, ss.leader_id)
+        if self._on_soft_state is not None:
+            try:
+                self._on_soft_state(SoftStateInfo(ROLE_NAMES[ss.role], ss.leader_id, ss.term))
+            except Exception:
+                log.exception("on_soft_state callback failed")
+
+    async def _save_hard_state(self) -> None:
+        """Durably write the latest hard state handed out by the core.
+
+        Serialised, and always the *latest* value read under the lock: a lazy
+        commit-only save that started earlier must never overwrite a newer
+        term or vote written meanwhile. The commit index saved never exceeds
+        what the log has fsynced: a restart replays up to it, so it must not
+        name entries a power cut could take back.
+        """
+        async with self._hs_lock:
+            latest = self._hs_latest
+            hs = HardState(latest.term, latest.vote, min(latest.commit, self.log.durable_index))
+            if hs.commit < self._hs_saved.commit and (hs.term, hs.vote) == (
+                    self._hs_saved.term, self._hs_saved.vote):
+                return  # never lower a saved commit (the log was cut above it)
+            if hs == self._hs_saved:
+                return
+            state = commitlog.HardState(hs.term, hs.vote, hs.commit)
+            await self._state_worker.submit(self.log.save_hard_state, state)
+            self._hs_saved = hs
+            self.counters["hard_state_saves"] += 1
+
+    async def _save_in_background(self) -> None:
+        try:
+            await self._save_hard_state()
+        except Exception as exc:  # a full or broken disk: fail loudly, never silently
+            self._fail(exc)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    def _fail(self, exc: BaseException) -> None:
+        """A storage error (or a bug) in the Ready path or the Flusher, or lost
+        committed data: this replica stops taking part (no ticks, no peers, no
+        proposals) and says why in `failed`, `status()` and the broker's
+        health; the others elect a leader without it. Restart to recover."""
+        if self.failed is not None:
+            return
+        self.failed = exc
+        log.error("raft %s/%d: node failed: %r", self.config.group, self.config.node_id, exc,
+                  exc_info=exc)
+        self._fail_proposals(f"node failed: {exc!r}")
+        if self._ticker_task is not None:
+            self._ticker_task.cancel()
+        self._spawn(self._transport.close())
+        self._notify_state()
+        if self._on_failure is not None:
+            try:
+                self._on_failure(exc)
+            except Exception:
+                log.exception("on_failure callback failed")
+
+    # ---------------------------------------------------------------- waiting
+
+    def _notify_state(self) -> None:
+        waiters, self._state_waiters = self._state_waiters, []
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
+
+    async def _wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not predicate():
+            remaining = deadline - loop.time()
+            if remaining <= 0 or self._stopped:
+                return predicate()
+            future: asyncio.Future[None] = loop.create_future()
+            self._state_waiters.append(future)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await future
+        return True

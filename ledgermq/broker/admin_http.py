@@ -1,0 +1,415 @@
+"""The broker's HTTP admin app (aiohttp), on the broker's own event loop.
+
+Serves, for this node and its group: `/metrics` (broker/metrics.py), the JSON
+admin API under `/api/v1` (described by `/openapi.json`, reference in
+docs/operations.md), the dashboard at `/` and the reports directory.
+
+Reads are answered from this node's state, which holds committed data only,
+so any node answers them. Writes (topics, offset resets, leadership transfer)
+go through the Raft log and so need the ready leader: elsewhere they get 409
+NOT_LEADER with the leader's client and admin addresses. The NameServer's
+admin app (namesrv/admin_http.py) forwards writes to the right leader, which
+is what the CLI and the dashboard use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from commitlog.message import valid_topic
+from ledgermq.base.errors import LedgerMQError, NotLeaderError
+from ledgermq.broker.codec import message_view
+from ledgermq.broker.control import MAX_QUEUES, PERM_RW, offsets_reset, topic_delete, topic_put
+from ledgermq.broker.metrics import broker_registry
+from ledgermq.webadmin.app import (
+    API,
+    ApiError,
+    add_common_routes,
+    field,
+    group_view,
+    int_param,
+    json_response,
+    make_app,
+    node_row,
+    read_json,
+    split_listen,
+    start_site,
+    wire_status,
+)
+from ledgermq.webadmin.openapi import openapi_document
+
+if TYPE_CHECKING:
+    from ledgermq.broker.server import Broker
+
+log = logging.getLogger(__name__)
+
+# Lookup by key scans the newest messages of the topic's queues: at most this
+# many messages and this much time per request (documented in operations.md).
+KEY_SCAN_MAX = 20_000
+KEY_SCAN_SECONDS = 2.0
+_SCAN_CHUNK = 256
+
+
+def body_view(body: bytes) -> dict[str, Any]:
+    """A message body for JSON: text when it is UTF-8, base64 always."""
+    out: dict[str, Any] = {"body_base64": base64.b64encode(body).decode(), "body_size": len(body)}
+    try:
+        out["body_text"] = body.decode()
+    except UnicodeDecodeError:
+        out["body_text"] = None
+    return out
+
+
+class BrokerAdmin:
+    """The admin app of one broker: `await start()`, later `await close()`."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.b = broker
+        self.registry, self.instruments = broker_registry(broker)
+        self.runner: web.AppRunner | None = None
+        self.url: str | None = None
+        cfg = broker.config
+        self.app = make_app(cfg.admin_token)
+        add_common_routes(self.app, registry=self.registry, openapi=openapi_document("broker"),
+                          reports_dir=cfg.reports_dir, kind="broker")
+        r = self.app.router
+        r.add_get(f"{API}/status", self.status)
+        r.add_get(f"{API}/cluster", self.cluster)
+        r.add_get(f"{API}/topics", self.topics)
+        r.add_post(f"{API}/topics", self.create_topic)
+        r.add_get(f"{API}/topics/{{topic}}", self.describe_topic)
+        r.add_put(f"{API}/topics/{{topic}}", self.update_topic)
+        r.add_delete(f"{API}/topics/{{topic}}", self.delete_topic)
+        r.add_get(f"{API}/consumer-groups", self.consumer_groups)
+        r.add_get(f"{API}/consumer-groups/{{group}}", self.consumer_group)
+        r.add_post(f"{API}/consumer-groups/{{group}}/reset-offsets", self.reset_offsets)
+        r.add_get(f"{API}/messages", self.messages_by_key)
+        r.add_get(f"{API}/messages/{{msg_id}}", self.message_by_id)
+        r.add_post(f"{API}/leadership/transfer", self.transfer_leadership)
+
+    async def start(self) -> str:
+        host, port = split_listen(self.b.config.admin_listen)
+        self.runner, self.url = await start_site(self.app, host, port)
+        return self.url
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+    # ---------------------------------------------------------------- helpers
+
+    async def _require_leader(self) -> None:
+        try:
+            self.b.require_writable()
+        except NotLeaderError as exc:
+            raise ApiError(409, "NOT_LEADER", exc.message, {
+                "leader": exc.leader,
+                "leader_admin_url": await self._leader_admin_url()}) from None
+
+    async def _leader_admin_url(self) -> str | None:
+        """The leader's admin URL, asked of the leader itself (only on this error path)."""
+        address = self.b.leader_client_address()
+        status = await wire_status(address, 0.5) if address else None
+        return status.get("admin_url") if status else None
+
+    async def _submit(self, op: dict[str, Any]) -> None:
+        assert self.b.controls is not None
+        await self._require_leader()
+        await self.b.controls.submit(op, 64)
+
+    def _topic(self, topic: str) -> Any:
+        config = self.b.state.topics.get(topic)
+        if config is None:
+            raise ApiError(404, "UNKNOWN_TOPIC", f"topic {topic!r} does not exist",
+                           {"topic": topic})
+        return config
+
+    def _topic_view(self, topic: str) -> dict[str, Any]:
+        config = self._topic(topic)
+        cq = self.b.cq
+        assert cq is not None
+        queues = []
+        for q in range(config.queues):
+            lo, hi = cq.offsets(topic, q)
+            queues.append({"queue_id": q, "min_offset": lo, "max_offset": hi})
+        return {"topic": topic, "group": self.b.config.group, "queues": config.queues,
+                "perm": config.perm, "messages": sum(x["max_offset"] - x["min_offset"]
+                                                     for x in queues),
+                "queue_offsets": queues}
+
+    # ------------------------------------------------------------------ status
+
+    async def status(self, request: web.Request) -> web.Response:
+        info = self.b.status()
+        info["node_status"] = {}
+        try:
+            info["node_status"] = self.b.node.status()
+        except Exception as exc:  # a stopping node: report what it says
+            info["node_status"] = {"error": repr(exc)}
+        return json_response(info)
+
+    async def cluster(self, request: web.Request) -> web.Response:
+        """This group as its nodes report themselves (peers over the wire)."""
+        cfg = self.b.config
+        own = self.b.status()
+        rows: list[dict[str, Any]] = []
+        others = [(nid, p.client) for nid, p in sorted(cfg.peers.items()) if nid != cfg.node_id]
+        statuses = await asyncio.gather(*(wire_status(addr, 0.8) for _, addr in others))
+        by_id = {cfg.node_id: (self.b.advertised, own)}
+        by_id.update({nid: (addr, st) for (nid, addr), st in zip(others, statuses, strict=True)})
+        for nid in sorted(by_id):
+            address, st = by_id[nid]
+            rows.append(node_row(f"n{nid}", address, st))
+        return json_response({"source": f"broker {cfg.group}/n{cfg.node_id}",
+                              "groups": {cfg.group: {"cluster": cfg.cluster,
+                                                     **group_view(rows)}}})
+
+    # ------------------------------------------------------------------ topics
+
+    async def topics(self, request: web.Request) -> web.Response:
+        return json_response({"topics": [self._topic_view(t)
+                                         for t in sorted(self.b.state.topics)]})
+
+    async def describe_topic(self, request: web.Request) -> web.Response:
+        return json_response(self._topic_view(request.match_info["topic"]))
+
+    def _topic_fields(self, body: dict[str, Any], queues_default: Any, perm_default: Any
+                      ) -> tuple[int, int]:
+        queues = field(body, "queues", int, queues_default)
+        perm = field(body, "perm", int, perm_default)
+        if not 1 <= queues <= MAX_QUEUES:
+            raise ApiError(400, "INVALID_REQUEST", f"queues must be in [1, {MAX_QUEUES}]")
+        if perm & ~PERM_RW or perm < 0:
+            raise ApiError(400, "INVALID_REQUEST", "perm must be a subset of 6 (4 read, 2 write)")
+        return queues, perm
+
+    async def create_topic(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        topic = field(body, "topic", str)
+        if not valid_topic(topic):
+            raise ApiError(400, "INVALID_REQUEST",
+                           f"invalid topic name {topic!r}: 1-127 characters of [A-Za-z0-9_%|-]")
+        queues, perm = self._topic_fields(body, self.b.config.default_queues, PERM_RW)
+        await self._submit(topic_put(topic, queues, perm))
+        return json_response(self._topic_view(topic), 201)
+
+    async def update_topic(self, request: web.Request) -> web.Response:
+        topic = request.match_info["topic"]
+        body = await read_json(request)
+        current = self._topic(topic)
+        queues, perm = self._topic_fields(body, current.queues, current.perm)
+        if queues < current.queues:
+            raise ApiError(400, "INVALID_REQUEST",
+                           f"queues cannot shrink ({current.queues} -> {queues}): messages in"
+                           " the dropped queues would become unreachable")
+        await self._submit(topic_put(topic, queues, perm))
+        return json_response(self._topic_view(topic))
+
+    async def delete_topic(self, request: web.Request) -> web.Response:
+        topic = request.match_info["topic"]
+        self._topic(topic)
+        await self._submit(topic_delete(topic))
+        return json_response({"topic": topic, "deleted": topic not in self.b.state.topics})
+
+    # --------------------------------------------------------- consumer groups
+
+    def _group_rows(self, group: str | None = None) -> dict[str, dict[str, list[dict]]]:
+        """{group: {topic: [queue rows]}} from the committed offsets."""
+        cq = self.b.cq
+        assert cq is not None
+        out: dict[str, dict[str, list[dict]]] = {}
+        for (g, topic, queue_id), offset in sorted(self.b.state.offsets.items()):
+            if group is not None and g != group:
+                continue
+            lo, hi = cq.offsets(topic, queue_id)
+            out.setdefault(g, {}).setdefault(topic, []).append({
+                "queue_id": queue_id, "broker_group": self.b.config.group, "offset": offset,
+                "min_offset": lo, "max_offset": hi, "lag": max(0, hi - offset)})
+        return out
+
+    def _members(self) -> dict[str, Any]:
+        from ledgermq.broker.server import monotonic_ms
+
+        return self.b.members.describe(monotonic_ms())
+
+    async def consumer_groups(self, request: web.Request) -> web.Response:
+        rows = self._group_rows()
+        members = self._members()
+        groups = []
+        for name in sorted(set(rows) | set(members)):
+            topics = rows.get(name, {})
+            groups.append({"group": name, "topics": sorted(topics),
+                           "lag": sum(q["lag"] for qs in topics.values() for q in qs),
+                           "members": len(members.get(name, []))})
+        return json_response({"consumer_groups": groups})
+
+    async def consumer_group(self, request: web.Request) -> web.Response:
+        name = request.match_info["group"]
+        rows = self._group_rows(name).get(name)
+        members = self._members().get(name, [])
+        if rows is None and not members:
+            raise ApiError(404, "UNKNOWN_GROUP",
+                           f"consumer group {name!r} has no committed offsets and no members",
+                           {"group": name})
+        rows = rows or {}
+        return json_response({"group": name, "members": members, "topics": rows,
+                              "lag": sum(q["lag"] for qs in rows.values() for q in qs)})
+
+    async def reset_offsets(self, request: web.Request) -> web.Response:
+        """Move a group's offsets of a topic to the first message stored at or
+        after `timestamp_ms` (RocketMQ resetOffsetByTime), through the log."""
+        name = request.match_info["group"]
+        body = await read_json(request)
+        topic = field(body, "topic", str)
+        timestamp = field(body, "timestamp_ms", int)
+        config = self._topic(topic)
+        await self._require_leader()
+        cq = self.b.cq
+        assert cq is not None
+        items = []
+        for q in range(config.queues):
+            lo, hi = cq.offsets(topic, q)
+            offset = min(max(cq.offset_for_timestamp(topic, q, timestamp), lo), hi)
+            items.append((name, topic, q, offset))
+        await self._submit(offsets_reset(items))
+        return json_response({"group": name, "topic": topic, "timestamp_ms": timestamp,
+                              "offsets": [{"queue_id": q, "offset": o}
+                                          for _, _, q, o in items]})
+
+    # ---------------------------------------------------------------- messages
+
+    def _view(self, stored: Any, queue_offset: int | None) -> dict[str, Any]:
+        view = message_view(self.b.config.group, stored, queue_offset if queue_offset is not None
+                            else -1)
+        view["queue_offset"] = queue_offset
+        body = view.pop("body")
+        view.update(body_view(body))
+        return view
+
+    async def message_by_id(self, request: web.Request) -> web.Response:
+        """An offset message id `<group>@<16 hex physical offset>`: the record is
+        read at that offset, and served only when a ConsumeQueue unit points at
+        it (so only committed messages, and never bytes that are not a record)."""
+        msg_id = request.match_info["msg_id"]
+        group, sep, hex_offset = msg_id.rpartition("@")
+        try:
+            if not sep or len(hex_offset) != 16:
+                raise ValueError
+            offset = int(hex_offset, 16)
+        except ValueError:
+            raise ApiError(400, "INVALID_REQUEST",
+                           f"malformed message id {msg_id!r}: expected <group>@<16 hex digits>") \
+                from None
+        if group != self.b.config.group:
+            raise ApiError(404, "NOT_FOUND",
+                           f"message id {msg_id!r} belongs to group {group!r}, not"
+                           f" {self.b.config.group!r}", {"group": group})
+        found = self._read_at(offset)
+        if found is None:
+            raise ApiError(404, "NOT_FOUND", f"no committed message with id {msg_id!r}")
+        stored, queue_offset = found
+        return json_response(self._view(stored, queue_offset))
+
+    def _read_at(self, offset: int) -> tuple[Any, int] | None:
+        log_ = self.b.node.log
+        cq = self.b.cq
+        assert cq is not None
+        head = log_.read_bytes(offset, 8)
+        if len(head) < 8:
+            return None
+        size = int.from_bytes(head[:4], "little")  # a record starts with its size (u32 LE)
+        if not 0 < size <= self.b.config.message_size_bytes_max:
+            return None
+        try:
+            stored = log_.read_message(offset, size)
+        except Exception:  # not a record boundary, or damaged: not a message id we gave
+            return None
+        m = stored.message
+        queue = cq.get(m.topic, m.queue_id)
+        if queue is None:
+            return None
+        slot = queue.first_offset_at_or_after(offset)
+        if slot >= queue.max_offset:
+            return None
+        unit = queue.read(slot, 1)
+        if not unit or unit[0].physical_offset != offset:
+            return None
+        return stored, slot
+
+    async def messages_by_key(self, request: web.Request) -> web.Response:
+        """Messages of `topic` whose keys contain `key`, newest first: a scan of at
+        most KEY_SCAN_MAX newest messages and KEY_SCAN_SECONDS (the answer says
+        whether it stopped early)."""
+        topic = request.query.get("topic")
+        key = request.query.get("key")
+        if not topic or not key:
+            raise ApiError(400, "INVALID_REQUEST", "query parameters 'topic' and 'key' are"
+                           " required (look up by id with /api/v1/messages/<msg_id>)")
+        limit = int_param(request, "limit", 32, 1, 1000)
+        scan_max = int_param(request, "scan_max", KEY_SCAN_MAX, 1, 1_000_000)
+        config = self._topic(topic)
+        cq = self.b.cq
+        assert cq is not None
+        log_ = self.b.node.log
+        deadline = time.monotonic() + KEY_SCAN_SECONDS
+        cursors = {}
+        for q in range(config.queues):
+            lo, hi = cq.offsets(topic, q)
+            cursors[q] = (lo, hi)
+        found: list[dict[str, Any]] = []
+        scanned = 0
+        complete = True
+        while cursors and len(found) < limit:
+            if scanned >= scan_max or time.monotonic() > deadline:
+                complete = False
+                break
+            for q in list(cursors):
+                lo, hi = cursors[q]
+                if hi <= lo:
+                    del cursors[q]
+                    continue
+                start = max(lo, hi - _SCAN_CHUNK)
+                units = cq.read(topic, q, start, hi - start)
+                for unit in reversed(units):
+                    stored = log_.read_message(unit.physical_offset, unit.size)
+                    scanned += 1
+                    if key in stored.message.keys.split():
+                        found.append(self._view(stored, unit.queue_offset))
+                cursors[q] = (lo, start)
+                await asyncio.sleep(0)  # a long scan must not starve the Raft loop
+        found.sort(key=lambda m: m["store_timestamp_ms"], reverse=True)
+        return json_response({"topic": topic, "key": key, "messages": found[:limit],
+                              "scanned": scanned, "complete": complete and len(found) < limit,
+                              "group": self.b.config.group})
+
+    # -------------------------------------------------------------- leadership
+
+    async def transfer_leadership(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        to = field(body, "to", int)
+        cfg = self.b.config
+        if to not in cfg.peers:
+            raise ApiError(400, "INVALID_REQUEST",
+                           f"node {to} is not in group {cfg.group} (nodes {sorted(cfg.peers)})")
+        if self.b.node.role != "leader":
+            await self._require_leader()
+        timeout = min(max(cfg.tick_ms * cfg.election_timeout_ticks * 4 / 1000, 1.0), 10.0)
+        try:
+            done = await self.b.node.transfer_leadership(to, timeout)
+        except LedgerMQError:
+            raise
+        except Exception as exc:
+            raise ApiError(503, "SERVICE_UNAVAILABLE", f"transfer failed: {exc}") from None
+        if not done:
+            raise ApiError(503, "TRANSFER_FAILED",
+                           f"node {to} did not take over within {timeout:g}s",
+                           {"leader_id": self.b.node.leader_id})
+        return json_response({"group": cfg.group, "leader_id": self.b.node.leader_id,
+                              "transferred": True})

@@ -1,0 +1,266 @@
+"""Messages on the client wire <-> message records in the CommitLog.
+
+A SEND_MESSAGES request carries messages as msgpack maps (docs/protocol.md);
+`encode_wire_message` validates one and encodes its CommitLog record in one
+pass, raising the typed error the client should see. `message_view` is the
+map a pull returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from commitlog import StoredMessage
+from commitlog.columns import RecordColumns, queue_groups, scan_body
+from commitlog.errors import MessageTooLargeError as StorageTooLarge
+from commitlog.message import MESSAGE_HEAD, MESSAGE_HEAD_SIZE, encode_properties, valid_topic
+from ledgermq.base.errors import InvalidRequestError, MessageTooLargeError
+
+_U32 = 2**32 - 1
+_I64 = 2**63 - 1
+_U64 = 2**64 - 1
+
+
+class Parsed(NamedTuple):
+    """One validated message, already encoded as its CommitLog record."""
+
+    record: bytes
+    topic: str
+    queue_id: int
+    producer_id: int
+    sequence: int
+
+
+_INT_FIELDS = (("queue_id", _U32), ("flag", _U32), ("born_timestamp_ms", _I64),
+               ("producer_id", _U64), ("sequence", _U64), ("reconsume_times", _U32))
+
+
+def encode_wire_message(raw: Any, size_max: int) -> Parsed:
+    """Validate a wire map and encode its record in one pass (the send hot
+    path: no intermediate Message object). Raises InvalidRequestError or
+    MessageTooLargeError (with `.size`)."""
+    if type(raw) is not dict:
+        raise InvalidRequestError("each message must be a map")
+    get = raw.get
+    topic = get("topic")
+    if type(topic) is not str or not valid_topic(topic):
+        raise InvalidRequestError(
+            f"invalid topic name {topic!r}: 1-127 characters of [A-Za-z0-9_%|-]")
+    ints = []
+    for key, hi in _INT_FIELDS:
+        value = get(key, 0)
+        if type(value) is not int or not 0 <= value <= hi:
+            raise InvalidRequestError(f"message field {key!r} must be an integer in [0, {hi}]")
+        ints.append(value)
+    queue_id, flag, born, producer_id, sequence, reconsume = ints
+    texts = []
+    for key in ("tags", "keys", "born_host"):
+        value = get(key, "")
+        if type(value) is not str:
+            raise InvalidRequestError(f"message field {key!r} must be a string")
+        encoded = value.encode()
+        if len(encoded) > 0xFFFF:
+            raise InvalidRequestError(f"message field {key!r} is longer than 65535 bytes")
+        texts.append(encoded)
+    tags, keys, host = texts
+    body = get("body", b"")
+    if type(body) is str:
+        body = body.encode()
+    elif type(body) is not bytes:
+        raise InvalidRequestError("message field 'body' must be binary")
+    properties = get("properties")
+    props = b""
+    if properties:
+        if type(properties) is not dict or not all(
+                type(k) is str and type(v) is str for k, v in properties.items()):
+            raise InvalidRequestError("message field 'properties' must map strings to strings")
+        try:
+            props = encode_properties(properties)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+    name = topic.encode()
+    size = (MESSAGE_HEAD_SIZE + len(name) + len(tags) + len(keys) + len(host) + len(props)
+            + len(body))
+    if size > size_max:
+        raise StorageTooLarge("message", size, size_max)
+    head = MESSAGE_HEAD.pack(size, queue_id, flag, 0, born, 0, producer_id, sequence, reconsume,
+                             len(name), len(tags), len(keys), len(host), len(props), len(body))
+    return Parsed(b"".join((head, name, tags, keys, host, props, body)), topic, queue_id,
+                  producer_id, sequence)
+
+
+def message_id(group: str, physical_offset: int) -> str:
+    """Cluster-unique offset message id: '<group>@<16 hex physical offset>'."""
+    return f"{group}@{physical_offset:016X}"
+
+
+def message_view(group: str, stored: StoredMessage, queue_offset: int) -> dict[str, Any]:
+    m = stored.message
+    return {
+        "msg_id": message_id(group, stored.physical_offset),
+        "topic": m.topic, "queue_id": m.queue_id, "queue_offset": queue_offset,
+        "body": m.body, "tags": m.tags, "keys": m.keys, "properties": dict(m.properties),
+        "flag": m.flag, "born_timestamp_ms": m.born_timestamp_ms,
+        "store_timestamp_ms": m.store_timestamp_ms, "born_host": m.born_host,
+        "producer_id": m.producer_id, "sequence": m.sequence,
+        "reconsume_times": m.reconsume_times,
+    }
+
+
+class Scanned(NamedTuple):
+    """A validated SEND_MESSAGES `records` blob (one pass over the record heads)."""
+
+    starts: list[int]  # offset of each record in the blob
+    idents: list[tuple[int, int]]  # (producer_id, sequence) per record; (0, 0): none
+    topics: dict[bytes, int]  # topic name -> highest queue id used
+    firsts: list[int]  # index of the first record of each new (topic, queue), in order
+    columns: RecordColumns | None = None  # the blob's scan_body, when it was made
+
+
+_UNPACK_HEAD = MESSAGE_HEAD.unpack_from
+
+
+def scan_records(blob: Any, size_max: int) -> Scanned:
+    """Check a blob of CommitLog message records as a client sent it: sizes
+    consistent and inside the blob, each record within `size_max`, valid topic
+    names, UTF-8 texts, no system flags. Raises InvalidRequestError or
+    MessageTooLargeError (`.size`, `.index` on the exception's data)."""
+    if type(blob) is not bytes or not blob:
+        raise InvalidRequestError("field 'records' must be non-empty binary")
+    scanned = _scan_columns(blob, size_max)
+    # Anything unusual (a bad record, non-ASCII text) takes the record-by-record
+    # path, which names the first offending record exactly.
+    return scanned if scanned is not None else _scan_one_by_one(blob, size_max)
+
+
+def _scan_columns(blob: bytes, size_max: int) -> Scanned | None:
+    """The whole-blob check (numpy columns); None when a record needs a closer look."""
+    try:
+        columns = scan_body(blob)
+    except ValueError:
+        return None
+    heads = columns.heads
+    # A record cannot be larger than the blob holding it.
+    if (len(blob) > size_max and int(heads["size"].max()) > size_max) \
+            or heads["sys_flag"].any():
+        return None
+    topics: dict[bytes, int] = {}
+    queue_ids = heads["queue_id"]
+    single = len(columns.topics) == 1
+    for t, name in enumerate(columns.topics):
+        if not valid_topic(name):
+            return None
+        top = queue_ids.max() if single else queue_ids[columns.topic_ids == t].max()
+        topics[name.encode()] = int(top)
+    # Tags, keys, born host and properties are decoded at pull time: each must
+    # be UTF-8.
+    if columns.same_meta:
+        if not _texts_valid(blob, 0, MESSAGE_HEAD.unpack_from(blob, 0)):
+            return None
+    else:
+        texts = (heads["tags_len"].astype(np.int64) + heads["keys_len"] + heads["host_len"]
+                 + heads["props_len"])
+        at = columns.starts + MESSAGE_HEAD_SIZE + heads["topic_len"]
+        # ASCII is UTF-8, and is what clients send almost always.
+        if texts.any() and not all(blob[a : a + n].isascii()
+                                   for a, n in zip(at.tolist(), texts.tolist(), strict=True)):
+            return None
+    firsts = [0 if members is None else members[0] for _, members in queue_groups(columns)]
+    starts = columns.starts.tolist()
+    idents = list(zip(heads["producer_id"].tolist(), heads["sequence"].tolist(), strict=True))
+    return Scanned(starts, idents, topics, firsts, columns)
+
+
+def _texts_valid(blob: bytes, offset: int, f: tuple) -> bool:
+    """Each of the record's tags, keys, born host and properties is UTF-8."""
+    q = offset + MESSAGE_HEAD_SIZE + f[9]
+    try:
+        for n in f[10:14]:
+            if n:
+                blob[q : q + n].decode()
+            q += n
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _scan_one_by_one(blob: bytes, size_max: int) -> Scanned:
+    starts: list[int] = []
+    idents: list[tuple[int, int]] = []
+    topics: dict[bytes, int] = {}
+    seen: set[tuple[bytes, int]] = set()
+    firsts: list[int] = []
+    offset = 0
+    end = len(blob)
+    i = 0
+    while offset < end:
+        if end - offset < MESSAGE_HEAD_SIZE:
+            raise InvalidRequestError(
+                f"record {i} is truncated: {end - offset} bytes left for a"
+                f" {MESSAGE_HEAD_SIZE}-byte head")
+        f = _UNPACK_HEAD(blob, offset)
+        size = f[0]
+        if size != MESSAGE_HEAD_SIZE + f[9] + f[10] + f[11] + f[12] + f[13] + f[14]:
+            raise InvalidRequestError(
+                f"record {i}: size {size} does not match its field lengths")
+        if offset + size > end:
+            raise InvalidRequestError(
+                f"record {i} is truncated: {size} bytes announced, {end - offset} left")
+        if size > size_max:
+            raise MessageTooLargeError(
+                f"message {i} of {size} bytes exceeds message_size_bytes_max {size_max}",
+                data={"index": i, "size": size, "limit": size_max})
+        if f[3]:
+            raise InvalidRequestError(f"record {i}: system flags {f[3]} are reserved")
+        if f[4] > _I64 or f[5] > _I64:
+            raise InvalidRequestError(f"record {i}: timestamps must fit a signed 64-bit int")
+        p = offset + MESSAGE_HEAD_SIZE
+        q = p + f[9]
+        name = blob[p:q]
+        top = topics.get(name)
+        queue_id = f[1]
+        if top is None:
+            try:
+                ok = valid_topic(name.decode())
+            except UnicodeDecodeError:
+                ok = False
+            if not ok:
+                raise InvalidRequestError(
+                    f"record {i}: invalid topic name {name!r}: 1-127 characters of"
+                    " [A-Za-z0-9_%|-]")
+            topics[name] = queue_id
+        elif queue_id > top:
+            topics[name] = queue_id
+        key = (name, queue_id)
+        if key not in seen:
+            seen.add(key)
+            firsts.append(i)
+        texts = f[10] + f[11] + f[12] + f[13]
+        if texts:
+            # Tags, keys, born host and properties are decoded at pull time:
+            # each must be UTF-8 on its own.
+            try:
+                for n in f[10:14]:
+                    if n:
+                        blob[q : q + n].decode()
+                    q += n
+            except UnicodeDecodeError:
+                raise InvalidRequestError(
+                    f"record {i}: tags, keys, born host and properties must be UTF-8"
+                ) from None
+        starts.append(offset)
+        idents.append((f[6], f[7]))
+        offset += size
+        i += 1
+    return Scanned(starts, idents, topics, firsts)
+
+
+class Records(NamedTuple):
+    """What one send request hands to group commit: its new records, back to
+    back, and where each starts (the leader stamps the store time there)."""
+
+    blob: bytes
+    starts: list[int]
+    columns: RecordColumns | None = None  # scan_body(blob), if known

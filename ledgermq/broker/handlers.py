@@ -1,0 +1,527 @@
+"""Client request handlers of a broker node (request codes 200-399).
+
+Each handler validates its body (INVALID_REQUEST names the field), checks
+where the request may run (writes: the ready leader; reads: any node, which
+serves committed data only) and answers with the map docs/protocol.md gives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import TYPE_CHECKING, Any
+
+from commitlog import StoredMessage, decode_message_at, tag_hash
+from commitlog.errors import MessageTooLargeError as StorageTooLarge
+from commitlog.message import valid_topic
+from consumequeue import Unit
+from ledgermq.base.codes import RequestCode
+from ledgermq.base.errors import (
+    InvalidRequestError,
+    MessageTooLargeError,
+    NoPermissionError,
+    OffsetOutOfRangeError,
+    UnknownTopicError,
+)
+from ledgermq.broker.codec import (
+    Records,
+    encode_wire_message,
+    message_id,
+    message_view,
+    scan_records,
+)
+from ledgermq.broker.control import (
+    MAX_QUEUES,
+    PERM_READ,
+    PERM_RW,
+    PERM_WRITE,
+    topic_delete,
+    topic_put,
+)
+from ledgermq.broker.state import Stored, TopicConfig
+from ledgermq.wire import Connection, Handler
+
+if TYPE_CHECKING:
+    from ledgermq.broker.server import Broker
+
+PULL_BYTES_MAX = 4 << 20
+FILTER_SCAN_MAX = 2048
+_RUN_BYTES = 1 << 20
+_QUEUE_ID = struct.Struct("<I")
+
+
+def _map(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise InvalidRequestError("request body must be a map")
+    return body
+
+
+def _field(body: dict, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    value = body.get(key, default)
+    if value is ... or not isinstance(value, kind) or (
+            isinstance(value, bool) and kind is int):
+        name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise InvalidRequestError(f"field {key!r} is required and must be {name}")
+    return value
+
+
+def _nonneg(body: dict, key: str, default: Any = ...) -> int:
+    value = _field(body, key, int, default)
+    if value < 0:
+        raise InvalidRequestError(f"field {key!r} must not be negative")
+    return value
+
+
+class Handlers:
+    def __init__(self, broker: Broker) -> None:
+        self.b = broker
+        self._creating: dict[str, asyncio.Task[None]] = {}
+        self._inflight_seq: dict[tuple[int, int], tuple[asyncio.Future[tuple], int]] = {}
+        # Highest sequence ever put in flight per producer (a lower bound for
+        # "is anything of this request already in flight?"; never too low).
+        self._inflight_high: dict[int, int] = {}
+
+    # ------------------------------------------------------------- topics
+
+    def _topic(self, topic: str) -> TopicConfig:
+        config = self.b.state.topics.get(topic)
+        if config is None:
+            raise UnknownTopicError(f"topic {topic!r} does not exist", data={"topic": topic})
+        return config
+
+    async def _propose_control(self, op: dict) -> None:
+        assert self.b.controls is not None
+        await self.b.controls.submit(op, 64)
+
+    async def _topic_for_write(self, topic: str) -> TopicConfig:
+        config = self.b.state.topics.get(topic)
+        if config is None:
+            if not self.b.config.auto_create_topics:
+                raise UnknownTopicError(
+                    f"topic {topic!r} does not exist and auto_create_topics is off",
+                    data={"topic": topic})
+            task = self._creating.get(topic)
+            if task is None:
+                task = asyncio.ensure_future(self._propose_control(
+                    topic_put(topic, self.b.config.default_queues)))
+                self._creating[topic] = task
+                task.add_done_callback(lambda _t: self._creating.pop(topic, None))
+            await asyncio.shield(task)
+            config = self._topic(topic)
+        if not config.perm & PERM_WRITE:
+            raise NoPermissionError(f"topic {topic!r} is not writable (perm {config.perm})",
+                                    data={"topic": topic, "perm": config.perm})
+        return config
+
+    async def create_topic(self, body: Any, conn: Connection) -> Any:
+        body = _map(body)
+        topic = _field(body, "topic", str)
+        if not valid_topic(topic):
+            raise InvalidRequestError(f"invalid topic name {topic!r}")
+        queues = _field(body, "queues", int, self.b.config.default_queues)
+        perm = _field(body, "perm", int, PERM_RW)
+        if not 1 <= queues <= MAX_QUEUES:
+            raise InvalidRequestError(f"queues must be in [1, {MAX_QUEUES}]")
+        if perm & ~PERM_RW:
+            raise InvalidRequestError("perm must be a subset of 6 (4 read, 2 write)")
+        self.b.require_writable()
+        await self._propose_control(topic_put(topic, queues, perm))
+        return {"topic": topic, **self._topic(topic).to_wire()}
+
+    async def delete_topic(self, body: Any, conn: Connection) -> Any:
+        topic = _field(_map(body), "topic", str)
+        self._topic(topic)
+        self.b.require_writable()
+        await self._propose_control(topic_delete(topic))
+        return {"deleted": topic not in self.b.state.topics}
+
+    async def get_topics(self, body: Any, conn: Connection) -> Any:
+        topics = self.b.state.topics
+        out = {}
+        for name, config in sorted(topics.items()):
+            view = config.to_wire()
+            view["offsets"] = [list(self.b.cq.offsets(name, q)) for q in range(config.queues)]
+            out[name] = view
+        return {"topics": out}
+
+    # --------------------------------------------------------------- send
+
+    def _result(self, stored: Stored | None) -> dict:
+        if stored is None:
+            return {"msg_id": None, "queue_id": None, "queue_offset": None, "duplicate": True}
+        return {"msg_id": message_id(self.b.config.group, stored.physical_offset),
+                "queue_id": stored.queue_id, "queue_offset": stored.queue_offset,
+                "duplicate": True}
+
+    def _stored_result(self, done: tuple, k: int, duplicate: bool) -> dict:
+        """The result map of record `k` of a stored `Records` (see _store)."""
+        first, stored, records = done
+        start = records.starts[k]
+        if stored is not None:
+            queue_id, queue_offset = stored[k].queue_id, stored[k].queue_offset
+        else:
+            queue_id, queue_offset = _QUEUE_ID.unpack_from(records.blob, start + 4)[0], None
+        return {"msg_id": message_id(self.b.config.group, first + start), "queue_id": queue_id,
+                "queue_offset": queue_offset, "duplicate": duplicate}
+
+    async def send(self, body: Any, conn: Connection) -> Any:
+        body = _map(body)
+        if "records" in body:
+            return await self._send_records(body)
+        raw = body.get("messages")
+        if not isinstance(raw, list) or not raw:
+            raise InvalidRequestError("field 'messages' must be a non-empty list")
+        self.b.require_writable()
+        limit = self.b.config.message_size_bytes_max
+        messages = []
+        for i, m in enumerate(raw):
+            try:
+                messages.append(encode_wire_message(m, limit))
+            except StorageTooLarge as exc:
+                raise MessageTooLargeError(
+                    f"message {i} of {exc.size} bytes exceeds message_size_bytes_max {limit}",
+                    data={"index": i, "size": exc.size, "limit": limit}) from None
+        for topic in {m.topic for m in messages}:
+            config = await self._topic_for_write(topic)
+            for m in messages:
+                if m.topic == topic and m.queue_id >= config.queues:
+                    raise InvalidRequestError(
+                        f"queue {m.queue_id} does not exist: topic {topic!r} has"
+                        f" {config.queues} queues")
+        starts = []
+        at = 0
+        for m in messages:
+            starts.append(at)
+            at += len(m.record)
+        records = Records(b"".join(m.record for m in messages), starts)
+        results, done = await self._store(records, [(m.producer_id, m.sequence)
+                                                    for m in messages])
+        if results is None:
+            assert done is not None
+            results = [self._stored_result(done, k, False) for k in range(len(messages))]
+        return {"results": results}
+
+    async def _send_records(self, body: dict) -> Any:
+        """SEND_MESSAGES with `records`: the client's CommitLog records as one
+        blob, checked in one pass and stored as they are (docs/protocol.md)."""
+        limit = self.b.config.message_size_bytes_max
+        scanned = scan_records(body["records"], limit)
+        count = body.get("count")
+        if count is not None and count != len(scanned.starts):
+            raise InvalidRequestError(
+                f"field 'count' is {count!r} but the blob holds {len(scanned.starts)} records")
+        self.b.require_writable()
+        for name, top in scanned.topics.items():
+            topic = name.decode()
+            config = await self._topic_for_write(topic)
+            if top >= config.queues:
+                raise InvalidRequestError(
+                    f"queue {top} does not exist: topic {topic!r} has {config.queues} queues")
+        results, done = await self._store(
+            Records(body["records"], scanned.starts, scanned.columns), scanned.idents)
+        if results is not None:
+            return {"results": results}
+        assert done is not None
+        first, stored, _ = done
+        # O(1) per request: the client knows every record's size and queue, so
+        # the first record's position and each queue's first offset say it all.
+        return {"base": first, "queue_offsets": None if stored is None else [
+            stored[i].queue_offset for i in scanned.firsts]}
+
+    def _all_new(self, idents: list[tuple[int, int]]) -> bool:
+        """True when every record is an idempotent one of one producer, in
+        increasing sequence, above anything stored or in flight for it: the
+        normal request, which then needs no per-record duplicate check."""
+        producer_id, first = idents[0]
+        if not producer_id:
+            return False
+        if (first <= self._inflight_high.get(producer_id, -1)
+                or first <= self.b.state.producers.high(producer_id)):
+            return False
+        previous = first
+        for pid, seq in idents[1:]:
+            if pid != producer_id or seq <= previous:
+                return False
+            previous = seq
+        return True
+
+    def _note_inflight_high(self, mine: list) -> None:
+        highs = self._inflight_high
+        if len(highs) > 100_000:
+            highs.clear()  # only makes _all_new answer False until refilled
+        for (producer_id, seq), _ in mine:
+            if seq > highs.get(producer_id, -1):
+                highs[producer_id] = seq
+
+    async def _store(self, records: Records, idents: list[tuple[int, int]]
+                     ) -> tuple[list[dict] | None, tuple | None]:
+        """Store the records whose (producer_id, sequence) is new.
+
+        Returns (None, done) when every record was new and stored, `done` being
+        (position of the first record, Stored per record or None, records);
+        otherwise (a result map per record, done or None).
+        """
+        results: list[dict | None] | None = None
+        fresh_at: list[int] | None = None
+        waits: list[tuple[int, tuple[asyncio.Future[tuple], int]]] = []
+        repeats: list[tuple[int, int]] = []  # (index, index of the same identity earlier)
+        first_of: dict[tuple[int, int], int] = {}
+        lookup = self.b.state.producers.lookup
+        inflight = self._inflight_seq
+        all_new = self._all_new(idents)
+        for i, key in enumerate(idents if not all_new else ()):
+            if key[0]:
+                known, stored = lookup(key[0], key[1])
+                earlier = None if known else inflight.get(key)
+                if known or earlier is not None or key in first_of:
+                    if fresh_at is None:
+                        fresh_at = list(range(i))
+                        results = [None] * len(idents)
+                    if known:
+                        results[i] = self._result(stored)  # type: ignore[index]
+                    elif earlier is not None:
+                        waits.append((i, earlier))
+                    else:
+                        repeats.append((i, first_of[key]))
+                    continue
+                first_of[key] = i
+            if fresh_at is not None:
+                fresh_at.append(i)
+        done = None
+        if fresh_at is None or fresh_at:
+            if fresh_at is not None:
+                # Some records are duplicates: store the others only.
+                blob, starts = records.blob, records.starts
+                ends = [*starts[1:], len(blob)]
+                parts = [blob[starts[i] : ends[i]] for i in fresh_at]
+                sub_starts = []
+                at = 0
+                for part in parts:
+                    sub_starts.append(at)
+                    at += len(part)
+                records = Records(b"".join(parts), sub_starts)
+                fresh_idents = [idents[i] for i in fresh_at]
+            else:
+                fresh_idents = idents
+            total = len(records.blob)
+            if total + 64 > self.b.entry_limit:
+                raise MessageTooLargeError(
+                    f"batch of {total} bytes exceeds the entry limit {self.b.entry_limit}",
+                    data={"limit": self.b.entry_limit})
+            # One future for the whole request: a concurrent retry of any of its
+            # idempotent messages waits on it and takes its own slot.
+            shared: asyncio.Future[tuple] = asyncio.get_running_loop().create_future()
+            mine = [(key, (shared, k)) for k, key in enumerate(fresh_idents) if key[0]]
+            inflight.update(mine)
+            if mine:
+                # All new: increasing, so the last is the highest.
+                self._note_inflight_high(mine[-1:] if all_new else mine)
+            try:
+                assert self.b.sends is not None
+                first, stored = await self.b.sends.submit(records, total, len(records.starts))
+            except BaseException as exc:
+                shared.set_exception(exc)
+                shared.exception()  # retrieved: there may be no waiter
+                raise
+            finally:
+                for key, _ in mine:
+                    inflight.pop(key, None)
+            done = (first, stored, records)
+            shared.set_result(done)
+            if fresh_at is None:
+                return None, done
+            assert results is not None
+            for k, i in enumerate(fresh_at):
+                results[i] = self._stored_result(done, k, False)
+        assert results is not None
+        for i, (future, k) in waits:
+            results[i] = self._stored_result(await asyncio.shield(future), k, True)
+        for i, j in repeats:
+            results[i] = dict(results[j], duplicate=True)  # type: ignore[arg-type]
+        return results, done  # type: ignore[return-value]
+
+    # --------------------------------------------------------------- pull
+
+    def _read_units(self, units: list[Unit]) -> list[StoredMessage]:
+        """Decode the messages of `units`, reading nearby records in one call."""
+        log_ = self.b.node.log
+        segment = log_.config.segment_size_bytes
+        out: list[StoredMessage] = []
+        i = 0
+        while i < len(units):
+            start = units[i].physical_offset
+            j = i + 1
+            while (j < len(units) and units[j].physical_offset >= start
+                   and units[j].physical_offset + units[j].size - start <= _RUN_BYTES
+                   and units[j].physical_offset // segment == start // segment):
+                j += 1
+            end = max(u.physical_offset + u.size for u in units[i:j])
+            raw = log_.read_bytes(start, end - start)
+            for u in units[i:j]:
+                at = u.physical_offset - start
+                if at + u.size > len(raw):
+                    out.append(log_.read_message(u.physical_offset, u.size))
+                else:
+                    out.append(decode_message_at(raw[at : at + u.size], u.physical_offset))
+            i = j
+        return out
+
+    async def pull(self, body: Any, conn: Connection) -> Any:
+        body = _map(body)
+        topic = _field(body, "topic", str)
+        queue_id = _nonneg(body, "queue_id")
+        offset = _nonneg(body, "offset")
+        limit = self.b.config.pull_max_messages
+        max_count = min(_nonneg(body, "max_messages", 32), limit) or 1
+        wait_ms = min(_nonneg(body, "wait_ms", 0), self.b.config.long_poll_timeout_ms)
+        tags = body.get("tags")
+        if tags is not None and not (isinstance(tags, list)
+                                     and all(isinstance(t, str) for t in tags)):
+            raise InvalidRequestError("field 'tags' must be a list of strings or nil")
+        config = self._topic(topic)
+        if not config.perm & PERM_READ:
+            raise NoPermissionError(f"topic {topic!r} is not readable (perm {config.perm})",
+                                    data={"topic": topic, "perm": config.perm})
+        if queue_id >= config.queues:
+            raise InvalidRequestError(
+                f"queue {queue_id} does not exist: topic {topic!r} has {config.queues} queues")
+        cq = self.b.cq
+        lo, hi = cq.offsets(topic, queue_id)
+        # Only a leader serving writes knows the queue's true end. A follower
+        # (or a leader not ready yet) may just be behind after a failover: it
+        # must not make a consumer rewind to its own end (a redelivery storm)
+        # or skip ahead, so it answers "nothing yet" at the consumer's offset.
+        authoritative = self.b.node.leader_ready
+        if offset < lo or (offset > hi and authoritative):
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is outside queue {topic}/{queue_id}'s range [{lo}, {hi}]",
+                data={"min_offset": lo, "max_offset": hi})
+        if offset >= hi and wait_ms:
+            await self.b.longpoll.wait((topic, queue_id), wait_ms / 1000)
+            lo, hi = cq.offsets(topic, queue_id)
+        if offset > hi:
+            return {"messages": [], "next_offset": offset, "min_offset": lo,
+                    "max_offset": hi}
+        wanted = set(tags) if tags and "*" not in tags else None
+        scan = max_count if wanted is None else FILTER_SCAN_MAX
+        units = cq.read(topic, queue_id, max(offset, lo), scan)
+        next_offset = max(offset, lo)
+        messages = []
+        if wanted is not None:
+            hashes = {tag_hash(t) for t in wanted}
+            candidates = [u for u in units if u.tag_hash in hashes]
+        else:
+            candidates = units
+        truncated = len(candidates) > max_count
+        take: list[Unit] = []
+        size = 0
+        for unit in candidates[:max_count]:
+            # Cap the answer's size before reading anything.
+            if take and size + unit.size > PULL_BYTES_MAX:
+                truncated = True
+                break
+            take.append(unit)
+            size += unit.size
+        group = self.b.config.group
+        for unit, sm in zip(take, self._read_units(take), strict=True):
+            # The tag hash narrowed the candidates; the text decides (hashes collide).
+            if wanted is None or sm.message.tags in wanted:
+                messages.append(message_view(group, sm, unit.queue_offset))
+            next_offset = unit.queue_offset + 1
+        if wanted is not None and units and not truncated:
+            # Every scanned unit was looked at: skip past the ones filtered out.
+            next_offset = max(next_offset, units[-1].queue_offset + 1)
+        return {"messages": messages, "next_offset": next_offset, "min_offset": lo,
+                "max_offset": hi}
+
+    async def queue_offsets(self, body: Any, conn: Connection) -> Any:
+        body = _map(body)
+        topic = _field(body, "topic", str)
+        queue_id = _nonneg(body, "queue_id")
+        self._topic(topic)
+        lo, hi = self.b.cq.offsets(topic, queue_id)
+        return {"min_offset": lo, "max_offset": hi}
+
+    # ------------------------------------------------------------- offsets
+
+    async def commit_offsets(self, body: Any, conn: Connection) -> Any:
+        body = _map(body)
+        group = _field(body, "group", str)
+        raw = body.get("offsets")
+        if not isinstance(raw, list):
+            raise InvalidRequestError("field 'offsets' must be a list of [topic, queue, offset]")
+        items = []
+        for item in raw:
+            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
+                    and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                            for v in item[1:])):
+                raise InvalidRequestError("each offset must be [topic, queue_id, offset]")
+            topic, queue_id, offset = item
+            lo, hi = self.b.cq.offsets(topic, queue_id)
+            if offset > hi:
+                raise OffsetOutOfRangeError(
+                    f"offset {offset} is beyond the end of {topic}/{queue_id} ({hi})",
+                    data={"min_offset": lo, "max_offset": hi})
+            items.append((group, topic, queue_id, offset))
+        self.b.require_writable()
+        if items:
+            await self._propose_control({"op": "offsets.commit",
+                                         "offsets": [list(i) for i in items]})
+        return {}
+
+    async def query_offset(self, body: Any, conn: Connection) -> Any:
+        body = _map(body)
+        group = _field(body, "group", str)
+        topic = _field(body, "topic", str)
+        queue_id = _nonneg(body, "queue_id")
+        return {"offset": self.b.state.offset_of(group, topic, queue_id)}
+
+    # ----------------------------------------------------------- membership
+
+    async def heartbeat(self, body: Any, conn: Connection) -> Any:
+        from ledgermq.broker.server import monotonic_ms
+
+        body = _map(body)
+        group = _field(body, "group", str)
+        client_id = _field(body, "client_id", str)
+        if body.get("leave"):
+            return {"left": self.b.members.leave(group, client_id)}
+        subs = body.get("subscriptions", {})
+        if not isinstance(subs, dict):
+            raise InvalidRequestError("field 'subscriptions' must map topic -> tag expression")
+        mode = body.get("mode", "clustering")
+        self.b.members.heartbeat(group, client_id, subs, str(mode), monotonic_ms())
+        return {}
+
+    async def members(self, body: Any, conn: Connection) -> Any:
+        from ledgermq.broker.server import monotonic_ms
+
+        group = _field(_map(body), "group", str)
+        return {"members": self.b.members.members(group, monotonic_ms())}
+
+    async def status(self, body: Any, conn: Connection) -> Any:
+        from ledgermq.broker.server import monotonic_ms
+
+        info = self.b.status()
+        info["groups"] = self.b.members.describe(monotonic_ms())
+        return info
+
+
+def handlers_for(broker: Broker) -> dict[int, Handler]:
+    h = Handlers(broker)
+    return {
+        RequestCode.SEND_MESSAGES: h.send,
+        RequestCode.PULL_MESSAGES: h.pull,
+        RequestCode.CREATE_TOPIC: h.create_topic,
+        RequestCode.DELETE_TOPIC: h.delete_topic,
+        RequestCode.GET_TOPICS: h.get_topics,
+        RequestCode.COMMIT_OFFSETS: h.commit_offsets,
+        RequestCode.QUERY_OFFSET: h.query_offset,
+        RequestCode.CLIENT_HEARTBEAT: h.heartbeat,
+        RequestCode.GET_MEMBERS: h.members,
+        RequestCode.GET_QUEUE_OFFSETS: h.queue_offsets,
+        RequestCode.BROKER_STATUS: h.status,
+    }
+
+
+

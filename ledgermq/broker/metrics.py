@@ -1,0 +1,415 @@
+"""Prometheus metrics of one broker node (prometheus-client, served at /metrics).
+
+Two kinds of figures:
+
+- **Read at scrape time** by `BrokerCollector` from what the node already
+  keeps: Raft role, term and indexes, per-follower match index and lag, the
+  runtime's counters (elections, leadership changes, proposals, ...), the
+  Flusher's fsync counts, group-commit totals, ConsumeQueue offsets,
+  consumer-group lag per queue, long-poll waiters, client connections. Nothing
+  is added to the hot paths for these.
+- **Observed where the runtime already does one step per batch**, by wrapping
+  a few bound methods of the running node when the broker starts
+  (`Instruments.install`), so the broker, runtime and storage modules stay
+  free of metrics code: one observation per Ready (CommitLog append), per
+  fsync round (latency and entries covered), per proposal (propose-to-ack
+  latency: one per group-commit batch, not per message), per group-commit
+  batch (messages), and per client request (count, errors by code, duration;
+  pulls also count messages and body bytes out per topic).
+
+Messages and bytes *in* per topic are counted at scrape time from the
+ConsumeQueue units dispatched since the previous scrape, so they are the same
+on every replica and independent of the send request's format.
+
+Every broker has its own CollectorRegistry (tests run several in a process).
+Names follow the Prometheus conventions: `ledgermq_` prefix, base units in the
+name (`_seconds`, `_bytes`), `_total` for counters. docs/operations.md lists
+them all.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ledgermq.base.codes import RequestCode
+from ledgermq.base.errors import ErrorCode, LedgerMQError
+
+if TYPE_CHECKING:
+    from ledgermq.broker.server import Broker
+
+ROLES = ("leader", "candidate", "pre_candidate", "follower")
+# Latencies from ~100 µs (page-cache append) to seconds (a stalled disk).
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Most ConsumeQueue units one scrape reads to count messages and bytes in.
+IN_SCAN_MAX = 200_000
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+# Runtime counters (dledger.runtime.node.RaftGroupNode.counters) exported as counters.
+_NODE_COUNTERS = {
+    "elections": ("ledgermq_raft_elections_total",
+                  "Elections this node started (became candidate in a new term)."),
+    "leader_changes": ("ledgermq_raft_leader_changes_total",
+                       "Times this node saw a new (leader, term)."),
+    "proposals": ("ledgermq_raft_proposals_total", "Entries proposed on this node."),
+    "proposals_acked": ("ledgermq_raft_proposals_acked_total",
+                        "Proposals acknowledged (committed/applied or stable)."),
+    "proposals_unknown": ("ledgermq_raft_proposals_unknown_total",
+                          "Proposals whose outcome could not be known (timeout, lost lead)."),
+    "readies": ("ledgermq_raft_readies_total", "Ready batches handled by the driver."),
+    "entries_written": ("ledgermq_raft_entries_written_total",
+                        "Entries written to the CommitLog by the driver."),
+    "acks_sent": ("ledgermq_raft_append_acks_sent_total", "Append acknowledgements sent."),
+    "peer_errors": ("ledgermq_raft_peer_errors_total", "Messages that could not be sent."),
+    "hard_state_saves": ("ledgermq_raft_hard_state_saves_total", "Hard-state files written."),
+}
+
+
+def _request_names() -> dict[int, str]:
+    return {int(code): code.name.lower() for code in RequestCode}
+
+
+class BrokerCollector(Collector):
+    """Figures read from the running broker at every scrape."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.b = broker
+        # Messages in: counted from the ConsumeQueues at scrape time (every
+        # committed message gets a unit there, on every replica, whatever
+        # request format brought it in). Per queue, the offset counted up to;
+        # queues existing at start-up count from their end (counters start
+        # with the process, as Prometheus expects).
+        self._counted: dict[tuple[str, int], int] = {}
+        self._in_messages: dict[str, int] = {}
+        self._in_bytes: dict[str, int] = {}
+        if broker.cq is not None:
+            for key, queue in broker.cq.queues.items():
+                self._counted[key] = queue.max_offset
+
+    def _count_in(self) -> None:
+        """Add the units dispatched since the last scrape (at most IN_SCAN_MAX per
+        scrape, so a huge backlog is spread over several scrapes)."""
+        cq = self.b.cq
+        assert cq is not None
+        budget = IN_SCAN_MAX
+        for (topic, queue_id), queue in list(cq.queues.items()):
+            done = max(self._counted.get((topic, queue_id), 0), queue.min_offset)
+            while done < queue.max_offset and budget > 0:
+                units = queue.read(done, min(budget, 4096, queue.max_offset - done))
+                if not units:
+                    break
+                self._in_messages[topic] = self._in_messages.get(topic, 0) + len(units)
+                self._in_bytes[topic] = self._in_bytes.get(topic, 0) + sum(
+                    u.size for u in units)
+                done = units[-1].queue_offset + 1
+                budget -= len(units)
+            self._counted[(topic, queue_id)] = done
+
+    def collect(self) -> Iterator[Any]:
+        b = self.b
+        node = b.node
+        if node is None:
+            return
+        labels = ["group", "node"]
+        ids = [b.config.group, str(b.config.node_id)]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(ids, value)
+            return g
+
+        role = GaugeMetricFamily("ledgermq_raft_role",
+                                 "1 for this node's current Raft role, 0 for the others.",
+                                 labels=[*labels, "role"])
+        current = node.role
+        for name in ROLES:
+            role.add_metric([*ids, name], 1.0 if current == name else 0.0)
+        yield role
+        yield gauge("ledgermq_raft_leader_ready",
+                    "1 when this node leads and its current-term no-op is applied.",
+                    1.0 if node.leader_ready else 0.0)
+        yield gauge("ledgermq_node_failed",
+                    "1 when this replica stopped on a storage error or lost committed data"
+                    " (the status page's `failed` says why); restart or repair it.",
+                    1.0 if node.failed is not None else 0.0)
+        yield gauge("ledgermq_raft_term", "Current Raft term.", node.term)
+        yield gauge("ledgermq_raft_leader_id", "Node id of the known leader (0: none).",
+                    node.leader_id or 0)
+        yield gauge("ledgermq_raft_last_index", "Last log index.", node.last_index)
+        yield gauge("ledgermq_raft_commit_index", "Commit index.", node.commit_index)
+        yield gauge("ledgermq_raft_applied_index", "Index applied to the broker state.",
+                    b.state.applied_index)
+        yield gauge("ledgermq_commitlog_durable_index", "Highest fsynced log index.",
+                    node.log.durable_index)
+        if b.cq is not None:
+            yield gauge("ledgermq_consumequeue_dispatched_index",
+                        "Highest index dispatched to the ConsumeQueues.",
+                        b.cq.dispatched_index)
+        status: dict[str, Any] = {}
+        try:
+            status = node.status()
+        except Exception:  # a node that is stopping: skip the per-peer figures
+            status = {}
+        match = GaugeMetricFamily("ledgermq_raft_follower_match_index",
+                                  "Leader's view: highest index known replicated on a follower.",
+                                  labels=[*labels, "follower"])
+        lag = GaugeMetricFamily("ledgermq_raft_follower_lag_entries",
+                                "Leader's view: entries a follower is behind the leader's log.",
+                                labels=[*labels, "follower"])
+        if current == "leader":
+            for peer, f in sorted((status.get("followers") or {}).items()):
+                if int(peer) == b.config.node_id:
+                    continue
+                match.add_metric([*ids, str(peer)], f.get("match", 0))
+                lag.add_metric([*ids, str(peer)], f.get("lag", 0))
+        yield match
+        yield lag
+        for key, (name, doc) in _NODE_COUNTERS.items():
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric(ids, float(node.counters.get(key, 0)))
+            yield c
+        c = CounterMetricFamily("ledgermq_commitlog_fsyncs_total",
+                                "fsync rounds run by the CommitLog flusher.", labels=labels)
+        c.add_metric(ids, float(status.get("fsyncs", 0)))
+        yield c
+        c = CounterMetricFamily("ledgermq_commitlog_fsynced_entries_total",
+                                "Entries made durable by fsync rounds.", labels=labels)
+        c.add_metric(ids, float(status.get("fsynced_entries", 0)))
+        yield c
+        c = CounterMetricFamily(
+            "ledgermq_commitlog_fsync_handoff_seconds_total",
+            "Time fsync rounds spent passing between the event loop and the fsync "
+            "thread (both ways), beyond the fsync itself.", labels=labels)
+        c.add_metric(ids, float(status.get("fsync_handoff_seconds", 0.0)))
+        yield c
+        yield gauge("ledgermq_raft_pending_proposals", "Proposals waiting for their ack.",
+                    status.get("pending_proposals", 0))
+        for committer, what in ((b.sends, "send"), (b.controls, "control")):
+            if committer is None:
+                continue
+            c = CounterMetricFamily(f"ledgermq_group_commit_{what}_batches_total",
+                                    f"Group-commit {what} batches proposed (one entry each).",
+                                    labels=labels)
+            c.add_metric(ids, float(committer.batches))
+            yield c
+            c = CounterMetricFamily(f"ledgermq_group_commit_{what}_requests_total",
+                                    f"Requests carried by group-commit {what} batches.",
+                                    labels=labels)
+            c.add_metric(ids, float(committer.items))
+            yield c
+        yield from self._queues(labels, ids)
+        yield gauge("ledgermq_longpoll_waiting_queues",
+                    "Queues with at least one long-polling pull waiting.", b.longpoll.waiting)
+        yield gauge("ledgermq_client_connections", "Open client connections.",
+                    b.rpc.connection_count if b.rpc is not None else 0)
+        yield gauge("ledgermq_topics", "Topics configured.", len(b.state.topics))
+        c = CounterMetricFamily("ledgermq_bad_control_entries_total",
+                                "CONTROL entries skipped because they were not msgpack.",
+                                labels=labels)
+        c.add_metric(ids, float(b.state.bad_control_entries))
+        yield c
+
+    def _queues(self, labels: list[str], ids: list[str]) -> Iterator[Any]:
+        b = self.b
+        cq = b.cq
+        if cq is None:
+            return
+        stored = CounterMetricFamily(
+            "ledgermq_topic_messages_stored_total",
+            "Messages committed to a topic (sum of its queues' max offsets).",
+            labels=[*labels, "topic"])
+        queue_max = GaugeMetricFamily("ledgermq_queue_max_offset",
+                                      "Next queue offset (messages committed to the queue).",
+                                      labels=[*labels, "topic", "queue"])
+        per_topic: dict[str, int] = {}
+        for (topic, queue_id), queue in sorted(cq.queues.items()):
+            if topic not in b.state.topics:
+                continue
+            per_topic[topic] = per_topic.get(topic, 0) + queue.max_offset
+            queue_max.add_metric([*ids, topic, str(queue_id)], queue.max_offset)
+        for topic, total in sorted(per_topic.items()):
+            stored.add_metric([*ids, topic], float(total))
+        yield stored
+        yield queue_max
+        self._count_in()
+        msgs = CounterMetricFamily("ledgermq_messages_in_total",
+                                   "Messages committed to a topic since this process started.",
+                                   labels=[*labels, "topic"])
+        size = CounterMetricFamily("ledgermq_bytes_in_total",
+                                   "Record bytes of the messages committed to a topic since"
+                                   " this process started.", labels=[*labels, "topic"])
+        for topic in sorted(self._in_messages):
+            msgs.add_metric([*ids, topic], float(self._in_messages[topic]))
+            size.add_metric([*ids, topic], float(self._in_bytes[topic]))
+        yield msgs
+        yield size
+        lag = GaugeMetricFamily("ledgermq_consumer_group_lag_messages",
+                                "Messages of a queue not yet consumed by a group"
+                                " (queue max offset - committed offset).",
+                                labels=[*labels, "consumer_group", "topic", "queue"])
+        offset = GaugeMetricFamily("ledgermq_consumer_group_offset",
+                                   "Committed consumer offset.",
+                                   labels=[*labels, "consumer_group", "topic", "queue"])
+        for (group, topic, queue_id), committed in sorted(b.state.offsets.items()):
+            hi = cq.offsets(topic, queue_id)[1]
+            key = [*ids, group, topic, str(queue_id)]
+            offset.add_metric(key, committed)
+            lag.add_metric(key, max(0, hi - committed))
+        yield lag
+        yield offset
+
+
+class Instruments:
+    """Histograms and counters fed from wrapped methods of a running broker."""
+
+    def __init__(self, broker: Broker, registry: CollectorRegistry) -> None:
+        self.b = broker
+        ids = {"group": broker.config.group, "node": str(broker.config.node_id)}
+        self._ids = ids
+        labels = list(ids)
+        self.append_seconds = Histogram(
+            "ledgermq_commitlog_append_seconds",
+            "Time to write one Ready's entries to the CommitLog (page cache).",
+            labels, registry=registry, buckets=LATENCY_BUCKETS).labels(**ids)
+        self.append_entries = Histogram(
+            "ledgermq_commitlog_append_entries", "Entries per CommitLog append (per Ready).",
+            labels, registry=registry, buckets=SIZE_BUCKETS).labels(**ids)
+        self.fsync_seconds = Histogram(
+            "ledgermq_commitlog_fsync_seconds", "Duration of one fsync round.",
+            labels, registry=registry, buckets=LATENCY_BUCKETS).labels(**ids)
+        self.fsync_entries = Histogram(
+            "ledgermq_commitlog_fsync_batch_entries", "Entries made durable by one fsync round.",
+            labels, registry=registry, buckets=SIZE_BUCKETS).labels(**ids)
+        self.commit_seconds = Histogram(
+            "ledgermq_raft_commit_seconds",
+            "Propose-to-acknowledgement time of one entry on the leader (commit and apply"
+            " with replicate=sync).", labels, registry=registry,
+            buckets=LATENCY_BUCKETS).labels(**ids)
+        self.group_commit_messages = Histogram(
+            "ledgermq_group_commit_batch_messages", "Messages per group-commit send batch.",
+            labels, registry=registry, buckets=SIZE_BUCKETS).labels(**ids)
+        self.requests = Counter("ledgermq_requests_total", "Client requests handled.",
+                                [*labels, "request"], registry=registry)
+        self.errors = Counter("ledgermq_request_errors_total",
+                              "Client requests answered with an error, by error code.",
+                              [*labels, "request", "code"], registry=registry)
+        self.request_seconds = Histogram("ledgermq_request_seconds",
+                                         "Client request handling time.",
+                                         [*labels, "request"], registry=registry,
+                                         buckets=LATENCY_BUCKETS)
+        self.messages_out = Counter("ledgermq_messages_out_total",
+                                    "Messages returned by pulls from this node.",
+                                    [*labels, "topic"], registry=registry)
+        self.bytes_out = Counter("ledgermq_bytes_out_total",
+                                 "Message body bytes returned by pulls from this node.",
+                                 [*labels, "topic"], registry=registry)
+
+    def install(self) -> None:
+        """Wrap the node's per-batch steps and the client handlers (call after start)."""
+        b = self.b
+        node = b.node
+        storage_write = node.storage.write
+
+        def write(entries: Any, *args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return storage_write(entries, *args, **kwargs)
+            finally:
+                self.append_seconds.observe(time.perf_counter() - started)
+                self.append_entries.observe(len(entries))
+
+        node.storage.write = write
+        log_ = node.log
+        run_sync = log_.run_sync
+
+        def timed_sync(token: Any) -> Any:
+            # Runs on the flusher's thread; observe() is thread-safe.
+            before = log_.durable_index
+            started = time.perf_counter()
+            result = run_sync(token)
+            self.fsync_seconds.observe(time.perf_counter() - started)
+            self.fsync_entries.observe(max(0, getattr(token, "index", before) - before))
+            return result
+
+        log_.run_sync = timed_sync
+        propose = node.propose
+
+        @functools.wraps(propose)
+        async def timed_propose(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            entry = await propose(*args, **kwargs)
+            self.commit_seconds.observe(time.perf_counter() - started)
+            return entry
+
+        node.propose = timed_propose
+        if b.sends is not None:
+            flush = b.sends._flush
+
+            async def counted_flush(batch: list) -> None:
+                self.group_commit_messages.observe(sum(p.count for p in batch))
+                await flush(batch)
+
+            b.sends._flush = counted_flush
+        if b.rpc is not None:
+            names = _request_names()
+            for code, handler in list(b.rpc.handlers.items()):
+                b.rpc.handlers[code] = self._wrap_handler(names.get(int(code), str(code)),
+                                                          int(code), handler)
+
+    def _wrap_handler(self, name: str, code: int, handler: Callable[..., Any]
+                      ) -> Callable[..., Any]:
+        requests = self.requests.labels(**self._ids, request=name)
+        duration = self.request_seconds.labels(**self._ids, request=name)
+        ids = self._ids
+        is_pull = code == RequestCode.PULL_MESSAGES
+
+        async def wrapped(body: Any, conn: Any) -> Any:
+            requests.inc()
+            started = time.perf_counter()
+            try:
+                result = await handler(body, conn)
+            except LedgerMQError as exc:
+                self.errors.labels(**ids, request=name, code=_code_name(exc.code)).inc()
+                raise
+            except Exception:
+                self.errors.labels(**ids, request=name, code="INTERNAL").inc()
+                raise
+            finally:
+                duration.observe(time.perf_counter() - started)
+            if is_pull:
+                self._count_pulled(result)
+            return result
+
+        return wrapped
+
+    def _count_pulled(self, result: Any) -> None:
+        messages = result.get("messages") or ()
+        if not messages:
+            return
+        topic = messages[0]["topic"]  # one pull reads one queue of one topic
+        self.messages_out.labels(**self._ids, topic=topic).inc(len(messages))
+        self.bytes_out.labels(**self._ids, topic=topic).inc(
+            sum(len(m["body"]) for m in messages))
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)
+
+
+def broker_registry(broker: Broker) -> tuple[CollectorRegistry, Instruments]:
+    """A registry with the scrape-time collector and the instruments, installed."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(broker))
+    instruments = Instruments(broker, registry)
+    instruments.install()
+    return registry, instruments

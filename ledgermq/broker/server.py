@@ -1,0 +1,467 @@
+"""The broker process: one node of a Raft-replicated broker group.
+
+Composes the Raft node runtime (`dledger.runtime.node`, whose log is the CommitLog),
+the ConsumeQueues, the replicated state machine (`broker.state`) and the
+client protocol (`broker.handlers`). Everything a replica must agree on —
+messages, topics, consumer offsets, producer sequences — goes through the log;
+membership (client heartbeats) and long-poll waiters are local and soft.
+
+Start-up replays the committed log into the state machine and the
+ConsumeQueues *before* the node starts, so the node hands `apply` only what
+came after (`node.start(applied_index)`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import struct
+import time
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from commitlog import KIND_CONTROL, KIND_MESSAGES, CommitLogConfig, Entry, StorageError
+from commitlog.columns import RecordColumns, queue_groups, scan_body
+from consumequeue import ConsumeQueueStore
+from dledger.log import CommittedDivergence
+from ledgermq.base.errors import (
+    NotLeaderError,
+    OutcomeUnknownError,
+    RequestTimeoutError,
+    ServiceUnavailableError,
+)
+from ledgermq.base.tasks import cancel_and_wait
+from ledgermq.broker import rollback
+from ledgermq.broker.codec import Records
+from ledgermq.broker.config import BrokerConfig, split_address
+from ledgermq.broker.control import encode_control
+from ledgermq.broker.group_commit import GroupCommitter
+from ledgermq.broker.longpoll import LongPoll
+from ledgermq.broker.members import Membership
+from ledgermq.broker.registrar import Registrar
+from ledgermq.broker.state import BrokerState, Stored
+from ledgermq.wire import RpcServer
+
+log = logging.getLogger(__name__)
+
+_STAMP = struct.Struct("<q")
+
+# Results of applied MESSAGES entries are kept this long (in entries) for the
+# proposer to pick up; far more than can be in flight at once.
+_RESULTS_KEPT = 4096
+_PRESCANNED_KEPT = 64  # proposals in flight at most (max_inflight_proposals is far lower)
+
+
+async def _bounded(step: Any, seconds: float, what: str) -> None:
+    try:
+        async with asyncio.timeout(seconds):
+            await step
+    except TimeoutError:
+        log.error("stopping the %s took more than %g s; going on without it", what, seconds)
+    except Exception as exc:
+        log.error("stopping the %s failed: %r", what, exc)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class Broker:
+    """One broker node. `runtime` is the module providing NodeConfig,
+    RaftGroupNode, NotLeaderError and ProposalUnknown (dledger.runtime.node by default)."""
+
+    def __init__(self, config: BrokerConfig, runtime: ModuleType | None = None) -> None:
+        self.config = config
+        self.runtime = runtime or importlib.import_module("dledger.runtime.node")
+        self.state = BrokerState(config.dedup_window, config.dedup_producers_max)
+        self.longpoll = LongPoll()
+        self.members = Membership(config.member_expiry_ms)
+        self.node: Any = None
+        self.cq: ConsumeQueueStore | None = None
+        self.rpc: RpcServer | None = None
+        self.address: tuple[str, int] | None = None
+        self.registrar = Registrar(config.namesrv, self.registration,
+                                   config.namesrv_register_interval_ms / 1000,
+                                   f"{config.group}/n{config.node_id}")
+        self._results: dict[int, list[Stored]] = {}
+        # id(entry body) -> (body, its columns) for bodies this leader proposed.
+        self._prescanned: dict[int, tuple[bytes, RecordColumns]] = {}
+        self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._cq_checkpointing: asyncio.Future[None] | None = None
+        self._topics_version_seen = 0
+        self._last_role: str | None = None
+        self.sends: GroupCommitter[Records] | None = None
+        self.controls: GroupCommitter[dict[str, Any]] | None = None
+        self.entry_limit = 0
+        self.admin: Any = None  # broker.admin_http.BrokerAdmin when admin_listen is set
+        # Set when the node asks for this process to restart (a rollback after
+        # a committed divergence, see broker/rollback.py); `serve` obeys it.
+        self.restart_requested = asyncio.Event()
+        self.rolled_back: rollback.Rollback | None = None
+        self.advertised = config.client_address
+        if split_address(config.client_address)[0] in ("0.0.0.0", "::"):
+            # Listening on every interface (a container): clients must be told
+            # the address this node has in [peers], not the wildcard.
+            self.advertised = config.peers[config.node_id].client
+
+    # ------------------------------------------------------------- lifecycle
+
+    def _node_config(self) -> Any:
+        c = self.config
+        raft_host, _ = split_address(c.peers[c.node_id].raft)
+        log_config = CommitLogConfig(
+            segment_size_bytes=c.segment_size_bytes, flush=c.flush,
+            flush_interval_ms=c.flush_interval_ms, flush_bytes=c.flush_bytes,
+            message_size_bytes_max=c.message_size_bytes_max,
+            entry_size_bytes_max=max(8 << 20, c.batch_max_bytes + (1 << 20)),
+        )
+        return self.runtime.NodeConfig(
+            group=c.group, node_id=c.node_id, peers=c.raft_peers(), data_dir=c.data_dir,
+            flush=c.flush, replicate=c.replicate, tick_ms=c.tick_ms,
+            election_timeout_ticks=c.election_timeout_ticks,
+            heartbeat_interval_ticks=c.heartbeat_interval_ticks,
+            preferred_leader=c.preferred_leader, segment_size_bytes=c.segment_size_bytes,
+            commitlog=log_config, bind_host=c.raft_bind_host or raft_host,
+        )
+
+    async def start(self) -> tuple[str, int]:
+        """Recover, start the Raft node, then listen for clients."""
+        from ledgermq.broker.handlers import handlers_for  # the handlers need a started broker
+
+        c = self.config
+        node_config = self._node_config()
+        done = rollback.apply_pending(c.data_dir, node_config.commitlog_config())
+        if done is not None:
+            self.rolled_back = done
+        self.node = self.runtime.RaftGroupNode(
+            node_config, apply=self._apply, on_soft_state=self._on_soft_state,
+            on_failure=self._on_node_failure)
+        log_ = self.node.log
+        self.entry_limit = log_.config.entry_size_limit
+        self.cq = ConsumeQueueStore(c.data_dir, log_)
+        applied = self._recover()
+        self.sends = GroupCommitter(self._flush_sends, max_count=c.batch_max_messages,
+                                    max_bytes=min(c.batch_max_bytes, self.entry_limit - 64),
+                                    max_inflight=c.max_inflight_proposals)
+        self.controls = GroupCommitter(self._flush_controls, max_count=4096,
+                                       max_bytes=1 << 20, max_inflight=1)
+        await self.node.start(applied)
+        self.rpc = RpcServer(f"broker {c.group}/n{c.node_id}", handlers_for(self))
+        host, port = split_address(c.client_address)
+        self.address = await self.rpc.start(host, port)
+        if port == 0:  # an ephemeral port (tests): advertise the one bound
+            self.advertised = f"{host}:{self.address[1]}"
+        self.registrar.start()
+        self._tasks.append(asyncio.create_task(self._checkpoint_loop()))
+        if c.admin_listen:
+            from ledgermq.broker.admin_http import BrokerAdmin
+
+            self.admin = BrokerAdmin(self)
+            await self.admin.start()
+            log.info("admin listening on %s", self.admin.url)
+        return self.address
+
+    def _recover(self) -> int:
+        """Replay the committed log into the state machine and the ConsumeQueues."""
+        assert self.cq is not None
+        log_ = self.node.log
+        applied = max(log_.load_hard_state().commit, self.cq.dispatched_index)
+        applied = min(applied, log_.last_index)
+        index = log_.first_index
+        while index <= applied:
+            entries = log_.read_entries(index, applied + 1, 8 << 20)
+            for entry in entries:
+                self.state.apply(entry)
+            index = entries[-1].index + 1
+        if applied > self.state.applied_index:
+            self.state.applied_index = applied
+        self.cq.dispatch_committed(applied)
+        # The two counts of messages per queue come from the same log; if the
+        # ConsumeQueue disagrees (a log whose head was removed), it is the truth.
+        for key, queue in self.cq.queues.items():
+            if self.state.queue_next.get(key, 0) != queue.max_offset:
+                log.warning("queue %s: log replay counts %d messages, ConsumeQueue %d",
+                            key, self.state.queue_next.get(key, 0), queue.max_offset)
+                self.state.queue_next[key] = queue.max_offset
+        self._topics_version_seen = self.state.topics_version
+        log.info("recovered: applied index %d, %d topics, %d queues", applied,
+                 len(self.state.topics), len(self.cq.queues))
+        return applied
+
+    async def stop(self) -> None:
+        """Stop serving, then the node. Every step is bounded: a peer or client
+        that never answers must not keep a stopping broker alive (the log is
+        crash-safe, so giving up on a step loses nothing committed)."""
+        await cancel_and_wait(self._tasks)
+        if self._cq_checkpointing is not None:
+            await _bounded(asyncio.shield(self._cq_checkpointing), 10.0,
+                           "ConsumeQueue checkpoint")
+        if self.admin is not None:
+            await _bounded(self.admin.close(), 3.0, "admin HTTP app")
+        await _bounded(self.registrar.stop(), 3.0, "NameServer registrar")
+        if self.rpc is not None:
+            await _bounded(self.rpc.close(grace=2.0), 5.0, "client listener")
+        for committer in (self.sends, self.controls):
+            if committer is not None:
+                await _bounded(committer.close(), 6.0, "group commit")
+        if self.cq is not None:
+            try:
+                self.cq.close()
+            except Exception as exc:
+                log.error("ConsumeQueue close failed: %s", exc)
+        if self.node is not None:
+            await _bounded(self.node.stop(), 15.0, "Raft node")
+
+    async def _checkpoint_loop(self) -> None:
+        """Keep ConsumeQueue recovery short: checkpoint the dispatched point."""
+        assert self.cq is not None
+        interval = self.config.cq_checkpoint_interval_ms / 1000
+        last = -1
+        while True:
+            await asyncio.sleep(interval)
+            if self.cq.dispatched_index != last:
+                last = self.cq.dispatched_index
+                try:
+                    # The checkpoint must not claim entries the log could
+                    # lose: have the Flusher sync them first, off the loop,
+                    # instead of the checkpoint's own fsync on the loop.
+                    for _ in range(3):  # dispatch may move on while we wait
+                        if self.cq.dispatched_index <= self.node.log.durable_index:
+                            break
+                        await self.node.wait_durable(self.cq.dispatched_index)
+                    # The queue files' fsync and the checkpoint file run on a
+                    # thread too; stop() waits for one in flight before the
+                    # final checkpoint, so two never write at once.
+                    token = self.cq.begin_checkpoint()
+                    self._cq_checkpointing = asyncio.ensure_future(
+                        asyncio.to_thread(self.cq.run_checkpoint, token))
+                    await asyncio.shield(self._cq_checkpointing)
+                except (OSError, StorageError) as exc:
+                    log.error("ConsumeQueue checkpoint failed: %s", exc)
+
+    # ----------------------------------------------------------------- apply
+
+    def _columns(self, entry: Entry) -> RecordColumns:
+        """The entry body's columns: the request's scan when this leader built
+        the body itself (the very same bytes object), else a fresh scan."""
+        known = self._prescanned.pop(id(entry.body), None) if self._prescanned else None
+        if known is not None and known[0] is entry.body:
+            return known[1]
+        return scan_body(entry.body)
+
+    def _apply(self, entries: Sequence[Entry]) -> None:
+        """Committed entries, in order, exactly once (called by the node)."""
+        assert self.cq is not None
+        touched: set[tuple[str, int]] = set()
+        keep = self.node is not None and self.node.role == "leader"
+        # Each MESSAGES body is scanned once, for the state and the queues.
+        scanned = [self._columns(e) if e.kind == KIND_MESSAGES else None for e in entries]
+        for entry, columns in zip(entries, scanned, strict=True):
+            stored = self.state.apply(entry, columns)
+            if columns is not None:
+                touched.update(key for key, _ in queue_groups(columns))
+                if keep:
+                    self._results[entry.index] = stored
+        self.cq.dispatch(entries, scanned)
+        if len(self._results) > _RESULTS_KEPT:
+            for index in list(self._results)[: len(self._results) - _RESULTS_KEPT]:
+                del self._results[index]
+        if touched:
+            self.longpoll.notify(touched)
+        if self.state.topics_version != self._topics_version_seen:
+            self._topics_version_seen = self.state.topics_version
+            self.registrar.kick()
+        if self._apply_waiters:
+            applied = self.state.applied_index
+            still = []
+            for index, future in self._apply_waiters:
+                if index <= applied:
+                    if not future.done():
+                        future.set_result(None)
+                else:
+                    still.append((index, future))
+            self._apply_waiters = still
+
+    async def wait_applied(self, index: int, timeout: float) -> None:
+        if self.state.applied_index >= index:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._apply_waiters.append((index, future))
+        try:
+            async with asyncio.timeout(timeout):
+                await future
+        except TimeoutError:
+            raise RequestTimeoutError(f"entry {index} not applied within {timeout:g}s") from None
+
+    def _on_soft_state(self, info: Any) -> None:
+        role = getattr(info, "role", None)
+        if role != self._last_role:
+            log.info("role %s -> %s (term %s, leader %s)", self._last_role, role,
+                     getattr(info, "term", None), getattr(info, "leader_id", None))
+            self._last_role = role
+            if role != "leader":
+                self._results.clear()
+                self._prescanned.clear()
+        self.registrar.kick()
+        if role == "leader":
+            self._tasks = [t for t in self._tasks if not t.done()]
+            self._tasks.append(asyncio.create_task(self._register_when_ready()))
+
+    async def _register_when_ready(self) -> None:
+        """Clients are sent to a leader only once it can serve writes."""
+        with contextlib.suppress(Exception):
+            await self.node.wait_leader_ready(30.0)
+        self.registrar.kick()
+
+    def _on_node_failure(self, exc: BaseException) -> None:
+        """The node stopped. A committed divergence under `on_divergence =
+        "rollback"` becomes a rollback at the next start and a restart now;
+        anything else leaves the node failed (status and metrics say why)."""
+        if not isinstance(exc, CommittedDivergence):
+            return
+        if self.config.divergence_action != "rollback":
+            log.error("committed divergence; on_divergence=stop: this replica stays failed "
+                      "until an operator repairs it: %s", exc)
+            return
+        try:
+            rollback.request_rollback(self.config.data_dir, exc.index, str(exc))
+        except OSError as err:
+            log.error("cannot record the rollback (%s); staying failed", err)
+            return
+        log.warning("committed divergence at index %d: restarting to roll back onto the "
+                    "group's log", exc.index)
+        self.restart_requested.set()
+
+    # ----------------------------------------------------------- leadership
+
+    def leader_client_address(self) -> str | None:
+        leader = self.node.leader_id if self.node is not None else None
+        return self.config.client_address_of(leader) if leader else None
+
+    def require_writable(self) -> None:
+        """Writes go to the leader of this term, once its no-op is applied."""
+        node = self.node
+        if node.failed is not None:
+            raise ServiceUnavailableError(
+                f"node {self.config.node_id} of {self.config.group} has failed and takes no"
+                f" writes: {node.failed!r}")
+        if node.role != "leader":
+            leader = self.leader_client_address()
+            raise NotLeaderError(
+                f"node {self.config.node_id} of {self.config.group} is {node.role};"
+                f" the leader is {leader or 'unknown'}", leader=leader)
+        if not node.leader_ready:
+            raise ServiceUnavailableError(
+                f"node {self.config.node_id} leads term {node.term} but has not applied"
+                " its first entry yet; retry shortly")
+
+    async def propose(self, kind: int, body: bytes) -> Entry:
+        try:
+            return await self.node.propose(
+                kind, body, timeout=self.config.propose_timeout_ms / 1000)
+        except self.runtime.NotLeaderError as exc:
+            leader_id = getattr(exc, "leader_id", None)
+            if leader_id is None and exc.args and isinstance(exc.args[0], int):
+                leader_id = exc.args[0]
+            leader = self.config.client_address_of(leader_id) if leader_id else None
+            raise NotLeaderError(f"leadership lost: {exc}", leader=leader) from None
+        except (self.runtime.ProposalUnknown, TimeoutError) as exc:
+            raise OutcomeUnknownError(
+                f"the write may or may not be stored ({type(exc).__name__}: {exc});"
+                " retry with the same producer id and sequence") from None
+
+    # ------------------------------------------------------------ group commit
+
+    async def _flush_sends(self, batch: list) -> None:
+        """One MESSAGES entry for every send request in `batch` (each a
+        `broker.codec.Records`). Each request's future gets (physical offset of
+        its first record, the `Stored` of its records or None when
+        replicate=async: the queue offsets are assigned at commit)."""
+        stamp = now_ms()
+        pack = _STAMP.pack_into
+        if len(batch) == 1:
+            body = bytearray(batch[0].payload.blob)
+        else:
+            body = bytearray().join([p.payload.blob for p in batch])
+        at = 0
+        for pending in batch:
+            # The store timestamp is the leader's clock when the entry is built.
+            for start in pending.payload.starts:
+                pack(body, at + start + 24, stamp)
+            at += len(pending.payload.blob)
+        data = bytes(body)
+        columns = batch[0].payload.columns if len(batch) == 1 else None
+        if columns is not None:
+            # The apply of this very body can reuse the request's scan (the
+            # store timestamps differ, and no column holds them).
+            if len(self._prescanned) >= _PRESCANNED_KEPT:
+                self._prescanned.clear()
+            self._prescanned[id(data)] = (data, columns)
+        entry = await self.propose(1, data)
+        # replicate=async answers at the leader's local persist, before commit
+        # (even when, on a one-node group, the commit happened to be immediate).
+        stored = self._results.pop(entry.index, None)
+        if self.config.replicate == "async":
+            stored = None
+        at = entry.position + 48
+        k = 0
+        for pending in batch:
+            n = len(pending.payload.starts)
+            if not pending.future.done():
+                pending.future.set_result((at, stored[k : k + n] if stored else None))
+            at += len(pending.payload.blob)
+            k += n
+
+    async def _flush_controls(self, batch: list) -> None:
+        """One CONTROL entry for every control operation in `batch`."""
+        entry = await self.propose(KIND_CONTROL, encode_control([p.payload for p in batch]))
+        await self.wait_applied(entry.index, self.config.propose_timeout_ms / 1000)
+        for pending in batch:
+            if not pending.future.done():
+                pending.future.set_result(entry.index)
+
+    # ------------------------------------------------------------ NameServer
+
+    def registration(self) -> dict[str, Any]:
+        node = self.node
+        role = "follower"
+        if node is not None:
+            if node.role == "leader":
+                role = "leader" if node.leader_ready else "candidate"
+            elif node.role in ("candidate", "precandidate", "pre_candidate"):
+                role = "candidate"
+        return {
+            "cluster": self.config.cluster, "group": self.config.group,
+            "node_id": f"n{self.config.node_id}", "address": self.advertised,
+            "role": role, "term": int(node.term) if node is not None else 0,
+            "topics": {t: c.to_wire() for t, c in self.state.topics.items()},
+        }
+
+    def status(self) -> dict[str, Any]:
+        node = self.node
+        info: dict[str, Any] = {}
+        with contextlib.suppress(Exception):
+            info.update(node.status())
+        info.update({
+            "group": self.config.group, "node_id": self.config.node_id,
+            "address": self.advertised, "role": node.role, "term": node.term,
+            "leader_id": node.leader_id, "leader_address": self.leader_client_address(),
+            "leader_ready": bool(node.leader_ready), "last_index": node.last_index,
+            "commit_index": node.commit_index, "applied_index": self.state.applied_index,
+            "dispatched_index": self.cq.dispatched_index if self.cq else 0,
+            "topics": len(self.state.topics), "flush": self.config.flush,
+            "replicate": self.config.replicate,
+            "send_batches": self.sends.batches if self.sends else 0,
+            "send_requests": self.sends.items if self.sends else 0,
+            "admin_url": self.admin.url if self.admin is not None else None,
+        })
+        return {k: v for k, v in info.items() if isinstance(
+            v, (str, int, float, bool, type(None), list, dict))}

@@ -1,0 +1,58 @@
+"""`ledgermq broker --config FILE`: run one broker node.
+
+Prints `broker listening on HOST:PORT` once clients can connect (scripts and
+the local-cluster launcher wait for that line), stops cleanly on Ctrl-C or
+SIGTERM with exit status 0.
+"""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("broker")
+    def broker(
+        config: str = typer.Option(..., "--config", "-c", help="Broker TOML file."),
+        flush: str = typer.Option(None, help="Override 'flush': sync or async."),
+        replicate: str = typer.Option(None, help="Override 'replicate': sync or async."),
+        log_level: str = typer.Option(None, help="Override 'log_level' (Python logging level)."),
+    ) -> None:
+        """Run one broker node of a Raft-replicated broker group."""
+        import logging
+        import os
+        import sys
+
+        from rich.console import Console
+
+        from ledgermq.base import loop
+        from ledgermq.broker.config import BrokerConfigError, load_config
+        from ledgermq.broker.main import serve
+
+        console = Console(highlight=False, stderr=True)
+        try:
+            cfg = load_config(config).with_overrides(
+                flush=flush, replicate=replicate, log_level=log_level)
+        except BrokerConfigError as exc:
+            console.print(f"[red]broker: {exc}[/red]")
+            raise typer.Exit(2) from None
+        logging.basicConfig(level=cfg.log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+        def ready(host: str, port: int) -> None:
+            print(f"broker listening on {host}:{port}", flush=True)
+
+        try:
+            restart = loop.run(serve(cfg, on_ready=ready))
+        except OSError as exc:
+            console.print(f"[red]broker: {exc}[/red]")
+            raise typer.Exit(1) from None
+        if restart:
+            # A rollback (broker/rollback.py) is carried out at start-up: run
+            # this very command again in this process (same PID, so whoever
+            # supervises it sees one process that never went away).
+            console.print("[yellow]broker: restarting to roll back onto the group's log"
+                          "[/yellow]")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])

@@ -1,0 +1,59 @@
+"""`ledgermq consume TOPIC --group G`: print messages as a push consumer gets them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("consume")
+    def consume(
+        topic: str,
+        group: str = typer.Option("cli-consumer", help="Consumer group."),
+        tags: str = typer.Option("*", help="Tag expression: '*' or 'a||b'."),
+        count: int = typer.Option(0, min=0, help="Stop after this many messages (0: never)."),
+        timeout: float = typer.Option(0.0, min=0, help="Stop after this many idle seconds."),
+        mode: str = typer.Option("clustering", help="clustering or broadcasting."),
+        namesrv: str = typer.Option(
+            "127.0.0.1:9876", help="NameServer address(es), comma separated."),
+    ) -> None:
+        """Consume a topic and print each message (offsets committed as it goes)."""
+        import asyncio
+        import time
+
+        from ledgermq.base import loop
+        from ledgermq.client import PushConsumer
+
+        async def main() -> int:
+            seen = 0
+            done = asyncio.Event()
+            last = time.monotonic()
+
+            def handle(message: Any) -> None:
+                nonlocal seen, last
+                seen += 1
+                last = time.monotonic()
+                body = message.body.decode(errors="replace")
+                typer.echo(f"{message.msg_id} q{message.queue_id}@{message.queue_offset}"
+                           f" tags={message.tags!r} {body}")
+                if count and seen >= count:
+                    done.set()
+
+            consumer = PushConsumer(namesrv.split(","), group, topic, handle, tags=tags, mode=mode)
+            await consumer.start()
+            try:
+                while not done.is_set():
+                    if timeout and time.monotonic() - last > timeout:
+                        break
+                    await asyncio.sleep(0.1)
+            finally:
+                await consumer.stop()
+            return seen
+
+        try:
+            seen = loop.run(main())
+        except KeyboardInterrupt:
+            raise typer.Exit(0) from None
+        typer.echo(f"consumed {seen} messages", err=True)

@@ -1,0 +1,75 @@
+"""`ledgermq namesrv`: run a NameServer until Ctrl-C or SIGTERM.
+
+Prints one line `namesrv listening on HOST:PORT` once bound (with --listen
+HOST:0 the port is the one the OS picked), which scripts and tests parse.
+"""
+
+from __future__ import annotations
+
+import typer
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """'host:port' -> (host, port); '[::1]:9876' for IPv6."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise typer.BadParameter(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("namesrv")
+    def namesrv(
+        listen: str = typer.Option("127.0.0.1:9876", help="Address to listen on, HOST:PORT."),
+        broker_expiry_ms: int = typer.Option(
+            30_000, min=1, help="Drop a broker not heard from for this long (ms)."
+        ),
+        log_level: str = typer.Option("INFO", help="Python logging level."),
+        admin_listen: str = typer.Option(
+            "", envvar="LEDGERMQ_NAMESRV_ADMIN_LISTEN",
+            help="HOST:PORT of the HTTP admin app (/metrics, /api/v1, dashboard); empty: off."),
+        admin_token: str = typer.Option(
+            "", envvar="LEDGERMQ_ADMIN_TOKEN", help="Token admin writes must carry."),
+        reports_dir: str = typer.Option(
+            "", envvar="LEDGERMQ_REPORTS_DIR",
+            help="Directory of chaos and audit reports listed by the dashboard."),
+    ) -> None:
+        """Run a NameServer (route registry) until Ctrl-C or SIGTERM."""
+        import asyncio
+        import logging
+        import signal
+
+        from rich.console import Console
+
+        from ledgermq.base import loop
+        from ledgermq.namesrv.server import serve
+
+        host, port = parse_listen(listen)
+        logging.basicConfig(
+            level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        console = Console(highlight=False)
+
+        def ready(bound_host: str, bound_port: int) -> None:
+            # Plain print + flush: this line is an interface (tests and scripts
+            # wait for it), so it must not be wrapped or styled.
+            print(f"namesrv listening on {bound_host}:{bound_port}", flush=True)
+
+        def admin_ready(url: str) -> None:
+            print(f"namesrv admin listening on {url}", flush=True)
+
+        async def main() -> None:
+            stop = asyncio.Event()
+            running = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                running.add_signal_handler(sig, stop.set)
+            await serve(host, port, expiry_ms=broker_expiry_ms, stop=stop, on_ready=ready,
+                        admin_listen=admin_listen, admin_token=admin_token,
+                        reports_dir=reports_dir, on_admin_ready=admin_ready)
+
+        try:
+            loop.run(main())
+        except OSError as exc:
+            console.print(f"[red]namesrv: cannot listen on {listen}: {exc}[/red]")
+            raise typer.Exit(1) from None
+        console.print("namesrv stopped", style="dim")

@@ -1,0 +1,348 @@
+"""The NameServer's HTTP admin app: the cluster-wide entry point.
+
+Same API as a broker's admin app (ledgermq/openapi.py), for every group at
+once. The cluster view comes from the route registry plus each registered
+node's BROKER_STATUS over the wire protocol (1 s timeout per node, in
+parallel), so a dead node shows up as unreachable instead of hiding the rest.
+Everything else is forwarded over HTTP to the brokers' admin apps (their URLs
+come from those statuses): reads to the group's leader or, failing that, any
+node that answers; writes to the leader, with the caller's token passed on.
+
+This is what the dashboard and the CLI talk to: it is not a broker, so killing
+any broker leaves the page and the commands working (docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+import aiohttp
+from aiohttp import web
+
+from ledgermq.namesrv.metrics import namesrv_registry
+from ledgermq.webadmin.app import (
+    API,
+    ApiError,
+    add_common_routes,
+    field,
+    group_view,
+    json_response,
+    make_app,
+    node_row,
+    read_json,
+    request_token,
+    split_listen,
+    start_site,
+    wire_status,
+)
+from ledgermq.webadmin.openapi import openapi_document
+
+if TYPE_CHECKING:
+    from ledgermq.namesrv.server import NameServer
+
+log = logging.getLogger(__name__)
+
+STATUS_TIMEOUT = 1.0
+FORWARD_TIMEOUT = 15.0
+
+
+class NameServerAdmin:
+    """`await start()` binds the app; `await close()` stops it."""
+
+    def __init__(self, server: NameServer, listen: str, *, token: str = "",
+                 reports_dir: str = "") -> None:
+        self.server = server
+        self.listen = listen
+        self.registry = namesrv_registry(server)
+        self.runner: web.AppRunner | None = None
+        self.url: str | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.app = make_app(token)
+        add_common_routes(self.app, registry=self.registry,
+                          openapi=openapi_document("namesrv"), reports_dir=reports_dir,
+                          kind="namesrv")
+        r = self.app.router
+        r.add_get(f"{API}/cluster", self.cluster)
+        r.add_get(f"{API}/topics", self.topics)
+        r.add_post(f"{API}/topics", self.create_topic)
+        r.add_get(f"{API}/topics/{{topic}}", self.describe_topic)
+        r.add_put(f"{API}/topics/{{topic}}", self.change_topic)
+        r.add_delete(f"{API}/topics/{{topic}}", self.change_topic)
+        r.add_get(f"{API}/consumer-groups", self.consumer_groups)
+        r.add_get(f"{API}/consumer-groups/{{group}}", self.consumer_group)
+        r.add_post(f"{API}/consumer-groups/{{group}}/reset-offsets", self.reset_offsets)
+        r.add_get(f"{API}/messages", self.messages_by_key)
+        r.add_get(f"{API}/messages/{{msg_id}}", self.message_by_id)
+        r.add_post(f"{API}/leadership/transfer", self.transfer_leadership)
+
+    async def start(self) -> str:
+        host, port = split_listen(self.listen)
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT))
+        self.runner, self.url = await start_site(self.app, host, port)
+        return self.url
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # ------------------------------------------------------------ cluster view
+
+    async def _groups(self) -> dict[str, Any]:
+        from ledgermq.namesrv.server import monotonic_ms
+
+        view = self.server.registry.cluster(monotonic_ms())
+        out: dict[str, Any] = {}
+        for name, info in sorted(view.get("groups", {}).items()):
+            nodes = info.get("nodes", [])
+            statuses = await asyncio.gather(
+                *(wire_status(n["address"], STATUS_TIMEOUT) for n in nodes))
+            rows = [node_row(n["node_id"], n["address"], st, n.get("role"))
+                    for n, st in zip(nodes, statuses, strict=True)]
+            group = group_view(rows)
+            group["cluster"] = info.get("cluster")
+            group["registered_leader"] = info.get("leader")
+            group["registered_leader_term"] = info.get("leader_term")
+            out[name] = group
+        return out
+
+    async def cluster(self, request: web.Request) -> web.Response:
+        return json_response({"source": "namesrv", "groups": await self._groups()})
+
+    @staticmethod
+    def _urls(group: dict[str, Any], leader_only: bool) -> list[str]:
+        """Admin URLs of a group's nodes: the leader first, then the others."""
+        urls = []
+        if group.get("leader_admin_url"):
+            urls.append(group["leader_admin_url"])
+        if not leader_only:
+            urls += [n["admin_url"] for n in group["nodes"]
+                     if n.get("reachable") and n.get("admin_url")
+                     and n["admin_url"] not in urls]
+        return urls
+
+    # -------------------------------------------------------------- forwarding
+
+    async def _call(self, request: web.Request, url: str, method: str, path: str,
+                    body: Any = None) -> tuple[int, Any]:
+        assert self._session is not None
+        headers = {}
+        token = request_token(request)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        query = request.query_string
+        target = f"{url}{path}" + (f"?{query}" if query and method == "GET" else "")
+        async with self._session.request(method, target, json=body, headers=headers) as resp:
+            try:
+                data = await resp.json(content_type=None)
+            except ValueError:
+                data = {"error": {"code": "BAD_GATEWAY", "message": await resp.text()}}
+            return resp.status, data
+
+    async def _to_group(self, request: web.Request, name: str, group: dict[str, Any],
+                        method: str, path: str, body: Any = None,
+                        leader_only: bool = False) -> tuple[int, Any]:
+        """One group's answer: its leader's, or (reads) the first node that answers."""
+        last_error: Exception | None = None
+        for url in self._urls(group, leader_only):
+            try:
+                return await self._call(request, url, method, path, body)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                last_error = exc
+        what = "leader" if leader_only else "node"
+        raise ApiError(503, "SERVICE_UNAVAILABLE",
+                       f"no {what} of group {name!r} answered"
+                       + (f" ({last_error})" if last_error else ""), {"group": name})
+
+    async def _to_each(self, request: web.Request, method: str, path: str, body: Any = None,
+                       leader_only: bool = False, only: str | None = None
+                       ) -> dict[str, tuple[int, Any]]:
+        groups = await self._groups()
+        if only is not None:
+            if only not in groups:
+                raise ApiError(404, "UNKNOWN_GROUP", f"broker group {only!r} is not registered",
+                               {"group": only})
+            groups = {only: groups[only]}
+        if not groups:
+            raise ApiError(503, "SERVICE_UNAVAILABLE", "no broker group is registered")
+        names = sorted(groups)
+        answers = await asyncio.gather(
+            *(self._to_group(request, n, groups[n], method, path, body, leader_only)
+              for n in names), return_exceptions=True)
+        out: dict[str, tuple[int, Any]] = {}
+        for name, answer in zip(names, answers, strict=True):
+            if isinstance(answer, ApiError):
+                out[name] = (answer.status, {"error": {"code": answer.code,
+                                                       "message": answer.message,
+                                                       "data": answer.data}})
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                out[name] = answer
+        return out
+
+    @staticmethod
+    def _all_ok(answers: dict[str, tuple[int, Any]], ok_status: int = 200) -> web.Response:
+        """Per-group answers: the first error's status if any failed."""
+        errors = {g: d for g, (s, d) in answers.items() if s >= 400}
+        body = {"groups": {g: d for g, (_, d) in answers.items()}}
+        if errors:
+            status = min(s for s, _ in answers.values() if s >= 400)
+            first = next(iter(errors.values()))
+            err = first.get("error", {}) if isinstance(first, dict) else {}
+            body["error"] = {"code": err.get("code", "HTTP_ERROR"),
+                             "message": "; ".join(
+                                 f"{g}: {(d.get('error') or {}).get('message', d)}"
+                                 for g, d in errors.items()),
+                             "data": {"groups": list(errors)}}
+            return json_response(body, status)
+        return json_response(body, ok_status)
+
+    # ------------------------------------------------------------------ topics
+
+    async def topics(self, request: web.Request) -> web.Response:
+        answers = await self._to_each(request, "GET", f"{API}/topics")
+        topics = []
+        unreachable = []
+        for group, (status, data) in sorted(answers.items()):
+            if status >= 400:
+                unreachable.append(group)
+                continue
+            topics += data.get("topics", [])
+        topics.sort(key=lambda t: (t["topic"], t["group"]))
+        return json_response({"topics": topics, "unreachable_groups": unreachable})
+
+    async def describe_topic(self, request: web.Request) -> web.Response:
+        topic = request.match_info["topic"]
+        answers = await self._to_each(request, "GET", f"{API}/topics/{quote(topic)}")
+        groups = {g: d for g, (s, d) in answers.items() if s == 200}
+        if not groups:
+            raise ApiError(404, "UNKNOWN_TOPIC", f"topic {topic!r} does not exist",
+                           {"topic": topic})
+        return json_response({"topic": topic, "groups": groups,
+                              "messages": sum(d.get("messages", 0) for d in groups.values())})
+
+    async def create_topic(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        only = body.pop("group", None)
+        if only is not None and not isinstance(only, str):
+            raise ApiError(400, "INVALID_REQUEST", "field 'group' must be str")
+        field(body, "topic", str)
+        answers = await self._to_each(request, "POST", f"{API}/topics", body,
+                                      leader_only=True, only=only)
+        return self._all_ok(answers, 201)
+
+    async def change_topic(self, request: web.Request) -> web.Response:
+        """PUT / DELETE: on every group that has the topic."""
+        topic = request.match_info["topic"]
+        body = await read_json(request) if request.method == "PUT" else None
+        path = f"{API}/topics/{quote(topic)}"
+        having = await self._to_each(request, "GET", path)
+        groups = [g for g, (s, _) in having.items() if s == 200]
+        if not groups:
+            raise ApiError(404, "UNKNOWN_TOPIC", f"topic {topic!r} does not exist",
+                           {"topic": topic})
+        answers: dict[str, tuple[int, Any]] = {}
+        for group in groups:
+            answers.update(await self._to_each(request, request.method, path, body,
+                                               leader_only=True, only=group))
+        return self._all_ok(answers)
+
+    # --------------------------------------------------------- consumer groups
+
+    async def consumer_groups(self, request: web.Request) -> web.Response:
+        answers = await self._to_each(request, "GET", f"{API}/consumer-groups")
+        merged: dict[str, dict[str, Any]] = {}
+        for _group, (status, data) in sorted(answers.items()):
+            if status >= 400:
+                continue
+            for cg in data.get("consumer_groups", []):
+                m = merged.setdefault(cg["group"], {"group": cg["group"], "topics": [],
+                                                    "lag": 0, "members": 0})
+                m["topics"] = sorted(set(m["topics"]) | set(cg["topics"]))
+                m["lag"] += cg["lag"]
+                m["members"] = max(m["members"], cg["members"])
+        return json_response({"consumer_groups": [merged[k] for k in sorted(merged)]})
+
+    async def consumer_group(self, request: web.Request) -> web.Response:
+        name = request.match_info["group"]
+        answers = await self._to_each(request, "GET", f"{API}/consumer-groups/{quote(name)}")
+        found = {g: d for g, (s, d) in answers.items() if s == 200}
+        if not found:
+            raise ApiError(404, "UNKNOWN_GROUP",
+                           f"consumer group {name!r} has no committed offsets and no members",
+                           {"group": name})
+        topics: dict[str, list[dict]] = {}
+        members: dict[str, dict] = {}
+        for data in found.values():
+            for topic, rows in data.get("topics", {}).items():
+                topics.setdefault(topic, []).extend(rows)
+            for m in data.get("members", []):
+                members[m["client_id"]] = m
+        return json_response({"group": name, "topics": topics,
+                              "members": [members[k] for k in sorted(members)],
+                              "lag": sum(q["lag"] for qs in topics.values() for q in qs)})
+
+    async def reset_offsets(self, request: web.Request) -> web.Response:
+        name = request.match_info["group"]
+        body = await read_json(request)
+        topic = field(body, "topic", str)
+        field(body, "timestamp_ms", int)
+        having = await self._to_each(request, "GET", f"{API}/topics/{quote(topic)}")
+        groups = [g for g, (s, _) in having.items() if s == 200]
+        if not groups:
+            raise ApiError(404, "UNKNOWN_TOPIC", f"topic {topic!r} does not exist",
+                           {"topic": topic})
+        answers: dict[str, tuple[int, Any]] = {}
+        for group in groups:
+            answers.update(await self._to_each(
+                request, "POST", f"{API}/consumer-groups/{quote(name)}/reset-offsets", body,
+                leader_only=True, only=group))
+        return self._all_ok(answers)
+
+    # ---------------------------------------------------------------- messages
+
+    async def message_by_id(self, request: web.Request) -> web.Response:
+        msg_id = request.match_info["msg_id"]
+        group, sep, _ = msg_id.rpartition("@")
+        if not sep or not group:
+            raise ApiError(400, "INVALID_REQUEST",
+                           f"malformed message id {msg_id!r}: expected <group>@<16 hex digits>")
+        answers = await self._to_each(request, "GET", f"{API}/messages/{quote(msg_id)}",
+                                      only=group)
+        status, data = answers[group]
+        return json_response(data, status)
+
+    async def messages_by_key(self, request: web.Request) -> web.Response:
+        if not request.query.get("topic") or not request.query.get("key"):
+            raise ApiError(400, "INVALID_REQUEST", "query parameters 'topic' and 'key' are"
+                           " required (look up by id with /api/v1/messages/<msg_id>)")
+        answers = await self._to_each(request, "GET", f"{API}/messages")
+        ok = {g: d for g, (s, d) in answers.items() if s == 200}
+        if not ok:
+            status, data = min(answers.values(), key=lambda a: a[0])
+            return json_response(data, status)
+        messages = [m for d in ok.values() for m in d.get("messages", [])]
+        messages.sort(key=lambda m: m.get("store_timestamp_ms", 0), reverse=True)
+        return json_response({"topic": request.query["topic"], "key": request.query["key"],
+                              "messages": messages,
+                              "scanned": sum(d.get("scanned", 0) for d in ok.values()),
+                              "complete": all(d.get("complete") for d in ok.values())})
+
+    # -------------------------------------------------------------- leadership
+
+    async def transfer_leadership(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        group = field(body, "group", str)
+        to = field(body, "to", int)
+        answers = await self._to_each(request, "POST", f"{API}/leadership/transfer",
+                                      {"to": to}, leader_only=True, only=group)
+        status, data = answers[group]
+        return json_response(data, status)

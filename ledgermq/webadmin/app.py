@@ -1,0 +1,422 @@
+"""Pieces shared by the broker's and the NameServer's HTTP admin apps (aiohttp).
+
+Both apps speak the same JSON dialect, so the dashboard and `ledgermq status /
+topic / group` work against either: errors are `{"error": {"code", "message",
+"data"}}` with a matching HTTP status, admin writes need the configured token,
+`/metrics` serves a prometheus-client registry, `/openapi.json` the API
+description, `/` the dashboard (static files in ledgermq/dashboard/) and
+`/api/v1/reports` the chaos and audit reports found in a directory.
+
+This module lives in the shared layer because the NameServer may not import
+the broker (tests/test_layers.py); it depends on nothing of ours but the error
+codes.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hmac
+import json
+import logging
+import mimetypes
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from ledgermq.base.errors import ErrorCode, LedgerMQError
+
+log = logging.getLogger(__name__)
+
+# `_created` series double every counter and histogram for a timestamp no
+# dashboard here uses; the servers that import this module do not export them.
+disable_created_metrics()
+
+DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboard"
+API = "/api/v1"
+WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
+
+# Wire error code -> HTTP status. NOT_LEADER is a conflict with the cluster's
+# state (retry at the leader named in `data`), not a client mistake.
+_HTTP_STATUS = {
+    ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.OFFSET_OUT_OF_RANGE: 400,
+    ErrorCode.MESSAGE_TOO_LARGE: 413,
+    ErrorCode.NO_PERMISSION: 403,
+    ErrorCode.UNKNOWN_TOPIC: 404,
+    ErrorCode.UNKNOWN_BROKER: 404,
+    ErrorCode.NOT_LEADER: 409,
+    ErrorCode.SERVICE_UNAVAILABLE: 503,
+    ErrorCode.DISK_FULL: 507,
+    ErrorCode.TIMEOUT: 504,
+    ErrorCode.OUTCOME_UNKNOWN: 504,
+}
+
+
+class ApiError(Exception):
+    """An HTTP answer with a JSON error body."""
+
+    def __init__(self, status: int, code: str, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+def error_body(code: str, message: str, data: Any = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "data": data}}
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def json_response(data: Any, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(data, default=_default), status=status,
+                        content_type="application/json")
+
+
+def from_ledgermq_error(exc: LedgerMQError) -> ApiError:
+    try:
+        name = ErrorCode(exc.code).name
+    except ValueError:
+        name = f"ERROR_{exc.code}"
+    return ApiError(_HTTP_STATUS.get(exc.code, 500), name, exc.message, exc.data)
+
+
+@web.middleware
+async def error_middleware(request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                           ) -> web.StreamResponse:
+    """Every failure of an API route becomes a JSON error with a fitting status."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return json_response(error_body(exc.code, exc.message, exc.data), exc.status)
+    except LedgerMQError as exc:
+        err = from_ledgermq_error(exc)
+        return json_response(error_body(err.code, err.message, err.data), err.status)
+    except web.HTTPException as exc:
+        if not request.path.startswith("/api/") or exc.status < 400:
+            raise
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status, "HTTP_ERROR")
+        message = f"{request.method} {request.path}: {exc.reason}"
+        return json_response(error_body(code, message), exc.status)
+    except OSError as exc:
+        if request.path.startswith("/static/") and exc.errno == errno.ENAMETOOLONG:
+            # aiohttp's static route stats the asked-for name as is: a name no
+            # file system can hold is simply not there.
+            return json_response(error_body("NOT_FOUND", f"{request.method} static file not "
+                                            "found"), 404)
+        log.exception("admin %s %s failed", request.method, request.path)
+        return json_response(error_body("INTERNAL", f"{type(exc).__name__}: {exc}"), 500)
+    except Exception as exc:
+        log.exception("admin %s %s failed", request.method, request.path)
+        return json_response(error_body("INTERNAL", f"{type(exc).__name__}: {exc}"), 500)
+
+
+def token_middleware(token: str) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Writes under /api need `Authorization: Bearer <token>` (or
+    `X-Admin-Token`) when a token is configured; reads stay open so that
+    dashboards and scrapers need no secret."""
+
+    @web.middleware
+    async def check(request: web.Request,
+                    handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                    ) -> web.StreamResponse:
+        if token and request.method in WRITE_METHODS and request.path.startswith("/api/"):
+            given = request_token(request)
+            if not given:
+                raise ApiError(401, "TOKEN_REQUIRED",
+                               "this admin API requires a token for writes:"
+                               " send 'Authorization: Bearer <token>'")
+            if not hmac.compare_digest(given.encode(), token.encode()):
+                raise ApiError(403, "TOKEN_INVALID", "the admin token is wrong")
+        return await handler(request)
+
+    return check
+
+
+def request_token(request: web.Request) -> str:
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("X-Admin-Token", "").strip()
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object body; 400 for anything else."""
+    raw = await request.read()
+    if not raw:
+        raise ApiError(400, "INVALID_JSON", "the request needs a JSON object body")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "INVALID_JSON", f"malformed JSON body: {exc}") from None
+    except RecursionError:  # a body nested deeper than the decoder's stack
+        raise ApiError(400, "INVALID_JSON", "the JSON body is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "INVALID_JSON", "the JSON body must be an object")
+    return body
+
+
+def field(body: dict[str, Any], key: str, kind: type, default: Any = ...) -> Any:
+    """body[key] checked against `kind` (bool is not an int); 400 names the field."""
+    value = body.get(key, default)
+    if value is ... or not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ApiError(400, "INVALID_REQUEST",
+                       f"field {key!r} is required and must be {kind.__name__}")
+    return value
+
+
+def int_param(request: web.Request, key: str, default: int, lo: int = 0,
+              hi: int = 2**63 - 1) -> int:
+    raw = request.query.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, "INVALID_REQUEST", f"query parameter {key!r} must be an integer") \
+            from None
+    if not lo <= value <= hi:
+        raise ApiError(400, "INVALID_REQUEST", f"query parameter {key!r} must be in [{lo}, {hi}]")
+    return value
+
+
+# ------------------------------------------------------------------ reports
+
+REPORT_SUFFIXES = (".html", ".json", ".md", ".txt", ".png", ".svg", ".csv", ".log")
+
+
+def list_reports(directory: str, limit: int = 500) -> list[dict[str, Any]]:
+    """Chaos runs (a directory with results.json / index.html, chaos/report.py)
+    and audit reports (files) under `directory`, newest first. Each has the
+    relative `path` of its main file for /reports/<path>."""
+    if not directory or not os.path.isdir(directory):
+        return []
+    root = Path(directory)
+    found: list[dict[str, Any]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        here = Path(dirpath)
+        names = set(filenames)
+        if "index.html" in names or "results.json" in names:
+            main = "index.html" if "index.html" in names else "results.json"
+            info = _report_entry(root, here / main, "chaos" if "results.json" in names
+                                 else "report")
+            info["files"] = sorted(n for n in names if n.endswith(REPORT_SUFFIXES))
+            summary = _chaos_summary(here / "results.json")
+            if summary:
+                info["summary"] = summary
+            found.append(info)
+            dirnames[:] = []  # a run's own files are listed with it
+            continue
+        for name in sorted(names):
+            if name.endswith((".html", ".json", ".md", ".txt")):
+                kind = "audit" if "audit" in name.lower() else "report"
+                found.append(_report_entry(root, here / name, kind))
+        if len(found) >= limit:
+            break
+    found.sort(key=lambda r: r["modified_ms"], reverse=True)
+    return found[:limit]
+
+
+def _report_entry(root: Path, path: Path, kind: str) -> dict[str, Any]:
+    stat = path.stat()
+    rel = path.relative_to(root).as_posix()
+    return {"name": str(Path(rel).parent) if path.name in ("index.html", "results.json")
+            and Path(rel).parent != Path(".") else rel,
+            "kind": kind, "path": rel, "size": stat.st_size,
+            "modified_ms": int(stat.st_mtime * 1000)}
+
+
+def _chaos_summary(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    keep = ("valid", "ok", "verdict", "workload", "nemesis", "ops", "anomalies", "seed")
+    return {k: doc[k] for k in keep if k in doc and not isinstance(doc[k], (dict, list))}
+
+
+def report_file(directory: str, rel: str) -> Path:
+    """The file `rel` under `directory`; 404 for anything outside it."""
+    if not directory:
+        raise ApiError(404, "NOT_FOUND", "no reports directory is configured")
+    root = Path(directory).resolve()
+    target = (root / rel).resolve()
+    if not target.is_relative_to(root) or not target.is_file():
+        raise ApiError(404, "NOT_FOUND", f"no report file {rel!r}")
+    return target
+
+
+def add_common_routes(app: web.Application, *, registry: CollectorRegistry,
+                      openapi: dict[str, Any], reports_dir: str, kind: str) -> None:
+    """/metrics, /openapi.json, the dashboard and the reports pages."""
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def spec(request: web.Request) -> web.Response:
+        return json_response(openapi)
+
+    async def index(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(DASHBOARD_DIR / "index.html")
+
+    async def reports(request: web.Request) -> web.Response:
+        return json_response({"directory": reports_dir or None,
+                              "reports": list_reports(reports_dir)})
+
+    async def report(request: web.Request) -> web.StreamResponse:
+        target = report_file(reports_dir, request.match_info["path"])
+        ctype = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+        return web.FileResponse(target, headers={"Content-Type": ctype})
+
+    async def info(request: web.Request) -> web.Response:
+        return json_response({"kind": kind, "time_ms": int(time.time() * 1000)})
+
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", spec)
+    app.router.add_get("/", index)
+    app.router.add_static("/static/", DASHBOARD_DIR)
+    app.router.add_get(f"{API}/info", info)
+    app.router.add_get(f"{API}/reports", reports)
+    app.router.add_get("/reports/{path:.+}", report)
+
+
+def make_app(token: str) -> web.Application:
+    return web.Application(middlewares=[error_middleware, token_middleware(token)],
+                           client_max_size=1 << 20)
+
+
+async def start_site(app: web.Application, host: str, port: int
+                     ) -> tuple[web.AppRunner, str]:
+    """Serve `app` on host:port (0 picks a port); (runner, base URL)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server  # aiohttp exposes the bound socket only through it
+    bound = server.sockets[0].getsockname()[1] if server is not None and server.sockets \
+        else port
+    shown = host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    return runner, f"http://{shown}:{bound}"
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+async def wire_request(address: str, code: int, body: Any = None,
+                       timeout: float = 1.0) -> Any:
+    """One request over the wire protocol to `address`; raises on failure."""
+    from ledgermq.wire import RpcClient
+
+    host, port = split_listen(address)
+    client = await RpcClient.connect(host, port, role="admin", timeout=timeout)
+    try:
+        return await client.request(code, body, timeout=timeout)
+    finally:
+        await client.close()
+
+
+async def wire_status(address: str, timeout: float = 1.0) -> dict[str, Any] | None:
+    """BROKER_STATUS of the node at `address`, None if it does not answer."""
+    from ledgermq.base.codes import RequestCode
+
+    try:
+        return await wire_request(address, RequestCode.BROKER_STATUS, None, timeout)
+    except Exception:  # unreachable, closed, timed out: all mean "no status"
+        return None
+
+
+def node_row(node_id: str, address: str, status: dict[str, Any] | None,
+             registered_role: str | None = None) -> dict[str, Any]:
+    """One node of the cluster view (the same shape from a broker and a NameServer)."""
+    row: dict[str, Any] = {"node_id": node_id, "address": address,
+                           "registered_role": registered_role, "reachable": status is not None}
+    if status is not None:
+        for key in ("role", "term", "leader_id", "leader_ready", "last_index", "commit_index",
+                    "applied_index", "durable_index", "admin_url", "flush", "replicate",
+                    "topics", "elections", "leader_changes"):
+            row[key] = status.get(key)
+        followers = status.get("followers")
+        if status.get("role") == "leader" and isinstance(followers, dict):
+            row["followers"] = {str(k): {"match": v.get("match"), "lag": v.get("lag")}
+                                for k, v in followers.items()}
+    return row
+
+
+def group_view(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Leader, term and per-node lag of one group's rows (lag: commit index of the
+    most advanced node minus the node's applied index)."""
+    live = [r for r in rows if r["reachable"]]
+    top = max((r.get("commit_index") or 0 for r in live), default=0)
+    for r in rows:
+        r["lag"] = top - (r.get("applied_index") or 0) if r["reachable"] else None
+    leaders = [r for r in live if r.get("role") == "leader"]
+    leader = max(leaders, key=lambda r: r.get("term") or 0) if leaders else None
+    return {"leader": leader["node_id"] if leader else None,
+            "term": max((r.get("term") or 0 for r in live), default=0),
+            "leader_admin_url": leader.get("admin_url") if leader else None,
+            "nodes": rows}
+
+
+# ------------------------------------------------------------------ client
+
+DEFAULT_ADMIN_URL = "http://127.0.0.1:9877"
+
+
+class AdminApiError(Exception):
+    """An error answer of the admin API, as the CLI shows it."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+
+
+async def api_call(base_url: str, method: str, path: str, body: Any = None,
+                   token: str = "", timeout: float = 20.0) -> Any:
+    """One admin API call (`path` relative to /api/v1); the JSON answer, or
+    AdminApiError. What `ledgermq status / topic / group` use."""
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    url = f"{base_url.rstrip('/')}{API}/{path.lstrip('/')}"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+        try:
+            async with session.request(method, url, json=body, headers=headers) as resp:
+                try:
+                    data = await resp.json(content_type=None)
+                except ValueError:
+                    data = {"error": {"code": "BAD_ANSWER", "message": await resp.text()}}
+        except aiohttp.ClientError as exc:
+            raise AdminApiError(0, "UNREACHABLE", f"{url}: {exc}") from None
+    if resp.status >= 400:
+        err = data.get("error", {}) if isinstance(data, dict) else {}
+        raise AdminApiError(resp.status, str(err.get("code", "HTTP_ERROR")),
+                            str(err.get("message", data)))
+    return data

@@ -1,0 +1,289 @@
+"""RpcServer / RpcClient over real loopback sockets, in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from ledgermq.base import loop
+from ledgermq.base.codes import RequestCode
+from ledgermq.base.errors import (
+    ConnectionClosedError,
+    ErrorCode,
+    FrameTooLargeError,
+    InternalError,
+    NoPermissionError,
+    NotLeaderError,
+    RequestTimeoutError,
+    UnknownRequestError,
+    UnsupportedVersionError,
+)
+from ledgermq.wire import (
+    Connection,
+    FrameDecoder,
+    Request,
+    RpcClient,
+    RpcServer,
+    decode_response,
+    encode_frame,
+    encode_request,
+    hello_body,
+)
+
+ECHO, SLOW, FAIL, NOT_LEADER, WHO, BIG = 900, 901, 902, 903, 904, 905
+
+
+def _handlers(seen: list[Connection]) -> dict[int, Callable[[Any, Connection], Awaitable[Any]]]:
+    async def echo(body: Any, conn: Connection) -> Any:
+        seen.append(conn)
+        return body
+
+    async def slow(body: Any, conn: Connection) -> Any:
+        # Waits for an event the test sets, not for a wall-clock delay.
+        await body_events[body].wait()
+        return body
+
+    async def fail(body: Any, conn: Connection) -> Any:
+        raise ValueError("handler bug")
+
+    async def not_leader(body: Any, conn: Connection) -> Any:
+        raise NotLeaderError("follower", leader="127.0.0.1:1234")
+
+    async def who(body: Any, conn: Connection) -> Any:
+        return {"role": conn.role, "version": conn.version, "name": conn.name}
+
+    async def big(body: Any, conn: Connection) -> Any:
+        return b"x" * body
+
+    return {ECHO: echo, SLOW: slow, FAIL: fail, NOT_LEADER: not_leader, WHO: who, BIG: big}
+
+
+body_events: dict[Any, asyncio.Event] = {}
+
+
+def run_with_server(
+    test: Callable[[RpcServer, int], Awaitable[None]], **kw: Any
+) -> list[Connection]:
+    seen: list[Connection] = []
+
+    async def main() -> None:
+        body_events.clear()
+        server = RpcServer("test", _handlers(seen), **kw)
+        _, port = await server.start("127.0.0.1", 0)
+        try:
+            await test(server, port)
+        finally:
+            await server.close(grace=2.0)
+
+    loop.run(main())
+    return seen
+
+
+def test_handshake_and_ping() -> None:
+    async def t(server: RpcServer, port: int) -> None:
+        async with await RpcClient.connect("127.0.0.1", port, role="broker", name="b1") as c:
+            assert c.server_version == 1 and c.server_info["server"] == "test"
+            assert await c.request(RequestCode.PING, {"x": 1}) == {"x": 1}
+            assert await c.request(WHO) == {"role": "broker", "version": 1, "name": "b1"}
+
+    run_with_server(t)
+
+
+def test_concurrent_requests_complete_out_of_order_and_match_by_id() -> None:
+    async def t(server: RpcServer, port: int) -> None:
+        async with await RpcClient.connect("127.0.0.1", port) as c:
+            body_events["a"] = asyncio.Event()
+            slow = asyncio.ensure_future(c.request(SLOW, "a"))
+            # Later requests on the same connection are answered while the first waits.
+            assert await asyncio.gather(*(c.request(ECHO, i) for i in range(20))) == list(
+                range(20)
+            )
+            assert not slow.done()
+            body_events["a"].set()
+            assert await slow == "a"
+
+    run_with_server(t)
+
+
+def test_responses_to_concurrent_requests_are_batched_into_few_writes() -> None:
+    async def t(server: RpcServer, port: int) -> None:
+        async with await RpcClient.connect("127.0.0.1", port) as c:
+            await asyncio.gather(*(c.request(ECHO, i) for i in range(50)))
+
+    seen = run_with_server(t)
+    writer = seen[0].writer
+    assert writer is not None and writer.frames == 51  # HELLO + 50 responses
+    assert writer.writes < writer.frames
+
+
+def test_errors_are_typed_and_the_connection_survives_them() -> None:
+    async def t(server: RpcServer, port: int) -> None:
+        async with await RpcClient.connect("127.0.0.1", port) as c:
+            with pytest.raises(UnknownRequestError, match="4242"):
+                await c.request(4242)
+            with pytest.raises(InternalError, match="handler bug"):
+                await c.request(FAIL)
+            with pytest.raises(NotLeaderError) as info:
+                await c.request(NOT_LEADER)
+            assert info.value.leader == "127.0.0.1:1234"
+            assert await c.request(ECHO, "still here") == "still here"
+
+    run_with_server(t)
+
+
+def test_timeout_then_late_response_is_discarded() -> None:
+    async def t(server: RpcServer, port: int) -> None:
+        async with await RpcClient.connect("127.0.0.1", port) as c:
+            body_events["late"] = asyncio.Event()
+            with pytest.raises(RequestTimeoutError) as info:
+                await c.request(SLOW, "late", timeout=0.05)
+            assert info.value.code == ErrorCode.TIMEOUT
+            body_events["late"].set()
+            assert await c.request(ECHO, "next") == "next"
+
+    run_with_server(t)
+
+
+def test_version_and_role_are_checked_at_handshake() -> None:
+    async def t(server: RpcServer, port: int) -> None:
+        with pytest.raises(UnsupportedVersionError) as info:
+            await RpcClient.connect("127.0.0.1", port, version=99)
+        assert info.value.data == {"supported": [1]}
+        with pytest.raises(NoPermissionError, match="role 'spy'"):
+            await RpcClient.connect("127.0.0.1", port, role="spy")
+        async with await RpcClient.connect("127.0.0.1", port) as c:
+            assert await c.request(ECHO, 1) == 1
+
+    run_with_server(t, accepted_roles=frozenset({"client"}))
+
+
+def test_large_bodies_are_compressed_and_size_limits_enforced() -> None:
+    async def t(server: RpcServer, port: int) -> None:
+        async with await RpcClient.connect("127.0.0.1", port, compress_threshold=1024) as c:
+            text = b"compressible " * 4000  # 52 kB: compressed on the way in and out
+            assert await c.request(ECHO, text) == text
+            # A response over the frame limit becomes an error; the connection lives.
+            with pytest.raises(FrameTooLargeError, match="response"):
+                await c.request(BIG, 100_000)
+            assert await c.request(ECHO, "alive") == "alive"
+            # A request that compresses small but would expand past the limit is
+            # refused from its declared size, and that connection is closed.
+            with pytest.raises(FrameTooLargeError, match="decompressed"):
+                await c.request(ECHO, b"\x00" * 200_000)
+            with pytest.raises(ConnectionClosedError):
+                await c.request(ECHO, "closed")
+        async with await RpcClient.connect("127.0.0.1", port) as other:
+            assert await other.request(ECHO, "others fine") == "others fine"
+
+    run_with_server(t, max_frame_bytes=64 * 1024)
+
+
+def test_graceful_close_answers_in_flight_requests_first() -> None:
+    async def t(server: RpcServer, port: int) -> None:
+        c = await RpcClient.connect("127.0.0.1", port)
+        body_events["inflight"] = asyncio.Event()
+        pending = asyncio.ensure_future(c.request(SLOW, "inflight"))
+        await c.request(ECHO, "sync")  # the SLOW request has reached the server
+        closing = asyncio.ensure_future(server.close(grace=5.0))
+        await asyncio.sleep(0)
+        body_events["inflight"].set()
+        assert await pending == "inflight"
+        await closing
+        with pytest.raises(ConnectionClosedError):
+            await c.request(ECHO, "after close")
+        await c.close()
+
+    run_with_server(t)
+
+
+def test_request_before_hello_is_refused_and_closed() -> None:
+    async def t(server: RpcServer, port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(encode_frame(encode_request(Request(5, ECHO, "x"))))
+        data = await reader.read()  # until the server closes
+        [payload] = FrameDecoder().feed(data)
+        resp = decode_response(payload)
+        assert resp.id == 5 and resp.status == ErrorCode.HANDSHAKE_REQUIRED
+        writer.close()
+
+    run_with_server(t)
+
+
+def test_malformed_frame_fails_pending_requests_with_the_servers_reason() -> None:
+    async def t(server: RpcServer, port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        hello = encode_request(Request(1, RequestCode.HELLO, hello_body("client")))
+        ok = encode_request(Request(2, ECHO, "before"))
+        writer.write(encode_frame(hello) + encode_frame(ok) + struct.pack(">IB", 3, 0) + b"\xc1xx")
+        data = await reader.read()
+        responses = [decode_response(p) for p in FrameDecoder().feed(data)]
+        # The request read before the bad frame is still answered, then the error.
+        assert [(r.id, r.status) for r in responses] == [
+            (1, 0),
+            (2, 0),
+            (0, ErrorCode.MALFORMED_FRAME),
+        ]
+        writer.close()
+        async with await RpcClient.connect("127.0.0.1", port) as c:
+            assert await c.request(ECHO, "others fine") == "others fine"
+
+    run_with_server(t)
+
+
+def test_server_on_port_zero_reports_its_port() -> None:
+    async def t(server: RpcServer, port: int) -> None:
+        host, bound = server.address
+        assert host == "127.0.0.1" and bound == port != 0
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+
+    run_with_server(t)
+
+
+def test_silent_connection_is_closed_after_the_handshake_timeout() -> None:
+    async def t(server: RpcServer, port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        data = await reader.read()  # the server speaks first, then closes
+        [payload] = FrameDecoder().feed(data)
+        resp = decode_response(payload)
+        assert (resp.id, resp.status) == (0, ErrorCode.HANDSHAKE_REQUIRED)
+        writer.close()
+
+    run_with_server(t, handshake_timeout=0.1)
+
+
+@pytest.mark.parametrize("close_loop", [False, True], ids=["loop-dropped", "loop-closed"])
+def test_client_abandoned_with_its_loop_lets_go_without_awaiting(close_loop: bool) -> None:
+    # A connect still waiting for its HELLO answer, and its reader task, when
+    # their loop is dropped or closed without cancelling them: the garbage
+    # collector closes the coroutines, which must let go at once instead of
+    # awaiting a cleanup ("coroutine ignored GeneratorExit" in CI) or
+    # scheduling one on a closed loop ("Event loop is closed").
+    import gc
+    import sys
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)  # accepts the connection, never answers the HELLO
+    port = silent.getsockname()[1]
+    unraisable: list[BaseException | None] = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda info: unraisable.append(info.exc_value)
+    try:
+        abandoned = asyncio.new_event_loop()
+        task = abandoned.create_task(RpcClient.connect("127.0.0.1", port, timeout=30))
+        abandoned.run_until_complete(asyncio.sleep(0.2))
+        assert not task.done()  # waiting for the HELLO answer
+        if close_loop:
+            abandoned.close()
+        del task, abandoned
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+        silent.close()
+    assert not [e for e in unraisable if isinstance(e, RuntimeError)], unraisable
