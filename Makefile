@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,audit,chaos]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install -q -e '.[dev,audit,chaos]'
 	touch $(STAMP)
 
 setup: $(STAMP)

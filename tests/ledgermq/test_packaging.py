@@ -4,6 +4,7 @@ that builds without deprecation warnings and carries its licence."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -40,3 +41,41 @@ def test_the_wheel_builds_cleanly_with_its_licence_and_version(tmp_path: Path) -
     assert "License-Expression: Apache-2.0" in metadata
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert not any(n.endswith(".whl") for n in names)
+
+
+# The top-level names the wheel may install: the product's namespace and the
+# card's folders (ledgermq's own packages live under `ledgermq.`).
+TOP_LEVEL = {"ledgermq", "election", "dledger", "commitlog", "consumequeue", "chaos",
+             "spark_audit"}
+
+
+def test_pip_install_into_a_fresh_venv_installs_only_expected_top_level_names(
+        tmp_path: Path) -> None:
+    """`pip install .` as a user runs it: from a copy of the sources (an in-tree
+    build would leave build/ behind, whose stale files a later build packs)."""
+    source = tmp_path / "src"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache",
+        ".mypy_cache", ".import_linter_cache", "tests", "docs", "bench", "docker"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {**os.environ, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env.pop("PYTHONPATH", None)
+    install = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                              str(source)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
+
+    imported = subprocess.run([str(venv / "bin" / "python"), "-c",
+                               "import ledgermq, sys; print(ledgermq.__file__)"],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, check=True)
+    assert str(venv) in imported.stdout
+    version = subprocess.run([str(venv / "bin" / "ledgermq"), "--version"], capture_output=True,
+                             text=True, env=env, cwd=tmp_path, check=True)
+    assert version.stdout.strip() == f"ledgermq {ledgermq.__version__}"
+
+    shown = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "show", "-f", "ledgermq"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, check=True)
+    files = shown.stdout.split("Files:", 1)[1].split()
+    top = {f.split("/")[0] for f in files if not f.startswith("..")}
+    top = {name for name in top if not name.endswith(".dist-info") and name != "__pycache__"}
+    assert top == TOP_LEVEL, sorted(top)
