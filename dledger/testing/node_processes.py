@@ -1,6 +1,7 @@
 """Clusters of real node processes (`dledger.runtime.process`) for tests and benchmarks.
 
-Every process is started here and signalled only by its own PID.
+Every process is started through `ledgermq.base.processes` and signalled only
+by its own PID.
 """
 
 from __future__ import annotations
@@ -8,46 +9,47 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dledger.runtime.process import CONTROL_ENTRIES, CONTROL_PROPOSE, CONTROL_STATUS
 from ledgermq.base.ports import free_ports
+from ledgermq.base.processes import Child, spawn
 from ledgermq.wire.rpc import RpcClient
 
-REPO = Path(__file__).resolve().parents[2]
 _LISTENING = re.compile(r"raft-node (\d+) control (\S+):(\d+)")
 
 
 @dataclass
 class NodeProcess:
+    """A running node: its process (`child`) and its control address."""
+
     node_id: int
-    proc: subprocess.Popen[str]
+    child: Child
     control: tuple[str, int]
-    output: list[str] = field(default_factory=list)
+
+    @property
+    def proc(self) -> subprocess.Popen[str]:
+        return self.child.proc
+
+    @property
+    def output(self) -> list[str]:
+        return self.child.output
 
     @property
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.child.alive
 
     def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
+        self.child.signal(sig)
 
     def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            return self.proc.wait(timeout)
+        return self.child.wait(timeout)
 
 
 class ProcessCluster:
@@ -70,36 +72,13 @@ class ProcessCluster:
         return path
 
     def start(self, node_id: int, ready_timeout: float = 30.0) -> NodeProcess:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dledger.runtime.process", "--config",
-             str(self.write_config(node_id))],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
-        lines: queue.Queue[str | None] = queue.Queue()
-        output: list[str] = []
-
-        def pump() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                output.append(line)
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        while True:
-            try:
-                line = lines.get(timeout=ready_timeout)
-            except queue.Empty:
-                proc.kill()
-                raise RuntimeError(f"node {node_id} did not start: {''.join(output)}") from None
-            if line is None:
-                raise RuntimeError(f"node {node_id} exited: {''.join(output)}")
-            m = _LISTENING.search(line)
-            if m:
-                node = NodeProcess(node_id, proc, (m.group(2), int(m.group(3))), output)
-                self.procs[node_id] = node
-                return node
+        child = spawn(f"node {node_id}", [sys.executable, "-m", "dledger.runtime.process",
+                                          "--config", str(self.write_config(node_id))],
+                      _LISTENING)
+        m = child.wait_ready(ready_timeout)
+        node = NodeProcess(node_id, child, (m.group(2), int(m.group(3))))
+        self.procs[node_id] = node
+        return node
 
     async def kill(self, node_id: int, sig: int = signal.SIGKILL) -> None:
         node = self.procs.pop(node_id)
