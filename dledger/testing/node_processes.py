@@ -11,7 +11,6 @@ import contextlib
 import json
 import re
 import signal
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,29 +26,11 @@ _LISTENING = re.compile(r"raft-node (\d+) control (\S+):(\d+)")
 
 @dataclass
 class NodeProcess:
-    """A running node: its process (`child`) and its control address."""
+    """A running node: its process and its control address."""
 
     node_id: int
     child: Child
     control: tuple[str, int]
-
-    @property
-    def proc(self) -> subprocess.Popen[str]:
-        return self.child.proc
-
-    @property
-    def output(self) -> list[str]:
-        return self.child.output
-
-    @property
-    def alive(self) -> bool:
-        return self.child.alive
-
-    def signal(self, sig: int) -> None:
-        self.child.signal(sig)
-
-    def wait(self, timeout: float) -> int:
-        return self.child.wait(timeout)
 
 
 class ProcessCluster:
@@ -82,8 +63,8 @@ class ProcessCluster:
 
     async def kill(self, node_id: int, sig: int = signal.SIGKILL) -> None:
         node = self.procs.pop(node_id)
-        node.signal(sig)
-        await asyncio.get_running_loop().run_in_executor(None, node.wait, 15.0)
+        node.child.signal(sig)
+        await asyncio.get_running_loop().run_in_executor(None, node.child.wait, 15.0)
         client = self._clients.pop(node_id, None)
         if client is not None:
             await client.close()
