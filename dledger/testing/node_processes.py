@@ -111,8 +111,9 @@ class ProcessCluster:
 
     async def propose(self, node_id: int, data: bytes, timeout: float = 3.0) -> dict[str, Any]:
         client = await self.client(node_id)
-        return await client.request(CONTROL_PROPOSE, {"data": data, "timeout": timeout},
-                                    timeout=timeout + 2.0)
+        reply: dict[str, Any] = await client.request(
+            CONTROL_PROPOSE, {"data": data, "timeout": timeout}, timeout=timeout + 2.0)
+        return reply
 
     async def entries(self, node_id: int) -> list[tuple[int, int, bytes]]:
         """Every committed entry of `node_id`, paging through ENTRIES."""

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ledgermq.base.address import split_host_port
 from ledgermq.base.ports import free_port
 from ledgermq.base.processes import SOURCE_ROOT, Child, spawn
 from ledgermq.broker.config import Peer, render_config
@@ -155,13 +156,14 @@ async def node_status(address: str, timeout: float = 1.0) -> dict[str, Any] | No
     from ledgermq.base.codes import RequestCode
     from ledgermq.wire import RpcClient
 
-    host, _, port = address.rpartition(":")
     try:
-        client = await RpcClient.connect(host, int(port), role="admin", timeout=timeout)
-    except (OSError, ConnectionError, Exception):
+        host, port = split_host_port(address)
+        client = await RpcClient.connect(host, port, role="admin", timeout=timeout)
+    except Exception:  # a bad address, a refused or timed-out connection: no answer
         return None
     try:
-        return await client.request(RequestCode.BROKER_STATUS, None)
+        status: dict[str, Any] | None = await client.request(RequestCode.BROKER_STATUS, None)
+        return status
     except Exception:
         return None
     finally:
