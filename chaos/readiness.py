@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ledgermq.base.address import split_host_port
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import LedgerMQError
 from ledgermq.wire.rpc import RpcClient
@@ -53,11 +54,11 @@ def ping(address: str, timeout: float = 2.0,
     backend enters its namespace, which is per thread), and the PING gets an
     event loop of its own whatever the calling thread is running.
     """
-    host, _, port = address.rpartition(":")
+    host, port = split_host_port(address)
     outcome: list[str | None] = []
 
     async def once() -> None:
-        async with await RpcClient.connect(host, int(port), role="admin", name="chaos-ready",
+        async with await RpcClient.connect(host, port, role="admin", name="chaos-ready",
                                            timeout=timeout) as client:
             token = f"ready-{time.monotonic_ns()}"
             echoed = await client.request(RequestCode.PING, token)

@@ -38,6 +38,7 @@ from typing import Any
 import crc32c
 
 from chaos.history import History
+from ledgermq.base.address import split_host_port
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import (
     InvalidRequestError,
@@ -91,10 +92,10 @@ def value_of(body: bytes) -> int | str:
 
 async def node_status(address: str, timeout: float = 1.0) -> dict[str, Any] | None:
     """A node's BROKER_STATUS, None if it does not answer in time."""
-    host, _, port = address.rpartition(":")
     try:
+        host, port = split_host_port(address)
         async with asyncio.timeout(timeout):
-            client = await RpcClient.connect(host, int(port), role="admin", timeout=timeout)
+            client = await RpcClient.connect(host, port, role="admin", timeout=timeout)
     except Exception:
         return None
     try:

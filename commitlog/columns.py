@@ -37,6 +37,10 @@ _SIZE = struct.Struct("<I").unpack_from
 STORE_TIMESTAMP_AT = 24  # byte offset of the store timestamp inside a head
 
 
+# ((topic, queue id), the rows of that queue, or None for every row).
+QueueGroups = list[tuple[tuple[str, int], list[int] | None]]
+
+
 @dataclass(slots=True)
 class RecordColumns:
     """One column per head field of interest, one row per record, in body order."""
@@ -46,7 +50,7 @@ class RecordColumns:
     topics: list[str]        # distinct topics, first-seen order
     topic_ids: np.ndarray    # int64 index into `topics`, per record
     tag_hashes: np.ndarray   # uint64 CRC32C of the tags (0: none), per record
-    groups: list | None = None  # queue_groups(), computed once
+    groups: QueueGroups | None = None  # queue_groups(), computed once
     # Every record has the first one's topic, tags, keys, born host and
     # properties (so checking the first checks them all).
     same_meta: bool = False
@@ -77,7 +81,7 @@ def _walk(body: bytes | bytearray | memoryview, raw: np.ndarray
         matrix = raw.reshape(end // first, first)
         if (matrix[:, :4].view("<u4")[:, 0] == first).all():
             return np.arange(0, end, first, dtype=np.int64), matrix
-    found = []
+    found: list[int] = []
     append = found.append
     offset = 0
     while offset < end:
@@ -193,14 +197,14 @@ def _zeros_u64(n: int) -> np.ndarray:
 _GROUP_IN_PYTHON_MAX = 128
 
 
-def queue_groups(columns: RecordColumns) -> list[tuple[tuple[str, int], list[int] | None]]:
+def queue_groups(columns: RecordColumns) -> QueueGroups:
     """((topic, queue id), record numbers in body order) per queue, in order of
     first appearance; None instead of the numbers when one queue has them all."""
     if columns.groups is not None:
         return columns.groups
     topics, topic_ids, queue_ids = columns.topics, columns.topic_ids, columns.heads["queue_id"]
     n = len(queue_ids)
-    groups: list[tuple[tuple[str, int], list[int] | None]]
+    groups: QueueGroups
     if not n:
         groups = []
     elif len(topics) == 1 and (n == 1 or (queue_ids == queue_ids[0]).all()):

@@ -69,6 +69,12 @@ def _lock(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
+def _makedirs(path: str, exist_ok: bool = False) -> None:
+    # os.makedirs takes `mode` second: a wrapper keeps the seam's signature
+    # (and directories are made rarely, so the frame costs nothing).
+    os.makedirs(path, exist_ok=exist_ok)
+
+
 def _rmtree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
@@ -99,7 +105,7 @@ class OsFileSystem:
         self.replace = os.replace
         self.remove = os.remove
         self.listdir = os.listdir
-        self.makedirs = os.makedirs
+        self.makedirs = _makedirs
         self.isdir = os.path.isdir
         self.rmtree = _rmtree
         self.lock = _lock

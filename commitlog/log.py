@@ -79,20 +79,27 @@ class CommitLog:
         self._entry_size_limit = config.entry_size_limit  # the config is frozen
         fileio.fs.makedirs(data_dir, exist_ok=True)
         self._lock_fd = lock_directory(data_dir)
-        self.segments: SegmentFiles | None = None
-        self.index: IndexFiles | None = None
+        segments: SegmentFiles | None = None
+        index: IndexFiles | None = None
         try:
-            self.segments = SegmentFiles(os.path.join(data_dir, "commitlog"),
-                                         config.segment_size_bytes)
-            self.index = IndexFiles(os.path.join(data_dir, "index"), config.index_file_records)
-            state, self.recovery = recover(
-                data_dir, self.segments, self.index, read_checkpoint(data_dir),
+            segments = SegmentFiles(os.path.join(data_dir, "commitlog"), config.segment_size_bytes)
+            index = IndexFiles(os.path.join(data_dir, "index"), config.index_file_records)
+            state, recovery = recover(
+                data_dir, segments, index, read_checkpoint(data_dir),
                 config.segment_size_bytes, config.entry_size_limit,
                 config.verify_on_open == "full",
             )
         except BaseException:
-            self.abandon()
+            # What opened is closed unsynced, as `abandon` would.
+            if segments is not None:
+                segments.close()
+            if index is not None:
+                index.close(write_pending=False)
+            self._release_lock()
             raise
+        self.segments: SegmentFiles = segments
+        self.index: IndexFiles = index
+        self.recovery = recovery
         self.recovery.foreign_files = self._foreign_files()
         self.first_index = state.first_index
         self.last_index = state.last_index
@@ -503,10 +510,11 @@ class CommitLog:
 
     def abandon(self) -> None:
         """Close file descriptors without syncing: what a crash leaves (tests)."""
-        if self.segments is not None:
-            self.segments.close()
-        if self.index is not None:
-            self.index.close(write_pending=False)
+        self.segments.close()
+        self.index.close(write_pending=False)
+        self._release_lock()
+
+    def _release_lock(self) -> None:
         if self._lock_fd >= 0:
             fileio.fs.close(self._lock_fd)
             self._lock_fd = -1

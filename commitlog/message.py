@@ -19,6 +19,7 @@ from commitlog.errors import MessageTooLargeError
 
 MESSAGE_HEAD = struct.Struct("<IIIIqqQQIHHHHII")
 MESSAGE_HEAD_SIZE = MESSAGE_HEAD.size  # 68
+HeadFields = tuple[int, ...]  # MESSAGE_HEAD's fields, in order
 assert MESSAGE_HEAD_SIZE == 68
 
 TOPIC_LENGTH_MAX = 127
@@ -134,7 +135,7 @@ def encode_messages(messages: Iterable[Message], message_size_bytes_max: int) ->
     return b"".join(encode_message(m, message_size_bytes_max) for m in messages)
 
 
-def iter_records(body: bytes | memoryview) -> Iterator[tuple[int, tuple]]:
+def iter_records(body: bytes | memoryview) -> Iterator[tuple[int, HeadFields]]:
     """(offset in body, head fields) of each record; raises ValueError if malformed."""
     offset = 0
     end = len(body)
@@ -151,7 +152,7 @@ def iter_records(body: bytes | memoryview) -> Iterator[tuple[int, tuple]]:
         offset += size
 
 
-def decode_record(body: bytes | memoryview, offset: int, fields: tuple) -> Message:
+def decode_record(body: bytes | memoryview, offset: int, fields: HeadFields) -> Message:
     (_size, queue_id, flag, sys_flag, born, store, producer_id, sequence, reconsume,
      topic_len, tags_len, keys_len, host_len, props_len, body_len) = fields
     p = offset + MESSAGE_HEAD_SIZE

@@ -1,28 +1,20 @@
 """One ConsumeQueue: the fixed-width index of one (topic, queue id).
 
 A queue offset is a slot number. Files hold `units_per_file` slots and are
-named by the offset of their first slot. Leading slots may be empty (removed by
-retention or never held here); everything from `min_offset` to `max_offset`
-is filled.
+named by the offset of their first slot (`commitlog.file_queue` keeps them).
+Leading slots may be empty (removed by retention or never held here);
+everything from `min_offset` to `max_offset` is filled.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from commitlog import fileio
-from commitlog.disk import (
-    DirtyFile,
-    open_append,
-    read_exact,
-    sync_and_close,
-    trace_cut,
-    write_at_end,
-)
-from consumequeue.unit import NAME_DIGITS, UNIT_SIZE, decode_units, encode_units
+from commitlog.disk import DirtyFile, sync_and_close
+from commitlog.file_queue import FileQueue
+from consumequeue.unit import UNIT_SIZE, decode_units, encode_units
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,36 +34,17 @@ class ConsumeQueue:
         self.topic = topic
         self.queue_id = queue_id
         self.units_per_file = units_per_file
-        fileio.fs.makedirs(directory, exist_ok=True)
-        self._fds: dict[int, int] = {}
-        self._lengths: dict[int, int] = {}
-        self._dirty: set[int] = set()
-        self.foreign: list[str] = []
-        for name in sorted(fileio.fs.listdir(directory)):
-            path = os.path.join(directory, name)
-            if len(name) == NAME_DIGITS and name.isdigit() and int(name) % units_per_file == 0:
-                fd = open_append(path)
-                self._fds[int(name)] = fd
-                self._lengths[int(name)] = fileio.fs.size(fd)
-            elif name.endswith(".tmp"):
-                fileio.fs.remove(path)
-            elif name.endswith(".durable"):
-                continue  # the chaos harness's durability trace
-            else:
-                self.foreign.append(path)
+        self.files = FileQueue(directory, units_per_file, unit_size=UNIT_SIZE)
+        self.foreign = self.files.foreign
         self.max_offset = 0
         self.min_offset = 0
         self._trim_partial_units()
         self._find_bounds()
 
-    def _path(self, base: int) -> str:
-        return os.path.join(self.directory, f"{base:0{NAME_DIGITS}d}")
-
     def _trim_partial_units(self) -> None:
-        for base, length in self._lengths.items():
-            if length % UNIT_SIZE:
-                fileio.fs.ftruncate(self._fds[base], length - length % UNIT_SIZE)
-                self._lengths[base] = length - length % UNIT_SIZE
+        """A crash can leave a unit half written at a file's end: drop it."""
+        for base, length in list(self.files.lengths.items()):
+            self.files.cut(base, length - length % UNIT_SIZE)
 
     def _find_bounds(self) -> None:
         """min_offset = first filled slot; max_offset = end of the contiguous
@@ -80,8 +53,8 @@ class ConsumeQueue:
         and units after a hole cannot be trusted to be the next messages."""
         self.min_offset = self.max_offset = 0
         started = False
-        for base in sorted(self._fds):
-            units = decode_units(read_exact(self._fds[base], 0, self._lengths[base]))
+        for base in list(self.files.bases):
+            units = decode_units(self.files.read(base, 0, self.files.lengths[base]))
             empty = np.flatnonzero(units["size"] == 0)
             if not started:
                 filled = np.flatnonzero(units["size"] != 0)
@@ -111,17 +84,10 @@ class ConsumeQueue:
         offset = self.max_offset
         start = 0
         while start < count:
-            base = offset // self.units_per_file * self.units_per_file
+            base = self.files.base_of(offset)
             take = min(count - start, base + self.units_per_file - offset)
-            fd = self._fds.get(base)
-            if fd is None:
-                fd = self._fds[base] = open_append(self._path(base))
-                self._lengths[base] = 0
-            at = (offset - base) * UNIT_SIZE
             piece = raw if take == count else raw[start * UNIT_SIZE : (start + take) * UNIT_SIZE]
-            write_at_end(fd, at, piece, self._path(base))
-            self._lengths[base] = max(self._lengths[base], at + take * UNIT_SIZE)
-            self._dirty.add(base)
+            self.files.write(base, (offset - base) * UNIT_SIZE, piece)
             offset += take
             start += take
         self.max_offset = offset
@@ -138,9 +104,9 @@ class ConsumeQueue:
         stop = min(self.max_offset, offset + count)
         result: list[Unit] = []
         while offset < stop:
-            base = offset // self.units_per_file * self.units_per_file
+            base = self.files.base_of(offset)
             take = min(stop, base + self.units_per_file) - offset
-            raw = read_exact(self._fds[base], (offset - base) * UNIT_SIZE, take * UNIT_SIZE)
+            raw = self.files.read(base, (offset - base) * UNIT_SIZE, take * UNIT_SIZE)
             units = decode_units(raw)
             result += [Unit(offset + i, int(u[0]), int(u[1]), int(u[2]))
                        for i, u in enumerate(units.tolist())]
@@ -150,10 +116,10 @@ class ConsumeQueue:
     def all_units(self) -> np.ndarray:
         """Every slot from 0 to max_offset (empty slots zero), as one array."""
         parts = []
-        for base in sorted(self._fds):
+        for base in self.files.bases:
             if base >= self.max_offset:
                 break
-            raw = read_exact(self._fds[base], 0, self._lengths[base])
+            raw = self.files.read(base, 0, self.files.lengths[base])
             parts.append((base, decode_units(raw)))
         out = np.zeros(self.max_offset, dtype=parts[0][1].dtype if parts else "V20")
         for base, units in parts:
@@ -163,21 +129,7 @@ class ConsumeQueue:
 
     def truncate_to(self, offset: int) -> None:
         """Drop every slot at or after `offset`."""
-        for base in sorted(self._fds, reverse=True):
-            if base >= offset:
-                fileio.fs.close(self._fds.pop(base))
-                del self._lengths[base]
-                self._dirty.discard(base)
-                fileio.fs.remove(self._path(base))
-                trace_cut(self._path(base), None)
-            else:
-                keep = (offset - base) * UNIT_SIZE
-                if self._lengths[base] > keep:
-                    fileio.fs.ftruncate(self._fds[base], keep)
-                    trace_cut(self._path(base), keep)
-                    self._lengths[base] = keep
-                    self._dirty.add(base)
-                break
+        self.files.truncate_from(offset)
         self.max_offset = min(self.max_offset, offset)
         self.min_offset = min(self.min_offset, self.max_offset)
 
@@ -196,31 +148,23 @@ class ConsumeQueue:
     def delete_files_before(self, physical_offset: int) -> int:
         """Retention: remove files whose every unit points before `physical_offset`."""
         removed = 0
-        for base in sorted(self._fds):
+        for base in list(self.files.bases):
             end = base + self.units_per_file
             if end > self.max_offset:
                 break
             last = self.read(end - 1, 1)
             if not last or last[0].physical_offset >= physical_offset:
                 break
-            fileio.fs.close(self._fds.pop(base))
-            del self._lengths[base]
-            fileio.fs.remove(self._path(base))
-            trace_cut(self._path(base), None)
+            self.files.remove(base)
             removed += 1
             self.min_offset = max(self.min_offset, end)
         return removed
 
     def dirty_fds(self) -> list[DirtyFile]:
-        fds = [(fileio.fs.dup(self._fds[b]), self._path(b), self._lengths[b])
-               for b in self._dirty if b in self._fds]
-        self._dirty.clear()
-        return fds
+        return self.files.take_dirty()
 
     def sync(self) -> None:
         sync_and_close(self.dirty_fds())
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            fileio.fs.close(fd)
-        self._fds.clear()
+        self.files.close()

@@ -11,7 +11,6 @@ UNIT_SIZE = 20
 # Packed (align=False) so numpy reads whole files of units in one call.
 UNIT_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u4"), ("tag_hash", "<u8")])
 assert UNIT_DTYPE.itemsize == UNIT_SIZE
-NAME_DIGITS = 20
 
 
 def encode_units(units: list[tuple[int, int, int]]) -> bytes:

@@ -9,7 +9,7 @@ from typing import Any
 
 import commitlog
 from dledger.runtime.node import NodeConfig, RaftGroupNode, SoftStateInfo
-from dledger.testing.node_processes import free_ports
+from ledgermq.base.ports import free_ports
 
 
 async def wait_until(predicate: Callable[[], Any], timeout: float, what: str,

@@ -31,7 +31,7 @@ from chaos.fuzz.deliver import Outcome, deliver
 from chaos.fuzz.oracle import AckLedger, Targets, verify
 from chaos.fuzz.plan import Context
 from chaos.fuzz.values import Names
-from ledgermq.client.routes import split
+from ledgermq.base.address import split_host_port
 
 SEEDS_FILE = "fuzz-seeds.jsonl"
 ORACLE_TOPIC = "fuzz-acked"
@@ -117,7 +117,7 @@ def draw_cases(seed: int, targets: list[tuple[str, str, str, int]],
 
 async def _run_case(case: Case, address: str, ctx: Context, deadline_s: float) -> Outcome:
     plan = build(case, ctx)
-    host, port = split(address)
+    host, port = split_host_port(address)
     return await deliver(host, port, case.kind, plan, deadline_s)
 
 

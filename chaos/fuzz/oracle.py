@@ -20,9 +20,9 @@ from typing import Any
 
 import aiohttp
 
+from ledgermq.base.address import split_host_port
 from ledgermq.base.codes import RequestCode
 from ledgermq.client import Producer
-from ledgermq.client.routes import split
 from ledgermq.wire import RpcClient
 
 
@@ -89,7 +89,7 @@ class AckLedger:
 
 
 async def _wire(address: str, code: int, body: Any = None, timeout: float = 3.0) -> Any:
-    host, port = split(address)
+    host, port = split_host_port(address)
     client = await RpcClient.connect(host, port, role="admin", timeout=timeout)
     try:
         return await client.request(code, body, timeout=timeout)
@@ -130,7 +130,7 @@ async def _converged(targets: Targets, timeout: float) -> tuple[int, list[str]]:
 async def _read_queue(address: str, topic: str, queue_id: int) -> dict[int, bytes]:
     """Every message of one queue on one node: queue offset -> body."""
     out: dict[int, bytes] = {}
-    host, port = split(address)
+    host, port = split_host_port(address)
     client = await RpcClient.connect(host, port, role="admin", timeout=3.0)
     try:
         offset = 0
@@ -163,7 +163,7 @@ async def _http_ok(url: str) -> str | None:
 
 
 async def _raft_accepts(address: str) -> str | None:
-    host, port = split(address)
+    host, port = split_host_port(address)
     try:
         async with asyncio.timeout(3.0):
             _, writer = await asyncio.open_connection(host, port)

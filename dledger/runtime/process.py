@@ -29,6 +29,7 @@ from typing import Any
 
 import commitlog
 from dledger.runtime.node import NodeConfig, NotLeaderError, ProposalUnknown, RaftGroupNode
+from ledgermq.base.address import split_host_port
 from ledgermq.base.errors import InvalidRequestError, RequestTimeoutError
 from ledgermq.base.loop import run
 from ledgermq.wire.rpc import Connection, RpcServer
@@ -48,8 +49,8 @@ def load_config(raw: dict[str, Any]) -> tuple[NodeConfig, str, int]:
     knobs = {k: raw[k] for k in _KNOBS if k in raw}
     config = NodeConfig(group=raw["group"], node_id=int(raw["node_id"]), peers=peers,
                         data_dir=raw["data_dir"], **knobs)
-    host, _, port = str(raw.get("control", "127.0.0.1:0")).rpartition(":")
-    return config, host or "127.0.0.1", int(port)
+    host, port = split_host_port(str(raw.get("control", "127.0.0.1:0")), default_host="127.0.0.1")
+    return config, host, port
 
 
 async def serve(config: NodeConfig, control_host: str, control_port: int) -> None:

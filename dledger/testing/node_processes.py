@@ -1,6 +1,7 @@
 """Clusters of real node processes (`dledger.runtime.process`) for tests and benchmarks.
 
-Every process is started here and signalled only by its own PID.
+Every process is started through `ledgermq.base.processes` and signalled only
+by its own PID.
 """
 
 from __future__ import annotations
@@ -8,46 +9,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import queue
 import re
 import signal
-import subprocess
 import sys
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dledger.runtime.process import CONTROL_ENTRIES, CONTROL_PROPOSE, CONTROL_STATUS
 from ledgermq.base.ports import free_ports
+from ledgermq.base.processes import Child, spawn
 from ledgermq.wire.rpc import RpcClient
 
-REPO = Path(__file__).resolve().parents[2]
 _LISTENING = re.compile(r"raft-node (\d+) control (\S+):(\d+)")
 
 
 @dataclass
 class NodeProcess:
+    """A running node: its process and its control address."""
+
     node_id: int
-    proc: subprocess.Popen[str]
+    child: Child
     control: tuple[str, int]
-    output: list[str] = field(default_factory=list)
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            return self.proc.wait(timeout)
 
 
 class ProcessCluster:
@@ -70,41 +53,18 @@ class ProcessCluster:
         return path
 
     def start(self, node_id: int, ready_timeout: float = 30.0) -> NodeProcess:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dledger.runtime.process", "--config",
-             str(self.write_config(node_id))],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
-        lines: queue.Queue[str | None] = queue.Queue()
-        output: list[str] = []
-
-        def pump() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                output.append(line)
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        while True:
-            try:
-                line = lines.get(timeout=ready_timeout)
-            except queue.Empty:
-                proc.kill()
-                raise RuntimeError(f"node {node_id} did not start: {''.join(output)}") from None
-            if line is None:
-                raise RuntimeError(f"node {node_id} exited: {''.join(output)}")
-            m = _LISTENING.search(line)
-            if m:
-                node = NodeProcess(node_id, proc, (m.group(2), int(m.group(3))), output)
-                self.procs[node_id] = node
-                return node
+        child = spawn(f"node {node_id}", [sys.executable, "-m", "dledger.runtime.process",
+                                          "--config", str(self.write_config(node_id))],
+                      _LISTENING)
+        m = child.wait_ready(ready_timeout)
+        node = NodeProcess(node_id, child, (m.group(2), int(m.group(3))))
+        self.procs[node_id] = node
+        return node
 
     async def kill(self, node_id: int, sig: int = signal.SIGKILL) -> None:
         node = self.procs.pop(node_id)
-        node.signal(sig)
-        await asyncio.get_running_loop().run_in_executor(None, node.wait, 15.0)
+        node.child.signal(sig)
+        await asyncio.get_running_loop().run_in_executor(None, node.child.wait, 15.0)
         client = self._clients.pop(node_id, None)
         if client is not None:
             await client.close()
@@ -151,8 +111,9 @@ class ProcessCluster:
 
     async def propose(self, node_id: int, data: bytes, timeout: float = 3.0) -> dict[str, Any]:
         client = await self.client(node_id)
-        return await client.request(CONTROL_PROPOSE, {"data": data, "timeout": timeout},
-                                    timeout=timeout + 2.0)
+        reply: dict[str, Any] = await client.request(
+            CONTROL_PROPOSE, {"data": data, "timeout": timeout}, timeout=timeout + 2.0)
+        return reply
 
     async def entries(self, node_id: int) -> list[tuple[int, int, bytes]]:
         """Every committed entry of `node_id`, paging through ENTRIES."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from commitlog.message import valid_topic
+from ledgermq.base.address import split_host_port
 from ledgermq.base.errors import LedgerMQError, NotLeaderError
 from ledgermq.broker.codec import message_view
 from ledgermq.broker.control import MAX_QUEUES, PERM_RW, offsets_reset, topic_delete, topic_put
@@ -38,7 +39,6 @@ from ledgermq.webadmin.app import (
     make_app,
     node_row,
     read_json,
-    split_listen,
     start_site,
     wire_status,
 )
@@ -94,7 +94,7 @@ class BrokerAdmin:
         r.add_post(f"{API}/leadership/transfer", self.transfer_leadership)
 
     async def start(self) -> str:
-        host, port = split_listen(self.b.config.admin_listen)
+        host, port = split_host_port(self.b.config.admin_listen)
         self.runner, self.url = await start_site(self.app, host, port)
         return self.url
 

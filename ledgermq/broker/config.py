@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from ledgermq.base.address import AddressError, split_host_port
+
 MIB = 1024 * 1024
 
 
@@ -100,11 +102,11 @@ class BrokerConfig:
 
 
 def split_address(value: str) -> tuple[str, int]:
-    """'host:port' -> (host, port)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise BrokerConfigError(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]"), int(port)
+    """'host:port' -> (host, port); a bad value is a configuration error."""
+    try:
+        return split_host_port(value)
+    except AddressError as exc:
+        raise BrokerConfigError(str(exc)) from None
 
 
 _RAFT_KEYS = {

@@ -1,8 +1,8 @@
 """Run a NameServer and one broker group as child processes on loopback.
 
 Used by `ledgermq dev`, `ledgermq demo`, the multi-process tests and the
-benchmarks. Every child is started here and stopped here by its PID (SIGTERM,
-then SIGKILL after a grace period), never by name. Ports are picked by binding
+benchmarks. Every child is started and stopped by its PID through
+`ledgermq.base.processes` (SIGTERM, then SIGKILL after a grace period). Ports are picked by binding
 port 0 and releasing it just before the child binds it: a small race other
 processes could win, acceptable on a test machine and reported clearly (the
 child exits and `start` raises with its output). Children also get SIGTERM
@@ -13,106 +13,34 @@ from a long-lived thread (the main thread), not a short-lived worker.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ledgermq.base.address import split_host_port
 from ledgermq.base.ports import free_port
+from ledgermq.base.processes import SOURCE_ROOT, Child, spawn
 from ledgermq.broker.config import Peer, render_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = SOURCE_ROOT
 _NAMESRV_READY = re.compile(r"namesrv listening on (\S+):(\d+)")
 _BROKER_READY = re.compile(r"broker listening on (\S+):(\d+)")
 
 
-@dataclass
-class Child:
-    """One child process, its output (also copied to `log_path`) and readiness."""
-
-    name: str
-    proc: subprocess.Popen[str]
-    log_path: Path
-    ready_pattern: re.Pattern[str]
-    output: list[str] = field(default_factory=list)
-    address: str | None = None
-    _ready: threading.Event = field(default_factory=threading.Event)
-
-    def pump(self) -> None:
-        assert self.proc.stdout is not None
-        with open(self.log_path, "a") as log_file:
-            for line in self.proc.stdout:
-                self.output.append(line)
-                if len(self.output) > 2000:
-                    del self.output[:1000]
-                log_file.write(line)
-                log_file.flush()
-                if self.address is None and (m := self.ready_pattern.search(line)):
-                    self.address = f"{m.group(1)}:{m.group(2)}"
-                    self._ready.set()
-        self._ready.set()
-
-    def wait_ready(self, timeout: float) -> str:
-        self._ready.wait(timeout)
-        if self.address is None:
-            tail = "".join(self.output[-30:])
-            raise RuntimeError(f"{self.name} did not start (exit {self.proc.poll()}):\n{tail}")
-        return self.address
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-
-    def stop(self, grace: float = 10.0) -> int | None:
-        """SIGTERM by PID, wait, SIGKILL if it will not go."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        return self.proc.returncode
+def _spawn(name: str, args: list[str], log_path: Path, ready: re.Pattern[str]) -> Child:
+    """Run `ledgermq <args>` detached (see `spawn`), its output copied to `log_path`."""
+    return spawn(name, [sys.executable, "-m", "ledgermq.cli", *args], ready,
+                 log_path=log_path, keep_lines=2000, detach=True)
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the launching thread dies
-    (Linux prctl PR_SET_PDEATHSIG), so a launcher killed by SIGKILL or a test
-    timeout does not leave a cluster running. Elsewhere: no-op."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
-
-
-def _spawn(name: str, args: list[str], log_path: Path, pattern: re.Pattern[str]) -> Child:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ledgermq.cli", *args], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
-        # Own process group: a Ctrl-C in the terminal reaches the parent only,
-        # which then stops every child in order.
-        start_new_session=True, preexec_fn=_die_with_parent,
-    )
-    child = Child(name, proc, log_path, pattern)
-    threading.Thread(target=child.pump, daemon=True, name=f"pump-{name}").start()
-    return child
+def ready_address(child: Child, timeout: float) -> str:
+    """HOST:PORT from the child's "listening on" line, once it is ready."""
+    m = child.wait_ready(timeout)
+    return f"{m.group(1)}:{m.group(2)}"
 
 
 # Test- and demo-friendly Raft settings: 20 ms ticks, elections after ~300 ms.
@@ -144,8 +72,8 @@ class LocalCluster:
 
     @property
     def namesrv_address(self) -> str:
-        assert self.namesrv is not None and self.namesrv.address is not None
-        return self.namesrv.address
+        assert self.namesrv is not None
+        return ready_address(self.namesrv, 0)
 
     def client_address(self, node_id: int) -> str:
         return self.peers[node_id].client
@@ -160,7 +88,7 @@ class LocalCluster:
                             *(["--admin-listen", self.admin_listen] if self.admin_listen
                               else [])],
                 self.base / "logs" / "namesrv.log", _NAMESRV_READY)
-            self.namesrv.wait_ready(timeout)
+            ready_address(self.namesrv, timeout)
             self.peers = {nid: Peer(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")
                           for nid in range(1, self.nodes + 1)}
             for nid in self.peers:
@@ -168,7 +96,7 @@ class LocalCluster:
             for nid in self.peers:
                 self.start_node(nid, wait=False)
             for nid in self.peers:
-                self.brokers[nid].wait_ready(timeout)
+                ready_address(self.brokers[nid], timeout)
         except BaseException:
             self.stop()
             raise
@@ -191,7 +119,7 @@ class LocalCluster:
                        self.base / "logs" / f"n{nid}.log", _BROKER_READY)
         self.brokers[nid] = child
         if wait:
-            child.wait_ready(timeout)
+            ready_address(child, timeout)
         return child
 
     def kill(self, nid: int, sig: int = signal.SIGKILL) -> None:
@@ -210,7 +138,7 @@ class LocalCluster:
     def stop(self) -> None:
         """Stop every child this cluster started, brokers first."""
         for child in list(self.brokers.values()):
-            child.signal(signal.SIGTERM)
+            child.signal(signal.SIGTERM)  # all at once: they stop in parallel
         for child in list(self.brokers.values()):
             child.stop()
         if self.namesrv is not None:
@@ -228,13 +156,14 @@ async def node_status(address: str, timeout: float = 1.0) -> dict[str, Any] | No
     from ledgermq.base.codes import RequestCode
     from ledgermq.wire import RpcClient
 
-    host, _, port = address.rpartition(":")
     try:
-        client = await RpcClient.connect(host, int(port), role="admin", timeout=timeout)
-    except (OSError, ConnectionError, Exception):
+        host, port = split_host_port(address)
+        client = await RpcClient.connect(host, port, role="admin", timeout=timeout)
+    except Exception:  # a bad address, a refused or timed-out connection: no answer
         return None
     try:
-        return await client.request(RequestCode.BROKER_STATUS, None)
+        status: dict[str, Any] | None = await client.request(RequestCode.BROKER_STATUS, None)
+        return status
     except Exception:
         return None
     finally:

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ledgermq.base.address import split_host_port
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import (
     ConnectionClosedError,
@@ -34,11 +35,6 @@ PERM_WRITE = 2
 # Errors after which the same request may succeed elsewhere or later.
 RETRIABLE = (ConnectionClosedError, ConnectionError, OSError, RequestTimeoutError)
 SUSPECT_SECONDS = 2.0
-
-
-def split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 @dataclass
@@ -79,7 +75,7 @@ class Cluster:
             return conn
         pending = self._connecting.get(address)
         if pending is None:
-            host, port = split(address)
+            host, port = split_host_port(address)
             pending = asyncio.ensure_future(
                 RpcClient.connect(host, port, role="client", name=self.name,
                                   timeout=self.timeout))

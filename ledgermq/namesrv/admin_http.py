@@ -22,6 +22,7 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp import web
 
+from ledgermq.base.address import split_host_port
 from ledgermq.namesrv.metrics import namesrv_registry
 from ledgermq.webadmin.app import (
     API,
@@ -34,7 +35,6 @@ from ledgermq.webadmin.app import (
     node_row,
     read_json,
     request_token,
-    split_listen,
     start_site,
     wire_status,
 )
@@ -79,7 +79,7 @@ class NameServerAdmin:
         r.add_post(f"{API}/leadership/transfer", self.transfer_leadership)
 
     async def start(self) -> str:
-        host, port = split_listen(self.listen)
+        host, port = split_host_port(self.listen)
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT))
         self.runner, self.url = await start_site(self.app, host, port)

@@ -34,6 +34,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from ledgermq.base.address import split_host_port
 from ledgermq.base.errors import ErrorCode, LedgerMQError
 
 log = logging.getLogger(__name__)
@@ -322,19 +323,12 @@ async def start_site(app: web.Application, host: str, port: int
     return runner, f"http://{shown}:{bound}"
 
 
-def split_listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]"), int(port)
-
-
 async def wire_request(address: str, code: int, body: Any = None,
                        timeout: float = 1.0) -> Any:
     """One request over the wire protocol to `address`; raises on failure."""
     from ledgermq.wire import RpcClient
 
-    host, port = split_listen(address)
+    host, port = split_host_port(address)
     client = await RpcClient.connect(host, port, role="admin", timeout=timeout)
     try:
         return await client.request(code, body, timeout=timeout)

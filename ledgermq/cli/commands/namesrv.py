@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import typer
 
+from ledgermq.base.address import AddressError, split_host_port
+
 
 def parse_listen(value: str) -> tuple[str, int]:
-    """'host:port' -> (host, port); '[::1]:9876' for IPv6."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise typer.BadParameter(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]"), int(port)
+    """'host:port' -> (host, port); '[::1]:9876' for IPv6. A bad value is a usage error."""
+    try:
+        return split_host_port(value)
+    except AddressError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def register(app: typer.Typer) -> None:

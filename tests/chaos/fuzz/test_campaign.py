@@ -20,6 +20,7 @@ from chaos.fuzz import campaign
 from chaos.fuzz.cases import GENERATORS, RAFT, Case
 from chaos.fuzz.oracle import AckLedger, Targets, verify
 from ledgermq.base import loop
+from ledgermq.base.address import split_host_port
 from ledgermq.base.codes import RequestCode
 from ledgermq.broker.launcher import LocalCluster
 from ledgermq.wire import RpcClient
@@ -71,8 +72,8 @@ def test_a_short_run_passes_and_logs_every_case(cluster, tmp_path: Path) -> None
 async def _terms(targets: Targets) -> dict[int, int]:
     out = {}
     for nid, address in targets.brokers.items():
-        host, _, port = address.rpartition(":")
-        client = await RpcClient.connect(host, int(port), role="admin")
+        host, port = split_host_port(address)
+        client = await RpcClient.connect(host, port, role="admin")
         try:
             out[nid] = (await client.request(RequestCode.BROKER_STATUS, None))["term"]
         finally:

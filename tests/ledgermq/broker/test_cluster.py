@@ -12,12 +12,12 @@ import time
 import pytest
 
 from ledgermq.base import loop
+from ledgermq.base.address import split_host_port
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import NotLeaderError, OffsetOutOfRangeError, UnknownTopicError
 from ledgermq.broker.launcher import LocalCluster, node_status, wait_leader
 from ledgermq.client import Producer, PullConsumer, PushConsumer
 from ledgermq.client.model import MessageQueue
-from ledgermq.client.routes import split
 from ledgermq.wire import RpcClient
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -87,7 +87,7 @@ async def restarted_node_catches_up(cluster: LocalCluster, node: int, leader: in
         await asyncio.sleep(0.1)
     views = []
     for nid in (leader, node):
-        host, port = split(cluster.client_address(nid))
+        host, port = split_host_port(cluster.client_address(nid))
         conn = await RpcClient.connect(host, port)
         topics = (await conn.request(RequestCode.GET_TOPICS, None))["topics"]
         offsets = [(await conn.request(RequestCode.QUERY_OFFSET, {
@@ -156,7 +156,7 @@ def test_rebalance_broadcast_and_offsets_across_a_leader_change(tmp_path) -> Non
             # A follower answers writes with NOT_LEADER naming the leader's client
             # address, and serves pulls of committed data.
             follower = next(n for n in cluster.alive() if n != leader)
-            host, port = split(cluster.client_address(follower))
+            host, port = split_host_port(cluster.client_address(follower))
             direct = await RpcClient.connect(host, port)
             with pytest.raises(NotLeaderError) as info:
                 await direct.request(RequestCode.SEND_MESSAGES,
@@ -193,7 +193,7 @@ def test_rebalance_broadcast_and_offsets_across_a_leader_change(tmp_path) -> Non
             behind = await direct.request(RequestCode.PULL_MESSAGES, beyond)
             assert (behind["messages"], behind["next_offset"]) == ([], end + 5)
             await direct.close()
-            lhost, lport = split(cluster.client_address(leader))
+            lhost, lport = split_host_port(cluster.client_address(leader))
             at_leader = await RpcClient.connect(lhost, lport)
             with pytest.raises(OffsetOutOfRangeError) as out_of_range:
                 await at_leader.request(RequestCode.PULL_MESSAGES, beyond)
