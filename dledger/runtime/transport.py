@@ -187,7 +187,8 @@ class PeerTransport:
         for link in self._links.values():
             link.task = asyncio.get_running_loop().create_task(
                 link.run(), name=f"raft-link-{self.node_id}->{link.peer}-{link.channel}")
-        return self._server.sockets[0].getsockname()[:2]
+        bound: tuple[str, int] = self._server.sockets[0].getsockname()[:2]
+        return bound
 
     def send(self, messages: Sequence[Message]) -> None:
         """Send a Ready's messages: one write per (peer, channel) link."""
