@@ -45,6 +45,11 @@ from dledger.messages import (
 )
 from dledger.testing.nodesim.world import Slot, World
 
+# (last term, last index) of a voter no candidate's log is as up to date as.
+UNBEATABLE_LOG = (1 << 62, 1 << 62)
+# Bytes to read for the whole hard-state file (a few dozen bytes long).
+HARD_STATE_READ_BYTES = 1 << 16
+
 
 def durable(h: World, slot: Slot, index: int) -> bool:
     """Entry `index` of the node's log (as it reads now) would survive a power cut."""
@@ -68,7 +73,7 @@ def durable(h: World, slot: Slot, index: int) -> bool:
 
 def durable_hard_state(h: World, slot: Slot) -> HardState:
     path = os.path.join(slot.data_dir, "hardstate")
-    raw = h.fs.durable_slice(path, 0, 1 << 16)
+    raw = h.fs.durable_slice(path, 0, HARD_STATE_READ_BYTES)
     return decode_hard_state(path, raw) if raw else HardState()
 
 
@@ -158,7 +163,7 @@ def check_claim(h: World, slot: Slot, commit: int) -> None:
             # holds the entry, as a voter it refuses everyone (the check stays
             # sound, only weaker).
             candidates[other.nid] = (True, 0, 0)
-            voters[other.nid] = (1 << 62, 1 << 62)
+            voters[other.nid] = UNBEATABLE_LOG
             continue
         olog = onode.log
         holds = (olog.first_index <= commit <= olog.last_index
