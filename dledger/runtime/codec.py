@@ -63,6 +63,13 @@ _MAX_U64 = 2**64 - 1
 # the i64 range, which leaves 2**63 increments of headroom below u64 overflow.
 MAX_TERM_OR_INDEX = 2**63 - 1
 _MAX_KIND = 0xFF
+# Decoder limits: a batch carries no strings and no maps, and its longest
+# array is an AppendRequest's flat entries (4 elements per entry); the
+# handshake frame is a small map of short strings.
+_BATCH_STR_MAX = 1024
+_BATCH_ARRAY_MAX = 1 << 24
+HELLO_BYTES_MAX = 4096
+_HELLO_MAP_MAX = 16
 
 
 class CodecError(ValueError):
@@ -238,8 +245,8 @@ def _decode_one(obj: Any) -> Message:
 def decode_batch(payload: bytes, max_bin_len: int) -> list[Message]:
     """All messages of one frame payload; `CodecError` if any byte is wrong."""
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(payload), 1),
-                                max_bin_len=max_bin_len, max_str_len=1024,
-                                max_array_len=1 << 24, max_map_len=0)
+                                max_bin_len=max_bin_len, max_str_len=_BATCH_STR_MAX,
+                                max_array_len=_BATCH_ARRAY_MAX, max_map_len=0)
     unpacker.feed(payload)
     out: list[Message] = []
     try:
@@ -258,8 +265,8 @@ def decode_batch(payload: bytes, max_bin_len: int) -> list[Message]:
 def decode_hello(payload: bytes) -> PeerHello:
     """The handshake map, shape-checked (group str, src/dst ints, known channel)."""
     try:
-        obj = msgpack.unpackb(payload, raw=False, max_str_len=4096, max_bin_len=0,
-                              max_array_len=0, max_map_len=16)
+        obj = msgpack.unpackb(payload, raw=False, max_str_len=HELLO_BYTES_MAX, max_bin_len=0,
+                              max_array_len=0, max_map_len=_HELLO_MAP_MAX)
     except Exception as exc:
         raise CodecError(f"handshake is not valid msgpack: {type(exc).__name__}") from None
     if type(obj) is not dict or obj.get("hello") != HELLO_MAGIC:

@@ -38,6 +38,7 @@ from typing import Any
 
 from dledger.messages import CHANNEL_CONTROL, CHANNEL_REPLICATION, Message
 from dledger.runtime.codec import (
+    HELLO_BYTES_MAX,
     CodecError,
     decode_batch,
     decode_hello,
@@ -266,7 +267,7 @@ class PeerTransport:
         peername = writer.get_extra_info("peername")
         try:
             async with asyncio.timeout(self.handshake_timeout):
-                payload = await read_frame(reader, 4096)
+                payload = await read_frame(reader, HELLO_BYTES_MAX)
             if payload is None:
                 return
             hello = decode_hello(payload)
