@@ -118,9 +118,10 @@ def check_message_durable(
     # never vote in that term again (a stale duplicate grant is harmless).
     if granted and durable.term == msg.term and durable.vote != msg.dst:
         return f"vote for {msg.dst} in term {msg.term} sent before durable (disk: {durable})"
-    acked = isinstance(msg, AppendResponse) and msg.success and msg.index > 0
-    if acked and durable_term_at(msg.index) is None:
-        return f"node {msg.src} acknowledged index {msg.index} before it was durable"
+    match msg:
+        case AppendResponse() if msg.success and msg.index > 0:
+            if durable_term_at(msg.index) is None:
+                return f"node {msg.src} acknowledged index {msg.index} before it was durable"
     return None
 
 

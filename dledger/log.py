@@ -21,6 +21,10 @@ from __future__ import annotations
 from dledger.entry import Entry, PlaceFunction
 from dledger.storage import LogStorage
 
+# A `max_bytes` / `max_count` for `RaftLog.entries` that never binds: read the
+# whole range asked for (applying committed entries, reading one entry back).
+UNLIMITED = 1 << 62
+
 
 class InvariantViolation(AssertionError):
     """A broken Raft invariant inside the core: always a bug, never an operating error."""
@@ -113,7 +117,7 @@ class RaftLog:
     def entry(self, index: int) -> Entry:
         if index >= self.offset:
             return self.unstable[index - self.offset]
-        return self._storage.entries(index, index + 1, 1 << 62)[0]
+        return self._storage.entries(index, index + 1, UNLIMITED)[0]
 
     def next_position(self, size: int) -> int:
         """Position a new entry of `size` bytes gets at the end of this log (leader)."""

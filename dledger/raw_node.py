@@ -26,12 +26,19 @@ Rules
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from dledger.config import Config
-from dledger.entry import Entry, EntryKind, HardState, PlaceFunction, segment_placement
-from dledger.log import CommittedDivergence, RaftLog, invariant
+from dledger.entry import (
+    ENTRY_HEADER_BYTES,
+    Entry,
+    EntryKind,
+    HardState,
+    PlaceFunction,
+    segment_placement,
+)
+from dledger.log import UNLIMITED, CommittedDivergence, RaftLog, invariant
 from dledger.messages import (
     AppendRequest,
     AppendResponse,
@@ -61,11 +68,19 @@ class NotLeader(Exception):
         self.leader_id = leader_id
 
 
-class Proposed(NamedTuple):
-    """Where a proposal went: it is committed iff the committed entry at `index` has `term`."""
+@dataclass(frozen=True, slots=True)
+class Proposed:
+    """Where a proposal went: it is committed iff the committed entry at `index` has `term`.
+
+    Unpacks as `index, term = node.propose(...)`. Not a NamedTuple: a field
+    named `index` would shadow `tuple.index`.
+    """
 
     index: int
     term: int
+
+    def __iter__(self) -> Iterator[int]:
+        return iter((self.index, self.term))
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,24 +257,24 @@ class RaftNode:
             self.progress = {}
         if not process:
             return
-        kind = type(msg)
-        if kind is AppendRequest:
-            self._handle_append(msg)  # type: ignore[arg-type]
-        elif kind is AppendResponse:
-            self._handle_append_response(msg)  # type: ignore[arg-type]
-        elif kind is Heartbeat:
-            self._handle_heartbeat(msg)  # type: ignore[arg-type]
-        elif kind is HeartbeatResponse:
-            self._handle_heartbeat_response(msg)  # type: ignore[arg-type]
-        elif kind is VoteRequest:
-            self._handle_vote_request(msg)  # type: ignore[arg-type]
-        elif kind is VoteResponse:
-            self._handle_vote_response(msg)  # type: ignore[arg-type]
-        elif kind is TimeoutNow:
-            if self.role is not Role.LEADER:
-                self.campaign(transfer=True)
-        else:
-            raise TypeError(f"unknown message type {kind.__name__}")
+        match msg:
+            case AppendRequest():
+                self._handle_append(msg)
+            case AppendResponse():
+                self._handle_append_response(msg)
+            case Heartbeat():
+                self._handle_heartbeat(msg)
+            case HeartbeatResponse():
+                self._handle_heartbeat_response(msg)
+            case VoteRequest():
+                self._handle_vote_request(msg)
+            case VoteResponse():
+                self._handle_vote_response(msg)
+            case TimeoutNow():
+                if self.role is not Role.LEADER:
+                    self.campaign(transfer=True)
+            case _:
+                raise TypeError(f"unknown message type {type(msg).__name__}")
 
     # ---------------------------------------------------------------- outputs
 
@@ -284,21 +299,21 @@ class RaftNode:
         now: list[Message] = []
         after: list[Message] = []
         for msg in self._outbox:
-            kind = type(msg)
-            if kind is AppendResponse:
-                if msg.success and msg.term != self.term:  # type: ignore[attr-defined]
+            match msg:
+                case AppendResponse() if msg.success and msg.term != self.term:
                     # Acked before a newer leader may have cut those entries
                     # (the ack waited behind a slow fsync): drop, never mislead.
                     continue
-                wait = not self.bugs.ack_before_persist
-            elif kind is VoteResponse and msg.granted and not msg.pre_vote:  # type: ignore[attr-defined]
-                wait = not self.bugs.vote_before_persist
-            else:
-                wait = term_or_vote_changed
+                case AppendResponse():
+                    wait = not self.bugs.ack_before_persist
+                case VoteResponse() if msg.granted and not msg.pre_vote:
+                    wait = not self.bugs.vote_before_persist
+                case _:
+                    wait = term_or_vote_changed
             (after if wait else now).append(msg)
         self._outbox = []
         limit = self._apply_limit()
-        committed = tuple(self.log.entries(self.applied + 1, limit + 1, 1 << 62, 1 << 62))
+        committed = tuple(self.log.entries(self.applied + 1, limit + 1, UNLIMITED, UNLIMITED))
         soft = self._soft_state()
         ready = Ready(
             hard_state=hard if hard != last else None,
@@ -341,7 +356,7 @@ class RaftNode:
         return min(self.commit, self.stable_index)
 
     def _append_as_leader(self, kind: int, data: bytes) -> Entry:
-        size = 48 + len(data)
+        size = ENTRY_HEADER_BYTES + len(data)
         entry = Entry(self.log.last_index + 1, self.term, kind, data, self.log.next_position(size))
         self.log.append([entry], self.commit)
         return entry

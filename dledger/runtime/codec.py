@@ -30,7 +30,7 @@ persist nor send its term, and every peer that heard it would wedge too).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import msgpack
 
@@ -63,10 +63,28 @@ _MAX_U64 = 2**64 - 1
 # the i64 range, which leaves 2**63 increments of headroom below u64 overflow.
 MAX_TERM_OR_INDEX = 2**63 - 1
 _MAX_KIND = 0xFF
+# Decoder limits: a batch carries no strings and no maps, and its longest
+# array is an AppendRequest's flat entries (4 elements per entry); the
+# handshake frame is a small map of short strings.
+_BATCH_STR_MAX = 1024
+_BATCH_ARRAY_MAX = 1 << 24
+HELLO_BYTES_MAX = 4096
+_HELLO_MAP_MAX = 16
 
 
 class CodecError(ValueError):
     """A peer sent bytes that are not a valid message batch or handshake."""
+
+
+class PeerHello(TypedDict):
+    """The handshake map, in wire order: who connects to whom, in which group, on which channel."""
+
+    hello: str
+    version: int
+    group: str
+    src: int
+    dst: int
+    channel: str
 
 
 # ------------------------------------------------------------------ encoding
@@ -74,34 +92,40 @@ class CodecError(ValueError):
 
 def _encode_one(msg: Message) -> list[Any]:
     # Most frequent types first: this runs once per message sent.
-    if isinstance(msg, AppendRequest):
-        flat: list[Any] = []
-        for e in msg.entries:
-            flat += (e.term, e.kind, e.position, e.data)
-        return [_T_APPEND_REQ, msg.src, msg.dst, msg.term, msg.prev_index, msg.prev_term,
-                msg.commit, flat]
-    if isinstance(msg, AppendResponse):
-        return [_T_APPEND_RESP, msg.src, msg.dst, msg.term, msg.success, msg.index,
-                msg.hint_index, msg.hint_term]
-    if isinstance(msg, Heartbeat):
-        return [_T_HEARTBEAT, msg.src, msg.dst, msg.term, msg.commit]
-    if isinstance(msg, HeartbeatResponse):
-        if msg.last_index < 0:
+    match msg:
+        case AppendRequest():
+            flat: list[Any] = []
+            for e in msg.entries:
+                flat += (e.term, e.kind, e.position, e.data)
+            return [_T_APPEND_REQ, msg.src, msg.dst, msg.term, msg.prev_index, msg.prev_term,
+                    msg.commit, flat]
+        case AppendResponse():
+            return [_T_APPEND_RESP, msg.src, msg.dst, msg.term, msg.success, msg.index,
+                    msg.hint_index, msg.hint_term]
+        case Heartbeat():
+            return [_T_HEARTBEAT, msg.src, msg.dst, msg.term, msg.commit]
+        case HeartbeatResponse() if msg.last_index < 0:
             return [_T_HEARTBEAT_RESP, msg.src, msg.dst, msg.term]
-        return [_T_HEARTBEAT_RESP, msg.src, msg.dst, msg.term, msg.last_index]
-    if isinstance(msg, VoteRequest):
-        return [_T_VOTE_REQ, msg.src, msg.dst, msg.term, msg.last_index, msg.last_term,
-                msg.pre_vote, msg.transfer]
-    if isinstance(msg, VoteResponse):
-        return [_T_VOTE_RESP, msg.src, msg.dst, msg.term, msg.granted, msg.pre_vote]
-    if isinstance(msg, TimeoutNow):
-        return [_T_TIMEOUT_NOW, msg.src, msg.dst, msg.term]
+        case HeartbeatResponse():
+            return [_T_HEARTBEAT_RESP, msg.src, msg.dst, msg.term, msg.last_index]
+        case VoteRequest():
+            return [_T_VOTE_REQ, msg.src, msg.dst, msg.term, msg.last_index, msg.last_term,
+                    msg.pre_vote, msg.transfer]
+        case VoteResponse():
+            return [_T_VOTE_RESP, msg.src, msg.dst, msg.term, msg.granted, msg.pre_vote]
+        case TimeoutNow():
+            return [_T_TIMEOUT_NOW, msg.src, msg.dst, msg.term]
     raise TypeError(f"cannot encode {type(msg).__name__}")
+
+
+def _packb(obj: object) -> bytes:
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
 
 
 def encode_message(msg: Message) -> bytes:
     """One message as a msgpack array."""
-    return msgpack.packb(_encode_one(msg), use_bin_type=True)
+    return _packb(_encode_one(msg))
 
 
 def encode_batches(messages: Iterable[Message], max_payload_bytes: int) -> list[bytes]:
@@ -123,11 +147,8 @@ def encode_batches(messages: Iterable[Message], max_payload_bytes: int) -> list[
 
 
 def encode_hello(group: str, src: int, dst: int, channel: str) -> bytes:
-    return msgpack.packb(
-        {"hello": HELLO_MAGIC, "version": HELLO_VERSION, "group": group, "src": src, "dst": dst,
-         "channel": channel},
-        use_bin_type=True,
-    )
+    return _packb(PeerHello(hello=HELLO_MAGIC, version=HELLO_VERSION, group=group, src=src,
+                            dst=dst, channel=channel))
 
 
 # ------------------------------------------------------------------ decoding
@@ -224,8 +245,8 @@ def _decode_one(obj: Any) -> Message:
 def decode_batch(payload: bytes, max_bin_len: int) -> list[Message]:
     """All messages of one frame payload; `CodecError` if any byte is wrong."""
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(payload), 1),
-                                max_bin_len=max_bin_len, max_str_len=1024,
-                                max_array_len=1 << 24, max_map_len=0)
+                                max_bin_len=max_bin_len, max_str_len=_BATCH_STR_MAX,
+                                max_array_len=_BATCH_ARRAY_MAX, max_map_len=0)
     unpacker.feed(payload)
     out: list[Message] = []
     try:
@@ -241,21 +262,23 @@ def decode_batch(payload: bytes, max_bin_len: int) -> list[Message]:
     return out
 
 
-def decode_hello(payload: bytes) -> dict[str, Any]:
+def decode_hello(payload: bytes) -> PeerHello:
     """The handshake map, shape-checked (group str, src/dst ints, known channel)."""
     try:
-        obj = msgpack.unpackb(payload, raw=False, max_str_len=4096, max_bin_len=0,
-                              max_array_len=0, max_map_len=16)
+        obj = msgpack.unpackb(payload, raw=False, max_str_len=HELLO_BYTES_MAX, max_bin_len=0,
+                              max_array_len=0, max_map_len=_HELLO_MAP_MAX)
     except Exception as exc:
         raise CodecError(f"handshake is not valid msgpack: {type(exc).__name__}") from None
     if type(obj) is not dict or obj.get("hello") != HELLO_MAGIC:
         raise CodecError("not a LedgerMQ Raft peer handshake")
     if obj.get("version") != HELLO_VERSION:
         raise CodecError(f"unsupported peer protocol version {obj.get('version')!r}")
-    if type(obj.get("group")) is not str:
+    group, channel = obj.get("group"), obj.get("channel")
+    if type(group) is not str:
         raise CodecError("handshake group must be a string")
-    _uint(obj.get("src"), "handshake src")
-    _uint(obj.get("dst"), "handshake dst")
-    if obj.get("channel") not in CHANNELS:
-        raise CodecError(f"unknown channel {obj.get('channel')!r}")
-    return obj
+    src = _uint(obj.get("src"), "handshake src")
+    dst = _uint(obj.get("dst"), "handshake dst")
+    if channel not in CHANNELS:
+        raise CodecError(f"unknown channel {channel!r}")
+    return PeerHello(hello=HELLO_MAGIC, version=HELLO_VERSION, group=group, src=src, dst=dst,
+                     channel=channel)

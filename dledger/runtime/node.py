@@ -296,6 +296,11 @@ class RaftGroupNode:
     # ------------------------------------------------------------ observation
 
     @property
+    def core(self) -> RaftNode | None:
+        """The sans-I/O core (None before start), for simulators to read; never to drive."""
+        return self._core
+
+    @property
     def role(self) -> str:
         if self._core is None or self.failed is not None:
             return "follower"  # a failed node leads nothing (status() says why)

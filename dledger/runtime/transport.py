@@ -38,6 +38,7 @@ from typing import Any
 
 from dledger.messages import CHANNEL_CONTROL, CHANNEL_REPLICATION, Message
 from dledger.runtime.codec import (
+    HELLO_BYTES_MAX,
     CodecError,
     decode_batch,
     decode_hello,
@@ -187,7 +188,8 @@ class PeerTransport:
         for link in self._links.values():
             link.task = asyncio.get_running_loop().create_task(
                 link.run(), name=f"raft-link-{self.node_id}->{link.peer}-{link.channel}")
-        return self._server.sockets[0].getsockname()[:2]
+        bound: tuple[str, int] = self._server.sockets[0].getsockname()[:2]
+        return bound
 
     def send(self, messages: Sequence[Message]) -> None:
         """Send a Ready's messages: one write per (peer, channel) link."""
@@ -265,7 +267,7 @@ class PeerTransport:
         peername = writer.get_extra_info("peername")
         try:
             async with asyncio.timeout(self.handshake_timeout):
-                payload = await read_frame(reader, 4096)
+                payload = await read_frame(reader, HELLO_BYTES_MAX)
             if payload is None:
                 return
             hello = decode_hello(payload)

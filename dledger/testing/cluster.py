@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from dledger.config import Bugs, Config
 from dledger.entry import Entry, segment_placement
 from dledger.invariants import SafetyChecker, SafetyViolation
-from dledger.log import CommittedDivergence
+from dledger.log import UNLIMITED, CommittedDivergence
 from dledger.messages import AppendRequest, Message
 from dledger.raw_node import NotLeader, RaftNode
 from dledger.ready import Ready
@@ -51,8 +51,46 @@ from dledger.testing.network import SimNetwork
 from election.config import ElectionConfig
 from election.roles import Role
 
-# Event kinds; events due at the same time run in the order they were scheduled.
-DELIVER, TICK, SYNC_DONE, CALL, FLUSH_DONE, RESUME = range(6)
+# Events besides a message's arrival (a `Message` is its own event). Events due
+# at the same time run in the order they were scheduled.
+
+
+@dataclass(frozen=True, slots=True)
+class _Tick:
+    node: int
+
+
+@dataclass(frozen=True, slots=True)
+class _SyncDone:
+    """The fsync of a Ready completes (ignored if the node crashed meanwhile)."""
+
+    node: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class _FlushDone:
+    """flush=async: a background flush made writes up to `upto` durable."""
+
+    node: int
+    generation: int
+    upto: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Resume:
+    node: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A client proposal or a nemesis action."""
+
+    action: Callable[[], None]
+
+
+_Event = Message | _Tick | _SyncDone | _FlushDone | _Resume | _Call
 
 
 @dataclass
@@ -128,7 +166,7 @@ class SimCluster:
         self.append_entries_max = self.rng.choice((1, 2, 8))
         self.inflight_max = self.rng.choice((1, 4))
         self.now = 0
-        self._queue: list[tuple[int, int, int, object]] = []
+        self._queue: list[tuple[int, int, _Event]] = []
         self._seq = 0
         self.checker = SafetyChecker(flush_async=flush_async)
         self.stats = SimStats()
@@ -160,16 +198,16 @@ class SimCluster:
         self.scenario_active = False
         for n in self.node_ids:
             self._start(n)
-            self._schedule(self.rng.randint(1, self.tick_period[n]), TICK, n)
+            self._schedule(self.rng.randint(1, self.tick_period[n]), _Tick(n))
 
     # ---------------------------------------------------------------- events
 
-    def _schedule(self, at: int, kind: int, payload: object) -> None:
+    def _schedule(self, at: int, event: _Event) -> None:
         self._seq += 1
-        heapq.heappush(self._queue, (at, self._seq, kind, payload))
+        heapq.heappush(self._queue, (at, self._seq, event))
 
     def call_at(self, at: int, action: Callable[[], None]) -> None:
-        self._schedule(at, CALL, action)
+        self._schedule(at, _Call(action))
 
     def log(self, text: str) -> None:
         line = f"t={self.now} {text}"
@@ -181,33 +219,34 @@ class SimCluster:
         """Process events due before `end` (or until `stop()` holds, checked each event)."""
         queue = self._queue
         while queue and queue[0][0] < end:
-            at, _, kind, payload = heapq.heappop(queue)
+            at, _, event = heapq.heappop(queue)
             self.now = at
             self.stats.steps += 1
-            if kind == DELIVER:
-                if not self._defer(payload.dst, kind, payload):  # type: ignore[attr-defined]
-                    self._deliver(payload)  # type: ignore[arg-type]
-            elif kind == TICK:
-                self._tick(payload)  # type: ignore[arg-type]
-            elif kind == SYNC_DONE:
-                if not self._defer(payload[0], kind, payload):  # type: ignore[index]
-                    self._sync_done(payload)  # type: ignore[arg-type]
-            elif kind == FLUSH_DONE:
-                if not self._defer(payload[0], kind, payload):  # type: ignore[index]
-                    self._flush_done(payload)  # type: ignore[arg-type]
-            elif kind == RESUME:
-                self._resume(payload)  # type: ignore[arg-type]
-            else:
-                payload()  # type: ignore[operator]
+            match event:
+                case Message():
+                    if not self._defer(event.dst, event):
+                        self._deliver(event)
+                case _Tick():
+                    self._tick(event.node)
+                case _SyncDone():
+                    if not self._defer(event.node, event):
+                        self._sync_done(event)
+                case _FlushDone():
+                    if not self._defer(event.node, event):
+                        self._flush_done(event)
+                case _Resume():
+                    self._resume(event)
+                case _Call():
+                    event.action()
             if stop is not None and stop():
                 return
         self.now = max(self.now, end)
 
-    def _defer(self, n: int, kind: int, payload: object) -> bool:
+    def _defer(self, n: int, event: _Event) -> bool:
         """A paused node processes nothing: push the event to its resume time."""
         until = self.paused_until[n]
         if self.now < until:
-            self._schedule(until, kind, payload)
+            self._schedule(until, event)
             return True
         return False
 
@@ -265,10 +304,10 @@ class SimCluster:
         self._pause_burst[n] = burst
         self.stats.pauses += 1
         self.log(f"pause {n} for {units} ({'burst' if burst else 'drop'} ticks on resume)")
-        self._schedule(self.now + units, RESUME, (n, self.generation[n]))
+        self._schedule(self.now + units, _Resume(n, self.generation[n]))
 
-    def _resume(self, payload: tuple[int, int]) -> None:
-        n, generation = payload
+    def _resume(self, event: _Resume) -> None:
+        n, generation = event.node, event.generation
         node = self.nodes[n]
         if node is None or generation != self.generation[n]:
             return
@@ -286,7 +325,7 @@ class SimCluster:
         node = self.nodes[n]
         assert node is not None
         self.log(f"restart {n} term={node.term} last={node.log.last_index} commit={node.commit}")
-        self._schedule(self.now + self.rng.randint(1, self.tick_period[n]), TICK, n)
+        self._schedule(self.now + self.rng.randint(1, self.tick_period[n]), _Tick(n))
         self._drain(n)
 
     def alive(self) -> list[RaftNode]:
@@ -302,7 +341,7 @@ class SimCluster:
         node = self.nodes[n]
         if node is None:
             return  # a crashed node's tick chain ends; restart starts a new one
-        self._schedule(self.now + self.tick_period[n], TICK, n)
+        self._schedule(self.now + self.tick_period[n], _Tick(n))
         if self.now < self.paused_until[n]:
             self.missed_ticks[n] += 1  # the clock moves on; the process does not
             return
@@ -321,10 +360,10 @@ class SimCluster:
         self._ticks_since_flush[n] = 0
         self._flushing[n] = True
         at = self.now + self.profile.fsync_delay(self.rng)
-        self._schedule(at, FLUSH_DONE, (n, self.generation[n], disk.issued))
+        self._schedule(at, _FlushDone(n, self.generation[n], disk.issued))
 
-    def _flush_done(self, payload: tuple[int, int, int]) -> None:
-        n, generation, upto = payload
+    def _flush_done(self, event: _FlushDone) -> None:
+        n, generation, upto = event.node, event.generation, event.upto
         if generation != self.generation[n]:
             return
         self._flushing[n] = False
@@ -374,7 +413,7 @@ class SimCluster:
         low, self._claimed[n] = self._claimed[n], node.commit
         if self.flush_async:
             return
-        entries = node.log.entries(low + 1, node.commit + 1, 1 << 62, 1 << 62)
+        entries = node.log.entries(low + 1, node.commit + 1, UNLIMITED, UNLIMITED)
         self.checker.observe_committed(entries, node.term)
         last = entries[-1]
         self.checker.observe_claim(
@@ -388,9 +427,9 @@ class SimCluster:
         for msg in messages:
             self.checker.observe_sent(msg, disk.durable_hard_state, disk.durable_term)
             for at in self.network.arrivals(msg, self.now):
-                self._schedule(at, DELIVER, msg)
-            if stale_p and type(msg) is AppendRequest and self.rng.random() < stale_p:
-                self._stale_append(n, msg)  # type: ignore[arg-type]
+                self._schedule(at, msg)
+            if stale_p and isinstance(msg, AppendRequest) and self.rng.random() < stale_p:
+                self._stale_append(n, msg)
 
     def _stale_append(self, n: int, msg: AppendRequest) -> None:
         """Also send an older slice of the leader's log, as a leader probing from a lower
@@ -405,7 +444,7 @@ class SimCluster:
         low = 0 if self.rng.random() < 0.2 else max(0, msg.prev_index - 8)
         prev = self.rng.randint(low, msg.prev_index)
         count = self.rng.randint(0, self.append_entries_max)
-        entries = node.log.entries(prev + 1, prev + 1 + count, 1 << 62, count) if count else []
+        entries = node.log.entries(prev + 1, prev + 1 + count, UNLIMITED, count) if count else []
         stale = AppendRequest(
             n, msg.dst, msg.term, prev, node.log.term(prev), tuple(entries), node.commit
         )
@@ -413,7 +452,7 @@ class SimCluster:
         disk = self.disks[n]
         self.checker.observe_sent(stale, disk.durable_hard_state, disk.durable_term)
         for at in self.network.arrivals(stale, self.now):
-            self._schedule(at, DELIVER, stale)
+            self._schedule(at, stale)
 
     def _drain(self, n: int) -> None:
         """Handle Readies until the node has none or waits for an fsync."""
@@ -437,12 +476,12 @@ class SimCluster:
             if wait:
                 self.syncing[n] = ready
                 delay = self.profile.fsync_delay(self.rng)
-                self._schedule(self.now + delay, SYNC_DONE, (n, self.generation[n]))
+                self._schedule(self.now + delay, _SyncDone(n, self.generation[n]))
                 return
             self._finish(n, ready)
 
-    def _sync_done(self, payload: tuple[int, int]) -> None:
-        n, generation = payload
+    def _sync_done(self, event: _SyncDone) -> None:
+        n, generation = event.node, event.generation
         ready = self.syncing[n]
         if generation != self.generation[n] or ready is None:
             return  # the node crashed while this fsync was pending

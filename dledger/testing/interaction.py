@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from dledger.config import Config
 from dledger.entry import Entry, EntryKind, segment_placement
+from dledger.log import UNLIMITED
 from dledger.messages import (
     AppendRequest,
     AppendResponse,
@@ -42,7 +43,9 @@ from dledger.ready import Ready
 from dledger.storage import MemoryLogStorage
 from election.config import ElectionConfig
 
-_KIND_NAMES = {EntryKind.MESSAGES: "MSG", EntryKind.NOOP: "NOOP", EntryKind.CONTROL: "CTRL"}
+_KIND_NAMES: dict[int, str] = {
+    EntryKind.MESSAGES: "MSG", EntryKind.NOOP: "NOOP", EntryKind.CONTROL: "CTRL",
+}
 
 
 def format_entry(entry: Entry) -> str:
@@ -310,7 +313,7 @@ class InteractionEnv:
 
     def _log(self, args: list[str], kwargs: dict[str, str]) -> None:
         node = self._node(args[0])
-        entries = node.log.entries(1, node.log.last_index + 1, 1 << 62, 1 << 62)
+        entries = node.log.entries(1, node.log.last_index + 1, UNLIMITED, UNLIMITED)
         self._print("\n".join(format_entry(e) for e in entries) or "(empty)")
 
 

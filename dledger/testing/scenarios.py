@@ -72,7 +72,9 @@ class Figure8:
         cluster.log(f"scenario figure8: strand leader {a} with {sorted(self.side_a)}")
         for _ in range(cluster.rng.randint(1, 2)):
             self._write(a)
-        term_a = cluster.nodes[a].term  # type: ignore[union-attr]
+        node_a = cluster.nodes[a]
+        assert node_a is not None, "the stranded leader is up: it was just chosen as leader"
+        term_a = node_a.term
         cluster.on_new_leader = lambda n: self._on_leader_z(n, term_a, rest)
         self._wait(lambda: self.z or None, self._after_z)
 

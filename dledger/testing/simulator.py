@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from dledger.config import Bugs
 from dledger.invariants import (
@@ -29,7 +30,7 @@ from dledger.invariants import (
     check_prefixes_identical,
 )
 from dledger.log import InvariantViolation
-from dledger.testing.cluster import SimCluster
+from dledger.testing.cluster import Proposal, SimCluster
 from dledger.testing.faults import CLASSIC, draw_profile, profile_named
 from dledger.testing.scenarios import Figure8
 from election.roles import Role
@@ -147,9 +148,9 @@ def run_seed(
     )
 
 
-def _is_committed(cluster: SimCluster, proposal: object) -> bool:
-    entry = cluster.checker.committed.get(proposal.index)  # type: ignore[attr-defined]
-    return entry is not None and entry.term == proposal.term  # type: ignore[attr-defined]
+def _is_committed(cluster: SimCluster, proposal: Proposal) -> bool:
+    entry = cluster.checker.committed.get(proposal.index)
+    return entry is not None and entry.term == proposal.term
 
 
 # ------------------------------------------------------------------ phases
@@ -177,7 +178,7 @@ def _fault_phase(cluster: SimCluster, options: SimOptions, figure8: bool) -> Non
         counter += 1
         # Sizes vary so entries roll over the small simulated segments.
         data = f"p{counter}:".encode() + b"x" * rng.randint(0, 300)
-        cluster.call_at(t, lambda data=data: cluster.propose(data))
+        cluster.call_at(t, partial(cluster.propose, data))
     t = 0
     while True:
         t += rng.randint(options.nemesis_every_units // 2, options.nemesis_every_units * 3 // 2)

@@ -23,7 +23,7 @@ import struct
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import msgpack
 import zstandard
@@ -56,6 +56,9 @@ ZSTD_LEVEL = 3
 # frame has no trustworthy id); clients number requests from 1.
 CONNECTION_ERROR_ID = 0
 MAX_REQUEST_ID = 2**63 - 1
+# Request codes and response statuses are small non-negative numbers; a peer's
+# value beyond the i32 range is refused as malformed.
+MAX_CODE = 2**31 - 1
 
 # zstandard contexts are not safe to share between threads; asyncio code runs
 # on one thread, but an executor may compress a large batch off-loop.
@@ -234,9 +237,47 @@ class Response:
         return self.status == OK
 
 
-def _pack(obj: dict[str, Any]) -> bytes:
+# The msgpack maps of docs/protocol.md, field for field, in the order they are
+# packed (a dict's order is its order on the wire).
+
+
+class RequestMap(TypedDict):
+    """A request payload: {id, code, body}."""
+
+    id: int
+    code: int
+    body: Any
+
+
+class ResponseMap(TypedDict):
+    """A response payload: {id, status, error, body}."""
+
+    id: int
+    status: int
+    error: str | None
+    body: Any
+
+
+class HelloBody(TypedDict):
+    """The body of the HELLO request: {version, role[, name]}."""
+
+    version: int
+    role: str
+    name: NotRequired[str]
+
+
+class HelloReply(TypedDict):
+    """The body of the server's answer to HELLO."""
+
+    version: int
+    server: str
+    max_frame_bytes: int
+
+
+def _pack(obj: RequestMap | ResponseMap) -> bytes:
     try:
-        return msgpack.packb(obj, use_bin_type=True)
+        packed: bytes = msgpack.packb(obj, use_bin_type=True)
+        return packed
     except (TypeError, ValueError, OverflowError) as exc:
         # The sender's own bug, not the peer's: say which value did not fit.
         raise TypeError(f"value cannot be encoded as msgpack: {exc}") from exc
@@ -263,7 +304,7 @@ def _int_field(obj: dict[Any, Any], key: str, lo: int, hi: int) -> int:
 
 def encode_request(request: Request) -> bytes:
     """Msgpack payload of a request (not yet framed)."""
-    return _pack({"id": request.id, "code": request.code, "body": request.body})
+    return _pack(RequestMap(id=request.id, code=request.code, body=request.body))
 
 
 def decode_request(payload: bytes) -> Request:
@@ -271,19 +312,16 @@ def decode_request(payload: bytes) -> Request:
     obj = _unpack(payload)
     # Id 0 would collide with connection-level error responses.
     rid = _int_field(obj, "id", 1, MAX_REQUEST_ID)
-    code = _int_field(obj, "code", 0, 2**31 - 1)
+    code = _int_field(obj, "code", 0, MAX_CODE)
     return Request(rid, code, obj.get("body"))
 
 
 def encode_response(response: Response) -> bytes:
     """Msgpack payload of a response (not yet framed)."""
     return _pack(
-        {
-            "id": response.id,
-            "status": response.status,
-            "error": response.error,
-            "body": response.body,
-        }
+        ResponseMap(
+            id=response.id, status=response.status, error=response.error, body=response.body
+        )
     )
 
 
@@ -291,7 +329,7 @@ def decode_response(payload: bytes) -> Response:
     """Parse a response payload; MalformedFrameError if the shape is wrong."""
     obj = _unpack(payload)
     rid = _int_field(obj, "id", 0, MAX_REQUEST_ID)
-    status = _int_field(obj, "status", 0, 2**31 - 1)
+    status = _int_field(obj, "status", 0, MAX_CODE)
     error = obj.get("error")
     if error is not None and not isinstance(error, str):
         raise MalformedFrameError("field 'error' must be a string or nil")
@@ -308,11 +346,9 @@ def error_response(request_id: int, exc: Exception) -> Response:
 # --------------------------------------------------------------------------- handshake
 
 
-def hello_body(
-    role: str, version: int = PROTOCOL_VERSION, name: str | None = None
-) -> dict[str, Any]:
+def hello_body(role: str, version: int = PROTOCOL_VERSION, name: str | None = None) -> HelloBody:
     """Body of the HELLO request a client sends first on every connection."""
-    body: dict[str, Any] = {"version": version, "role": role}
+    body = HelloBody(version=version, role=role)
     if name is not None:
         body["name"] = name
     return body

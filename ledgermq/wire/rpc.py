@@ -22,6 +22,7 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ledgermq.base.codes import RequestCode
@@ -46,6 +47,7 @@ from ledgermq.wire.codec import (
     MAX_REQUEST_ID,
     PROTOCOL_VERSION,
     SUPPORTED_VERSIONS,
+    HelloReply,
     Request,
     Response,
     decode_request,
@@ -192,7 +194,7 @@ class RpcServer:
                 await limit.acquire()
                 task = asyncio.create_task(self._dispatch(conn, request))
                 conn.inflight.add(task)
-                task.add_done_callback(lambda t: (conn.inflight.discard(t), limit.release()))
+                task.add_done_callback(partial(_finished, conn, limit))
         except _HandshakeFailed as exc:
             fatal, fatal_id = exc.error, exc.request_id
         except (MalformedFrameError, FrameTooLargeError, HandshakeRequiredError) as exc:
@@ -269,11 +271,9 @@ class RpcServer:
             encode_response(
                 Response(
                     request.id,
-                    body={
-                        "version": version,
-                        "server": self.name,
-                        "max_frame_bytes": self.max_frame_bytes,
-                    },
+                    body=HelloReply(
+                        version=version, server=self.name, max_frame_bytes=self.max_frame_bytes
+                    ),
                 )
             )
         )
@@ -313,6 +313,12 @@ class RpcServer:
         conn.writer.send(payload)
         with contextlib.suppress(ConnectionError):
             await conn.writer.drain()
+
+
+def _finished(conn: Connection, limit: asyncio.Semaphore, task: asyncio.Task[None]) -> None:
+    """A request's task ended: forget it and let the connection read one more."""
+    conn.inflight.discard(task)
+    limit.release()
 
 
 class _HandshakeFailed(Exception):

@@ -18,15 +18,12 @@ index. Then:
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from dledger.testing.nodesim.apply import digest, read_committed
-
-if TYPE_CHECKING:
-    from dledger.testing.nodesim.harness import Harness
+from dledger.testing.nodesim.world import World
 
 
-def final_checks(h: Harness) -> str | None:
+def final_checks(h: World) -> str | None:
     leader = h.leader()
     if leader is None or leader.node is None:
         return "no leader at the end"
@@ -52,7 +49,7 @@ def final_checks(h: Harness) -> str | None:
                 return (f"acknowledged proposal {p.seq} (index {p.index}, term {p.term}) is "
                         f"not in the final log there: {final.get(p.index)}")
     for slot in h.slots.values():
-        incarnations = slot.applied.items()
+        incarnations = list(slot.applied.items())
         if h.flush == "async":
             if slot.state == "diverged":
                 continue

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from commitlog.checkpoint import HardState, decode_hard_state, read_checkpoint, read_hard_state
 from dledger.entry import Entry, EntryKind
@@ -44,12 +43,15 @@ from dledger.messages import (
     VoteRequest,
     VoteResponse,
 )
+from dledger.testing.nodesim.world import Slot, World
 
-if TYPE_CHECKING:
-    from dledger.testing.nodesim.harness import Harness, Slot
+# (last term, last index) of a voter no candidate's log is as up to date as.
+UNBEATABLE_LOG = (1 << 62, 1 << 62)
+# Bytes to read for the whole hard-state file (a few dozen bytes long).
+HARD_STATE_READ_BYTES = 1 << 16
 
 
-def durable(h: Harness, slot: Slot, index: int) -> bool:
+def durable(h: World, slot: Slot, index: int) -> bool:
     """Entry `index` of the node's log (as it reads now) would survive a power cut."""
     node = slot.node
     assert node is not None
@@ -58,6 +60,7 @@ def durable(h: Harness, slot: Slot, index: int) -> bool:
         return True
     if index > log.last_index:
         return False
+    assert log.index is not None and log.segments is not None, "the node's log is closed"
     record = log.index.read(index)  # queued records are served from memory
     assert record is not None, f"no index record for entry {index}"
     base = log.segments.base_of(record.position)
@@ -68,13 +71,13 @@ def durable(h: Harness, slot: Slot, index: int) -> bool:
     return kept is not None and kept == h.fs.volatile_slice(path, at, size)
 
 
-def durable_hard_state(h: Harness, slot: Slot) -> HardState:
+def durable_hard_state(h: World, slot: Slot) -> HardState:
     path = os.path.join(slot.data_dir, "hardstate")
-    raw = h.fs.durable_slice(path, 0, 1 << 16)
+    raw = h.fs.durable_slice(path, 0, HARD_STATE_READ_BYTES)
     return decode_hard_state(path, raw) if raw else HardState()
 
 
-def observe_send(h: Harness, node_id: int, messages: Sequence[Message]) -> None:
+def observe_send(h: World, node_id: int, messages: Sequence[Message]) -> None:
     slot = h.slots[node_id]
     if slot.node is None:
         return
@@ -103,7 +106,7 @@ def observe_send(h: Harness, node_id: int, messages: Sequence[Message]) -> None:
                    "durable")
 
 
-def check_acked(h: Harness, slot: Slot, index: int, term: int, what: str) -> None:
+def check_acked(h: World, slot: Slot, index: int, term: int, what: str) -> None:
     """Entry `index` of `term` was applied, or a client told it committed
     (flush=sync): it must be durable on a quorum."""
     if h.flush != "sync":
@@ -122,7 +125,7 @@ def check_acked(h: Harness, slot: Slot, index: int, term: int, what: str) -> Non
                f"of {len(h.slots)} nodes")
 
 
-def durable_last(h: Harness, slot: Slot) -> tuple[int, int]:
+def durable_last(h: World, slot: Slot) -> tuple[int, int]:
     """(term, index) of the last entry of the node's log a power cut now would
     keep (the durable part of a log is a prefix of it)."""
     node = slot.node
@@ -138,7 +141,7 @@ def durable_last(h: Harness, slot: Slot) -> tuple[int, int]:
     return (log.term_at(lo) if lo >= log.first_index else 0), lo
 
 
-def check_claim(h: Harness, slot: Slot, commit: int) -> None:
+def check_claim(h: World, slot: Slot, commit: int) -> None:
     """The node claims entries up to `commit` committed (flush=sync; once per
     rise of its claim per incarnation)."""
     node = slot.node
@@ -160,7 +163,7 @@ def check_claim(h: Harness, slot: Slot, commit: int) -> None:
             # holds the entry, as a voter it refuses everyone (the check stays
             # sound, only weaker).
             candidates[other.nid] = (True, 0, 0)
-            voters[other.nid] = (1 << 62, 1 << 62)
+            voters[other.nid] = UNBEATABLE_LOG
             continue
         olog = onode.log
         holds = (olog.first_index <= commit <= olog.last_index
@@ -174,7 +177,7 @@ def check_claim(h: Harness, slot: Slot, commit: int) -> None:
         h.fail(f"n{slot.nid} claims entry {commit} (term {term}) committed, but {problem}")
 
 
-def check_commits(h: Harness) -> None:
+def check_commits(h: World) -> None:
     """Committed entries never change, and every rise of a node's commit index
     is a checked claim (flush=sync): polled by the client."""
     if h.flush != "sync":
@@ -200,7 +203,7 @@ def check_commits(h: Harness) -> None:
         h.commit_checked[slot.nid] = top
 
 
-def observe_replace(h: Harness, path: str) -> None:
+def observe_replace(h: World, path: str) -> None:
     data_dir, name = os.path.split(path)
     slot = next((s for s in h.slots.values() if s.data_dir == data_dir), None)
     if slot is None or slot.node is None or name not in ("checkpoint", "hardstate"):

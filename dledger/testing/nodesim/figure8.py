@@ -32,18 +32,15 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from dledger.messages import Message
-
-if TYPE_CHECKING:
-    from dledger.testing.nodesim.harness import Harness, Slot
+from dledger.testing.nodesim.world import Slot, World
 
 POLL_S = 0.02
 STEP_DEADLINE_S = 3.0
 
 
-async def figure8(h: Harness, rng: random.Random) -> None:
+async def figure8(h: World, rng: random.Random) -> None:
     """Run the schedule once; the network is healed and the disks and the
     leader killer restored when it ends, however it ends."""
     killer, h.leader_killer = h.leader_killer, False
@@ -59,7 +56,7 @@ async def figure8(h: Harness, rng: random.Random) -> None:
         h.trace("figure8: end, network healed")
 
 
-async def _schedule(h: Harness, rng: random.Random) -> None:
+async def _schedule(h: World, rng: random.Random) -> None:
     ids = sorted(h.slots)
     h.net.blocked.clear()
     for slot in h.slots.values():
@@ -127,7 +124,7 @@ async def _schedule(h: Harness, rng: random.Random) -> None:
     await asyncio.sleep(rng.uniform(0.3, 1.0))
 
 
-async def _wait(h: Harness, ready: Callable[[], Slot | None]) -> Slot | None:
+async def _wait(h: World, ready: Callable[[], Slot | None]) -> Slot | None:
     """Poll until `ready` names a node, the deadline passes, or the run heals."""
     deadline = h.clock.now + STEP_DEADLINE_S
     while h.clock.now < deadline:
@@ -142,7 +139,7 @@ async def _wait(h: Harness, ready: Callable[[], Slot | None]) -> Slot | None:
     return None
 
 
-def _groups(h: Harness, groups: Sequence[set[int]]) -> None:
+def _groups(h: World, groups: Sequence[set[int]]) -> None:
     """Only nodes of the same group reach each other."""
     h.net.blocked.clear()
     for g in groups:

@@ -28,7 +28,7 @@ from typing import Any
 
 import commitlog
 from dledger.config import NO_BUGS, Bugs
-from dledger.log import CommittedDivergence
+from dledger.log import UNLIMITED, CommittedDivergence
 from dledger.messages import AppendRequest, Message
 from dledger.runtime.node import NodeConfig, NodeIO, NotLeaderError, ProposalUnknown, RaftGroupNode
 from dledger.testing.nodesim.apply import Applier, ApplierFactory, RecordingApplier, digest
@@ -42,6 +42,7 @@ from dledger.testing.nodesim.network import SimNetwork, SimTransport
 from dledger.testing.nodesim.simfs import FAULT_NAMES, NO_FAULTS, SimFileSystem
 from dledger.testing.nodesim.vtime import Scheduler, SimLoop, VirtualClock
 from dledger.testing.nodesim.worker import SimWorker
+from dledger.testing.nodesim.world import Proposal, Slot
 
 GROUP = "sim"
 TICK_MS = 50
@@ -83,36 +84,8 @@ class Violation(Exception):
     """A broken guarantee; ends the run."""
 
 
-@dataclass
-class Slot:
-    """One simulated node across its incarnations."""
-
-    nid: int
-    data_dir: str
-    state: str = "down"  # up | down | diverged
-    incarnation: int = 0
-    loop: SimLoop | None = None
-    node: RaftGroupNode | None = None
-    applier: Applier | None = None
-    faults_at_start: int = 0
-    failure_seen: bool = False
-    disk_mode: str = "normal"  # normal | slow
-    # (index, term, digest) applied by each incarnation
-    applied: dict[int, list[tuple[int, int, str]]] = field(default_factory=dict)
-
-
-@dataclass
-class Proposal:
-    seq: int
-    body: bytes
-    node: int
-    outcome: str = "pending"  # pending | acked | refused | unknown
-    index: int = 0
-    term: int = 0
-
-
 class Harness:
-    """The simulated cluster of one run and its bookkeeping."""
+    """The simulated cluster of one run and its bookkeeping (a `world.World`)."""
 
     def __init__(self, seed: int, options: NodeSimOptions,
                  trace: Callable[[str], None] | None) -> None:
@@ -286,7 +259,7 @@ class Harness:
                 continue
             slot.failure_seen = True
             exc = node.failed
-            cause = exc
+            cause: BaseException | None = exc
             while cause is not None and not isinstance(cause, CommittedDivergence):
                 cause = cause.__cause__ or cause.__context__
             if cause is not None:
@@ -330,7 +303,7 @@ class Harness:
             return []
         slot = self.slots[src]
         node = slot.node
-        core = node._core if node is not None else None  # the sans-I/O RaftNode
+        core = node.core if node is not None else None
         if core is None or node is None or node.role != "leader":
             return []
         rng = self.stale_rng
@@ -357,7 +330,7 @@ class Harness:
             count = rng.randint(0, min(16, core.log.last_index - prev))
             try:
                 prev_term = core.log.term(prev)
-                entries = core.log.entries(prev + 1, prev + 1 + count, 1 << 62, count) \
+                entries = core.log.entries(prev + 1, prev + 1 + count, UNLIMITED, count) \
                     if count else []
             except LookupError:
                 continue  # compacted meanwhile
@@ -369,12 +342,13 @@ class Harness:
     # ------------------------------------------------------------- client
 
     def leader(self) -> Slot | None:
-        best = None
+        """The running, healthy node that leads the highest term, if any."""
+        best, best_term = None, -1
         for slot in self.slots.values():
             node = slot.node
             if slot.state == "up" and node is not None and node.failed is None \
-                    and node.role == "leader" and (best is None or node.term > best.node.term):
-                best = slot
+                    and node.role == "leader" and node.term > best_term:
+                best, best_term = slot, node.term
         return best
 
     def propose(self, slot: Slot) -> None:

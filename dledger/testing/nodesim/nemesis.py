@@ -29,19 +29,17 @@ Fault kinds, by the names the trace uses:
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import random
 
 from dledger.testing.nodesim.figure8 import figure8
 from dledger.testing.nodesim.simfs import NO_FAULTS, DiskFaults
-
-if TYPE_CHECKING:
-    from dledger.testing.nodesim.harness import Harness
+from dledger.testing.nodesim.world import World
 
 KINDS = ("power_cut", "power_cut_leader", "pause", "partition", "slow_disk", "disk_faults",
          "net_delay", "net_loss", "leader_killer", "stale_append", "figure8")
 
 
-async def nemesis(h: Harness, until: float) -> None:
+async def nemesis(h: World, until: float) -> None:
     rng = h.nemesis_rng
     enabled = [k for k in KINDS if rng.random() < 0.6] or ["power_cut"]
     h.trace(f"nemesis: {', '.join(enabled)}")
@@ -88,12 +86,12 @@ async def nemesis(h: Harness, until: float) -> None:
                 h.trace(f"nemesis: n{slot.nid} disk faults off")
             else:
                 rate = rng.uniform(0.002, 0.03)
-                faults = DiskFaults(
+                disk = DiskFaults(
                     enospc_write=rate * rng.random(), eio_write=rate * rng.random(),
                     eio_fsync=rate * rng.random(), enospc_rename=rate * rng.random(),
                     eio_rename=rate * rng.random())
-                h.fs.set_faults(slot.data_dir, faults)
-                h.trace(f"nemesis: n{slot.nid} disk faults {faults}")
+                h.fs.set_faults(slot.data_dir, disk)
+                h.trace(f"nemesis: n{slot.nid} disk faults {disk}")
         elif kind == "net_delay":
             faults = h.net.faults
             faults.long_delay = 0.0 if faults.long_delay else rng.uniform(0.01, 0.05)
@@ -115,10 +113,7 @@ async def nemesis(h: Harness, until: float) -> None:
             h.trace(f"nemesis: loss {faults.loss:.3f} duplicate {faults.duplicate:.3f}")
 
 
-def _partition(h: Harness, rng: object) -> None:
-    import random
-
-    assert isinstance(rng, random.Random)
+def _partition(h: World, rng: random.Random) -> None:
     blocked = h.net.blocked
     if blocked:
         blocked.clear()
@@ -126,8 +121,9 @@ def _partition(h: Harness, rng: object) -> None:
         return
     ids = sorted(h.slots)
     shape = rng.choice(("isolate", "isolate_leader", "split", "one_way"))
-    if shape == "isolate_leader" and h.leader() is not None:
-        alone = [h.leader().nid]  # type: ignore[union-attr]
+    leader = h.leader()
+    if shape == "isolate_leader" and leader is not None:
+        alone = [leader.nid]
     elif shape == "split":
         alone = rng.sample(ids, rng.randint(1, len(ids) // 2))
     elif shape == "one_way":

@@ -173,8 +173,8 @@ class SimFileSystem:
             keep = rng.randint(0, len(d.pending))
             lost["name_ops"] += len(d.pending) - keep
             names = dict(d.durable)
-            for op in d.pending[:keep]:
-                for name, inode in op:
+            for name_op in d.pending[:keep]:
+                for name, inode in name_op:
                     if inode is None:
                         names.pop(name, None)
                     else:

@@ -18,6 +18,7 @@ the loops schedule.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import heapq
 from asyncio import events
@@ -44,6 +45,13 @@ class _NoSelector:
 
 class SimLoop(asyncio.BaseEventLoop):
     """One simulated process's event loop on the virtual clock."""
+
+    # BaseEventLoop's internals that this loop and the scheduler drive (the
+    # stubs of the standard library leave them out).
+    _ready: collections.deque[asyncio.Handle]
+    _scheduled: list[asyncio.TimerHandle]
+    _timer_cancelled_count: int
+    _run_once: Callable[[], None]
 
     def __init__(self, clock: VirtualClock, name: str) -> None:
         super().__init__()
@@ -82,9 +90,9 @@ class SimLoop(asyncio.BaseEventLoop):
             # The same clean-up _run_once does; keeps the head meaningful.
             self._timer_cancelled_count -= 1
             handle = heapq.heappop(scheduled)
-            handle._scheduled = False
+            handle._scheduled = False  # type: ignore[attr-defined]  # private, as in _run_once
         if scheduled:
-            return max(scheduled[0]._when, self.paused_until)
+            return max(scheduled[0].when(), self.paused_until)
         return None
 
     def step(self) -> None:
