@@ -16,11 +16,14 @@ from crc32c import crc32c
 
 from commitlog.entry import HEADER_SIZE
 from commitlog.errors import MessageTooLargeError
+from ledgermq.base.message_record import (
+    MESSAGE_HEAD,
+    MESSAGE_HEAD_SIZE,
+    decode_properties,
+    encode_properties,
+)
 
-MESSAGE_HEAD = struct.Struct("<IIIIqqQQIHHHHII")
-MESSAGE_HEAD_SIZE = MESSAGE_HEAD.size  # 68
 HeadFields = tuple[int, ...]  # MESSAGE_HEAD's fields, in order
-assert MESSAGE_HEAD_SIZE == 68
 
 TOPIC_LENGTH_MAX = 127
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9_%|-]{1,127}$")
@@ -30,9 +33,6 @@ SYS_TRANSACTION_PREPARED = 1
 SYS_TRANSACTION_COMMIT = 2
 SYS_TRANSACTION_ROLLBACK = 3
 SYS_DELAYED = 1 << 2
-
-_NAME_VALUE_SEPARATOR = "\x01"
-_PROPERTY_SEPARATOR = "\x02"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,29 +80,6 @@ def tag_hash(tags: str | bytes) -> int:
 
 def offset_msg_id(physical_offset: int) -> str:
     return f"{physical_offset:016X}"
-
-
-def encode_properties(properties: Mapping[str, str]) -> bytes:
-    if not properties:
-        return b""
-    parts = []
-    for name, value in properties.items():
-        for text in (name, value):
-            if _NAME_VALUE_SEPARATOR in text or _PROPERTY_SEPARATOR in text:
-                raise ValueError(f"property {name!r} contains a reserved separator byte")
-        parts.append(f"{name}{_NAME_VALUE_SEPARATOR}{value}{_PROPERTY_SEPARATOR}")
-    return "".join(parts).encode()
-
-
-def decode_properties(raw: bytes) -> dict[str, str]:
-    if not raw:
-        return {}
-    result = {}
-    for pair in raw.decode().split(_PROPERTY_SEPARATOR):
-        if pair:
-            name, _, value = pair.partition(_NAME_VALUE_SEPARATOR)
-            result[name] = value
-    return result
 
 
 def encode_message(message: Message, message_size_bytes_max: int) -> bytes:

@@ -25,7 +25,8 @@ from chaos.fuzz.values import (
     random_value,
 )
 from ledgermq.base.codes import RequestCode
-from ledgermq.client.records import encode_properties, encode_record
+from ledgermq.base.message_record import encode_properties
+from ledgermq.client.records import encode_record
 
 Builder = Callable[[random.Random, Names], Any]
 

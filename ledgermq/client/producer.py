@@ -55,9 +55,10 @@ from ledgermq.base.errors import (
     ServiceUnavailableError,
     UnknownTopicError,
 )
+from ledgermq.base.message_record import encode_properties
 from ledgermq.client.coalesce import Outcome, SendCoalescer
 from ledgermq.client.model import Message, MessageQueue, SendResult, stored_result
-from ledgermq.client.records import HEAD, HEAD_SIZE, SEQUENCE_AT, encode_properties, encode_record
+from ledgermq.client.records import HEAD, HEAD_SIZE, SEQUENCE_AT, encode_record
 from ledgermq.client.routes import PERM_WRITE, RETRIABLE, Cluster, GroupRoute
 
 log = logging.getLogger(__name__)

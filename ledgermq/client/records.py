@@ -7,38 +7,25 @@ stamps the store time in place and stores the blob as it is, and answers with
 O(1) values per request (`decode_reply`), from which each message's id and
 queue offset follow here.
 
-The layout is repeated here rather than imported: the client shares only
-`ledgermq` with the servers (docs/architecture.md).
+The head layout and the properties codec are `ledgermq.base.message_record`,
+which the storage engine uses too.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-# size, queue_id, flag, sys_flag, born_ms, store_ms, producer_id, sequence,
-# reconsume_times, then the lengths of topic, tags, keys, born host,
-# properties, body.
-HEAD = struct.Struct("<IIIIqqQQIHHHHII")
-HEAD_SIZE = HEAD.size  # 68
+from ledgermq.base.message_record import MESSAGE_HEAD, MESSAGE_HEAD_SIZE
+
+HEAD = MESSAGE_HEAD
+HEAD_SIZE = MESSAGE_HEAD_SIZE  # 68
 _pack_head = HEAD.pack
 SEQUENCE_AT = struct.calcsize("<IIIIqqQ")  # 40: where a head's sequence is
 
 # One result per message: (msg_id, queue_id, queue_offset, duplicate).
 Result = tuple[str | None, int | None, int | None, bool]
-
-
-def encode_properties(properties: Mapping[str, str]) -> bytes:
-    if not properties:
-        return b""
-    parts = []
-    for name, value in properties.items():
-        for text in (name, value):
-            if "\x01" in text or "\x02" in text:
-                raise ValueError(f"property {name!r} contains a reserved separator byte")
-        parts.append(f"{name}\x01{value}\x02")
-    return "".join(parts).encode()
 
 
 def encode_record(topic: bytes, queue_id: int, body: bytes, tags: bytes, keys: bytes,

@@ -24,10 +24,21 @@ def test_console_script_prints_the_single_sourced_version() -> None:
     assert out.stdout.strip() == f"ledgermq {ledgermq.__version__}"
 
 
+def copy_sources(tmp_path: Path) -> Path:
+    """The sources a build needs, copied: pip builds in the tree it is given, and
+    a build/ left in the repository would carry stale files into later wheels."""
+    source = tmp_path / "src"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache",
+        ".mypy_cache", ".import_linter_cache", "tests", "docs", "bench", "docker"))
+    return source
+
+
 def test_the_wheel_builds_cleanly_with_its_licence_and_version(tmp_path: Path) -> None:
+    source = copy_sources(tmp_path)
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(tmp_path),
-         str(REPO)], capture_output=True, text=True, env={**os.environ, "PIP_NO_INPUT": "1"})
+         str(source)], capture_output=True, text=True, env={**os.environ, "PIP_NO_INPUT": "1"})
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     log = build.stdout + build.stderr
     assert "deprecated" not in log.lower(), [line for line in log.splitlines()
@@ -51,12 +62,8 @@ TOP_LEVEL = {"ledgermq", "election", "dledger", "commitlog", "consumequeue", "ch
 
 def test_pip_install_into_a_fresh_venv_installs_only_expected_top_level_names(
         tmp_path: Path) -> None:
-    """`pip install .` as a user runs it: from a copy of the sources (an in-tree
-    build would leave build/ behind, whose stale files a later build packs)."""
-    source = tmp_path / "src"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache",
-        ".mypy_cache", ".import_linter_cache", "tests", "docs", "bench", "docker"))
+    """`pip install .` as a user runs it (from a copy of the sources)."""
+    source = copy_sources(tmp_path)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     env = {**os.environ, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
