@@ -47,7 +47,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Protocol
 
 import commitlog
@@ -310,8 +310,7 @@ class NodeStatus:
         return out
 
 
-_STATUS_FIELDS = [name for name in NodeStatus.__dataclass_fields__
-                  if name not in ("counters", "core")]
+_STATUS_FIELDS = [f.name for f in fields(NodeStatus) if f.name not in ("counters", "core")]
 
 
 class NotLeaderError(WireNotLeaderError):

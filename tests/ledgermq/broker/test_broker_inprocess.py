@@ -601,3 +601,26 @@ def test_each_observed_metric_moves_when_a_message_is_sent(tmp_path) -> None:
                 before.get("ledgermq_group_commit_batch_messages_sum", 0.0) == 2
 
     run(main())
+
+
+def test_a_test_can_inject_the_raft_runtime(tmp_path) -> None:
+    """`Broker(config, runtime=...)` builds its replica with the factory given."""
+    from dledger.runtime.node import RaftGroupNode
+
+    built: list[RaftGroupNode] = []
+
+    def runtime(config, apply, **kwargs) -> RaftGroupNode:
+        node = RaftGroupNode(config, apply, **kwargs)
+        built.append(node)
+        return node
+
+    async def main() -> None:
+        broker = Broker(make_config(tmp_path), runtime=runtime)
+        await broker.start()
+        try:
+            assert broker.node is built[0]
+            assert await broker.node.wait_leader_ready(10)
+        finally:
+            await broker.stop()
+
+    run(main())
