@@ -40,6 +40,22 @@ class _Queued:
     generation: int = 0
 
 
+class FlushObserver(Protocol):
+    """Told of every completed fsync round, on the event loop (the broker's
+    metrics implement it; `NO_FLUSH_OBSERVER` ignores it)."""
+
+    def synced(self, seconds: float, entries: int) -> None:
+        """One round's fdatasync took `seconds` and made `entries` durable."""
+
+
+class _IgnoreFlushes:
+    def synced(self, seconds: float, entries: int) -> None:
+        pass
+
+
+NO_FLUSH_OBSERVER: FlushObserver = _IgnoreFlushes()
+
+
 class Worker(Protocol):
     """Runs blocking calls (fsync, file replacement) off the event loop, one at
     a time and in order: `SyncThread` in production, a seeded virtual-time
@@ -64,13 +80,15 @@ class Flusher:
                  split_after_s: float | None = None, *,
                  worker: Worker | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 observer: FlushObserver = NO_FLUSH_OBSERVER) -> None:
         """`sync` overrides the log's configured policy (True: flush=sync).
         `split_after_s` fixes when a loop pass starts its sync early (see
         `_join_next`); None adapts it to the measured sync time. `worker`
         runs the fsyncs (a `SyncThread` by default), `clock` times rounds and
-        checkpoint intervals."""
+        checkpoint intervals; `observer` is told of every round."""
         self.log = log
+        self._observer = observer
         self.failed: BaseException | None = None
         self._on_failure = on_failure
         self._clock = clock
@@ -335,6 +353,7 @@ class Flusher:
         self._synced_end = token.end
         self.syncs += 1
         self.synced_entries += self.log.durable_index - before
+        self._observer.synced(ended - started, self.log.durable_index - before)
         for future in round_waiters:
             if not future.done():
                 future.set_result(None)

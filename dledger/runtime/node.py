@@ -46,14 +46,14 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Protocol
 
 import commitlog
 from commitlog import CommitLog, CommitLogConfig, Flusher
 from commitlog.errors import StorageError
-from commitlog.flush import Worker
+from commitlog.flush import FlushObserver, Worker
 from commitlog.sync_thread import SyncThread
 from dledger.config import NO_BUGS, Bugs, Config
 from dledger.entry import HardState, segment_placement
@@ -67,9 +67,16 @@ from dledger.runtime.transport import PeerTransport
 from election.config import ElectionConfig
 from election.roles import Role
 from ledgermq.base.errors import NotLeaderError as WireNotLeaderError
+from ledgermq.base.tasks import cancel_and_wait
 
 __all__ = [
+    "NO_OBSERVER",
+    "FollowerStatus",
+    "LeaderStatus",
     "NodeConfig",
+    "NodeCounters",
+    "NodeObserver",
+    "NodeStatus",
     "NotLeaderError",
     "ProposalUnknown",
     "RaftGroupNode",
@@ -87,6 +94,8 @@ ROLE_NAMES: dict[Role, str] = {
 
 # The commit index is written to the hard-state file at most this often.
 COMMIT_PERSIST_INTERVAL_S = 1.0
+# stop() lets the driver finish the Ready in progress for at most this long.
+DRIVER_STOP_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -196,6 +205,114 @@ class SoftStateInfo:
     term: int
 
 
+class NodeObserver(FlushObserver, Protocol):
+    """Told of each step the runtime takes once per batch (the broker's
+    metrics implement it; `NO_OBSERVER` ignores it). Every call is on the
+    event loop; `synced` comes from the node's Flusher."""
+
+    def appended(self, seconds: float, entries: int) -> None:
+        """One Ready's `entries` were written to the CommitLog in `seconds`."""
+
+    def acked(self, seconds: float) -> None:
+        """A proposal reached its ack point `seconds` after `propose` was called."""
+
+
+class _IgnoreAll:
+    def synced(self, seconds: float, entries: int) -> None:
+        pass
+
+    def appended(self, seconds: float, entries: int) -> None:
+        pass
+
+    def acked(self, seconds: float) -> None:
+        pass
+
+
+NO_OBSERVER: NodeObserver = _IgnoreAll()
+
+
+@dataclass(slots=True)
+class NodeCounters:
+    """What the runtime has done since it started (status() and metrics)."""
+
+    readies: int = 0
+    proposals: int = 0
+    proposal_batches: int = 0
+    proposals_acked: int = 0
+    proposals_unknown: int = 0
+    elections: int = 0
+    leader_changes: int = 0
+    hard_state_saves: int = 0
+    entries_written: int = 0
+    acks_sent: int = 0
+    acks_not_durable: int = 0  # acks of entries the follower had not fsynced yet
+    peer_errors: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerStatus:
+    """The leader's view of one peer's replication."""
+
+    match: int
+    next: int
+    state: str
+    inflight: int
+    lag: int  # entries behind the leader's last index
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderStatus:
+    """The part of `NodeStatus` that exists once the core runs."""
+
+    stable_index: int
+    vote: int
+    elections_won: int
+    followers: dict[int, FollowerStatus]  # meaningful on the leader only
+    transport: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """A snapshot of one replica; `to_json()` is what the admin API shows."""
+
+    group: str
+    node_id: int
+    role: str
+    term: int
+    leader_id: int
+    leader_ready: bool
+    commit_index: int
+    applied_index: int
+    last_index: int
+    durable_index: int
+    flush: str
+    replicate: str
+    failed: str | None
+    fsyncs: int
+    fsynced_entries: int
+    fsync_seconds: float
+    fsync_handoff_seconds: float
+    entries_per_fsync: float
+    pending_proposals: int
+    counters: NodeCounters
+    core: LeaderStatus | None  # None before start()
+
+    def to_json(self) -> dict[str, Any]:
+        """A flat map: the fields, the counters, then the core's figures."""
+        out: dict[str, Any] = {name: getattr(self, name) for name in _STATUS_FIELDS}
+        out.update(asdict(self.counters))
+        if self.core is not None:
+            out["stable_index"] = self.core.stable_index
+            out["vote"] = self.core.vote
+            out["elections_won"] = self.core.elections_won
+            out["followers"] = {peer: asdict(f) for peer, f in self.core.followers.items()}
+            out["transport"] = self.core.transport
+        return out
+
+
+_STATUS_FIELDS = [f.name for f in fields(NodeStatus) if f.name not in ("counters", "core")]
+
+
 class NotLeaderError(WireNotLeaderError):
     """This node cannot take the proposal; `leader_id` is where to retry (0 = unknown).
 
@@ -220,14 +337,22 @@ class ProposalUnknown(Exception):
         self.term = term
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
+    """A proposal appended to the log, waiting for its ack point."""
+
     term: int
     future: asyncio.Future[commitlog.Entry]
     entry: commitlog.Entry
 
 
-_Queued = tuple[int, bytes, "asyncio.Future[commitlog.Entry]"]
+@dataclass(slots=True)
+class _Queued:
+    """A proposal waiting for the driver to hand it to the core."""
+
+    kind: int
+    body: bytes
+    future: asyncio.Future[commitlog.Entry]
 
 
 class RaftGroupNode:
@@ -240,8 +365,10 @@ class RaftGroupNode:
         on_soft_state: Callable[[SoftStateInfo], None] | None = None,
         io: NodeIO | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
+        observer: NodeObserver = NO_OBSERVER,
     ) -> None:
         self.config = config
+        self._observer = observer
         self._apply_cb = apply
         self._on_soft_state = on_soft_state
         self._on_failure = on_failure
@@ -261,8 +388,9 @@ class RaftGroupNode:
                 f" is committed but the log ends at {self.log.last_index}: durable entries "
                 "were lost; repair this replica")
         self._core: RaftNode | None = None
+        self._clock = io.clock
         self._flusher = Flusher(self.log, worker=io.fsync_worker, clock=io.clock,
-                                on_failure=self._fail)
+                                on_failure=self._fail, observer=observer)
         self._state_worker: Worker = io.state_worker or SyncThread("hardstate")
         self._transport = io.transport(config.group, config.node_id, config.peers,
                                        self._deliver, config.bind_host)
@@ -287,11 +415,7 @@ class RaftGroupNode:
         # Hard state as handed out by the core (latest) and as on disk.
         self._hs_latest = self._initial_hard_state
         self._hs_saved = self._initial_hard_state
-        # Counters for status() and metrics.
-        self.counters: dict[str, int] = dict.fromkeys((
-            "readies", "proposals", "proposal_batches", "proposals_acked", "proposals_unknown",
-            "elections", "leader_changes", "hard_state_saves", "entries_written",
-            "acks_sent", "acks_not_durable", "peer_errors"), 0)
+        self.counters = NodeCounters()
 
     # ------------------------------------------------------------ observation
 
@@ -339,44 +463,43 @@ class RaftGroupNode:
     async def wait_leader_ready(self, timeout: float) -> bool:
         return await self._wait_for(lambda: self.leader_ready, timeout)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> NodeStatus:
         core = self._core
-        out: dict[str, Any] = {
-            "group": self.config.group,
-            "node_id": self.config.node_id,
-            "role": self.role,
-            "term": self.term,
-            "leader_id": self.leader_id,
-            "leader_ready": self.leader_ready,
-            "commit_index": self.commit_index,
-            "applied_index": self._applied,
-            "last_index": self.last_index,
-            "durable_index": self.log.durable_index,
-            "flush": self.config.flush,
-            "replicate": self.config.replicate,
-            "failed": repr(self.failed) if self.failed else None,
-            "fsyncs": self._flusher.syncs,
-            "fsynced_entries": self._flusher.synced_entries,
-            "fsync_seconds": round(self._flusher.sync_s, 6),
-            "fsync_handoff_seconds": round(self._flusher.sync_start_wait_s
-                                           + self._flusher.sync_resume_wait_s, 6),
-            "entries_per_fsync": (self._flusher.synced_entries / self._flusher.syncs
-                                  if self._flusher.syncs else 0.0),
-            "pending_proposals": len(self._pending) + len(self._queue),
-            **self.counters,
-        }
+        flusher = self._flusher
+        leading = None
         if core is not None:
             st = core.status()
-            out["stable_index"] = st.stable_index
-            out["vote"] = st.vote
-            out["elections_won"] = core.elections_won
-            out["followers"] = {
-                peer: {"match": f.match, "next": f.next, "state": f.state,
-                       "inflight": f.inflight, "lag": st.last_index - f.match}
-                for peer, f in st.progress.items()
-            }
-            out["transport"] = self._transport.stats()
-        return out
+            leading = LeaderStatus(
+                stable_index=st.stable_index, vote=st.vote, elections_won=core.elections_won,
+                followers={peer: FollowerStatus(f.match, f.next, f.state, f.inflight,
+                                                st.last_index - f.match)
+                           for peer, f in st.progress.items()},
+                transport=self._transport.stats())
+        return NodeStatus(
+            group=self.config.group,
+            node_id=self.config.node_id,
+            role=self.role,
+            term=self.term,
+            leader_id=self.leader_id,
+            leader_ready=self.leader_ready,
+            commit_index=self.commit_index,
+            applied_index=self._applied,
+            last_index=self.last_index,
+            durable_index=self.log.durable_index,
+            flush=self.config.flush,
+            replicate=self.config.replicate,
+            failed=repr(self.failed) if self.failed else None,
+            fsyncs=flusher.syncs,
+            fsynced_entries=flusher.synced_entries,
+            fsync_seconds=round(flusher.sync_s, 6),
+            fsync_handoff_seconds=round(flusher.sync_start_wait_s + flusher.sync_resume_wait_s,
+                                        6),
+            entries_per_fsync=(flusher.synced_entries / flusher.syncs
+                               if flusher.syncs else 0.0),
+            pending_proposals=len(self._pending) + len(self._queue),
+            counters=replace(self.counters),
+            core=leading,
+        )
 
     # -------------------------------------------------------------- lifecycle
 
@@ -416,7 +539,13 @@ class RaftGroupNode:
         await self._flusher.wait_durable(index)
 
     async def stop(self) -> None:
-        """Close sockets, finish the Ready in progress, flush, checkpoint, close the log."""
+        """Close sockets, finish the Ready in progress, flush, checkpoint, close the log.
+
+        Every step runs even if an earlier one failed. Storage errors are
+        expected on a failing disk (the log is crash-safe without the step)
+        and only logged; any other error of a step is logged, and the first
+        one is raised once all steps have run.
+        """
         if self._stopped:
             return
         self._stopped = True
@@ -425,30 +554,54 @@ class RaftGroupNode:
             self._state_worker.shutdown()
             self.log.close()
             return
+        failures: list[Exception] = []
         if self._ticker_task is not None:
-            self._ticker_task.cancel()
+            await self._step(failures, "ticker", cancel_and_wait([self._ticker_task]))
         self._wake.set()
         if self._driver is not None:
-            try:
-                async with asyncio.timeout(10.0):
-                    await asyncio.shield(self._driver)
-            except (TimeoutError, Exception):
-                self._driver.cancel()
-                with contextlib.suppress(BaseException):
-                    await self._driver
+            # The driver returns after the Ready in progress (it turns its own
+            # errors into `failed`); one stuck on a dead disk is cancelled.
+            _, late = await asyncio.wait([self._driver], timeout=DRIVER_STOP_TIMEOUT_S)
+            if late:
+                log.error("raft %s/%d: the driver did not stop within %g s; cancelling it",
+                          self.config.group, self.config.node_id, DRIVER_STOP_TIMEOUT_S)
+            await self._step(failures, "driver", cancel_and_wait([self._driver]))
         self._fail_proposals("node stopped")
-        await self._transport.close()
-        for task in list(self._bg):
-            with contextlib.suppress(BaseException):
-                await task
-        with contextlib.suppress(Exception):
-            await self._flusher.close()
+        await self._step(failures, "transport", self._transport.close())
+        # Background saves and closes run to their end (a hard-state write cut
+        # short would leave the state worker busy at shutdown).
+        background = list(self._bg)
+        if background:
+            await asyncio.wait(background)
+        for task in background:
+            if not task.cancelled() and task.exception() is not None:
+                await self._step(failures, "background task", task)
+        await self._step(failures, "flusher", self._flusher.close())
         if self.failed is None:
-            with contextlib.suppress(OSError, StorageError):
+            try:
                 await self._save_hard_state()
+            except (OSError, StorageError) as exc:
+                log.error("raft %s/%d: final hard-state save failed: %r", self.config.group,
+                          self.config.node_id, exc)
         self._state_worker.shutdown()
         self.log.close()
         self._notify_state()
+        if failures:
+            raise failures[0]
+
+    async def _step(self, failures: list[Exception], what: str,
+                    step: Coroutine[Any, Any, Any] | asyncio.Future[Any]) -> None:
+        """Await one step of `stop()`: log a storage error, log and collect
+        any other (the caller's own cancellation still propagates)."""
+        try:
+            await step
+        except (OSError, StorageError) as exc:
+            log.error("raft %s/%d: stopping the %s failed on storage: %r", self.config.group,
+                      self.config.node_id, what, exc)
+        except Exception as exc:
+            log.error("raft %s/%d: stopping the %s failed: %r", self.config.group,
+                      self.config.node_id, what, exc, exc_info=exc)
+            failures.append(exc)
 
     # -------------------------------------------------------------- proposals
 
@@ -470,47 +623,50 @@ class RaftGroupNode:
         if size > self.log.config.entry_size_limit:
             raise commitlog.MessageTooLargeError("entry", size, self.log.config.entry_size_limit)
         future: asyncio.Future[commitlog.Entry] = asyncio.get_running_loop().create_future()
-        self._queue.append((kind, body, future))
-        self.counters["proposals"] += 1
+        self._queue.append(_Queued(kind, body, future))
+        self.counters.proposals += 1
         self._wake.set()
+        started = self._clock()
         try:
             async with asyncio.timeout(timeout):
-                return await future
+                entry = await future
         except TimeoutError:
-            self.counters["proposals_unknown"] += 1
+            self.counters.proposals_unknown += 1
             raise ProposalUnknown(f"no ack within {timeout} s; the entry may still commit") \
                 from None
+        self._observer.acked(self._clock() - started)
+        return entry
 
     def _drain_proposals(self) -> None:
         core = self._require_core()
         queued, self._queue = self._queue, []
         # A proposal whose caller gave up before it was appended is dropped:
         # nothing was written, so nothing can commit.
-        live = [q for q in queued if not q[2].done()]
+        live = [q for q in queued if not q.future.done()]
         if not live:
             return
         try:
-            proposed = core.propose_many([(kind, body) for kind, body, _ in live])
+            proposed = core.propose_many([(q.kind, q.body) for q in live])
         except NotLeader as exc:
-            for _, _, future in live:
-                future.set_exception(NotLeaderError(exc.leader_id))
+            for q in live:
+                q.future.set_exception(NotLeaderError(exc.leader_id))
             return
-        self.counters["proposal_batches"] += 1
+        self.counters.proposal_batches += 1
         unstable, offset = core.log.unstable, core.log.offset
-        for (kind, body, future), p in zip(live, proposed, strict=True):
+        for q, p in zip(live, proposed, strict=True):
             position = unstable[p.index - offset].position
             self._pending[p.index] = _Pending(
-                p.term, future, commitlog.Entry(p.index, p.term, kind, position, body))
+                p.term, q.future, commitlog.Entry(p.index, p.term, q.kind, position, q.body))
 
     def _fail_proposals(self, reason: str) -> None:
         queued, self._queue = self._queue, []
-        for _, _, future in queued:
-            if not future.done():
-                future.set_exception(NotLeaderError(0, f"not appended: {reason}"))
+        for q in queued:
+            if not q.future.done():
+                q.future.set_exception(NotLeaderError(0, f"not appended: {reason}"))
         pending, self._pending = self._pending, {}
         for index, p in pending.items():
             if not p.future.done():
-                self.counters["proposals_unknown"] += 1
+                self.counters.proposals_unknown += 1
                 p.future.set_exception(ProposalUnknown(reason, index, p.term))
 
     # ------------------------------------------------------- leadership transfer
@@ -547,7 +703,7 @@ class RaftGroupNode:
             # A peer's message broke a rule the core checks (e.g. an entry at
             # the wrong position; checks run before any state changes):
             # refuse that peer's connection, keep serving the others.
-            self.counters["peer_errors"] += 1
+            self.counters.peer_errors += 1
             log.error("raft %s/%d: message rejected by the core: %r", self.config.group,
                       self.config.node_id, exc)
             raise CodecError(f"message rejected: {exc!r}") from exc
@@ -600,14 +756,16 @@ class RaftGroupNode:
             self._fail(exc)
 
     async def _handle_ready(self, rd: Ready) -> None:
-        self.counters["readies"] += 1
+        self.counters.readies += 1
         if rd.messages:
             self._transport.send(rd.messages)
         waits = []
         if rd.entries:
             # Only entries above the last commit handed out may be replaced.
+            started = self._clock()
             self.storage.write(rd.entries, self._hs_latest.commit)
-            self.counters["entries_written"] += len(rd.entries)
+            self._observer.appended(self._clock() - started, len(rd.entries))
+            self.counters.entries_written += len(rd.entries)
             self._flusher.appended()
             if rd.must_sync and self.config.flush == "sync":
                 waits.append(self._flusher.wait_durable(rd.entries[-1].index, self.log.generation))
@@ -624,9 +782,9 @@ class RaftGroupNode:
         if rd.messages_after_persist:
             for msg in rd.messages_after_persist:
                 if isinstance(msg, AppendResponse) and msg.success:
-                    self.counters["acks_sent"] += 1
+                    self.counters.acks_sent += 1
                     if self.log.durable_index < msg.index:
-                        self.counters["acks_not_durable"] += 1
+                        self.counters.acks_not_durable += 1
             self._transport.send(rd.messages_after_persist)
         if rd.committed_entries:
             self._apply(rd)
@@ -647,10 +805,10 @@ class RaftGroupNode:
             if p is None or p.future.done():
                 continue
             if e.term == p.term:
-                self.counters["proposals_acked"] += 1
+                self.counters.proposals_acked += 1
                 p.future.set_result(p.entry)
             else:
-                self.counters["proposals_unknown"] += 1
+                self.counters.proposals_unknown += 1
                 p.future.set_exception(ProposalUnknown(
                     f"entry {e.index} of term {p.term} was replaced by term {e.term}",
                     e.index, p.term))
@@ -666,10 +824,10 @@ class RaftGroupNode:
             if p.future.done():
                 continue
             if core.log.term_or_none(index) == p.term:
-                self.counters["proposals_acked"] += 1
+                self.counters.proposals_acked += 1
                 p.future.set_result(p.entry)
             else:
-                self.counters["proposals_unknown"] += 1
+                self.counters.proposals_unknown += 1
                 p.future.set_exception(ProposalUnknown(f"entry {index} was replaced", index,
                                                        p.term))
 
@@ -677,9 +835,9 @@ class RaftGroupNode:
         old = self._soft
         self._soft = ss
         if ss.role is Role.CANDIDATE and (old.role is not Role.CANDIDATE or old.term != ss.term):
-            self.counters["elections"] += 1
+            self.counters.elections += 1
         if ss.leader_id and (ss.leader_id, ss.term) != (old.leader_id, old.term):
-            self.counters["leader_changes"] += 1
+            self.counters.leader_changes += 1
         if ss.role is not Role.LEADER:
             self._fail_proposals(f"node {self.config.node_id} lost leadership (term {ss.term})")
         log.info("raft %s/%d: %s term %d leader %d", self.config.group, self.config.node_id,
@@ -710,7 +868,7 @@ class RaftGroupNode:
             state = commitlog.HardState(hs.term, hs.vote, hs.commit)
             await self._state_worker.submit(self.log.save_hard_state, state)
             self._hs_saved = hs
-            self.counters["hard_state_saves"] += 1
+            self.counters.hard_state_saves += 1
 
     async def _save_in_background(self) -> None:
         try:
@@ -718,7 +876,7 @@ class RaftGroupNode:
         except Exception as exc:  # a full or broken disk: fail loudly, never silently
             self._fail(exc)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)

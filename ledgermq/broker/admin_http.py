@@ -18,16 +18,18 @@ import asyncio
 import base64
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from commitlog.message import valid_topic
 from ledgermq.base.address import split_host_port
+from ledgermq.base.clock import monotonic_ms
 from ledgermq.base.errors import LedgerMQError, NotLeaderError
 from ledgermq.broker.codec import message_view
 from ledgermq.broker.control import MAX_QUEUES, PERM_RW, offsets_reset, topic_delete, topic_put
-from ledgermq.broker.metrics import broker_registry
+from ledgermq.broker.metrics import Instruments, broker_registry
+from ledgermq.broker.view import BrokerView
 from ledgermq.webadmin.app import (
     API,
     ApiError,
@@ -43,9 +45,6 @@ from ledgermq.webadmin.app import (
     wire_status,
 )
 from ledgermq.webadmin.openapi import openapi_document
-
-if TYPE_CHECKING:
-    from ledgermq.broker.server import Broker
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +68,10 @@ def body_view(body: bytes) -> dict[str, Any]:
 class BrokerAdmin:
     """The admin app of one broker: `await start()`, later `await close()`."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerView, instruments: Instruments) -> None:
         self.b = broker
-        self.registry, self.instruments = broker_registry(broker)
+        self.instruments = instruments
+        self.registry = broker_registry(broker, instruments)
         self.runner: web.AppRunner | None = None
         self.url: str | None = None
         cfg = broker.config
@@ -150,7 +150,7 @@ class BrokerAdmin:
         info = self.b.status()
         info["node_status"] = {}
         try:
-            info["node_status"] = self.b.node.status()
+            info["node_status"] = self.b.node.status().to_json()
         except Exception as exc:  # a stopping node: report what it says
             info["node_status"] = {"error": repr(exc)}
         return json_response(info)
@@ -162,7 +162,8 @@ class BrokerAdmin:
         rows: list[dict[str, Any]] = []
         others = [(nid, p.client) for nid, p in sorted(cfg.peers.items()) if nid != cfg.node_id]
         statuses = await asyncio.gather(*(wire_status(addr, 0.8) for _, addr in others))
-        by_id = {cfg.node_id: (self.b.advertised, own)}
+        by_id: dict[int, tuple[str, dict[str, Any] | None]] = {
+            cfg.node_id: (self.b.advertised, own)}
         by_id.update({nid: (addr, st) for (nid, addr), st in zip(others, statuses, strict=True)})
         for nid in sorted(by_id):
             address, st = by_id[nid]
@@ -220,11 +221,11 @@ class BrokerAdmin:
 
     # --------------------------------------------------------- consumer groups
 
-    def _group_rows(self, group: str | None = None) -> dict[str, dict[str, list[dict]]]:
+    def _group_rows(self, group: str | None = None) -> dict[str, dict[str, list[dict[str, Any]]]]:
         """{group: {topic: [queue rows]}} from the committed offsets."""
         cq = self.b.cq
         assert cq is not None
-        out: dict[str, dict[str, list[dict]]] = {}
+        out: dict[str, dict[str, list[dict[str, Any]]]] = {}
         for (g, topic, queue_id), offset in sorted(self.b.state.offsets.items()):
             if group is not None and g != group:
                 continue
@@ -235,8 +236,6 @@ class BrokerAdmin:
         return out
 
     def _members(self) -> dict[str, Any]:
-        from ledgermq.broker.server import monotonic_ms
-
         return self.b.members.describe(monotonic_ms())
 
     async def consumer_groups(self, request: web.Request) -> web.Response:

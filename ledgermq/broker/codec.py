@@ -173,7 +173,7 @@ def _scan_columns(blob: bytes, size_max: int) -> Scanned | None:
     return Scanned(starts, idents, topics, firsts, columns)
 
 
-def _texts_valid(blob: bytes, offset: int, f: tuple) -> bool:
+def _texts_valid(blob: bytes, offset: int, f: tuple[int, ...]) -> bool:
     """Each of the record's tags, keys, born host and properties is UTF-8."""
     q = offset + MESSAGE_HEAD_SIZE + f[9]
     try:

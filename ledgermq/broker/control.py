@@ -46,7 +46,8 @@ def offsets_reset(offsets: Sequence[tuple[str, str, int, int]]) -> dict[str, Any
 
 
 def encode_control(ops: Sequence[dict[str, Any]]) -> bytes:
-    return msgpack.packb({"v": CONTROL_VERSION, "ops": list(ops)}, use_bin_type=True)
+    data: bytes = msgpack.packb({"v": CONTROL_VERSION, "ops": list(ops)}, use_bin_type=True)
+    return data
 
 
 def decode_control(body: bytes) -> list[dict[str, Any]]:

@@ -6,6 +6,11 @@ limits) becomes the next one. Under load each proposal carries many
 requests, so the per-proposal cost (a Raft round, an fsync, a Python call
 chain) is paid once per batch rather than once per message; with no load a
 request goes out at once, alone.
+
+A `GroupCommitter[T, R]` takes payloads of type T (`submit`) and hands each
+batch, a list of `Pending[T, R]`, to its `flush` function, which resolves
+every request's future with an R (the broker: `Records` -> `SendAck` for
+sends, control operations -> the entry's index for controls).
 """
 
 from __future__ import annotations
@@ -14,25 +19,29 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-T = TypeVar("T")
+T = TypeVar("T")  # what a request submits
+R = TypeVar("R")  # what it gets back
 
 
 @dataclass(eq=False, slots=True)
-class Pending(Generic[T]):
+class Pending(Generic[T, R]):
     """One request waiting to be part of a proposal; `flush` resolves `future`."""
 
     payload: T
-    size: int
-    count: int
-    future: asyncio.Future[Any] = field(repr=False)
+    size: int  # bytes, counted against max_bytes
+    count: int  # messages, counted against max_count
+    future: asyncio.Future[R] = field(repr=False)
 
 
-class GroupCommitter(Generic[T]):
+Flush = Callable[[list[Pending[T, R]]], Awaitable[None]]
+
+
+class GroupCommitter(Generic[T, R]):
     def __init__(
         self,
-        flush: Callable[[list[Pending[T]]], Awaitable[None]],
+        flush: Flush[T, R],
         *,
         max_count: int,
         max_bytes: int,
@@ -42,20 +51,20 @@ class GroupCommitter(Generic[T]):
         self.max_count = max_count
         self.max_bytes = max_bytes
         self.max_inflight = max_inflight
-        self._queue: deque[Pending[T]] = deque()
+        self._queue: deque[Pending[T, R]] = deque()
         self._inflight: set[asyncio.Task[None]] = set()
         self._starting = False
         self.batches = 0
         self.items = 0
 
-    def submit(self, payload: T, size: int = 0, count: int = 1) -> asyncio.Future[Any]:
+    def submit(self, payload: T, size: int = 0, count: int = 1) -> asyncio.Future[R]:
         """Queue a request; the future resolves with what `flush` sets for it."""
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queue.append(Pending(payload, size, count, future))
         self._kick()
         return future
 
-    def _take(self) -> list[Pending[T]]:
+    def _take(self) -> list[Pending[T, R]]:
         batch = [self._queue.popleft()]
         size, count = batch[0].size, batch[0].count
         while self._queue:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from commitlog import StoredMessage, decode_message_at, tag_hash
 from commitlog.errors import MessageTooLargeError as StorageTooLarge
 from commitlog.message import valid_topic
 from consumequeue import Unit
+from ledgermq.base.clock import monotonic_ms
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import (
     InvalidRequestError,
@@ -39,24 +41,43 @@ from ledgermq.broker.control import (
     topic_put,
 )
 from ledgermq.broker.state import Stored, TopicConfig
+from ledgermq.broker.view import BrokerView, ControlOp, SendAck
 from ledgermq.wire import Connection, Handler
-
-if TYPE_CHECKING:
-    from ledgermq.broker.server import Broker
 
 PULL_BYTES_MAX = 4 << 20
 FILTER_SCAN_MAX = 2048
 _RUN_BYTES = 1 << 20
 _QUEUE_ID = struct.Struct("<I")
 
+Body = dict[str, Any]  # a request's or answer's map
+Ident = tuple[int, int]  # (producer_id, sequence); producer 0: not idempotent
 
-def _map(body: Any) -> dict:
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """A send request's new records as group commit stored them."""
+
+    ack: SendAck
+    records: Records
+
+
+# A record's result, to be read from the request that stores it: (its
+# request's future, its index among that request's new records).
+_InFlight = tuple["asyncio.Future[_Stored]", int]
+
+
+def _filled(result: Body | None) -> Body:
+    assert result is not None, "every record of a request gets a result"
+    return result
+
+
+def _map(body: Any) -> Body:
     if not isinstance(body, dict):
         raise InvalidRequestError("request body must be a map")
     return body
 
 
-def _field(body: dict, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+def _field(body: Body, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
     value = body.get(key, default)
     if value is ... or not isinstance(value, kind) or (
             isinstance(value, bool) and kind is int):
@@ -65,18 +86,18 @@ def _field(body: dict, key: str, kind: type | tuple[type, ...], default: Any = .
     return value
 
 
-def _nonneg(body: dict, key: str, default: Any = ...) -> int:
-    value = _field(body, key, int, default)
+def _nonneg(body: Body, key: str, default: Any = ...) -> int:
+    value: int = _field(body, key, int, default)
     if value < 0:
         raise InvalidRequestError(f"field {key!r} must not be negative")
     return value
 
 
 class Handlers:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerView) -> None:
         self.b = broker
         self._creating: dict[str, asyncio.Task[None]] = {}
-        self._inflight_seq: dict[tuple[int, int], tuple[asyncio.Future[tuple], int]] = {}
+        self._inflight_seq: dict[Ident, _InFlight] = {}
         # Highest sequence ever put in flight per producer (a lower bound for
         # "is anything of this request already in flight?"; never too low).
         self._inflight_high: dict[int, int] = {}
@@ -89,7 +110,7 @@ class Handlers:
             raise UnknownTopicError(f"topic {topic!r} does not exist", data={"topic": topic})
         return config
 
-    async def _propose_control(self, op: dict) -> None:
+    async def _propose_control(self, op: ControlOp) -> None:
         assert self.b.controls is not None
         await self.b.controls.submit(op, 64)
 
@@ -137,25 +158,25 @@ class Handlers:
 
     async def get_topics(self, body: Any, conn: Connection) -> Any:
         topics = self.b.state.topics
-        out = {}
+        out: Body = {}
         for name, config in sorted(topics.items()):
-            view = config.to_wire()
+            view: Body = dict(config.to_wire())
             view["offsets"] = [list(self.b.cq.offsets(name, q)) for q in range(config.queues)]
             out[name] = view
         return {"topics": out}
 
     # --------------------------------------------------------------- send
 
-    def _result(self, stored: Stored | None) -> dict:
+    def _result(self, stored: Stored | None) -> Body:
         if stored is None:
             return {"msg_id": None, "queue_id": None, "queue_offset": None, "duplicate": True}
         return {"msg_id": message_id(self.b.config.group, stored.physical_offset),
                 "queue_id": stored.queue_id, "queue_offset": stored.queue_offset,
                 "duplicate": True}
 
-    def _stored_result(self, done: tuple, k: int, duplicate: bool) -> dict:
+    def _stored_result(self, done: _Stored, k: int, duplicate: bool) -> Body:
         """The result map of record `k` of a stored `Records` (see _store)."""
-        first, stored, records = done
+        first, stored, records = done.ack.first, done.ack.stored, done.records
         start = records.starts[k]
         if stored is not None:
             queue_id, queue_offset = stored[k].queue_id, stored[k].queue_offset
@@ -201,7 +222,7 @@ class Handlers:
             results = [self._stored_result(done, k, False) for k in range(len(messages))]
         return {"results": results}
 
-    async def _send_records(self, body: dict) -> Any:
+    async def _send_records(self, body: Body) -> Any:
         """SEND_MESSAGES with `records`: the client's CommitLog records as one
         blob, checked in one pass and stored as they are (docs/protocol.md)."""
         limit = self.b.config.message_size_bytes_max
@@ -222,13 +243,13 @@ class Handlers:
         if results is not None:
             return {"results": results}
         assert done is not None
-        first, stored, _ = done
+        first, stored = done.ack.first, done.ack.stored
         # O(1) per request: the client knows every record's size and queue, so
         # the first record's position and each queue's first offset say it all.
         return {"base": first, "queue_offsets": None if stored is None else [
             stored[i].queue_offset for i in scanned.firsts]}
 
-    def _all_new(self, idents: list[tuple[int, int]]) -> bool:
+    def _all_new(self, idents: list[Ident]) -> bool:
         """True when every record is an idempotent one of one producer, in
         increasing sequence, above anything stored or in flight for it: the
         normal request, which then needs no per-record duplicate check."""
@@ -245,7 +266,7 @@ class Handlers:
             previous = seq
         return True
 
-    def _note_inflight_high(self, mine: list) -> None:
+    def _note_inflight_high(self, mine: list[tuple[Ident, _InFlight]]) -> None:
         highs = self._inflight_high
         if len(highs) > 100_000:
             highs.clear()  # only makes _all_new answer False until refilled
@@ -253,17 +274,17 @@ class Handlers:
             if seq > highs.get(producer_id, -1):
                 highs[producer_id] = seq
 
-    async def _store(self, records: Records, idents: list[tuple[int, int]]
-                     ) -> tuple[list[dict] | None, tuple | None]:
+    async def _store(self, records: Records, idents: list[Ident]
+                     ) -> tuple[list[Body] | None, _Stored | None]:
         """Store the records whose (producer_id, sequence) is new.
 
-        Returns (None, done) when every record was new and stored, `done` being
-        (position of the first record, Stored per record or None, records);
-        otherwise (a result map per record, done or None).
+        Returns (None, done) when every record was new and stored, `done`
+        saying where they went; otherwise (a result map per record, done or
+        None when nothing was new).
         """
-        results: list[dict | None] | None = None
+        results: list[Body | None] | None = None
         fresh_at: list[int] | None = None
-        waits: list[tuple[int, tuple[asyncio.Future[tuple], int]]] = []
+        waits: list[tuple[int, _InFlight]] = []
         repeats: list[tuple[int, int]] = []  # (index, index of the same identity earlier)
         first_of: dict[tuple[int, int], int] = {}
         lookup = self.b.state.producers.lookup
@@ -277,8 +298,9 @@ class Handlers:
                     if fresh_at is None:
                         fresh_at = list(range(i))
                         results = [None] * len(idents)
+                    assert results is not None
                     if known:
-                        results[i] = self._result(stored)  # type: ignore[index]
+                        results[i] = self._result(stored)
                     elif earlier is not None:
                         waits.append((i, earlier))
                     else:
@@ -310,7 +332,7 @@ class Handlers:
                     data={"limit": self.b.entry_limit})
             # One future for the whole request: a concurrent retry of any of its
             # idempotent messages waits on it and takes its own slot.
-            shared: asyncio.Future[tuple] = asyncio.get_running_loop().create_future()
+            shared: asyncio.Future[_Stored] = asyncio.get_running_loop().create_future()
             mine = [(key, (shared, k)) for k, key in enumerate(fresh_idents) if key[0]]
             inflight.update(mine)
             if mine:
@@ -318,7 +340,7 @@ class Handlers:
                 self._note_inflight_high(mine[-1:] if all_new else mine)
             try:
                 assert self.b.sends is not None
-                first, stored = await self.b.sends.submit(records, total, len(records.starts))
+                ack = await self.b.sends.submit(records, total, len(records.starts))
             except BaseException as exc:
                 shared.set_exception(exc)
                 shared.exception()  # retrieved: there may be no waiter
@@ -326,7 +348,7 @@ class Handlers:
             finally:
                 for key, _ in mine:
                     inflight.pop(key, None)
-            done = (first, stored, records)
+            done = _Stored(ack, records)
             shared.set_result(done)
             if fresh_at is None:
                 return None, done
@@ -337,8 +359,8 @@ class Handlers:
         for i, (future, k) in waits:
             results[i] = self._stored_result(await asyncio.shield(future), k, True)
         for i, j in repeats:
-            results[i] = dict(results[j], duplicate=True)  # type: ignore[arg-type]
-        return results, done  # type: ignore[return-value]
+            results[i] = dict(_filled(results[j]), duplicate=True)  # j < i: filled above
+        return [_filled(r) for r in results], done
 
     # --------------------------------------------------------------- pull
 
@@ -479,8 +501,6 @@ class Handlers:
     # ----------------------------------------------------------- membership
 
     async def heartbeat(self, body: Any, conn: Connection) -> Any:
-        from ledgermq.broker.server import monotonic_ms
-
         body = _map(body)
         group = _field(body, "group", str)
         client_id = _field(body, "client_id", str)
@@ -494,20 +514,16 @@ class Handlers:
         return {}
 
     async def members(self, body: Any, conn: Connection) -> Any:
-        from ledgermq.broker.server import monotonic_ms
-
         group = _field(_map(body), "group", str)
         return {"members": self.b.members.members(group, monotonic_ms())}
 
     async def status(self, body: Any, conn: Connection) -> Any:
-        from ledgermq.broker.server import monotonic_ms
-
         info = self.b.status()
         info["groups"] = self.b.members.describe(monotonic_ms())
         return info
 
 
-def handlers_for(broker: Broker) -> dict[int, Handler]:
+def handlers_for(broker: BrokerView) -> dict[int, Handler]:
     h = Handlers(broker)
     return {
         RequestCode.SEND_MESSAGES: h.send,

@@ -8,14 +8,18 @@ Two kinds of figures:
   Flusher's fsync counts, group-commit totals, ConsumeQueue offsets,
   consumer-group lag per queue, long-poll waiters, client connections. Nothing
   is added to the hot paths for these.
-- **Observed where the runtime already does one step per batch**, by wrapping
-  a few bound methods of the running node when the broker starts
-  (`Instruments.install`), so the broker, runtime and storage modules stay
-  free of metrics code: one observation per Ready (CommitLog append), per
-  fsync round (latency and entries covered), per proposal (propose-to-ack
-  latency: one per group-commit batch, not per message), per group-commit
-  batch (messages), and per client request (count, errors by code, duration;
-  pulls also count messages and body bytes out per topic).
+- **Observed where the runtime already does one step per batch**: the
+  `Instruments` are the broker's `BrokerObserver`, which the runtime
+  (`dledger.runtime.node.NodeObserver`), its Flusher
+  (`commitlog.flush.FlushObserver`) and the broker's send path call: one
+  observation per Ready (CommitLog append), per fsync round (latency and
+  entries covered), per proposal (propose-to-ack latency: one per
+  group-commit batch, not per message) and per group-commit batch
+  (messages). The client handlers are wrapped when the broker builds its
+  handler table (`Instruments.wrap_handlers`): per request a count, errors
+  by code and the duration; pulls also count messages and body bytes out
+  per topic. The hooks are typed, so renaming one breaks the type check
+  instead of silently dropping a metric.
 
 Messages and bytes *in* per topic are counted at scrape time from the
 ConsumeQueue units dispatched since the previous scrape, so they are the same
@@ -29,20 +33,19 @@ them all.
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from dledger.runtime.node import NodeCounters, NodeStatus
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import ErrorCode, LedgerMQError
-
-if TYPE_CHECKING:
-    from ledgermq.broker.server import Broker
+from ledgermq.broker.view import BrokerView
+from ledgermq.wire import Connection, Handler
 
 ROLES = ("leader", "candidate", "pre_candidate", "follower")
 # Latencies from ~100 µs (page-cache append) to seconds (a stalled disk).
@@ -52,24 +55,29 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 IN_SCAN_MAX = 200_000
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
-# Runtime counters (dledger.runtime.node.RaftGroupNode.counters) exported as counters.
-_NODE_COUNTERS = {
-    "elections": ("ledgermq_raft_elections_total",
-                  "Elections this node started (became candidate in a new term)."),
-    "leader_changes": ("ledgermq_raft_leader_changes_total",
-                       "Times this node saw a new (leader, term)."),
-    "proposals": ("ledgermq_raft_proposals_total", "Entries proposed on this node."),
-    "proposals_acked": ("ledgermq_raft_proposals_acked_total",
-                        "Proposals acknowledged (committed/applied or stable)."),
-    "proposals_unknown": ("ledgermq_raft_proposals_unknown_total",
-                          "Proposals whose outcome could not be known (timeout, lost lead)."),
-    "readies": ("ledgermq_raft_readies_total", "Ready batches handled by the driver."),
-    "entries_written": ("ledgermq_raft_entries_written_total",
-                        "Entries written to the CommitLog by the driver."),
-    "acks_sent": ("ledgermq_raft_append_acks_sent_total", "Append acknowledgements sent."),
-    "peer_errors": ("ledgermq_raft_peer_errors_total", "Messages that could not be sent."),
-    "hard_state_saves": ("ledgermq_raft_hard_state_saves_total", "Hard-state files written."),
-}
+
+
+def _node_counters(c: NodeCounters) -> list[tuple[str, str, int]]:
+    """The runtime's counters exported as counters: (name, help, value)."""
+    return [
+        ("ledgermq_raft_elections_total",
+         "Elections this node started (became candidate in a new term).", c.elections),
+        ("ledgermq_raft_leader_changes_total", "Times this node saw a new (leader, term).",
+         c.leader_changes),
+        ("ledgermq_raft_proposals_total", "Entries proposed on this node.", c.proposals),
+        ("ledgermq_raft_proposals_acked_total",
+         "Proposals acknowledged (committed/applied or stable).", c.proposals_acked),
+        ("ledgermq_raft_proposals_unknown_total",
+         "Proposals whose outcome could not be known (timeout, lost lead).",
+         c.proposals_unknown),
+        ("ledgermq_raft_readies_total", "Ready batches handled by the driver.", c.readies),
+        ("ledgermq_raft_entries_written_total",
+         "Entries written to the CommitLog by the driver.", c.entries_written),
+        ("ledgermq_raft_append_acks_sent_total", "Append acknowledgements sent.", c.acks_sent),
+        ("ledgermq_raft_peer_errors_total", "Messages that could not be sent.", c.peer_errors),
+        ("ledgermq_raft_hard_state_saves_total", "Hard-state files written.",
+         c.hard_state_saves),
+    ]
 
 
 def _request_names() -> dict[int, str]:
@@ -79,7 +87,7 @@ def _request_names() -> dict[int, str]:
 class BrokerCollector(Collector):
     """Figures read from the running broker at every scrape."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerView) -> None:
         self.b = broker
         # Messages in: counted from the ConsumeQueues at scrape time (every
         # committed message gets a unit there, on every replica, whatever
@@ -89,15 +97,13 @@ class BrokerCollector(Collector):
         self._counted: dict[tuple[str, int], int] = {}
         self._in_messages: dict[str, int] = {}
         self._in_bytes: dict[str, int] = {}
-        if broker.cq is not None:
-            for key, queue in broker.cq.queues.items():
-                self._counted[key] = queue.max_offset
+        for key, queue in broker.cq.queues.items():
+            self._counted[key] = queue.max_offset
 
     def _count_in(self) -> None:
         """Add the units dispatched since the last scrape (at most IN_SCAN_MAX per
         scrape, so a huge backlog is spread over several scrapes)."""
         cq = self.b.cq
-        assert cq is not None
         budget = IN_SCAN_MAX
         for (topic, queue_id), queue in list(cq.queues.items()):
             done = max(self._counted.get((topic, queue_id), 0), queue.min_offset)
@@ -115,8 +121,6 @@ class BrokerCollector(Collector):
     def collect(self) -> Iterator[Any]:
         b = self.b
         node = b.node
-        if node is None:
-            return
         labels = ["group", "node"]
         ids = [b.config.group, str(b.config.node_id)]
 
@@ -148,49 +152,47 @@ class BrokerCollector(Collector):
                     b.state.applied_index)
         yield gauge("ledgermq_commitlog_durable_index", "Highest fsynced log index.",
                     node.log.durable_index)
-        if b.cq is not None:
-            yield gauge("ledgermq_consumequeue_dispatched_index",
-                        "Highest index dispatched to the ConsumeQueues.",
-                        b.cq.dispatched_index)
-        status: dict[str, Any] = {}
+        yield gauge("ledgermq_consumequeue_dispatched_index",
+                    "Highest index dispatched to the ConsumeQueues.", b.cq.dispatched_index)
+        status: NodeStatus | None = None
         try:
             status = node.status()
         except Exception:  # a node that is stopping: skip the per-peer figures
-            status = {}
+            status = None
         match = GaugeMetricFamily("ledgermq_raft_follower_match_index",
                                   "Leader's view: highest index known replicated on a follower.",
                                   labels=[*labels, "follower"])
         lag = GaugeMetricFamily("ledgermq_raft_follower_lag_entries",
                                 "Leader's view: entries a follower is behind the leader's log.",
                                 labels=[*labels, "follower"])
-        if current == "leader":
-            for peer, f in sorted((status.get("followers") or {}).items()):
-                if int(peer) == b.config.node_id:
+        if current == "leader" and status is not None and status.core is not None:
+            for peer, f in sorted(status.core.followers.items()):
+                if peer == b.config.node_id:
                     continue
-                match.add_metric([*ids, str(peer)], f.get("match", 0))
-                lag.add_metric([*ids, str(peer)], f.get("lag", 0))
+                match.add_metric([*ids, str(peer)], f.match)
+                lag.add_metric([*ids, str(peer)], f.lag)
         yield match
         yield lag
-        for key, (name, doc) in _NODE_COUNTERS.items():
+        for name, doc, count in _node_counters(node.counters):
             c = CounterMetricFamily(name, doc, labels=labels)
-            c.add_metric(ids, float(node.counters.get(key, 0)))
+            c.add_metric(ids, float(count))
             yield c
         c = CounterMetricFamily("ledgermq_commitlog_fsyncs_total",
                                 "fsync rounds run by the CommitLog flusher.", labels=labels)
-        c.add_metric(ids, float(status.get("fsyncs", 0)))
+        c.add_metric(ids, float(status.fsyncs if status else 0))
         yield c
         c = CounterMetricFamily("ledgermq_commitlog_fsynced_entries_total",
                                 "Entries made durable by fsync rounds.", labels=labels)
-        c.add_metric(ids, float(status.get("fsynced_entries", 0)))
+        c.add_metric(ids, float(status.fsynced_entries if status else 0))
         yield c
         c = CounterMetricFamily(
             "ledgermq_commitlog_fsync_handoff_seconds_total",
             "Time fsync rounds spent passing between the event loop and the fsync "
             "thread (both ways), beyond the fsync itself.", labels=labels)
-        c.add_metric(ids, float(status.get("fsync_handoff_seconds", 0.0)))
+        c.add_metric(ids, float(status.fsync_handoff_seconds if status else 0.0))
         yield c
         yield gauge("ledgermq_raft_pending_proposals", "Proposals waiting for their ack.",
-                    status.get("pending_proposals", 0))
+                    status.pending_proposals if status else 0)
         for committer, what in ((b.sends, "send"), (b.controls, "control")):
             if committer is None:
                 continue
@@ -219,8 +221,6 @@ class BrokerCollector(Collector):
     def _queues(self, labels: list[str], ids: list[str]) -> Iterator[Any]:
         b = self.b
         cq = b.cq
-        if cq is None:
-            return
         stored = CounterMetricFamily(
             "ledgermq_topic_messages_stored_total",
             "Messages committed to a topic (sum of its queues' max offsets).",
@@ -267,110 +267,99 @@ class BrokerCollector(Collector):
 
 
 class Instruments:
-    """Histograms and counters fed from wrapped methods of a running broker."""
+    """Histograms and counters fed by explicit calls: the broker's
+    `BrokerObserver` (runtime, Flusher, send path) and its wrapped handlers.
 
-    def __init__(self, broker: Broker, registry: CollectorRegistry) -> None:
-        self.b = broker
-        ids = {"group": broker.config.group, "node": str(broker.config.node_id)}
+    Made before the broker starts (the runtime reports from its first Ready);
+    `register` puts them into the admin app's registry.
+    """
+
+    def __init__(self, group: str, node_id: int) -> None:
+        ids = {"group": group, "node": str(node_id)}
         self._ids = ids
         labels = list(ids)
-        self.append_seconds = Histogram(
+        # Unregistered until `register`: the scrape-time collector comes first.
+        self._append_seconds = Histogram(
             "ledgermq_commitlog_append_seconds",
             "Time to write one Ready's entries to the CommitLog (page cache).",
-            labels, registry=registry, buckets=LATENCY_BUCKETS).labels(**ids)
-        self.append_entries = Histogram(
+            labels, registry=None, buckets=LATENCY_BUCKETS)
+        self._append_entries = Histogram(
             "ledgermq_commitlog_append_entries", "Entries per CommitLog append (per Ready).",
-            labels, registry=registry, buckets=SIZE_BUCKETS).labels(**ids)
-        self.fsync_seconds = Histogram(
+            labels, registry=None, buckets=SIZE_BUCKETS)
+        self._fsync_seconds = Histogram(
             "ledgermq_commitlog_fsync_seconds", "Duration of one fsync round.",
-            labels, registry=registry, buckets=LATENCY_BUCKETS).labels(**ids)
-        self.fsync_entries = Histogram(
+            labels, registry=None, buckets=LATENCY_BUCKETS)
+        self._fsync_entries = Histogram(
             "ledgermq_commitlog_fsync_batch_entries", "Entries made durable by one fsync round.",
-            labels, registry=registry, buckets=SIZE_BUCKETS).labels(**ids)
-        self.commit_seconds = Histogram(
+            labels, registry=None, buckets=SIZE_BUCKETS)
+        self._commit_seconds = Histogram(
             "ledgermq_raft_commit_seconds",
             "Propose-to-acknowledgement time of one entry on the leader (commit and apply"
-            " with replicate=sync).", labels, registry=registry,
-            buckets=LATENCY_BUCKETS).labels(**ids)
-        self.group_commit_messages = Histogram(
+            " with replicate=sync).", labels, registry=None, buckets=LATENCY_BUCKETS)
+        self._group_commit_messages = Histogram(
             "ledgermq_group_commit_batch_messages", "Messages per group-commit send batch.",
-            labels, registry=registry, buckets=SIZE_BUCKETS).labels(**ids)
+            labels, registry=None, buckets=SIZE_BUCKETS)
         self.requests = Counter("ledgermq_requests_total", "Client requests handled.",
-                                [*labels, "request"], registry=registry)
+                                [*labels, "request"], registry=None)
         self.errors = Counter("ledgermq_request_errors_total",
                               "Client requests answered with an error, by error code.",
-                              [*labels, "request", "code"], registry=registry)
+                              [*labels, "request", "code"], registry=None)
         self.request_seconds = Histogram("ledgermq_request_seconds",
                                          "Client request handling time.",
-                                         [*labels, "request"], registry=registry,
+                                         [*labels, "request"], registry=None,
                                          buckets=LATENCY_BUCKETS)
         self.messages_out = Counter("ledgermq_messages_out_total",
                                     "Messages returned by pulls from this node.",
-                                    [*labels, "topic"], registry=registry)
+                                    [*labels, "topic"], registry=None)
         self.bytes_out = Counter("ledgermq_bytes_out_total",
                                  "Message body bytes returned by pulls from this node.",
-                                 [*labels, "topic"], registry=registry)
+                                 [*labels, "topic"], registry=None)
+        self._metrics = [self._append_seconds, self._append_entries, self._fsync_seconds,
+                         self._fsync_entries, self._commit_seconds,
+                         self._group_commit_messages, self.requests, self.errors,
+                         self.request_seconds, self.messages_out, self.bytes_out]
+        self.append_seconds = self._append_seconds.labels(**ids)
+        self.append_entries = self._append_entries.labels(**ids)
+        self.fsync_seconds = self._fsync_seconds.labels(**ids)
+        self.fsync_entries = self._fsync_entries.labels(**ids)
+        self.commit_seconds = self._commit_seconds.labels(**ids)
+        self.group_commit_messages = self._group_commit_messages.labels(**ids)
 
-    def install(self) -> None:
-        """Wrap the node's per-batch steps and the client handlers (call after start)."""
-        b = self.b
-        node = b.node
-        storage_write = node.storage.write
+    def register(self, registry: CollectorRegistry) -> None:
+        for metric in self._metrics:
+            registry.register(metric)
 
-        def write(entries: Any, *args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return storage_write(entries, *args, **kwargs)
-            finally:
-                self.append_seconds.observe(time.perf_counter() - started)
-                self.append_entries.observe(len(entries))
+    # ------------------------------------------------- BrokerObserver
 
-        node.storage.write = write
-        log_ = node.log
-        run_sync = log_.run_sync
+    def appended(self, seconds: float, entries: int) -> None:
+        self.append_seconds.observe(seconds)
+        self.append_entries.observe(entries)
 
-        def timed_sync(token: Any) -> Any:
-            # Runs on the flusher's thread; observe() is thread-safe.
-            before = log_.durable_index
-            started = time.perf_counter()
-            result = run_sync(token)
-            self.fsync_seconds.observe(time.perf_counter() - started)
-            self.fsync_entries.observe(max(0, getattr(token, "index", before) - before))
-            return result
+    def synced(self, seconds: float, entries: int) -> None:
+        self.fsync_seconds.observe(seconds)
+        self.fsync_entries.observe(entries)
 
-        log_.run_sync = timed_sync
-        propose = node.propose
+    def acked(self, seconds: float) -> None:
+        self.commit_seconds.observe(seconds)
 
-        @functools.wraps(propose)
-        async def timed_propose(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            entry = await propose(*args, **kwargs)
-            self.commit_seconds.observe(time.perf_counter() - started)
-            return entry
+    def send_batch(self, messages: int) -> None:
+        self.group_commit_messages.observe(messages)
 
-        node.propose = timed_propose
-        if b.sends is not None:
-            flush = b.sends._flush
+    # ------------------------------------------------------- requests
 
-            async def counted_flush(batch: list) -> None:
-                self.group_commit_messages.observe(sum(p.count for p in batch))
-                await flush(batch)
+    def wrap_handlers(self, handlers: Mapping[int, Handler]) -> dict[int, Handler]:
+        """The handler table with each handler counted and timed."""
+        names = _request_names()
+        return {code: self._wrap_handler(names.get(int(code), str(code)), int(code), handler)
+                for code, handler in handlers.items()}
 
-            b.sends._flush = counted_flush
-        if b.rpc is not None:
-            names = _request_names()
-            for code, handler in list(b.rpc.handlers.items()):
-                b.rpc.handlers[code] = self._wrap_handler(names.get(int(code), str(code)),
-                                                          int(code), handler)
-
-    def _wrap_handler(self, name: str, code: int, handler: Callable[..., Any]
-                      ) -> Callable[..., Any]:
+    def _wrap_handler(self, name: str, code: int, handler: Handler) -> Handler:
         requests = self.requests.labels(**self._ids, request=name)
         duration = self.request_seconds.labels(**self._ids, request=name)
         ids = self._ids
         is_pull = code == RequestCode.PULL_MESSAGES
 
-        async def wrapped(body: Any, conn: Any) -> Any:
+        async def wrapped(body: Any, conn: Connection) -> Any:
             requests.inc()
             started = time.perf_counter()
             try:
@@ -406,10 +395,9 @@ def _code_name(code: int) -> str:
         return str(code)
 
 
-def broker_registry(broker: Broker) -> tuple[CollectorRegistry, Instruments]:
-    """A registry with the scrape-time collector and the instruments, installed."""
+def broker_registry(broker: BrokerView, instruments: Instruments) -> CollectorRegistry:
+    """A registry with the scrape-time collector and the broker's instruments."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(broker))
-    instruments = Instruments(broker, registry)
-    instruments.install()
-    return registry, instruments
+    instruments.register(registry)
+    return registry

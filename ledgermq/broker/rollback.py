@@ -103,6 +103,7 @@ def _copy_tail(commit_log: CommitLog, first: int, aside: str) -> None:
         return
     position = commit_log.read_entry(max(first, commit_log.first_index)).position
     segments = commit_log.segments
+    assert segments is not None  # an open log has its segment files
     base = segments.base_of(position)
     os.makedirs(os.path.join(aside, "commitlog"), exist_ok=True)
     for b in segments.bases:

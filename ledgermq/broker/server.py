@@ -9,24 +9,34 @@ membership (client heartbeats) and long-poll waiters are local and soft.
 Start-up replays the committed log into the state machine and the
 ConsumeQueues *before* the node starts, so the node hands `apply` only what
 came after (`node.start(applied_index)`).
+
+The runtime is reached through `broker.runtime.RaftRuntime`; the handlers,
+admin app and metrics see this broker as a `broker.view.BrokerView`. With an
+admin listener, metrics are fed through explicit observer calls: the
+runtime, its Flusher and `_flush_sends` report to `broker.metrics.Instruments`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import struct
-import time
-from collections.abc import Sequence
-from types import ModuleType
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from commitlog import KIND_CONTROL, KIND_MESSAGES, CommitLogConfig, Entry, StorageError
+from commitlog import HEADER_SIZE, KIND_CONTROL, KIND_MESSAGES, CommitLogConfig, Entry, StorageError
 from commitlog.columns import RecordColumns, queue_groups, scan_body
 from consumequeue import ConsumeQueueStore
 from dledger.log import CommittedDivergence
+from dledger.runtime.node import (
+    NodeConfig,
+    ProposalUnknown,
+    RaftGroupNode,
+    SoftStateInfo,
+)
+from dledger.runtime.node import NotLeaderError as RuntimeNotLeaderError
+from ledgermq.base.clock import now_ms
 from ledgermq.base.errors import (
     NotLeaderError,
     OutcomeUnknownError,
@@ -35,14 +45,19 @@ from ledgermq.base.errors import (
 )
 from ledgermq.base.tasks import cancel_and_wait
 from ledgermq.broker import rollback
+from ledgermq.broker.admin_http import BrokerAdmin
 from ledgermq.broker.codec import Records
 from ledgermq.broker.config import BrokerConfig, split_address
 from ledgermq.broker.control import encode_control
-from ledgermq.broker.group_commit import GroupCommitter
+from ledgermq.broker.group_commit import GroupCommitter, Pending
+from ledgermq.broker.handlers import handlers_for
 from ledgermq.broker.longpoll import LongPoll
 from ledgermq.broker.members import Membership
+from ledgermq.broker.metrics import Instruments
 from ledgermq.broker.registrar import Registrar
+from ledgermq.broker.runtime import RaftRuntime, RuntimeFactory
 from ledgermq.broker.state import BrokerState, Stored
+from ledgermq.broker.view import NO_BROKER_OBSERVER, BrokerObserver, ControlOp, SendAck
 from ledgermq.wire import RpcServer
 
 log = logging.getLogger(__name__)
@@ -55,42 +70,47 @@ _RESULTS_KEPT = 4096
 _PRESCANNED_KEPT = 64  # proposals in flight at most (max_inflight_proposals is far lower)
 
 
-async def _bounded(step: Any, seconds: float, what: str) -> None:
+async def _bounded(step: Coroutine[Any, Any, Any] | asyncio.Future[Any], seconds: float,
+                   what: str, failures: list[Exception]) -> None:
+    """Await one step of `Broker.stop`. Past `seconds` it is given up, and a
+    storage error (a failing disk: the log is crash-safe without the step) is
+    logged; any other error is logged and collected, for `stop` to raise
+    after the rest."""
     try:
         async with asyncio.timeout(seconds):
             await step
     except TimeoutError:
         log.error("stopping the %s took more than %g s; going on without it", what, seconds)
+    except (OSError, StorageError) as exc:
+        log.error("stopping the %s failed on storage: %r", what, exc)
     except Exception as exc:
         log.error("stopping the %s failed: %r", what, exc)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
+        failures.append(exc)
 
 
 class Broker:
-    """One broker node. `runtime` is the module providing NodeConfig,
-    RaftGroupNode, NotLeaderError and ProposalUnknown (dledger.runtime.node by default)."""
+    """One broker node. `runtime` builds its Raft replica (`RaftGroupNode`
+    by default; tests may pass their own)."""
 
-    def __init__(self, config: BrokerConfig, runtime: ModuleType | None = None) -> None:
+    def __init__(self, config: BrokerConfig, runtime: RuntimeFactory = RaftGroupNode) -> None:
         self.config = config
-        self.runtime = runtime or importlib.import_module("dledger.runtime.node")
+        self.runtime = runtime
         self.state = BrokerState(config.dedup_window, config.dedup_producers_max)
         self.longpoll = LongPoll()
         self.members = Membership(config.member_expiry_ms)
-        self.node: Any = None
-        self.cq: ConsumeQueueStore | None = None
+        self._node: RaftRuntime | None = None
+        self._cq: ConsumeQueueStore | None = None
         self.rpc: RpcServer | None = None
+        # Metrics exist with the admin app that serves them; the runtime, its
+        # Flusher and the send path report to them from the start.
+        self.instruments = (Instruments(config.group, config.node_id) if config.admin_listen
+                            else None)
+        self.observer: BrokerObserver = self.instruments or NO_BROKER_OBSERVER
         self.address: tuple[str, int] | None = None
         self.registrar = Registrar(config.namesrv, self.registration,
                                    config.namesrv_register_interval_ms / 1000,
                                    f"{config.group}/n{config.node_id}")
-        self._results: dict[int, list[Stored]] = {}
+        self._results: dict[int, Sequence[Stored]] = {}
         # id(entry body) -> (body, its columns) for bodies this leader proposed.
         self._prescanned: dict[int, tuple[bytes, RecordColumns]] = {}
         self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
@@ -98,10 +118,10 @@ class Broker:
         self._cq_checkpointing: asyncio.Future[None] | None = None
         self._topics_version_seen = 0
         self._last_role: str | None = None
-        self.sends: GroupCommitter[Records] | None = None
-        self.controls: GroupCommitter[dict[str, Any]] | None = None
+        self.sends: GroupCommitter[Records, SendAck] | None = None
+        self.controls: GroupCommitter[ControlOp, int] | None = None
         self.entry_limit = 0
-        self.admin: Any = None  # broker.admin_http.BrokerAdmin when admin_listen is set
+        self.admin: BrokerAdmin | None = None  # when admin_listen is set
         # Set when the node asks for this process to restart (a rollback after
         # a committed divergence, see broker/rollback.py); `serve` obeys it.
         self.restart_requested = asyncio.Event()
@@ -112,9 +132,21 @@ class Broker:
             # the address this node has in [peers], not the wildcard.
             self.advertised = config.peers[config.node_id].client
 
+    @property
+    def node(self) -> RaftRuntime:
+        if self._node is None:
+            raise RuntimeError("broker not started")
+        return self._node
+
+    @property
+    def cq(self) -> ConsumeQueueStore:
+        if self._cq is None:
+            raise RuntimeError("broker not started")
+        return self._cq
+
     # ------------------------------------------------------------- lifecycle
 
-    def _node_config(self) -> Any:
+    def _node_config(self) -> NodeConfig:
         c = self.config
         raft_host, _ = split_address(c.peers[c.node_id].raft)
         log_config = CommitLogConfig(
@@ -123,7 +155,7 @@ class Broker:
             message_size_bytes_max=c.message_size_bytes_max,
             entry_size_bytes_max=max(8 << 20, c.batch_max_bytes + (1 << 20)),
         )
-        return self.runtime.NodeConfig(
+        return NodeConfig(
             group=c.group, node_id=c.node_id, peers=c.raft_peers(), data_dir=c.data_dir,
             flush=c.flush, replicate=c.replicate, tick_ms=c.tick_ms,
             election_timeout_ticks=c.election_timeout_ticks,
@@ -134,44 +166,42 @@ class Broker:
 
     async def start(self) -> tuple[str, int]:
         """Recover, start the Raft node, then listen for clients."""
-        from ledgermq.broker.handlers import handlers_for  # the handlers need a started broker
-
         c = self.config
         node_config = self._node_config()
         done = rollback.apply_pending(c.data_dir, node_config.commitlog_config())
         if done is not None:
             self.rolled_back = done
-        self.node = self.runtime.RaftGroupNode(
-            node_config, apply=self._apply, on_soft_state=self._on_soft_state,
-            on_failure=self._on_node_failure)
-        log_ = self.node.log
+        self._node = self.runtime(
+            node_config, self._apply, on_soft_state=self._on_soft_state,
+            on_failure=self._on_node_failure, observer=self.observer)
+        log_ = self._node.log
         self.entry_limit = log_.config.entry_size_limit
-        self.cq = ConsumeQueueStore(c.data_dir, log_)
+        self._cq = ConsumeQueueStore(c.data_dir, log_)
         applied = self._recover()
         self.sends = GroupCommitter(self._flush_sends, max_count=c.batch_max_messages,
                                     max_bytes=min(c.batch_max_bytes, self.entry_limit - 64),
                                     max_inflight=c.max_inflight_proposals)
         self.controls = GroupCommitter(self._flush_controls, max_count=4096,
                                        max_bytes=1 << 20, max_inflight=1)
-        await self.node.start(applied)
+        await self._node.start(applied)
         self.rpc = RpcServer(f"broker {c.group}/n{c.node_id}", handlers_for(self))
+        if self.instruments is not None:
+            # Every code the server answers is counted, its own PING included.
+            self.rpc.handlers = self.instruments.wrap_handlers(self.rpc.handlers)
         host, port = split_address(c.client_address)
         self.address = await self.rpc.start(host, port)
         if port == 0:  # an ephemeral port (tests): advertise the one bound
             self.advertised = f"{host}:{self.address[1]}"
         self.registrar.start()
         self._tasks.append(asyncio.create_task(self._checkpoint_loop()))
-        if c.admin_listen:
-            from ledgermq.broker.admin_http import BrokerAdmin
-
-            self.admin = BrokerAdmin(self)
+        if self.instruments is not None:
+            self.admin = BrokerAdmin(self, self.instruments)
             await self.admin.start()
             log.info("admin listening on %s", self.admin.url)
         return self.address
 
     def _recover(self) -> int:
         """Replay the committed log into the state machine and the ConsumeQueues."""
-        assert self.cq is not None
         log_ = self.node.log
         applied = max(log_.load_hard_state().commit, self.cq.dispatched_index)
         applied = min(applied, log_.last_index)
@@ -199,30 +229,37 @@ class Broker:
     async def stop(self) -> None:
         """Stop serving, then the node. Every step is bounded: a peer or client
         that never answers must not keep a stopping broker alive (the log is
-        crash-safe, so giving up on a step loses nothing committed)."""
-        await cancel_and_wait(self._tasks)
+        crash-safe, so giving up on a step loses nothing committed). Every
+        step runs; storage errors are logged, and the first other error of a
+        step is raised after the last step."""
+        failures: list[Exception] = []
+        await _bounded(cancel_and_wait(self._tasks), 10.0, "background tasks", failures)
         if self._cq_checkpointing is not None:
             await _bounded(asyncio.shield(self._cq_checkpointing), 10.0,
-                           "ConsumeQueue checkpoint")
+                           "ConsumeQueue checkpoint", failures)
         if self.admin is not None:
-            await _bounded(self.admin.close(), 3.0, "admin HTTP app")
-        await _bounded(self.registrar.stop(), 3.0, "NameServer registrar")
+            await _bounded(self.admin.close(), 3.0, "admin HTTP app", failures)
+        await _bounded(self.registrar.stop(), 3.0, "NameServer registrar", failures)
         if self.rpc is not None:
-            await _bounded(self.rpc.close(grace=2.0), 5.0, "client listener")
+            await _bounded(self.rpc.close(grace=2.0), 5.0, "client listener", failures)
         for committer in (self.sends, self.controls):
             if committer is not None:
-                await _bounded(committer.close(), 6.0, "group commit")
-        if self.cq is not None:
+                await _bounded(committer.close(), 6.0, "group commit", failures)
+        if self._cq is not None:
             try:
-                self.cq.close()
+                self._cq.close()
+            except (OSError, StorageError) as exc:
+                log.error("ConsumeQueue close failed: %r", exc)
             except Exception as exc:
-                log.error("ConsumeQueue close failed: %s", exc)
-        if self.node is not None:
-            await _bounded(self.node.stop(), 15.0, "Raft node")
+                log.error("ConsumeQueue close failed: %r", exc)
+                failures.append(exc)
+        if self._node is not None:
+            await _bounded(self._node.stop(), 15.0, "Raft node", failures)
+        if failures:
+            raise failures[0]
 
     async def _checkpoint_loop(self) -> None:
         """Keep ConsumeQueue recovery short: checkpoint the dispatched point."""
-        assert self.cq is not None
         interval = self.config.cq_checkpoint_interval_ms / 1000
         last = -1
         while True:
@@ -259,9 +296,8 @@ class Broker:
 
     def _apply(self, entries: Sequence[Entry]) -> None:
         """Committed entries, in order, exactly once (called by the node)."""
-        assert self.cq is not None
         touched: set[tuple[str, int]] = set()
-        keep = self.node is not None and self.node.role == "leader"
+        keep = self._node is not None and self._node.role == "leader"
         # Each MESSAGES body is scanned once, for the state and the queues.
         scanned = [self._columns(e) if e.kind == KIND_MESSAGES else None for e in entries]
         for entry, columns in zip(entries, scanned, strict=True):
@@ -301,11 +337,11 @@ class Broker:
         except TimeoutError:
             raise RequestTimeoutError(f"entry {index} not applied within {timeout:g}s") from None
 
-    def _on_soft_state(self, info: Any) -> None:
-        role = getattr(info, "role", None)
+    def _on_soft_state(self, info: SoftStateInfo) -> None:
+        role = info.role
         if role != self._last_role:
             log.info("role %s -> %s (term %s, leader %s)", self._last_role, role,
-                     getattr(info, "term", None), getattr(info, "leader_id", None))
+                     info.term, info.leader_id)
             self._last_role = role
             if role != "leader":
                 self._results.clear()
@@ -343,7 +379,7 @@ class Broker:
     # ----------------------------------------------------------- leadership
 
     def leader_client_address(self) -> str | None:
-        leader = self.node.leader_id if self.node is not None else None
+        leader = self._node.leader_id if self._node is not None else None
         return self.config.client_address_of(leader) if leader else None
 
     def require_writable(self) -> None:
@@ -364,27 +400,24 @@ class Broker:
                 " its first entry yet; retry shortly")
 
     async def propose(self, kind: int, body: bytes) -> Entry:
+        """Propose one entry through the runtime; the appended entry once acked."""
         try:
             return await self.node.propose(
                 kind, body, timeout=self.config.propose_timeout_ms / 1000)
-        except self.runtime.NotLeaderError as exc:
-            leader_id = getattr(exc, "leader_id", None)
-            if leader_id is None and exc.args and isinstance(exc.args[0], int):
-                leader_id = exc.args[0]
-            leader = self.config.client_address_of(leader_id) if leader_id else None
+        except RuntimeNotLeaderError as exc:
+            leader = self.config.client_address_of(exc.leader_id) if exc.leader_id else None
             raise NotLeaderError(f"leadership lost: {exc}", leader=leader) from None
-        except (self.runtime.ProposalUnknown, TimeoutError) as exc:
+        except (ProposalUnknown, TimeoutError) as exc:
             raise OutcomeUnknownError(
                 f"the write may or may not be stored ({type(exc).__name__}: {exc});"
                 " retry with the same producer id and sequence") from None
 
     # ------------------------------------------------------------ group commit
 
-    async def _flush_sends(self, batch: list) -> None:
-        """One MESSAGES entry for every send request in `batch` (each a
-        `broker.codec.Records`). Each request's future gets (physical offset of
-        its first record, the `Stored` of its records or None when
-        replicate=async: the queue offsets are assigned at commit)."""
+    async def _flush_sends(self, batch: list[Pending[Records, SendAck]]) -> None:
+        """One MESSAGES entry for every send request in `batch`; each request's
+        future gets its `SendAck`."""
+        self.observer.send_batch(sum(p.count for p in batch))
         stamp = now_ms()
         pack = _STAMP.pack_into
         if len(batch) == 1:
@@ -405,22 +438,22 @@ class Broker:
             if len(self._prescanned) >= _PRESCANNED_KEPT:
                 self._prescanned.clear()
             self._prescanned[id(data)] = (data, columns)
-        entry = await self.propose(1, data)
+        entry = await self.propose(KIND_MESSAGES, data)
         # replicate=async answers at the leader's local persist, before commit
         # (even when, on a one-node group, the commit happened to be immediate).
         stored = self._results.pop(entry.index, None)
         if self.config.replicate == "async":
             stored = None
-        at = entry.position + 48
+        at = entry.position + HEADER_SIZE
         k = 0
         for pending in batch:
             n = len(pending.payload.starts)
             if not pending.future.done():
-                pending.future.set_result((at, stored[k : k + n] if stored else None))
+                pending.future.set_result(SendAck(at, stored[k : k + n] if stored else None))
             at += len(pending.payload.blob)
             k += n
 
-    async def _flush_controls(self, batch: list) -> None:
+    async def _flush_controls(self, batch: list[Pending[ControlOp, int]]) -> None:
         """One CONTROL entry for every control operation in `batch`."""
         entry = await self.propose(KIND_CONTROL, encode_control([p.payload for p in batch]))
         await self.wait_applied(entry.index, self.config.propose_timeout_ms / 1000)
@@ -431,7 +464,7 @@ class Broker:
     # ------------------------------------------------------------ NameServer
 
     def registration(self) -> dict[str, Any]:
-        node = self.node
+        node = self._node
         role = "follower"
         if node is not None:
             if node.role == "leader":
@@ -448,15 +481,15 @@ class Broker:
     def status(self) -> dict[str, Any]:
         node = self.node
         info: dict[str, Any] = {}
-        with contextlib.suppress(Exception):
-            info.update(node.status())
+        with contextlib.suppress(Exception):  # a stopping node: the broker's own figures
+            info.update(node.status().to_json())
         info.update({
             "group": self.config.group, "node_id": self.config.node_id,
             "address": self.advertised, "role": node.role, "term": node.term,
             "leader_id": node.leader_id, "leader_address": self.leader_client_address(),
             "leader_ready": bool(node.leader_ready), "last_index": node.last_index,
             "commit_index": node.commit_index, "applied_index": self.state.applied_index,
-            "dispatched_index": self.cq.dispatched_index if self.cq else 0,
+            "dispatched_index": self._cq.dispatched_index if self._cq else 0,
             "topics": len(self.state.topics), "flush": self.config.flush,
             "replicate": self.config.replicate,
             "send_batches": self.sends.batches if self.sends else 0,

@@ -15,7 +15,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import NamedTuple, overload
+from typing import Any, NamedTuple, cast, overload
 
 import numpy as np
 
@@ -194,10 +194,12 @@ class ProducerTable:
             return False, None
         stored = producer.recent.get(sequence)
         if stored is not None:
+            # A plain tuple is (applied entry, record number); a Stored (a
+            # NamedTuple) is already resolved. The type test is the fast one.
             if type(stored) is tuple:
-                applied, record = stored
-                stored = applied.stored(record)
-            return True, stored
+                applied, record = cast(tuple[AppliedRecords, int], stored)
+                return True, applied.stored(record)
+            return True, cast(Stored, stored)
         order = producer.order
         if len(order) >= self.window and order and sequence < order[0]:
             return True, None
@@ -268,9 +270,9 @@ class BrokerState:
         else:
             for producer_id in np.unique(producer_ids).tolist():
                 if producer_id:
-                    members = np.flatnonzero(producer_ids == producer_id)
+                    own = np.flatnonzero(producer_ids == producer_id)
                     self.producers.record_applied(
-                        producer_id, columns.heads["sequence"][members], applied, members)
+                        producer_id, columns.heads["sequence"][own], applied, own)
         return applied
 
     def _apply_control(self, entry: Entry) -> None:
@@ -293,7 +295,7 @@ class BrokerState:
             elif kind == "offsets.reset":
                 self._commit_offsets(op.get("offsets"), reset=True)
 
-    def _put_topic(self, op: dict) -> None:
+    def _put_topic(self, op: dict[str, Any]) -> None:
         topic, queues, perm = op.get("topic"), op.get("queues"), op.get("perm", PERM_RW)
         if (isinstance(topic, str) and isinstance(queues, int) and 1 <= queues <= MAX_QUEUES
                 and isinstance(perm, int) and not perm & ~PERM_RW):

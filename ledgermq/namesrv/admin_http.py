@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
 
 from ledgermq.base.address import split_host_port
+from ledgermq.base.clock import monotonic_ms
 from ledgermq.namesrv.metrics import namesrv_registry
+from ledgermq.namesrv.view import NameServerView
 from ledgermq.webadmin.app import (
     API,
     ApiError,
@@ -40,9 +42,6 @@ from ledgermq.webadmin.app import (
 )
 from ledgermq.webadmin.openapi import openapi_document
 
-if TYPE_CHECKING:
-    from ledgermq.namesrv.server import NameServer
-
 log = logging.getLogger(__name__)
 
 STATUS_TIMEOUT = 1.0
@@ -52,7 +51,7 @@ FORWARD_TIMEOUT = 15.0
 class NameServerAdmin:
     """`await start()` binds the app; `await close()` stops it."""
 
-    def __init__(self, server: NameServer, listen: str, *, token: str = "",
+    def __init__(self, server: NameServerView, listen: str, *, token: str = "",
                  reports_dir: str = "") -> None:
         self.server = server
         self.listen = listen
@@ -96,8 +95,6 @@ class NameServerAdmin:
     # ------------------------------------------------------------ cluster view
 
     async def _groups(self) -> dict[str, Any]:
-        from ledgermq.namesrv.server import monotonic_ms
-
         view = self.server.registry.cluster(monotonic_ms())
         out: dict[str, Any] = {}
         for name, info in sorted(view.get("groups", {}).items()):
@@ -279,8 +276,8 @@ class NameServerAdmin:
             raise ApiError(404, "UNKNOWN_GROUP",
                            f"consumer group {name!r} has no committed offsets and no members",
                            {"group": name})
-        topics: dict[str, list[dict]] = {}
-        members: dict[str, dict] = {}
+        topics: dict[str, list[dict[str, Any]]] = {}
+        members: dict[str, dict[str, Any]] = {}
         for data in found.values():
             for topic, rows in data.get("topics", {}).items():
                 topics.setdefault(topic, []).extend(rows)

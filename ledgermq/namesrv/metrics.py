@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ledgermq.base.clock import monotonic_ms
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import ErrorCode, LedgerMQError
-
-if TYPE_CHECKING:
-    from ledgermq.namesrv.server import NameServer
+from ledgermq.namesrv.view import NameServerView
 
 _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 
@@ -28,12 +27,10 @@ _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.
 class NameServerCollector(Collector):
     """Route-registry figures, read at every scrape."""
 
-    def __init__(self, server: NameServer) -> None:
+    def __init__(self, server: NameServerView) -> None:
         self.server = server
 
     def collect(self) -> Iterator[Any]:
-        from ledgermq.namesrv.server import monotonic_ms
-
         view = self.server.registry.cluster(monotonic_ms())
         groups = view.get("groups", {})
         nodes = GaugeMetricFamily("ledgermq_namesrv_brokers",
@@ -70,7 +67,7 @@ class NameServerCollector(Collector):
         yield g
 
 
-def namesrv_registry(server: NameServer) -> CollectorRegistry:
+def namesrv_registry(server: NameServerView) -> CollectorRegistry:
     """A registry for one NameServer; wraps its handlers to count requests."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NameServerCollector(server))

@@ -89,7 +89,7 @@ class BrokerRegistration:
         if not isinstance(cluster, str) or not cluster:
             raise InvalidRequestError("field 'cluster' must be a non-empty string")
         try:
-            role = Role(body.get("role"))
+            role = Role(str(body.get("role")))  # not a str: no Role either
         except ValueError:
             raise InvalidRequestError(
                 f"field 'role' must be one of {[r.value for r in Role]}"

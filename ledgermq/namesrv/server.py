@@ -21,21 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
+from ledgermq.base.clock import monotonic_ms
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import InvalidRequestError, UnknownBrokerError
 from ledgermq.base.tasks import cancel_and_wait
+from ledgermq.namesrv.admin_http import NameServerAdmin
 from ledgermq.namesrv.registry import DEFAULT_EXPIRY_MS, BrokerRegistration, RouteRegistry
 from ledgermq.wire import Connection, RpcServer
 from ledgermq.wire.codec import DEFAULT_MAX_FRAME_BYTES
 
 log = logging.getLogger(__name__)
-
-
-def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class NameServer:
@@ -149,8 +146,6 @@ async def serve(
     admin = None
     try:
         if admin_listen:
-            from ledgermq.namesrv.admin_http import NameServerAdmin
-
             admin = NameServerAdmin(server, admin_listen, token=admin_token,
                                     reports_dir=reports_dir)
             url = await admin.start()

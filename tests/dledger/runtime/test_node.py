@@ -9,7 +9,14 @@ import pytest
 from node_harness import Cluster, log_entries, wait_until
 
 import commitlog
-from dledger.runtime.node import NodeConfig, NotLeaderError, ProposalUnknown, RaftGroupNode
+from dledger.runtime.node import (
+    FollowerStatus,
+    LeaderStatus,
+    NodeConfig,
+    NotLeaderError,
+    ProposalUnknown,
+    RaftGroupNode,
+)
 from ledgermq.base.loop import run
 
 pytestmark = pytest.mark.timeout(120)
@@ -23,6 +30,16 @@ async def propose_all(node, bodies: list[bytes]) -> list[commitlog.Entry]:
     return list(await asyncio.gather(*(node.propose(commitlog.KIND_MESSAGES, b) for b in bodies)))
 
 
+def _core(node: RaftGroupNode) -> LeaderStatus:
+    core = node.status().core
+    assert core is not None, "node not started"
+    return core
+
+
+def _followers(node: RaftGroupNode) -> dict[int, FollowerStatus]:
+    return _core(node).followers
+
+
 def test_replicate_failover_and_catch_up(tmp_path: Path) -> None:
     async def main() -> None:
         cluster = Cluster(tmp_path)
@@ -33,7 +50,7 @@ def test_replicate_failover_and_catch_up(tmp_path: Path) -> None:
             assert [e.body for e in acked] == [body(i) for i in range(1000)]
             assert [e.index for e in acked] == sorted(e.index for e in acked)
             # Group commit: far fewer fsyncs/appends than proposals.
-            assert leader.status()["proposal_batches"] < 1000
+            assert leader.status().counters.proposal_batches < 1000
 
             commit = await cluster.wait_converged()
             assert commit >= acked[-1].index
@@ -74,11 +91,11 @@ def test_replicate_failover_and_catch_up(tmp_path: Path) -> None:
             assert log_entries(restarted, commit) == log_entries(new_leader, commit)
             assert [e.index for e in cluster.applied[old_id]] == list(range(1, commit + 1))
             st = new_leader.status()
-            assert st["elections"] >= 1 and st["leader_changes"] >= 1
+            assert st.counters.elections >= 1 and st.counters.leader_changes >= 1
             # The leader learns each follower's match index from its next
             # append response, which may arrive just after convergence.
-            await wait_until(lambda: all(f["lag"] == 0 for f in
-                                         new_leader.status()["followers"].values()),
+            await wait_until(lambda: all(f.lag == 0 for f in
+                                         _followers(new_leader).values()),
                              10, "the leader to see every follower caught up")
         finally:
             await cluster.stop_all()
@@ -134,13 +151,13 @@ def test_flush_sync_followers_fsync_before_ack(tmp_path: Path) -> None:
             await cluster.wait_converged()
             for node in cluster.nodes.values():
                 st = node.status()
-                assert st["durable_index"] >= acked[-1].index
+                assert st.durable_index >= acked[-1].index
                 if node is leader:
-                    assert st["entries_per_fsync"] > 1, st  # group commit
+                    assert st.entries_per_fsync > 1, st  # group commit
                     continue
-                assert st["acks_sent"] > 0 and st["fsyncs"] > 0
+                assert st.counters.acks_sent > 0 and st.fsyncs > 0
                 # Every acknowledgement left after the fsync that covered it.
-                assert st["acks_not_durable"] == 0, st
+                assert st.counters.acks_not_durable == 0, st
         finally:
             await cluster.stop_all()
 
@@ -158,7 +175,7 @@ def test_flush_async_acks_before_fsync(tmp_path: Path) -> None:
             await propose_all(leader, [body(i) for i in range(300)])
             await cluster.wait_converged()
             followers = [n for n in cluster.nodes.values() if n is not leader]
-            assert sum(n.status()["acks_not_durable"] for n in followers) > 0
+            assert sum(n.status().counters.acks_not_durable for n in followers) > 0
         finally:
             await cluster.stop_all()
 
@@ -219,7 +236,7 @@ def test_bad_peer_input_closes_only_that_connection(tmp_path: Path) -> None:
             for data in cases:
                 assert await closed_by_server(port, data), data
             await wait_until(
-                lambda: leader.status()["transport"]["rejected_connections"] >= len(cases),
+                lambda: _core(leader).transport["rejected_connections"] >= len(cases),
                 5.0, "rejections counted")
             # The node, and the cluster, keep working.
             entry = await leader.propose(commitlog.KIND_MESSAGES, b"still-alive")

@@ -1,0 +1,116 @@
+"""What the broker's client handlers, admin app and metrics read of a running broker.
+
+`BrokerView` is a read-only `Protocol` that `broker.server.Broker` satisfies:
+`handlers`, `admin_http` and `metrics` depend on it instead of on the server
+module, which builds them (importing it back would be a cycle).
+
+The send path's types live here too, so it can be followed by reading them:
+a send request becomes a `broker.codec.Records` submitted to `sends` (a
+`GroupCommitter`), which proposes one MESSAGES entry per batch through the
+runtime (`runtime.RaftRuntime.propose`, returning the appended
+`commitlog.Entry`) and answers each request with a `SendAck`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from consumequeue import ConsumeQueueStore
+from dledger.runtime.node import NodeObserver
+from ledgermq.broker.codec import Records
+from ledgermq.broker.config import BrokerConfig
+from ledgermq.broker.group_commit import GroupCommitter
+from ledgermq.broker.longpoll import LongPoll
+from ledgermq.broker.members import Membership
+from ledgermq.broker.runtime import RaftRuntime
+from ledgermq.broker.state import BrokerState, Stored
+from ledgermq.wire import RpcServer
+
+ControlOp = dict[str, Any]  # one control operation (broker.control builds them)
+
+
+@dataclass(frozen=True, slots=True)
+class SendAck:
+    """What a send request gets back from group commit."""
+
+    first: int  # CommitLog position of the request's first record
+    # Where each record went, or None with replicate=async (the queue offsets
+    # are assigned at commit, after the answer).
+    stored: Sequence[Stored] | None
+
+
+class BrokerObserver(NodeObserver, Protocol):
+    """The runtime's observer plus the broker's send path (metrics implement it)."""
+
+    def send_batch(self, messages: int) -> None:
+        """A group-commit send batch of `messages` messages goes out."""
+
+
+class _IgnoreAll:
+    def synced(self, seconds: float, entries: int) -> None:
+        pass
+
+    def appended(self, seconds: float, entries: int) -> None:
+        pass
+
+    def acked(self, seconds: float) -> None:
+        pass
+
+    def send_batch(self, messages: int) -> None:
+        pass
+
+
+NO_BROKER_OBSERVER: BrokerObserver = _IgnoreAll()
+
+
+class BrokerView(Protocol):
+    """A started broker, as its handlers, admin app and metrics see it."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def state(self) -> BrokerState:
+        """The replicated state machine (topics, offsets, producers)."""
+
+    @property
+    def node(self) -> RaftRuntime:
+        """The Raft runtime (raises before `start`)."""
+
+    @property
+    def cq(self) -> ConsumeQueueStore:
+        """The ConsumeQueues (raises before `start`)."""
+
+    @property
+    def sends(self) -> GroupCommitter[Records, SendAck] | None: ...
+
+    @property
+    def controls(self) -> GroupCommitter[ControlOp, int] | None:
+        """Control operations; each resolves with its entry's index, once applied."""
+
+    @property
+    def entry_limit(self) -> int:
+        """Largest entry the log takes, in bytes."""
+
+    @property
+    def longpoll(self) -> LongPoll: ...
+
+    @property
+    def members(self) -> Membership: ...
+
+    @property
+    def rpc(self) -> RpcServer | None: ...
+
+    @property
+    def advertised(self) -> str:
+        """The client address this node gives out."""
+
+    def require_writable(self) -> None:
+        """Raise unless this node is the ready leader."""
+
+    def leader_client_address(self) -> str | None: ...
+
+    def status(self) -> dict[str, Any]:
+        """The BROKER_STATUS answer (JSON/msgpack-ready)."""
