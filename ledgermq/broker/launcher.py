@@ -28,7 +28,7 @@ from typing import Any
 from ledgermq.base.ports import free_port
 from ledgermq.broker.config import Peer, render_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the repository root
 _NAMESRV_READY = re.compile(r"namesrv listening on (\S+):(\d+)")
 _BROKER_READY = re.compile(r"broker listening on (\S+):(\d+)")
 
