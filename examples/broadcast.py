@@ -43,7 +43,8 @@ async def main(namesrv: str, topic: str, group: str, count: int, idle: float) ->
             while min(len(bodies) for bodies in seen.values()) < count:
                 progress.clear()
                 try:
-                    await asyncio.wait_for(progress.wait(), idle)
+                    async with asyncio.timeout(idle):
+                        await progress.wait()
                 except TimeoutError:
                     break
         finally:

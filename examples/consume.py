@@ -33,7 +33,8 @@ async def main(namesrv: str, topic: str, group: str, count: int, idle: float) ->
         while got < count:
             arrived.clear()
             try:
-                await asyncio.wait_for(arrived.wait(), idle)
+                async with asyncio.timeout(idle):
+                    await arrived.wait()
             except TimeoutError:
                 break
     print(f"consumed {got} messages")

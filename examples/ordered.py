@@ -57,7 +57,8 @@ async def consume(namesrv: str, topic: str, group: str, expected: int, idle: flo
         while got < expected:
             arrived.clear()
             try:
-                await asyncio.wait_for(arrived.wait(), idle)
+                async with asyncio.timeout(idle):
+                    await arrived.wait()
             except TimeoutError:
                 break
     print(f"consumed {got} of {expected} events")
