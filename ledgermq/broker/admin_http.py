@@ -263,24 +263,38 @@ class BrokerAdmin:
 
     async def reset_offsets(self, request: web.Request) -> web.Response:
         """Move a group's offsets of a topic to the first message stored at or
-        after `timestamp_ms` (RocketMQ resetOffsetByTime), through the log."""
+        after `timestamp_ms` (RocketMQ resetOffsetByTime), or to `offset`
+        (clamped to each queue's range), of every queue or of `queue_id` only,
+        through the log. `dry_run`: answer the same, change nothing."""
         name = request.match_info["group"]
         body = await read_json(request)
         topic = field(body, "topic", str)
-        timestamp = field(body, "timestamp_ms", int)
+        by_time = "offset" not in body
+        target = field(body, "timestamp_ms" if by_time else "offset", int)
+        only = body.get("queue_id")
+        if only is not None:
+            only = field(body, "queue_id", int)
+        dry_run = field(body, "dry_run", bool, False)
         config = self._topic(topic)
+        if only is not None and not 0 <= only < config.queues:
+            raise ApiError(400, "INVALID_REQUEST",
+                           f"topic {topic!r} has queues 0..{config.queues - 1}, not {only}")
         await self._require_leader()
         cq = self.b.cq
         assert cq is not None
-        items = []
-        for q in range(config.queues):
+        items, answer = [], []
+        for q in range(config.queues) if only is None else (only,):
             lo, hi = cq.offsets(topic, q)
-            offset = min(max(cq.offset_for_timestamp(topic, q, timestamp), lo), hi)
+            wanted = cq.offset_for_timestamp(topic, q, target) if by_time else target
+            offset = min(max(wanted, lo), hi)
             items.append((name, topic, q, offset))
-        await self._submit(offsets_reset(items))
-        return json_response({"group": name, "topic": topic, "timestamp_ms": timestamp,
-                              "offsets": [{"queue_id": q, "offset": o}
-                                          for _, _, q, o in items]})
+            answer.append({"queue_id": q, "offset": offset,
+                           "previous": self.b.state.offsets.get((name, topic, q))})
+        if not dry_run:
+            await self._submit(offsets_reset(items))
+        return json_response({"group": name, "topic": topic, "dry_run": dry_run,
+                              **({"timestamp_ms": target} if by_time else {"offset": target}),
+                              "offsets": answer})
 
     # ---------------------------------------------------------------- messages
 

@@ -7,8 +7,10 @@ import importlib
 import typer
 
 from ledgermq import __version__
+from ledgermq.cli.errors import OneLineErrors
 
 app = typer.Typer(
+    cls=OneLineErrors,  # expected failures of any command: one line, exit 1
     name="ledgermq",
     help="LedgerMQ: a RocketMQ-style message broker with a Raft-replicated CommitLog.",
     no_args_is_help=True,
@@ -49,6 +51,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "demo",
     "chaos",
     "ping",
+    "message",
+    "leader",
 )
 
 for _name in COMMAND_MODULES:

@@ -16,6 +16,8 @@ from ledgermq.client.routes import RETRIABLE, Cluster
 
 
 class Admin:
+    """Read-only cluster queries over the wire protocol (no admin app needed)."""
+
     def __init__(self, namesrv: Sequence[str], timeout: float = 3.0) -> None:
         self.cluster = Cluster(tuple(namesrv), name="admin", timeout=timeout)
 
@@ -29,12 +31,16 @@ class Admin:
         await self.close()
 
     async def cluster_view(self) -> dict[str, Any]:
-        return await self.cluster.namesrv_request(RequestCode.GET_CLUSTER, None)
+        """The NameServer's GET_CLUSTER answer: {groups: {name: {leader, nodes}}}."""
+        view: dict[str, Any] = await self.cluster.namesrv_request(RequestCode.GET_CLUSTER, None)
+        return view
 
     async def node_status(self, address: str) -> dict[str, Any] | None:
+        """A node's BROKER_STATUS answer, or None when it does not answer."""
         with contextlib.suppress(*RETRIABLE, LedgerMQError):
-            return await self.cluster.request(address, RequestCode.BROKER_STATUS, None,
-                                              timeout=1.5)
+            status: dict[str, Any] = await self.cluster.request(
+                address, RequestCode.BROKER_STATUS, None, timeout=1.5)
+            return status
         return None
 
     async def status(self) -> dict[str, list[dict[str, Any]]]:

@@ -291,7 +291,7 @@ class NameServerAdmin:
         name = request.match_info["group"]
         body = await read_json(request)
         topic = field(body, "topic", str)
-        field(body, "timestamp_ms", int)
+        field(body, "timestamp_ms" if "offset" not in body else "offset", int)
         having = await self._to_each(request, "GET", f"{API}/topics/{quote(topic)}")
         groups = [g for g, (s, _) in having.items() if s == 200]
         if not groups:

@@ -44,9 +44,14 @@ _OPERATIONS: list[tuple[str, str, str, str, dict[str, Any] | None, dict[int, str
     ("get", "/api/v1/consumer-groups/{group}", "Offsets and lag per queue of one group.",
      "both", None, {200: "the group", 404: "unknown group"}),
     ("post", "/api/v1/consumer-groups/{group}/reset-offsets",
-     "Reset the group's offsets of a topic to the first message stored at or after a time.",
-     "both", {"type": "object", "required": ["topic", "timestamp_ms"], "properties": {
-         "topic": {"type": "string"}, "timestamp_ms": {"type": "integer"}}},
+     "Reset the group's offsets of a topic to the first message stored at or after a time,"
+     " or to an offset.",
+     "both", {"type": "object", "required": ["topic"], "properties": {
+         "topic": {"type": "string"},
+         "timestamp_ms": {"type": "integer", "description": "required unless offset is given"},
+         "offset": {"type": "integer", "description": "clamped to each queue's range"},
+         "queue_id": {"type": "integer", "description": "only this queue (default: all)"},
+         "dry_run": {"type": "boolean", "description": "answer the same, change nothing"}}},
      {200: "new offsets", 400: "bad input", 404: "unknown topic"}),
     ("get", "/api/v1/messages/{msg_id}", "Look a message up by its offset message id.", "both",
      None, {200: "the message", 400: "malformed id", 404: "no such message"}),

@@ -27,13 +27,17 @@ def register(app: typer.Typer) -> None:
         """Local cluster, send, consume, SIGKILL the leader, fail over, summary."""
         import shutil
         import tempfile
+        from pathlib import Path
 
         from rich.console import Console
 
         from ledgermq.base import loop
 
         console = Console(highlight=False)
-        base = directory or tempfile.mkdtemp(prefix="ledgermq-demo-")
+        # The children run in the repository root: a relative --dir must mean
+        # the caller's working directory, not theirs.
+        base = (str(Path(directory).expanduser().resolve()) if directory
+                else tempfile.mkdtemp(prefix="ledgermq-demo-"))
         try:
             summary = loop.run(_demo(console, base, messages, nodes, replicate, flush))
         except KeyboardInterrupt:
@@ -57,7 +61,7 @@ async def _demo(console: Any, base: str, total: int, nodes: int, replicate: str,
     cluster = LocalCluster(base, nodes=nodes,
                            settings={"replicate": replicate, "flush": flush,
                                      "segment_size_bytes": 64 << 20})
-    acked: dict[bytes, str] = {}
+    acked: dict[bytes, str | None] = {}
     failed = 0
     received: set[bytes] = set()
     deliveries = 0

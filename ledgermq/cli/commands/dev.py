@@ -2,6 +2,8 @@
 
 The children run in their own process groups; this command stops each of
 them by PID when it is interrupted, terminated, or fails to start them.
+They also run in the repository root, so `--dir` is made absolute against
+the caller's working directory first.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def register(app: typer.Typer) -> None:
         import asyncio
         import signal
         import threading
+        from pathlib import Path
 
         from rich.console import Console
         from rich.table import Table
@@ -32,6 +35,7 @@ def register(app: typer.Typer) -> None:
         from ledgermq.broker.launcher import LocalCluster, wait_leader
 
         console = Console(highlight=False)
+        directory = str(Path(directory).expanduser().resolve())
         cluster = LocalCluster(directory, nodes=nodes, namesrv_listen=namesrv,
                                settings={"flush": flush, "replicate": replicate},
                                log_level="INFO", admin_listen=admin)
@@ -39,17 +43,23 @@ def register(app: typer.Typer) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         try:
-            cluster.start()
+            try:
+                cluster.start()
+            except RuntimeError as exc:  # a child did not start: its output says why
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(1) from None
+            assert cluster.namesrv is not None  # start() returned: it runs
             leader = asyncio.run(wait_leader(cluster))
-            table = Table(title=f"LedgerMQ dev cluster (data and logs under {directory})")
+            # The boxed table's │ separators are what scripts (and tests) parse.
+            t = Table(title=f"LedgerMQ dev cluster (data and logs under {directory})")
             for column in ("process", "pid", "client address", "raft address"):
-                table.add_column(column)
-            table.add_row("namesrv", str(cluster.namesrv.proc.pid), cluster.namesrv_address, "")
+                t.add_column(column, no_wrap=True)
+            t.add_row("namesrv", str(cluster.namesrv.proc.pid), cluster.namesrv_address, "")
             for nid, child in sorted(cluster.brokers.items()):
                 role = " (leader)" if nid == leader else ""
-                table.add_row(f"broker n{nid}{role}", str(child.proc.pid),
-                              cluster.peers[nid].client, cluster.peers[nid].raft)
-            console.print(table)
+                t.add_row(f"broker n{nid}{role}", str(child.proc.pid),
+                          cluster.peers[nid].client, cluster.peers[nid].raft)
+            console.print(t)
             console.print(f"Try: ledgermq send demo hello --namesrv {cluster.namesrv_address}"
                           "   (Ctrl-C stops everything)")
             if admin:

@@ -2,46 +2,49 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
-from ledgermq.cli.commands.status import ADMIN_OPTION
-from ledgermq.cli.commands.topic import TOKEN_OPTION, _quote, call
+from ledgermq.cli.admin_api import ADMIN_OPTION, TOKEN_OPTION, call, quote
+from ledgermq.cli.output import OUTPUT_OPTION, Output
 
 group_app = typer.Typer(help="Consumer groups: lag, members, offset resets.",
                         no_args_is_help=True)
 
 
 @group_app.command("list")
-def list_groups(admin: str = ADMIN_OPTION) -> None:
+def list_groups(admin: str = ADMIN_OPTION, output: Output = OUTPUT_OPTION) -> None:
     """Consumer groups with their topics, online members and total lag."""
-    from rich.console import Console
-    from rich.table import Table
+    from ledgermq.cli.output import console, print_json, table
 
-    groups = call(admin, "GET", "consumer-groups")["consumer_groups"]
-    table = Table(title="Consumer groups")
-    for column in ("group", "topics", "members", "lag"):
-        table.add_column(column)
-    for g in groups:
-        table.add_row(g["group"], ", ".join(g["topics"]), str(g["members"]), str(g["lag"]))
-    Console().print(table)
+    answer = call(admin, "GET", "consumer-groups")
+    if output is Output.json:
+        print_json(answer)
+        return
+    t = table("Consumer groups", ("group", "topics", "members", "lag"), keep=("group",))
+    for g in answer["consumer_groups"]:
+        t.add_row(g["group"], ", ".join(g["topics"]), str(g["members"]), str(g["lag"]))
+    console().print(t)
 
 
 @group_app.command("describe")
-def describe(group: str, admin: str = ADMIN_OPTION) -> None:
+def describe(group: str, admin: str = ADMIN_OPTION, output: Output = OUTPUT_OPTION) -> None:
     """Committed offset and lag of every queue a group consumes."""
-    from rich.console import Console
-    from rich.table import Table
+    from ledgermq.cli.output import console, print_json, table
 
-    info = call(admin, "GET", f"consumer-groups/{_quote(group)}")
-    table = Table(title=f"Consumer group {group}: lag {info['lag']},"
-                        f" {len(info['members'])} member(s)")
-    for column in ("topic", "broker group", "queue", "committed", "max offset", "lag"):
-        table.add_column(column)
+    info = call(admin, "GET", f"consumer-groups/{quote(group)}")
+    if output is Output.json:
+        print_json(info)
+        return
+    t = table(f"Consumer group {group}: lag {info['lag']}, {len(info['members'])} member(s)",
+              ("topic", "broker group", "queue", "committed", "max offset", "lag"),
+              keep=("topic", "broker group"))
     for topic, queues in sorted(info["topics"].items()):
         for q in queues:
-            table.add_row(topic, q["broker_group"], str(q["queue_id"]), str(q["offset"]),
-                          str(q["max_offset"]), str(q["lag"]))
-    Console().print(table)
+            t.add_row(topic, q["broker_group"], str(q["queue_id"]), str(q["offset"]),
+                      str(q["max_offset"]), str(q["lag"]))
+    console().print(t)
 
 
 @group_app.command("reset")
@@ -49,16 +52,40 @@ def reset(
     group: str,
     topic: str = typer.Option(..., help="Topic whose offsets move."),
     timestamp_ms: int = typer.Option(
-        ..., "--timestamp-ms", help="Epoch ms: restart at the first message stored then."),
+        None, "--timestamp-ms", help="Epoch ms: restart at the first message stored then."),
+    offset: int = typer.Option(
+        None, min=0, help="Restart at this queue offset (clamped to each queue's range)."),
+    queue: int = typer.Option(None, min=0, help="Only this queue id (default: every queue)."),
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="Print what would change; change nothing."),
     admin: str = ADMIN_OPTION, token: str = TOKEN_OPTION,
 ) -> None:
-    """Reset a group's offsets of a topic to a time (stop its consumers first:
-    a running consumer commits its own position again)."""
-    result = call(admin, "POST", f"consumer-groups/{_quote(group)}/reset-offsets",
-                  {"topic": topic, "timestamp_ms": timestamp_ms}, token)
+    """Reset a group's offsets of a topic to a time or an offset (stop its
+    consumers first: a running consumer commits its own position again)."""
+    from ledgermq.cli.errors import fail
+
+    if (timestamp_ms is None) == (offset is None):
+        raise fail("give exactly one of --timestamp-ms and --offset")
+    body: dict[str, Any] = {"topic": topic, "dry_run": dry_run}
+    if offset is None:
+        body["timestamp_ms"] = timestamp_ms
+    else:
+        body["offset"] = offset
+    if queue is not None:
+        body["queue_id"] = queue
+    result = call(admin, "POST", f"consumer-groups/{quote(group)}/reset-offsets", body, token)
     for name, answer in sorted(result.get("groups", {"": result}).items()):
-        offsets = ", ".join(f"q{o['queue_id']}={o['offset']}" for o in answer["offsets"])
+        offsets = ", ".join(f"q{o['queue_id']}={o['offset']} (was {_was(o)})"
+                            for o in answer["offsets"])
         typer.echo(f"{group} on {name or 'this group'}: {offsets}")
+    if dry_run:
+        typer.echo("dry run: nothing changed")
+
+
+def _was(row: dict[str, Any]) -> str:
+    """A queue's committed offset before the reset ('none': never committed)."""
+    previous = row.get("previous")
+    return "none" if previous is None else str(previous)
 
 
 def register(app: typer.Typer) -> None:

@@ -21,7 +21,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Send messages (synchronously acknowledged) to a topic."""
         from ledgermq.base import loop
-        from ledgermq.base.errors import LedgerMQError
         from ledgermq.client import Producer
 
         messages = [b.encode() for b in bodies] if bodies else [
@@ -34,8 +33,4 @@ def register(app: typer.Typer) -> None:
                                             sharding_key=sharding_key)
                     typer.echo(f"{r.msg_id} queue {r.queue.queue_id} offset {r.queue_offset}")
 
-        try:
-            loop.run(main())
-        except (LedgerMQError, OSError, ConnectionError) as exc:
-            typer.echo(f"send failed: {exc}", err=True)
-            raise typer.Exit(1) from None
+        loop.run(main())  # a failure is printed as one line by ledgermq.cli.errors

@@ -3,64 +3,66 @@ lag), from the admin API's cluster view (the NameServer's by default)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
-from ledgermq.webadmin.app import DEFAULT_ADMIN_URL
+from ledgermq.cli.admin_api import ADMIN_OPTION, NAMESRV_OPTION
+from ledgermq.cli.output import OUTPUT_OPTION, Output
 
-ADMIN_OPTION = typer.Option(DEFAULT_ADMIN_URL, "--admin", envvar="LEDGERMQ_ADMIN_URL",
-                            help="Admin API base URL (a NameServer's or a broker's).")
-# Clusters started without admin apps (`ledgermq dev`) are still reachable over
-# the wire protocol through their NameServers.
-NAMESRV_OPTION = typer.Option(
-    "", "--namesrv", help="Ask these NameServers over the wire protocol instead of the admin"
-    " API (for clusters without an admin app); comma separated.")
+# Short headers: nine columns must fit 80 terminal columns without eliding
+# the node, its address or its role.
+COLUMNS = ("node", "address", "role", "term", "last", "commit", "applied", "lag", "behind")
 
 
 def register(app: typer.Typer) -> None:
     @app.command("status")
-    def status(admin: str = ADMIN_OPTION, namesrv: str = NAMESRV_OPTION) -> None:
-        """Show every broker group's nodes: role, term, indexes and lag."""
-        from rich.console import Console
-        from rich.table import Table
-
+    def status(admin: str = ADMIN_OPTION, namesrv: str = NAMESRV_OPTION,
+               output: Output = OUTPUT_OPTION) -> None:
+        """Show every broker group's nodes: role, term, indexes (last, commit,
+        applied), lag, and how far each follower is behind the leader."""
         from ledgermq.base import loop
-        from ledgermq.webadmin.app import AdminApiError, api_call
+        from ledgermq.cli.errors import fail
+        from ledgermq.webadmin.app import api_call
 
-        console = Console()
-        try:
-            view = loop.run(wire_view(namesrv) if namesrv else api_call(admin, "GET", "cluster"))
-        except AdminApiError as exc:
-            console.print(f"[red]status: {exc}[/red]")
-            raise typer.Exit(1) from None
+        view = loop.run(wire_view(namesrv) if namesrv else api_call(admin, "GET", "cluster"))
         groups = view.get("groups", {})
+        if output is Output.json:
+            from ledgermq.cli.output import print_json
+
+            print_json(view)
+        else:
+            print_tables(groups)
         if not groups:
-            console.print("no broker registered")
-            raise typer.Exit(1)
-        for name, group in sorted(groups.items()):
-            table = Table(title=f"group {name}: leader {group.get('leader') or 'none'},"
-                                f" term {group.get('term')}")
-            for column in ("node", "address", "role", "term", "last index", "commit index",
-                           "applied", "lag", "behind leader"):
-                table.add_column(column)
-            leader = next((n for n in group["nodes"] if n["node_id"] == group.get("leader")),
-                          None)
-            followers = (leader or {}).get("followers") or {}
-            for node in group["nodes"]:
-                if not node["reachable"]:
-                    table.add_row(node["node_id"], node["address"], "[red]unreachable[/red]",
-                                  "", "", "", "", "", "")
-                    continue
-                role = node["role"] + ("" if node["role"] != "leader"
-                                       or node.get("leader_ready") else " (not ready)")
-                f = followers.get(node["node_id"].lstrip("n"))
-                table.add_row(node["node_id"], node["address"], role, str(node["term"]),
-                              str(node["last_index"]), str(node["commit_index"]),
-                              str(node["applied_index"]), str(node["lag"]),
-                              str(f["lag"]) if f else "")
-            console.print(table)
+            raise fail("no broker registered")
 
 
-async def wire_view(namesrv: str) -> dict:
+def print_tables(groups: dict[str, Any]) -> None:
+    from ledgermq.cli.output import console, table
+
+    out = console()
+    for name, group in sorted(groups.items()):
+        t = table(f"group {name}: leader {group.get('leader') or 'none'},"
+                  f" term {group.get('term')}", COLUMNS, keep=("node", "address", "role"))
+        leader = next((n for n in group["nodes"] if n["node_id"] == group.get("leader")), None)
+        followers = (leader or {}).get("followers") or {}
+        for node in group["nodes"]:
+            if not node["reachable"]:
+                t.add_row(node["node_id"], node["address"], "[red]unreachable[/red]",
+                          *[""] * (len(COLUMNS) - 3))
+                continue
+            role = node["role"] + ("" if node["role"] != "leader"
+                                   or node.get("leader_ready") else " (not ready)")
+            f = followers.get(node["node_id"].lstrip("n"))
+            t.add_row(node["node_id"], node["address"], role, str(node["term"]),
+                      str(node["last_index"]), str(node["commit_index"]),
+                      str(node["applied_index"]), str(node["lag"]), str(f["lag"]) if f else "")
+        out.print(t)
+    if groups:
+        out.print("lag = commit - applied; behind = entries not yet replicated here")
+
+
+async def wire_view(namesrv: str) -> dict[str, Any]:
     """The admin API's cluster view, built over the wire protocol instead."""
     from ledgermq.client.admin import Admin
     from ledgermq.webadmin.app import group_view, node_row

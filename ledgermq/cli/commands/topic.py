@@ -1,5 +1,6 @@
 """`ledgermq topic create|update|delete|list|describe`: topics through the
-admin API (the NameServer's app forwards writes to every group's leader)."""
+admin API (the NameServer's app forwards writes to every group's leader), or
+over the wire protocol with `--namesrv`."""
 
 from __future__ import annotations
 
@@ -7,31 +8,18 @@ from typing import Any
 
 import typer
 
-from ledgermq.cli.commands.status import ADMIN_OPTION, NAMESRV_OPTION
-
-TOKEN_OPTION = typer.Option("", "--token", envvar="LEDGERMQ_ADMIN_TOKEN",
-                            help="Admin token (needed for writes when one is configured).")
+from ledgermq.cli.admin_api import ADMIN_OPTION, NAMESRV_OPTION, TOKEN_OPTION, call, quote
+from ledgermq.cli.output import OUTPUT_OPTION, Output
 
 topic_app = typer.Typer(help="Create, change, delete, list and describe topics.",
                         no_args_is_help=True)
 
 
-def call(admin: str, method: str, path: str, body: Any = None, token: str = "") -> Any:
-    """An admin API call; its error printed and exit status 1 on failure."""
-    from ledgermq.base import loop
-    from ledgermq.webadmin.app import AdminApiError, api_call
-
-    try:
-        return loop.run(api_call(admin, method, path, body, token))
-    except AdminApiError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-
-
-def _quote(name: str) -> str:
-    from urllib.parse import quote
-
-    return quote(name, safe="")
+def _print_configs(topic: str, result: dict[str, Any]) -> None:
+    """A write's answer: the NameServer's is per group, a broker's is one config."""
+    for name, cfg in sorted(result.get("groups", {"": result}).items()):
+        typer.echo(f"topic {topic} on {name or cfg.get('group')}: {cfg['queues']} queues,"
+                   f" perm {cfg['perm']}")
 
 
 @topic_app.command("create")
@@ -47,7 +35,7 @@ def create(
         from ledgermq.base import loop
         from ledgermq.client import Producer
 
-        async def main() -> dict:
+        async def main() -> dict[str, Any]:
             async with Producer(namesrv.split(",")) as producer:
                 return await producer.create_topic(topic, queues, perm)
 
@@ -57,10 +45,7 @@ def create(
     body: dict[str, Any] = {"topic": topic, "queues": queues, "perm": perm}
     if group:
         body["group"] = group
-    result = call(admin, "POST", "topics", body, token)
-    for name, cfg in sorted(result.get("groups", {"": result}).items()):
-        typer.echo(f"topic {topic} on {name or cfg.get('group')}: {cfg['queues']} queues,"
-                   f" perm {cfg['perm']}")
+    _print_configs(topic, call(admin, "POST", "topics", body, token))
 
 
 @topic_app.command("update")
@@ -72,16 +57,13 @@ def update(
 ) -> None:
     """Grow a topic's queues or change its permissions."""
     body = {k: v for k, v in (("queues", queues), ("perm", perm)) if v is not None}
-    result = call(admin, "PUT", f"topics/{_quote(topic)}", body, token)
-    for name, cfg in sorted(result.get("groups", {"": result}).items()):
-        typer.echo(f"topic {topic} on {name or cfg.get('group')}: {cfg['queues']} queues,"
-                   f" perm {cfg['perm']}")
+    _print_configs(topic, call(admin, "PUT", f"topics/{quote(topic)}", body, token))
 
 
 @topic_app.command("delete")
 def delete(topic: str, admin: str = ADMIN_OPTION, token: str = TOKEN_OPTION) -> None:
     """Delete a topic's configuration (its messages stay until retention)."""
-    call(admin, "DELETE", f"topics/{_quote(topic)}", None, token)
+    call(admin, "DELETE", f"topics/{quote(topic)}", None, token)
     typer.echo(f"topic {topic} deleted")
 
 
@@ -103,47 +85,48 @@ async def wire_topics(namesrv: str) -> list[dict[str, Any]]:
 
 
 @topic_app.command("list")
-def list_topics(admin: str = ADMIN_OPTION, namesrv: str = NAMESRV_OPTION) -> None:
+def list_topics(admin: str = ADMIN_OPTION, namesrv: str = NAMESRV_OPTION,
+                output: Output = OUTPUT_OPTION) -> None:
     """List topics with their queue counts and message totals."""
-    from rich.console import Console
-    from rich.table import Table
-
     from ledgermq.base import loop
+    from ledgermq.cli.output import console, print_json, table
 
     topics = loop.run(wire_topics(namesrv)) if namesrv else call(admin, "GET", "topics")["topics"]
-    table = Table(title="Topics")
-    for column in ("topic", "group", "queues", "perm", "messages"):
-        table.add_column(column)
-    for t in topics:
-        table.add_row(t["topic"], t["group"], str(t["queues"]), str(t["perm"]),
-                      str(t["messages"]))
-    Console().print(table)
+    if output is Output.json:
+        print_json({"topics": topics})
+        return
+    t = table("Topics", ("topic", "group", "queues", "perm", "messages"), keep=("topic", "group"))
+    for row in topics:
+        t.add_row(row["topic"], row["group"], str(row["queues"]), str(row["perm"]),
+                  str(row["messages"]))
+    console().print(t)
 
 
 @topic_app.command("describe")
-def describe(topic: str, admin: str = ADMIN_OPTION, namesrv: str = NAMESRV_OPTION) -> None:
+def describe(topic: str, admin: str = ADMIN_OPTION, namesrv: str = NAMESRV_OPTION,
+             output: Output = OUTPUT_OPTION) -> None:
     """Queues of one topic with their min/max offsets."""
-    from rich.console import Console
-    from rich.table import Table
-
     from ledgermq.base import loop
+    from ledgermq.cli.errors import fail
+    from ledgermq.cli.output import console, print_json, table
 
     if namesrv:
         groups = {t["group"]: t for t in loop.run(wire_topics(namesrv)) if t["topic"] == topic}
         if not groups:
-            typer.echo(f"topic {topic!r} does not exist", err=True)
-            raise typer.Exit(1)
+            raise fail(f"topic {topic!r} does not exist")
     else:
-        result = call(admin, "GET", f"topics/{_quote(topic)}")
+        result = call(admin, "GET", f"topics/{quote(topic)}")
         groups = result.get("groups") or {result["group"]: result}
-    table = Table(title=f"Topic {topic}")
-    for column in ("group", "queue", "min offset", "max offset", "perm"):
-        table.add_column(column)
+    if output is Output.json:
+        print_json({"topic": topic, "groups": groups})
+        return
+    t = table(f"Topic {topic}", ("group", "queue", "min offset", "max offset", "perm"),
+              keep=("group",))
     for group, cfg in sorted(groups.items()):
         for q in cfg["queue_offsets"]:
-            table.add_row(group, str(q["queue_id"]), str(q["min_offset"]),
-                          str(q["max_offset"]), str(cfg["perm"]))
-    Console().print(table)
+            t.add_row(group, str(q["queue_id"]), str(q["min_offset"]), str(q["max_offset"]),
+                      str(cfg["perm"]))
+    console().print(t)
 
 
 def register(app: typer.Typer) -> None:
