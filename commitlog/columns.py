@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from crc32c import crc32c
 
-from commitlog.message import MESSAGE_HEAD, MESSAGE_HEAD_SIZE
+from ledgermq.base.message_record import MESSAGE_HEAD, MESSAGE_HEAD_SIZE
 
 # The packed numpy twin of MESSAGE_HEAD ("<IIIIqqQQIHHHHII").
 HEAD_DTYPE = np.dtype([

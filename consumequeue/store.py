@@ -24,7 +24,6 @@ import numpy as np
 from commitlog import HEADER_SIZE, KIND_MESSAGES, CommitLog, Entry, fileio, iter_records, tag_hash
 from commitlog.columns import RecordColumns, queue_groups, scan_body
 from commitlog.disk import DirtyFile, sync_and_close
-from commitlog.message import MESSAGE_HEAD_SIZE
 from consumequeue.checkpoint import (
     DispatchCheckpoint,
     read_dispatch_checkpoint,
@@ -32,6 +31,7 @@ from consumequeue.checkpoint import (
 )
 from consumequeue.queue import ConsumeQueue, Unit
 from consumequeue.unit import UNIT_DTYPE
+from ledgermq.base.message_record import MESSAGE_HEAD_SIZE
 
 
 @dataclass

@@ -15,8 +15,9 @@ import numpy as np
 from commitlog import StoredMessage
 from commitlog.columns import RecordColumns, queue_groups, scan_body
 from commitlog.errors import MessageTooLargeError as StorageTooLarge
-from commitlog.message import MESSAGE_HEAD, MESSAGE_HEAD_SIZE, encode_properties, valid_topic
+from commitlog.message import valid_topic
 from ledgermq.base.errors import InvalidRequestError, MessageTooLargeError
+from ledgermq.base.message_record import MESSAGE_HEAD, MESSAGE_HEAD_SIZE, encode_properties
 
 _U32 = 2**32 - 1
 _I64 = 2**63 - 1

@@ -1,7 +1,7 @@
 """The broker's apply path for the real-node simulator (`dledger/testing/nodesim`).
 
-The simulator may not import `broker/` or `consumequeue/` (tests/test_layers.py),
-so this module, which may, supplies its applier: the broker's real state
+The simulator may not import `ledgermq.broker` or `consumequeue` (the
+`floors` import contract), so this module, which may, supplies its applier: the broker's real state
 machine (`BrokerState.apply`) and ConsumeQueue dispatch
 (`ConsumeQueueStore`) on the node's (simulated) files, replayed on restart the
 way `Broker._recover` does it, with a ConsumeQueue checkpoint every few
