@@ -31,9 +31,9 @@ from ledgermq.broker.control import MAX_QUEUES, PERM_RW, offsets_reset, topic_de
 from ledgermq.broker.metrics import Instruments, broker_registry
 from ledgermq.broker.view import BrokerView
 from ledgermq.webadmin.app import (
-    API,
     ApiError,
     add_common_routes,
+    add_operations,
     field,
     group_view,
     int_param,
@@ -78,20 +78,14 @@ class BrokerAdmin:
         self.app = make_app(cfg.admin_token)
         add_common_routes(self.app, registry=self.registry, openapi=openapi_document("broker"),
                           reports_dir=cfg.reports_dir, kind="broker")
-        r = self.app.router
-        r.add_get(f"{API}/status", self.status)
-        r.add_get(f"{API}/cluster", self.cluster)
-        r.add_get(f"{API}/topics", self.topics)
-        r.add_post(f"{API}/topics", self.create_topic)
-        r.add_get(f"{API}/topics/{{topic}}", self.describe_topic)
-        r.add_put(f"{API}/topics/{{topic}}", self.update_topic)
-        r.add_delete(f"{API}/topics/{{topic}}", self.delete_topic)
-        r.add_get(f"{API}/consumer-groups", self.consumer_groups)
-        r.add_get(f"{API}/consumer-groups/{{group}}", self.consumer_group)
-        r.add_post(f"{API}/consumer-groups/{{group}}/reset-offsets", self.reset_offsets)
-        r.add_get(f"{API}/messages", self.messages_by_key)
-        r.add_get(f"{API}/messages/{{msg_id}}", self.message_by_id)
-        r.add_post(f"{API}/leadership/transfer", self.transfer_leadership)
+        add_operations(self.app, "broker", {
+            "status": self.status, "cluster": self.cluster, "topics": self.topics,
+            "create_topic": self.create_topic, "describe_topic": self.describe_topic,
+            "update_topic": self.update_topic, "delete_topic": self.delete_topic,
+            "consumer_groups": self.consumer_groups, "consumer_group": self.consumer_group,
+            "reset_offsets": self.reset_offsets, "messages_by_key": self.messages_by_key,
+            "message_by_id": self.message_by_id, "transfer_leadership": self.transfer_leadership,
+        })
 
     async def start(self) -> str:
         host, port = split_host_port(self.b.config.admin_listen)

@@ -22,7 +22,7 @@ import logging
 import mimetypes
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from prometheus_client import (
 
 from ledgermq.base.address import split_host_port
 from ledgermq.base.errors import ErrorCode, LedgerMQError
+from ledgermq.webadmin.openapi import COMMON_OPERATIONS, operations
 
 log = logging.getLogger(__name__)
 
@@ -302,6 +303,24 @@ def add_common_routes(app: web.Application, *, registry: CollectorRegistry,
     app.router.add_get(f"{API}/info", info)
     app.router.add_get(f"{API}/reports", reports)
     app.router.add_get("/reports/{path:.+}", report)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def add_operations(app: web.Application, kind: str, handlers: Mapping[str, Handler]) -> None:
+    """Route each operation of the OpenAPI table (`openapi.operations(kind)`)
+    to its handler, named by operation: the table is the one list of routes, so
+    the document and the router cannot drift apart. A server that gives a
+    handler the table does not list for it, or misses one, fails at start."""
+    wanted = {op.name for op in operations(kind)} - COMMON_OPERATIONS
+    if set(handlers) != wanted:
+        raise ValueError(f"{kind} admin handlers do not match the API table: "
+                         f"missing {sorted(wanted - set(handlers))}, "
+                         f"unknown {sorted(set(handlers) - wanted)}")
+    for op in operations(kind):
+        if op.name not in COMMON_OPERATIONS:
+            app.router.add_route(op.method.upper(), op.path, handlers[op.name])
 
 
 def make_app(token: str) -> web.Application:

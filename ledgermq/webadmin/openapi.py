@@ -8,72 +8,112 @@ docs/operations.md is the prose reference.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _OBJ = {"type": "object"}
 
-# (method, path, summary, servers, request schema or None, {status: description})
-_OPERATIONS: list[tuple[str, str, str, str, dict[str, Any] | None, dict[int, str]]] = [
-    ("get", "/api/v1/info", "Which kind of server answers, and its clock.", "both", None,
-     {200: "kind and time_ms"}),
-    ("get", "/api/v1/cluster", "Groups, nodes, roles, terms, indexes and lag.", "both", None,
-     {200: "groups"}),
-    ("get", "/api/v1/status", "This broker node's full status (Raft runtime included).",
-     "broker", None, {200: "status"}),
-    ("get", "/api/v1/topics", "Every topic with its queues and message counts.", "both", None,
-     {200: "topics"}),
-    ("post", "/api/v1/topics", "Create a topic (or replace its configuration).", "both",
-     {"type": "object", "required": ["topic"], "properties": {
-         "topic": {"type": "string"}, "queues": {"type": "integer", "minimum": 1,
-                                                 "maximum": 1024},
-         "perm": {"type": "integer", "enum": [0, 2, 4, 6]},
-         "group": {"type": "string", "description": "NameServer only: one broker group"}}},
-     {201: "the topic", 400: "bad input", 401: "token missing", 403: "token wrong",
-      409: "this broker is not the leader"}),
-    ("get", "/api/v1/topics/{topic}", "One topic: queues and their offsets.", "both", None,
-     {200: "the topic", 404: "unknown topic"}),
-    ("put", "/api/v1/topics/{topic}", "Change queues (grow only) or permissions.", "both",
-     {"type": "object", "properties": {"queues": {"type": "integer"},
-                                       "perm": {"type": "integer"}}},
-     {200: "the topic", 400: "bad input", 404: "unknown topic"}),
-    ("delete", "/api/v1/topics/{topic}", "Delete a topic's configuration.", "both", None,
-     {200: "deleted", 404: "unknown topic"}),
-    ("get", "/api/v1/consumer-groups", "Consumer groups with total lag and members.", "both",
-     None, {200: "consumer_groups"}),
-    ("get", "/api/v1/consumer-groups/{group}", "Offsets and lag per queue of one group.",
-     "both", None, {200: "the group", 404: "unknown group"}),
-    ("post", "/api/v1/consumer-groups/{group}/reset-offsets",
+
+
+class Operation(NamedTuple):
+    """One admin API operation: the route both the OpenAPI document and the
+    servers' routers are made from (`ledgermq.webadmin.app.add_operations`)."""
+
+    method: str
+    path: str
+    name: str  # the operationId, and the name of the handler a server gives for it
+    summary: str
+    servers: str  # "broker", "namesrv" or "both"
+    schema: dict[str, Any] | None  # the request body's JSON schema
+    answers: dict[int, str]  # status -> description
+
+
+# Served by add_common_routes for every server, not by a server's own handler.
+COMMON_OPERATIONS = frozenset({"info", "reports"})
+
+OPERATIONS: list[Operation] = [
+    Operation("get", "/api/v1/info", "info",
+              "Which kind of server answers, and its clock.", "both", None,
+              {200: "kind and time_ms"}),
+    Operation("get", "/api/v1/cluster", "cluster",
+              "Groups, nodes, roles, terms, indexes and lag.", "both", None,
+              {200: "groups"}),
+    Operation("get", "/api/v1/status", "status",
+              "This broker node's full status (Raft runtime included).",
+              "broker", None, {200: "status"}),
+    Operation("get", "/api/v1/topics", "topics",
+              "Every topic with its queues and message counts.", "both", None,
+              {200: "topics"}),
+    Operation("post", "/api/v1/topics", "create_topic",
+              "Create a topic (or replace its configuration).", "both",
+              {"type": "object", "required": ["topic"], "properties": {
+                  "topic": {"type": "string"}, "queues": {"type": "integer", "minimum": 1,
+                                                          "maximum": 1024},
+                  "perm": {"type": "integer", "enum": [0, 2, 4, 6]},
+                  "group": {"type": "string", "description": "NameServer only: one broker group"}}},
+              {201: "the topic", 400: "bad input", 401: "token missing", 403: "token wrong",
+               409: "this broker is not the leader"}),
+    Operation("get", "/api/v1/topics/{topic}", "describe_topic",
+              "One topic: queues and their offsets.", "both", None,
+              {200: "the topic", 404: "unknown topic"}),
+    Operation("put", "/api/v1/topics/{topic}", "update_topic",
+              "Change queues (grow only) or permissions.", "both",
+              {"type": "object", "properties": {"queues": {"type": "integer"},
+                                                "perm": {"type": "integer"}}},
+              {200: "the topic", 400: "bad input", 404: "unknown topic"}),
+    Operation("delete", "/api/v1/topics/{topic}", "delete_topic",
+              "Delete a topic's configuration.", "both", None,
+              {200: "deleted", 404: "unknown topic"}),
+    Operation("get", "/api/v1/consumer-groups", "consumer_groups",
+              "Consumer groups with total lag and members.", "both",
+              None, {200: "consumer_groups"}),
+    Operation("get", "/api/v1/consumer-groups/{group}", "consumer_group",
+              "Offsets and lag per queue of one group.",
+              "both", None, {200: "the group", 404: "unknown group"}),
+    Operation("post", "/api/v1/consumer-groups/{group}/reset-offsets", "reset_offsets",
      "Reset the group's offsets of a topic to the first message stored at or after a time,"
-     " or to an offset.",
-     "both", {"type": "object", "required": ["topic"], "properties": {
-         "topic": {"type": "string"},
-         "timestamp_ms": {"type": "integer", "description": "required unless offset is given"},
-         "offset": {"type": "integer", "description": "clamped to each queue's range"},
-         "queue_id": {"type": "integer", "description": "only this queue (default: all)"},
-         "dry_run": {"type": "boolean", "description": "answer the same, change nothing"}}},
-     {200: "new offsets", 400: "bad input", 404: "unknown topic"}),
-    ("get", "/api/v1/messages/{msg_id}", "Look a message up by its offset message id.", "both",
-     None, {200: "the message", 400: "malformed id", 404: "no such message"}),
-    ("get", "/api/v1/messages", "Look messages up by key (bounded scan, newest first).",
-     "both", None, {200: "matches", 400: "topic and key are required", 404: "unknown topic"}),
-    ("post", "/api/v1/leadership/transfer", "Hand a group's leadership to another node.",
-     "both", {"type": "object", "required": ["to"], "properties": {
-         "to": {"type": "integer"},
-         "group": {"type": "string", "description": "NameServer only: the group"}}},
-     {200: "new leader", 400: "unknown node", 409: "not the leader", 503: "transfer failed"}),
-    ("get", "/api/v1/reports", "Chaos and audit reports found in the reports directory.",
-     "both", None, {200: "reports"}),
+              " or to an offset.",
+              "both", {"type": "object", "required": ["topic"], "properties": {
+                  "topic": {"type": "string"},
+                  "timestamp_ms": {"type": "integer",
+                                   "description": "required unless offset is given"},
+                  "offset": {"type": "integer",
+                             "description": "clamped to each queue's range"},
+                  "queue_id": {"type": "integer",
+                               "description": "only this queue (default: all)"},
+                  "dry_run": {"type": "boolean",
+                              "description": "answer the same, change nothing"}}},
+              {200: "new offsets", 400: "bad input", 404: "unknown topic"}),
+    Operation("get", "/api/v1/messages/{msg_id}", "message_by_id",
+              "Look a message up by its offset message id.", "both",
+              None, {200: "the message", 400: "malformed id", 404: "no such message"}),
+    Operation("get", "/api/v1/messages", "messages_by_key",
+              "Look messages up by key (bounded scan, newest first).",
+              "both", None,
+              {200: "matches", 400: "topic and key are required", 404: "unknown topic"}),
+    Operation("post", "/api/v1/leadership/transfer", "transfer_leadership",
+              "Hand a group's leadership to another node.",
+              "both", {"type": "object", "required": ["to"], "properties": {
+                  "to": {"type": "integer"},
+                  "group": {"type": "string", "description": "NameServer only: the group"}}},
+              {200: "new leader", 400: "unknown node", 409: "not the leader",
+               503: "transfer failed"}),
+    Operation("get", "/api/v1/reports", "reports",
+              "Chaos and audit reports found in the reports directory.",
+              "both", None, {200: "reports"}),
 ]
+
+
+def operations(kind: str) -> list[Operation]:
+    """The operations a server of `kind` ("broker" or "namesrv") answers."""
+    return [op for op in OPERATIONS if op.servers in ("both", kind)]
 
 
 def openapi_document(kind: str) -> dict[str, Any]:
     """The API description as served by a `kind` ("broker" or "namesrv") app."""
     paths: dict[str, Any] = {}
-    for method, path, summary, servers, schema, answers in _OPERATIONS:
-        if servers not in ("both", kind):
-            continue
-        op: dict[str, Any] = {"summary": summary, "responses": {}}
+    for method, path, name, summary, _, schema, answers in operations(kind):
+        op: dict[str, Any] = {"operationId": name, "summary": summary, "responses": {}}
         params = [p.strip("{}") for p in path.split("/") if p.startswith("{")]
         if params:
             op["parameters"] = [{"name": p, "in": "path", "required": True,

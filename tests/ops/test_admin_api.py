@@ -303,3 +303,26 @@ def test_openapi_reports_and_dashboard_files(ops_cluster: OpsCluster) -> None:
             assert status == 200 and "api/v1" in js
 
     run(main())
+
+
+def test_each_server_routes_exactly_the_operations_of_the_api_table(
+        ops_cluster: OpsCluster) -> None:
+    """One table (ledgermq.webadmin.openapi.OPERATIONS) makes both the OpenAPI
+    document and every server's router: what /openapi.json lists is what answers."""
+    from ledgermq.webadmin.openapi import operations
+
+    async def body() -> None:
+        broker_url = await ops_cluster.admin_url(sorted(ops_cluster.alive())[0])
+        for kind, url in (("broker", broker_url), ("namesrv", ops_cluster.namesrv_url)):
+            status, spec = await http("GET", f"{url}/openapi.json")
+            assert status == 200
+            listed = {(method, path) for path, ops in spec["paths"].items()
+                      for method in ops if path.startswith("/api/")}
+            assert listed == {(op.method, op.path) for op in operations(kind)}
+            for path, ops in spec["paths"].items():
+                for method, op in ops.items():
+                    if path.startswith("/api/") and "{" not in path and method == "get":
+                        status, _ = await http("GET", f"{url}{path}")
+                        assert status != 404, (kind, path, op["operationId"])
+
+    run(body())
