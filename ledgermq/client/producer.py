@@ -79,6 +79,7 @@ def _plain(messages: Sequence[bytes | Message]) -> TypeGuard[Sequence[bytes]]:
     """Whether every message is a plain body (no tags, keys or properties)."""
     return set(map(type, messages)) == _PLAIN
 
+
 # Where a send goes, precomputed per queue of a route: (queue, its group's
 # route, (topic, queue id), topic as bytes, topic + born host as bytes, and
 # what packs a plain body's head with them: see _slots).
