@@ -135,7 +135,7 @@ def check(ops: Sequence[Op], *, strict_idempotence: bool = False) -> dict[str, A
         done_value = (done.value or {}) if done is not None else {}
         if int(done_value.get("attempts", 1)) > 1 or kind == "info":
             retried.add(value)
-        if kind == "ok":
+        if done is not None and kind == "ok":
             key = _queue_key(done_value)
             if key is not None and done_value.get("offset") is not None:
                 slot_values[(key, int(done_value["offset"]))].add(value)
@@ -209,10 +209,10 @@ def check(ops: Sequence[Op], *, strict_idempotence: bool = False) -> dict[str, A
 
     # where an ack said a value landed, against where it was read
     for value, (q, o) in acked_at.items():
-        slots = seen_values.get(value)
-        if slots and (q, o) not in slots:
+        read_at = seen_values.get(value)
+        if read_at and (q, o) not in read_at:
             out.add("misplaced_ack", {"value": value, "acked_at": [*q, o],
-                                      "read_at": [[*sq, so] for sq, so in sorted(slots)][:3]})
+                                      "read_at": [[*sq, so] for sq, so in sorted(read_at)][:3]})
     _check_bodies(seen, by_identity, out)
     _check_coverage(seen, out)
     _check_consumer_order(seen, out)
@@ -271,7 +271,9 @@ def _check_bodies(seen: Iterable[Seen], sends: dict[tuple[int, int], dict[str, A
     """
     reported: set[tuple[tuple[int, int], QueueKey, int]] = set()
     for s in seen:
-        sent = sends.get(s.identity) if s.identity is not None else None
+        if s.identity is None:
+            continue
+        sent = sends.get(s.identity)
         if sent is None:
             continue
         want = _body(sent)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import time
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ class LinkProxy:
     async def start(self) -> None:
         for link in self.links:
             server = await asyncio.start_server(
-                lambda r, w, link=link: self._accept(link, r, w), *link.listen,
+                functools.partial(self._accept, link), *link.listen,
                 reuse_address=True)
             self._servers.append(server)
 

@@ -78,6 +78,16 @@ class RunConfig:
     broker_config: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class NodeState:
+    """What the client side learns about the nodes, for `chaos.node_report`."""
+
+    # Every restart a nemesis attempted (appended to by `nemesis.Context`).
+    restarts: list[dict[str, Any]] = field(default_factory=list)
+    # Each node's state after the final heal; None if the run did not get there.
+    final: dict[int, dict[str, Any]] | None = None
+
+
 def make_backend(config: RunConfig, spec: ClusterSpec, log: Callable[[str], None],
                  seed: int) -> Backend:
     if config.backend == "netns":
@@ -112,8 +122,7 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
     log(f"chaos: run {json.dumps(params, default=str)}")
     backend = make_backend(config, spec, log, seed)
     outcome: dict[str, Any] = {}
-    # Filled by the client side: every restart attempt, and each node's state after the heal.
-    node_state: dict[str, Any] = {"restarts": [], "final": None}
+    node_state = NodeState()  # filled by the client side
     previous = signal.getsignal(signal.SIGTERM)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -130,12 +139,12 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
             signal.signal(signal.SIGTERM, previous)
     collected = backend.collect()
     ops = history.ops
-    results = {
+    results: dict[str, Any] = {
         "valid": None,
         "invalid_because": [],
         "run": params,
         "checker": check(ops),
-        "nodes": node_report(node_state["restarts"], node_state["final"]),
+        "nodes": node_report(node_state.restarts, node_state.final),
         "availability": unavailability(ops),
         "latency": latency_summary(latencies(ops)),
         "phases": outcome,
@@ -173,7 +182,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def _run_clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_lib.Nemesis],
                  history: History, rng: random.Random, outcome: dict[str, Any],
-                 node_state: dict[str, Any], log: Callable[[str], None]) -> None:
+                 node_state: NodeState, log: Callable[[str], None]) -> None:
     """Run the asyncio client side in its own thread; Ctrl-C cancels it cleanly."""
     loop_box: list[asyncio.AbstractEventLoop] = []
     task_box: list[asyncio.Task[None]] = []
@@ -217,7 +226,7 @@ def _run_clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_lib.
 
 async def _clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_lib.Nemesis],
                    history: History, rng: random.Random, outcome: dict[str, Any],
-                   node_state: dict[str, Any], log: Callable[[str], None],
+                   node_state: NodeState, log: Callable[[str], None],
                    loop: asyncio.AbstractEventLoop) -> None:
     addresses = {n: backend.client_address(n) for n in backend.node_ids}
     t0 = time.monotonic()
@@ -238,12 +247,12 @@ async def _clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_li
     def leader() -> int | None:
         return asyncio.run_coroutine_threadsafe(find_leader(addresses), loop).result(10)
 
-    ctx = nemesis_lib.Context(backend, rng, leader, log, restarts=node_state["restarts"])
+    ctx = nemesis_lib.Context(backend, rng, leader, log, restarts=node_state.restarts)
     try:
         await run_schedule(nemeses, config.schedule, ctx, history, config.time_limit, rng)
         phase("healed")
         outcome["leader_after_heal"] = await wait_leader(addresses, config.recovery_timeout)
-        node_state["final"] = await _check_nodes(backend, config.final_node_timeout, log)
+        node_state.final = await _check_nodes(backend, config.final_node_timeout, log)
         # Give sends in flight at the heal a chance to finish against the new leader.
         await asyncio.sleep(2.0)
     finally:
@@ -254,7 +263,7 @@ async def _clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_li
     outcome["drained"] = await workload.drain(config.drain_timeout)
     # Nothing stuck afterwards: every node that is up must catch up with the
     # leader's commit (a replica that lost its tail to a power cut included).
-    final = node_state["final"] or {}
+    final = node_state.final or {}
     down = [n for n, state in final.items() if not state.get("ready")]
     outcome["convergence"] = await check_converged(addresses, node_status,
                                                    config.convergence_timeout, down)
@@ -267,7 +276,7 @@ async def _clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_li
 async def _check_nodes(backend: Backend, timeout: float,
                        log: Callable[[str], None]) -> dict[int, dict[str, Any]]:
     """Every node's state after the final heal: alive and answering PING, or why not."""
-    final = {}
+    final: dict[int, dict[str, Any]] = {}
     for node in backend.node_ids:
         ready = await asyncio.to_thread(backend.wait_node, node, timeout)
         final[node] = ready.as_dict()

@@ -100,7 +100,8 @@ async def node_status(address: str, timeout: float = 1.0) -> dict[str, Any] | No
         return None
     try:
         async with asyncio.timeout(timeout):
-            return await client.request(RequestCode.BROKER_STATUS, None)
+            status: dict[str, Any] = await client.request(RequestCode.BROKER_STATUS, None)
+            return status
     except Exception:
         return None
     finally:
@@ -285,6 +286,7 @@ class Workload:
             next_offset[mq] = result.next_offset
             if not result.messages and result.next_offset >= result.max_offset:
                 return got
+        return got
 
 
 def message_record(message: ReceivedMessage) -> dict[str, Any]:

@@ -11,12 +11,17 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
-from spark_audit import bodies, checks, engine, fmt, history, inputs, replicas, tasks
+from spark_audit import bodies, checks, engine, fmt, history, inputs, parse, replicas, tasks
 from spark_audit.checks import INFO, VIOLATION, Findings
+from spark_audit.replicas import ContentKey, ProblemRow
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -37,8 +42,9 @@ class AuditResult:
     files: list[inputs.FileInfo]
     groups: dict[int, checks.GroupState]
     findings: pa.Table
-    counts: dict[str, int]
-    history_stats: dict
+    # What was read (summary.json's "inputs"): counts, and the files by kind.
+    counts: dict[str, int | dict[str, int]]
+    history_stats: dict[str, int]
     timings: dict[str, float]
 
     @property
@@ -49,7 +55,7 @@ class AuditResult:
 
 def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     """Run every check with ``eng`` (``LocalEngine`` or ``SparkEngine``)."""
-    tm = {}
+    tm: dict[str, float] = {}
     t0 = time.perf_counter()
     replicas_ = inputs.parse_group_specs(opts.specs, eng.lister)
     files = inventory = inputs.inventory(replicas_, eng.lister)
@@ -76,9 +82,10 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
             out.add("corruption", kind, VIOLATION, gid=f.gid, rid=f.rid, fid=f.fid,
                     detail=f"{f.path}: {exc}")
             continue
-        if f.kind == inputs.CHECKPOINT:
+        # One parser per kind (engine.decode_small): the type says which file it was.
+        if isinstance(value, fmt.Checkpoint):
             meta.checkpoint = value
-        elif f.kind == inputs.HARDSTATE:
+        elif isinstance(value, fmt.HardState):
             meta.hardstate = value
         else:
             meta.dispatch = value
@@ -95,7 +102,7 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     # their body CRCs, to compare every replica's bodies with the bodies sent.
     hist_msgs: list[history.HistMsg] = []
     nops = 0
-    digests: dict[int, object] = {}
+    digests: dict[int, pd.DataFrame] = {}
     if opts.history:
         hist_msgs, nops = history.read_history(opts.history)
         digests = history.send_digests(hist_msgs, {st.name: gid for gid, st in groups.items()})
@@ -104,7 +111,7 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     # Pass 1: every bulk file once; the reference replica's records fully decoded.
     t2 = time.perf_counter()
     refs = {gid: reference_replica(st) for gid, st in groups.items()}
-    todo = []
+    todo: list[tasks.FileTask] = []
     for f in bulk:
         is_ref = f.rid == refs[f.gid]
         mode = {inputs.SEGMENT: tasks.SCAN_MSGS if is_ref else tasks.SCAN,
@@ -123,11 +130,11 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     data = {gid: replicas.Group(gid, refs[gid], {rid: replicas.ReplicaLog(gid, rid)
                                                  for rid in st.replicas})
             for gid, st in groups.items()}
-    units: dict[tuple, np.ndarray] = {}
+    units: dict[ContentKey, np.ndarray] = {}
     # Implausible ConsumeQueue units, by file content: reported on every replica
     # holding that content (identical files are decoded once).
-    cq_problems: dict[tuple, list] = {}
-    problem_rows: list[dict] = []
+    cq_problems: dict[ContentKey, list[parse.Problem]] = {}
+    problem_rows: list[ProblemRow] = []
     counts: dict[str, int] = defaultdict(int)
     seg_slices = _assemble(todo, results, data, topics, units, cq_problems, problem_rows,
                            counts, opts.share_identical)
@@ -153,7 +160,7 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
             data[task.info.gid].add_decoded(eids2[res.tid], res, task.info, topics)
         else:
             ck = replicas.cq_content_key(task.info, res, opts.share_identical)
-            units[ck] = res.units
+            units[ck] = tasks.produced(res.units)
             cq_problems[ck] = [p for p in res.problems if p[2] == "implausible_value"]
     for g in data.values():
         g.seal()
@@ -161,8 +168,9 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         for rep in g.replicas.values():
             for files_q in rep.cq.values():
                 for f, ck in files_q:
-                    problem_rows += [dict(gid=f.gid, rid=f.rid, fid=f.fid, file_offset=p[0],
-                                          index=p[1], problem=p[2], detail=p[3])
+                    problem_rows += [ProblemRow(gid=f.gid, rid=f.rid, fid=f.fid,
+                                                file_offset=p[0], index=p[1], problem=p[2],
+                                                detail=p[3])
                                      for p in cq_problems.get(ck, [])]
     counts["decode_tasks"] = len(todo2)
     tm["decode_job_s"] = time.perf_counter() - t4
@@ -212,15 +220,14 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     found.append(dup.table())
     tm["duplicate_checks_s"] = time.perf_counter() - t6
 
-    hstats: dict = {}
+    hstats: dict[str, int] = {}
     if opts.history:
         t7 = time.perf_counter()
-        msgs = hist_msgs
         gids = {st.name: gid for gid, st in groups.items()}
-        keys = history.history_keys(msgs, gids)
+        keys = history.history_keys(hist_msgs, gids)
         matched = pa.concat_tables([checks.lookup_keys(gid, committed[gid], keys)
                                     for gid in groups])
-        hf, hstats = history.check_history(msgs, matched, gids, opts.max_examples)
+        hf, hstats = history.check_history(hist_msgs, matched, gids, opts.max_examples)
         hstats["body_digests"] = sum(len(d) for d in digests.values())
         hstats["ops"] = nops
         found.append(hf)
@@ -235,18 +242,18 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     by_kind: dict[str, int] = defaultdict(int)
     for f in files:
         by_kind[f.kind] += 1
-    counts["files_by_kind"] = dict(by_kind)
     # CPU and wall seconds inside the file tasks, by mode (summed over tasks,
     # whichever core ran them); wall above CPU is waiting for a core.
     tm.update(task_s)
-    return AuditResult(replicas_, files, groups, checks.concat_findings(found), dict(counts),
-                       hstats, tm)
+    return AuditResult(replicas_, files, groups, checks.concat_findings(found),
+                       {**counts, "files_by_kind": dict(by_kind)}, hstats, tm)
 
 
 def _assemble(todo: list[tasks.FileTask], results: list[tasks.FileResult],
               data: dict[int, replicas.Group], topics: replicas.Topics,
-              units: dict[tuple, np.ndarray], cq_problems: dict[tuple, list],
-              problem_rows: list[dict], counts: dict[str, int], share: bool
+              units: dict[ContentKey, np.ndarray],
+              cq_problems: dict[ContentKey, list[parse.Problem]],
+              problem_rows: list[ProblemRow], counts: dict[str, int], share: bool
               ) -> dict[int, tuple[int, int]]:
     """Put the scan pass's per-file results together per replica (in log order).
 
@@ -261,27 +268,29 @@ def _assemble(todo: list[tasks.FileTask], results: list[tasks.FileResult],
     for task, res in zip(todo, results, strict=True):
         by_replica[(task.info.gid, task.info.rid)].append((task, res))
         f = task.info
-        problem_rows += [dict(gid=f.gid, rid=f.rid, fid=f.fid, file_offset=p[0], index=p[1],
-                              problem=p[2], detail=p[3]) for p in res.problems
+        problem_rows += [ProblemRow(gid=f.gid, rid=f.rid, fid=f.fid, file_offset=p[0],
+                                    index=p[1], problem=p[2], detail=p[3]) for p in res.problems
                          if not (f.kind == inputs.CQ and p[2] == "implausible_value")]
     for (gid, rid), done in by_replica.items():
         rep = data[gid].replicas[rid]
-        segs = sorted(((t, r) for t, r in done if t.info.kind == inputs.SEGMENT),
-                      key=lambda tr: tr[0].info.start)
+        # (task, its entries) of each segment, (task, its records) of each
+        # Raft-index file, in log order.
+        segs = sorted(((t, tasks.produced(r.entries)) for t, r in done
+                       if t.info.kind == inputs.SEGMENT), key=lambda tr: tr[0].info.start)
         at = 0
-        for t, r in segs:
-            seg_slices[t.tid] = (at, at + len(r.entries))
-            at += len(r.entries)
+        for t, entries in segs:
+            seg_slices[t.tid] = (at, at + len(entries))
+            at += len(entries)
         if segs:
-            rep.entries = np.concatenate([r.entries for _, r in segs])
-            rep.fid = np.concatenate([np.full(len(r.entries), t.info.fid, np.int32)
-                                      for t, r in segs])
-        idx = sorted(((t, r) for t, r in done if t.info.kind == inputs.INDEX),
-                     key=lambda tr: tr[0].info.start)
+            rep.entries = np.concatenate([entries for _, entries in segs])
+            rep.fid = np.concatenate([np.full(len(entries), t.info.fid, np.int32)
+                                      for t, entries in segs])
+        idx = sorted(((t, tasks.produced(r.index)) for t, r in done
+                      if t.info.kind == inputs.INDEX), key=lambda tr: tr[0].info.start)
         if idx:
-            rep.index = np.concatenate([r.index for _, r in idx])
-            rep.index_fid = np.concatenate([np.full(len(r.index), t.info.fid, np.int32)
-                                            for t, r in idx])
+            rep.index = np.concatenate([index for _, index in idx])
+            rep.index_fid = np.concatenate([np.full(len(index), t.info.fid, np.int32)
+                                            for t, index in idx])
         for t, r in sorted(((t, r) for t, r in done if t.info.kind == inputs.CQ),
                            key=lambda tr: tr[0].info.start):
             ck = replicas.cq_content_key(t.info, r, share)
@@ -297,7 +306,7 @@ def _assemble(todo: list[tasks.FileTask], results: list[tasks.FileResult],
     return seg_slices
 
 
-def _decode_plan(data: dict[int, replicas.Group], units: dict[tuple, np.ndarray],
+def _decode_plan(data: dict[int, replicas.Group], units: dict[ContentKey, np.ndarray],
                  files: list[inputs.FileInfo], digests: bool = False
                  ) -> tuple[list[tasks.FileTask],
                                                         dict[int, np.ndarray]]:
@@ -317,7 +326,7 @@ def _decode_plan(data: dict[int, replicas.Group], units: dict[tuple, np.ndarray]
                 eids[len(todo)] = rep.eid[mine]
                 todo.append(tasks.FileTask(len(todo), files_by_id[int(fid)], tasks.MSGS,
                                            rep.entries[mine].tobytes(), digests))
-    wanted: set[tuple] = set()
+    wanted: set[ContentKey] = set()
     for g in data.values():
         for rep in g.replicas.values():
             for files_q in rep.cq.values():
@@ -342,7 +351,8 @@ def reference_replica(st: checks.GroupState) -> int:
 _SHAREABLE = {"cq_beyond_commit"}  # findings without a file id: valid for an identical copy
 
 
-def queue_checks(g: replicas.Group, st: checks.GroupState, units: dict[tuple, np.ndarray],
+def queue_checks(g: replicas.Group, st: checks.GroupState,
+                 units: dict[ContentKey, np.ndarray],
                  topics: replicas.Topics, names: dict[tuple[int, int], str],
                  counts: dict[str, int], max_examples: int, share: bool = True) -> pa.Table:
     """Every replica's ConsumeQueues of one group against its messages.
@@ -382,7 +392,7 @@ def queue_checks(g: replicas.Group, st: checks.GroupState, units: dict[tuple, np
     for q in qkeys:
         topic, qid = topics.split(q)
         content = {rid: [ck for _, ck in g.replicas[rid].cq.get(q, [])] for rid in order}
-        ref_rows: list[dict] = []
+        ref_rows: list[checks.FindingRow] = []
         for rid in order:
             rep = g.replicas[rid]
             if (share and rid != g.ref and same[rid] and content[rid] == content[g.ref]

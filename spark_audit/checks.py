@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -50,6 +51,36 @@ FINDING_SCHEMA = pa.schema([
     ("detail", pa.string()),
 ])
 
+
+
+class FindingRow(TypedDict):
+    """One row of ``FINDING_SCHEMA``, as ``Findings`` collects it."""
+
+    check: str
+    kind: str
+    severity: str
+    gid: int
+    rid: int
+    fid: int
+    file_offset: int
+    index: int
+    topic: str
+    queue_id: int
+    slot: int
+    phys_offset: int
+    count: int
+    detail: str
+
+
+class QueueAt(TypedDict, total=False):
+    """Where findings about one ConsumeQueue are (keyword arguments of ``Findings.add``)."""
+
+    gid: int
+    rid: int
+    topic: str
+    queue_id: int
+
+
 # Parse problems and the check they belong to; anything else is corruption.
 PROBLEM_CHECK = {"torn_tail": "corruption"}
 
@@ -58,23 +89,23 @@ class Findings:
     """Collects findings; ``count`` lets one row stand for a run of anomalies."""
 
     def __init__(self) -> None:
-        self.rows: list[dict] = []
+        self.rows: list[FindingRow] = []
 
     def add(self, check: str, kind: str, severity: str, *, gid: int = -1, rid: int = -1,
             fid: int = -1, file_offset: int = -1, index: int = -1, topic: str = "",
             queue_id: int = -1, slot: int = -1, phys_offset: int = -1, count: int = 1,
             detail: str = "") -> None:
         assert check in CHECKS, check
-        self.rows.append(dict(check=check, kind=kind, severity=severity, gid=gid, rid=rid,
-                              fid=fid, file_offset=file_offset, index=index, topic=topic,
-                              queue_id=queue_id, slot=slot, phys_offset=phys_offset,
-                              count=count, detail=detail))
+        self.rows.append(FindingRow(check=check, kind=kind, severity=severity, gid=gid, rid=rid,
+                                    fid=fid, file_offset=file_offset, index=index, topic=topic,
+                                    queue_id=queue_id, slot=slot, phys_offset=phys_offset,
+                                    count=count, detail=detail))
 
     def table(self) -> pa.Table:
         return findings_table(self.rows)
 
 
-def findings_table(rows: list[dict]) -> pa.Table:
+def findings_table(rows: list[FindingRow]) -> pa.Table:
     if not rows:
         return FINDING_SCHEMA.empty_table()
     return pa.Table.from_pylist(rows, schema=FINDING_SCHEMA)
@@ -426,7 +457,7 @@ def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid:
     with the slot, no hole, no message indexed twice, and every message that
     must be dispatched is indexed.
     """
-    kw = dict(gid=gid, topic=topic, queue_id=queue_id, rid=rid)
+    kw = QueueAt(gid=gid, topic=topic, queue_id=queue_id, rid=rid)
 
     def emit(check: str, kind: str, sel: np.ndarray, fid: np.ndarray, slot: np.ndarray,
              off: np.ndarray, idx: np.ndarray, text: Callable[[int], str]) -> None:
@@ -521,7 +552,8 @@ def _member(values: np.ndarray, sorted_or_not: np.ndarray) -> np.ndarray:
     if len(ref) > 1 and not (ref[1:] > ref[:-1]).all():
         ref = np.unique(ref)
     at = np.minimum(np.searchsorted(ref, values), len(ref) - 1)
-    return ref[at] == values
+    found: np.ndarray = ref[at] == values
+    return found
 
 
 def slot_conflicts(out: Findings, gid: int, topic: str, queue_id: int,
@@ -539,7 +571,7 @@ def slot_conflicts(out: Findings, gid: int, topic: str, queue_id: int,
     s, o = slot[order], off[order]
     differs = (s[1:] == s[:-1]) & (o[1:] != o[:-1])
     clash = np.unique(s[1:][differs])
-    kw = dict(gid=gid, topic=topic, queue_id=queue_id)
+    kw = QueueAt(gid=gid, topic=topic, queue_id=queue_id)
     for c in clash[:max_examples]:
         at = np.nonzero(slot == c)[0]
         out.add("duplicates", "cq_slot_conflict", VIOLATION, slot=int(c), count=1,

@@ -26,11 +26,12 @@ def run(specs: list[str], *, out: str = "audit-out", master: str = session.DEFAU
         spark: SparkSession | None = None) -> int:
     """Run the audit and write its outputs; returns the exit status."""
     from spark_audit import report
-    from spark_audit.engine import LocalEngine
+    from spark_audit.engine import Engine, LocalEngine
 
     t0 = time.perf_counter()
     opts = AuditOptions(list(specs), list(history or []), max_entry_size, segment_size,
                         max_examples, share_identical)
+    eng: Engine
     if engine == "python":
         eng = LocalEngine()
     else:

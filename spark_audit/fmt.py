@@ -193,7 +193,7 @@ def encode_hardstate(hs: HardState) -> bytes:
 
 def encode_dispatch_checkpoint(dc: DispatchCheckpoint) -> bytes:
     """Inverse of ``parse_dispatch_checkpoint``."""
-    body = msgpack.packb({
+    body: bytes = msgpack.packb({
         "version": FORMAT_VERSION,
         "dispatched_index": dc.dispatched_index,
         "dispatched_end": dc.dispatched_end,

@@ -12,7 +12,9 @@ else by the physical offset in ``msg_id``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -53,7 +55,7 @@ def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _one(path: str, line: int, op: dict, v: dict) -> HistMsg:
+def _one(path: str, line: int, op: dict[str, Any], v: dict[str, Any]) -> HistMsg:
     msg_id = str(v.get("msg_id") or "")
     group = str(v.get("group") or "")
     phys = -1
@@ -105,13 +107,14 @@ def read_history(paths: list[str]) -> tuple[list[HistMsg], int]:
 
 def history_keys(msgs: list[HistMsg], group_ids: dict[str, int]) -> pa.Table:
     """The lookup keys to find in the committed log (one row per distinct key)."""
-    rows = set()
+    rows: set[tuple[int, int, int, int]] = set()
     for m in msgs:
         gid = group_ids.get(m.group, -1) if m.group else (
             next(iter(group_ids.values())) if len(group_ids) == 1 else -1)
         if gid >= 0:
             rows.add((gid, m.producer_id, m.sequence, m.phys_offset))
-    cols = list(zip(*sorted(rows), strict=True)) if rows else [[], [], [], []]
+    cols: Sequence[Sequence[int]] = (list(zip(*sorted(rows), strict=True)) if rows
+                                     else [[], [], [], []])
     return pa.table(dict(zip(KEY_SCHEMA.names, cols, strict=True)), schema=KEY_SCHEMA)
 
 
@@ -142,7 +145,7 @@ def send_digests(msgs: list[HistMsg], group_ids: dict[str, int]) -> dict[int, pd
 
 
 def check_history(msgs: list[HistMsg], found: pa.Table, group_ids: dict[str, int],
-                  max_examples: int = 20) -> tuple[pa.Table, dict]:
+                  max_examples: int = 20) -> tuple[pa.Table, dict[str, int]]:
     """Acknowledged sends must be committed, consumed messages must exist, failed sends not.
 
     ``found`` holds the committed messages (columns gid, producer_id,

@@ -119,8 +119,8 @@ def parse_group_specs(specs: list[str], lister: Lister = LOCAL) -> list[Replica]
     groups: dict[str, list[str]] = {}
     for spec in specs:
         if "=" in spec and not spec.startswith(("/", ".")):
-            name, dirs = spec.split("=", 1)
-            for d in (d for d in dirs.split(",") if d):
+            name, listed = spec.split("=", 1)
+            for d in (d for d in listed.split(",") if d):
                 if not lister.children(d):
                     raise ValueError(f"{name}: replica directory {d} is missing or empty")
                 groups.setdefault(name, []).append(d)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import mmap
 import struct
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -79,8 +80,9 @@ CQ_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u4"), ("tag_hash", "<u8")])
 # Bytes after a record header gathered with it: topic and tags usually fit.
 _TEXT_BYTES = 60
 
-# What the parsers read: a whole file's bytes, however they were obtained.
-Buffer = bytes | bytearray | memoryview | mmap.mmap | pa.Buffer | np.ndarray
+# What the parsers read: a whole file's bytes, however they were obtained
+# (read, memory-mapped, or an Arrow buffer of a file's content in a Spark task).
+Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap | pa.Buffer
 
 # A problem: (file_offset, index, kind, detail); -1 when not known.
 Problem = tuple[int, int, str, str]
@@ -104,6 +106,13 @@ class MessageScan:
     counts: np.ndarray  # records decoded per entry given (aligned with the entries)
     # (file_offset, index, kind, detail, row of the entry given)
     problems: list[tuple[int, int, str, str, int]] = field(default_factory=list)
+
+
+def field_names(dtype: np.dtype) -> tuple[str, ...]:
+    """The field names of a structured dtype, in order."""
+    if dtype.names is None:
+        raise TypeError(f"{dtype} is not a structured dtype")
+    return dtype.names
 
 
 def at_every_byte(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -232,7 +241,8 @@ def scan_segment(buf: Buffer, base_position: int,
             raw.append(bytes(mv))
         return _resync(raw[0], at, base_position)
 
-    rows: list[tuple] = []
+    # One ENTRY_DTYPE row per valid entry (fields in order).
+    rows: list[tuple[int, int, int, int, int, int, int, bool, bool]] = []
     off = 0
     valid_end = 0
     while off < n:
@@ -289,7 +299,7 @@ def scan_segment(buf: Buffer, base_position: int,
     entries = np.zeros(len(rows), ENTRY_DTYPE)
     if rows:
         cols = list(zip(*rows, strict=True))
-        for name, col in zip(ENTRY_DTYPE.names, cols, strict=True):
+        for name, col in zip(field_names(ENTRY_DTYPE), cols, strict=True):
             if name in ("index", "term"):
                 # u64 on disk; kept as the int64 with the same bits.
                 entries[name] = np.array(col, np.uint64).view(np.int64)
@@ -308,7 +318,8 @@ def parse_messages(buf: Buffer, base_position: int, entries: np.ndarray,
     ``body_crcs`` each record's body CRC32C is computed too (one CRC call per
     record, so only when a history's digests are to be compared).
     """
-    a = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
+    raw = memoryview(buf).cast("B")
+    a = np.frombuffer(raw, dtype=np.uint8)
     probs: list[tuple[int, int, str, str, int]] = []
     entry_index = entries["index"]
     entry_off = entries["file_offset"]
@@ -376,7 +387,7 @@ def parse_messages(buf: Buffer, base_position: int, entries: np.ndarray,
         topic_ids, topics = short_strings(a, topic_at, topic_len)
         tag_ids, tags = short_strings(a, topic_at + topic_len, tags_len)
     # A corrupt (non UTF-8) topic is decoded with replacement characters.
-    topics = [v.decode("utf-8", "replace") for v in topics]
+    topic_names = [v.decode("utf-8", "replace") for v in topics]
     out = np.empty(len(starts), MSG_DTYPE)
     out["index"] = entry_index[rows_of]
     out["phys_offset"] = starts + base_position
@@ -392,12 +403,12 @@ def parse_messages(buf: Buffer, base_position: int, entries: np.ndarray,
         body_len = head["body_len"].astype(np.int64)
         body_at = starts + head["size"].astype(np.int64) - body_len
         crc = fmt.crc
-        mv = memoryview(a)
+        mv = raw  # the bytes `a` views
         out["body_crc"] = np.fromiter(
             (crc(mv[p:p + n]) for p, n in zip(body_at.tolist(), body_len.tolist(), strict=True)),
             np.uint32, len(starts))
     counts = np.bincount(rows_of, minlength=len(entries)).astype(np.int32)
-    return MessageScan(out, topics, counts, probs)
+    return MessageScan(out, topic_names, counts, probs)
 
 
 def parse_index_file(buf: Buffer, first_index: int) -> tuple[np.ndarray, list[Problem]]:

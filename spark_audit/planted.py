@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgpack
 
@@ -658,7 +659,8 @@ def points_at(res: AuditResult, where: Where, root: Path) -> bool:
     return False
 
 
-def audit_case(base: Path, work: Path, case: Case | None, eng: Engine | None = None) -> dict:
+def audit_case(base: Path, work: Path, case: Case | None, eng: Engine | None = None
+               ) -> dict[str, Any]:
     """Copy ``base`` to ``work``, plant ``case`` (None: the clean copy), audit with the
     history, compare. Returns expected and found violations and whether they match."""
     shutil.copytree(base, work)

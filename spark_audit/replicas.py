@@ -16,7 +16,9 @@ first pass, other replicas' files only when their content key is new.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -24,6 +26,24 @@ import pyarrow as pa
 
 from spark_audit import parse, tasks
 from spark_audit.inputs import FileInfo
+
+# A ConsumeQueue file's content: (topic, queue id, first slot, length, CRC),
+# and the replica id when identical files are not shared (``cq_content_key``).
+ContentKey: TypeAlias = (tuple[str, int, int, int, int]
+                         | tuple[str, int, int, int, int, int])
+
+
+class ProblemRow(TypedDict):
+    """One row of ``problems_table``: a parse problem and where it was found."""
+
+    gid: int
+    rid: int
+    fid: int
+    file_offset: int
+    index: int
+    problem: str
+    detail: str
+
 
 _KEY_DTYPE = np.dtype([("index", "<i8"), ("term", "<i8"), ("position", "<i8"),
                        ("size", "<i4"), ("body_crc", "<u4"), ("rid", "<i8")])
@@ -44,7 +64,8 @@ class Topics:
 
     def remap(self, local: list[str], values: np.ndarray) -> np.ndarray:
         lut = np.array([self.id(t) for t in local] or [0], np.int32)
-        return lut[values]
+        remapped: np.ndarray = lut[values]
+        return remapped
 
     def qkey(self, topic_ids: np.ndarray, queue_ids: np.ndarray) -> np.ndarray:
         """One int64 per (topic, queue id)."""
@@ -67,17 +88,19 @@ class ReplicaLog:
     index: np.ndarray = field(default_factory=lambda: np.zeros(0, parse.INDEX_OUT_DTYPE))
     index_fid: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     # qkey -> [(file, content key)] in slot order
-    cq: dict[int, list[tuple[FileInfo, tuple]]] = field(default_factory=dict)
+    cq: dict[int, list[tuple[FileInfo, ContentKey]]] = field(default_factory=dict)
 
     @property
     def msg_eids(self) -> np.ndarray:
         """Identity ids of this replica's MESSAGES entries, in log order."""
-        return self.eid[self.entries["has_msgs"]]
+        eids: np.ndarray = self.eid[self.entries["has_msgs"]]
+        return eids
 
     def entry_fid(self, phys: np.ndarray) -> np.ndarray:
         """Segment file id of the entries holding these log positions."""
         at = np.searchsorted(self.entries["position"], phys, side="right") - 1
-        return self.fid[np.maximum(at, 0)]
+        fids: np.ndarray = self.fid[np.maximum(at, 0)]
+        return fids
 
 
 @dataclass
@@ -105,7 +128,7 @@ class Group:
         ents = np.concatenate([r.entries for r in reps]) if reps else np.zeros(
             0, parse.ENTRY_DTYPE)
         keys = np.zeros(len(ents), _KEY_DTYPE)
-        for name in _KEY_DTYPE.names[:-1]:
+        for name in parse.field_names(_KEY_DTYPE)[:-1]:
             keys[name] = ents[name]
         if not share:
             keys["rid"] = np.concatenate([np.full(len(r.entries), r.rid) for r in reps]
@@ -125,9 +148,9 @@ class Group:
     def add_decoded(self, eids: np.ndarray, res: tasks.FileResult, info: FileInfo,
                     topics: Topics) -> None:
         """Pool the records of a ``msgs``/``scan_msgs`` result whose entries had ``eids``."""
-        msgs = res.messages  # a fresh array (unpacked, or this process's own parse)
+        msgs = tasks.produced(res.messages)  # fresh (unpacked, or this process's own parse)
         msgs["topic"] = topics.remap(res.topics, msgs["topic"])
-        self._parts.append((np.repeat(eids, res.counts), msgs))
+        self._parts.append((np.repeat(eids, tasks.produced(res.counts)), msgs))
         self.decoded[eids] = True
         for file_offset, index, kind, detail, row in res.msg_problems:
             self.msg_problems.append((int(eids[row]), info.start + file_offset, index, kind,
@@ -198,9 +221,9 @@ class Group:
             return parts[0]
         return np.concatenate(parts) if parts else np.zeros(0, parse.MSG_DTYPE)
 
-    def problem_rows(self) -> list[dict]:
+    def problem_rows(self) -> list[ProblemRow]:
         """Decode problems, reported on every replica holding the entry (same bytes)."""
-        rows = []
+        rows: list[ProblemRow] = []
         if not self.msg_problems:
             return rows
         for r in self.replicas.values():
@@ -210,9 +233,9 @@ class Group:
                 if j is None:
                     continue
                 e = r.entries[j]
-                rows.append(dict(gid=self.gid, rid=r.rid, fid=int(r.fid[j]),
-                                 file_offset=int(e["file_offset"] + phys - e["position"]),
-                                 index=index, problem=kind, detail=detail))
+                rows.append(ProblemRow(gid=self.gid, rid=r.rid, fid=int(r.fid[j]),
+                                       file_offset=int(e["file_offset"] + phys - e["position"]),
+                                       index=index, problem=kind, detail=detail))
         return rows
 
 
@@ -220,12 +243,13 @@ def _ascending(a: np.ndarray) -> bool:
     return bool(len(a) < 2 or (a[1:] >= a[:-1]).all())
 
 
-def problems_table(rows: list[dict]) -> pa.Table:
+def problems_table(rows: list[ProblemRow]) -> pa.Table:
     """Problem rows as the table ``checks.problem_findings`` reads."""
     names = ["gid", "rid", "fid", "file_offset", "index", "problem", "detail"]
     types = [pa.int32(), pa.int32(), pa.int32(), pa.int64(), pa.int64(), pa.string(),
              pa.string()]
-    return pa.table({n: pa.array([r[n] for r in rows], t)
+    cells: Sequence[Mapping[str, object]] = rows  # read by column name
+    return pa.table({n: pa.array([r[n] for r in cells], t)
                      for n, t in zip(names, types, strict=True)})
 
 
@@ -264,7 +288,7 @@ def index_table(rep: ReplicaLog) -> pa.Table:
     })
 
 
-def cq_content_key(info: FileInfo, res: tasks.FileResult, share: bool = True) -> tuple:
+def cq_content_key(info: FileInfo, res: tasks.FileResult, share: bool = True) -> ContentKey:
     """Identifies a ConsumeQueue file's bytes: equal keys mean equal units.
 
     Without ``share`` the replica is part of the key: every file is decoded.
@@ -273,7 +297,7 @@ def cq_content_key(info: FileInfo, res: tasks.FileResult, share: bool = True) ->
     return key if share else (*key, info.rid)
 
 
-def queue_units(rep: ReplicaLog, qkey: int, units: dict[tuple, np.ndarray]
+def queue_units(rep: ReplicaLog, qkey: int, units: dict[ContentKey, np.ndarray]
                 ) -> tuple[np.ndarray, np.ndarray]:
     """(units in slot order, file id of each) of one queue of one replica."""
     files = rep.cq.get(qkey, [])
@@ -304,7 +328,7 @@ def queue_slices(msgs: np.ndarray, topics: Topics) -> dict[int, np.ndarray]:
     order = np.argsort(codes.astype(np.int16 if len(uniq) < 1 << 15 else np.int64),
                        kind="stable")
     compact = np.empty(len(msgs), QUEUE_MSG_DTYPE)
-    for name in QUEUE_MSG_DTYPE.names:
+    for name in parse.field_names(QUEUE_MSG_DTYPE):
         compact[name] = msgs[name][order]
     bounds = np.searchsorted(codes[order], np.arange(len(uniq) + 1))
     return {int(uniq[j]): compact[bounds[j]:bounds[j + 1]] for j in range(len(uniq))}

@@ -7,6 +7,7 @@ import html
 import json
 import math
 import os
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,7 +33,7 @@ def named_findings(res: AuditResult) -> pa.Table:
     return t.append_column("file", pa.array([files.get(f, "") for f in fid], pa.string()))
 
 
-def replica_rows(res: AuditResult) -> list[dict]:
+def replica_rows(res: AuditResult) -> list[dict[str, Any]]:
     rows = []
     for st in res.groups.values():
         top = max((m.last_index for m in st.replicas.values()), default=0)
@@ -54,13 +55,13 @@ def replica_rows(res: AuditResult) -> list[dict]:
     return rows
 
 
-def summarize(res: AuditResult, duration_s: float, engine: str, master: str) -> dict:
+def summarize(res: AuditResult, duration_s: float, engine: str, master: str) -> dict[str, Any]:
     """The summary.json document: nested valid flags, counts, first examples."""
     f = named_findings(res).to_pylist()
     checks = {}
     for name in CHECKS:
         mine = [r for r in f if r["check"] == name]
-        kinds: dict[str, dict] = {}
+        kinds: dict[str, dict[str, Any]] = {}
         for r in mine:
             k = kinds.setdefault(r["kind"], {"severity": r["severity"], "count": 0,
                                              "examples": []})
@@ -127,7 +128,7 @@ def svg_bars(title: str, labels: list[str], values: list[float], colors: list[st
     return "".join(parts)
 
 
-def _plots(summary: dict) -> list[tuple[str, str]]:
+def _plots(summary: dict[str, Any]) -> list[tuple[str, str]]:
     reps = summary["replicas"]
     labels = [f"{r['group']}/{r['replica']}" for r in reps]
     out = []
@@ -143,7 +144,7 @@ def _plots(summary: dict) -> list[tuple[str, str]]:
     return out
 
 
-def write_html(summary: dict, path: str) -> None:
+def write_html(summary: dict[str, Any], path: str) -> None:
     e = html.escape
     verdict = "PASS" if summary["valid"] else "FAIL"
     parts = [f"<!doctype html><meta charset=utf-8><title>LedgerMQ audit: {verdict}</title>",
@@ -192,7 +193,7 @@ def write_html(summary: dict, path: str) -> None:
 
 
 def write_outputs(res: AuditResult, out_dir: str, duration_s: float, engine: str,
-                  master: str) -> dict:
+                  master: str) -> dict[str, Any]:
     """Write summary.json, findings.parquet, replicas.parquet and report.html."""
     os.makedirs(out_dir, exist_ok=True)
     summary = summarize(res, duration_s, engine, master)

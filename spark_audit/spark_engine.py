@@ -49,6 +49,8 @@ class SparkEngine:
         if inputs.is_local(path):
             return inputs.LOCAL.children(path)
         jvm = self.spark._jvm
+        if jvm is None:  # a Spark Connect session: no JVM gateway to list with
+            raise ValueError(f"{path}: listing needs a classic SparkSession (not Spark Connect)")
         p = jvm.org.apache.hadoop.fs.Path(path)
         fs = p.getFileSystem(self.spark._jsc.hadoopConfiguration())
         if not fs.exists(p):

@@ -79,6 +79,16 @@ class FileResult:
     cpu: float = 0.0  # CPU time of the parse (user + system, this process)
 
 
+def produced(arr: np.ndarray | None) -> np.ndarray:
+    """An array of a ``FileResult`` that its task's mode always fills.
+
+    (The fields are None only for the modes that do not produce them.)
+    """
+    if arr is None:
+        raise ValueError("a file task's result lacks an array its mode produces")
+    return arr
+
+
 def run_task(task: FileTask, buf: parse.Buffer, max_entry_size: int) -> FileResult:
     """Parse one file's bytes as the task asks."""
     t0, c0 = time.perf_counter(), time.process_time()

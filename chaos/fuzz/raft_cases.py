@@ -85,7 +85,7 @@ def bad_handshake(rng: random.Random, ctx: Context) -> Plan:
     if key == "drop":
         del hello[rng.choice(list(hello))]
     elif key == "type":
-        hello = random_value(rng)  # type: ignore[assignment]
+        hello = random_value(rng)  # any msgpack value, a map or not
     elif key in ("src", "dst"):
         hello[key] = rng.choice((ctx.node if key == "src" else _peer(rng, ctx), 0, 99,
                                  extreme_int(rng), "1", None))

@@ -28,7 +28,8 @@ _ROLES = ("client", "admin")
 
 
 def _pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
 
 
 def _hello(rng: random.Random) -> bytes:
@@ -98,10 +99,10 @@ def bad_zstd(rng: random.Random, ctx: Context) -> Plan:
         # The frame header's content size field, rewritten: this layout
         # (single segment, 4-byte size) is what the compressor picks for
         # payloads of 256 bytes to 64 KiB; for others the bytes are just garbage.
-        payload = bytearray(good)
-        if len(payload) > 9:
-            struct.pack_into("<I", payload, 5, rng.choice((2**32 - 1, ctx.max_frame_bytes + 1)))
-        payload = bytes(payload)
+        patched = bytearray(good)
+        if len(patched) > 9:
+            struct.pack_into("<I", patched, 5, rng.choice((2**32 - 1, ctx.max_frame_bytes + 1)))
+        payload = bytes(patched)
     else:
         good = zstandard.ZstdCompressor(write_content_size=True).compress(inner)
         payload = good[: rng.randint(0, len(good) - 1)]

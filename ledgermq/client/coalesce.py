@@ -212,6 +212,8 @@ class SendCoalescer:
                     out.append((r["msg_id"], r["queue_id"], r["queue_offset"],
                                 bool(r.get("duplicate"))))
                 else:
+                    # `_check` refused a reply with neither per-message results nor a base.
+                    assert base is not None
                     out.append((f"{group}@{base + at:016X}", keys[k + n][1],
                                 None if offsets is None else offsets[index] + rank + n, False))
                 at += len(records[k + n])

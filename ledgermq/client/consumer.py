@@ -117,7 +117,8 @@ class PullConsumer:
         """The group's committed offset of `mq` (-1 if none), read from the leader."""
         reply = await self._on_group(mq, RequestCode.QUERY_OFFSET, {
             "group": self.group, "topic": mq.topic, "queue_id": mq.queue_id}, leader=True)
-        return reply["offset"]
+        offset: int = reply["offset"]
+        return offset
 
     async def commit_group(self, group: str, offsets: dict[MessageQueue, int]) -> None:
         if not offsets:
@@ -245,7 +246,8 @@ class PushConsumer:
                 with contextlib.suppress(*RETRIABLE, LedgerMQError):
                     reply = await self.puller.cluster.request(
                         address, RequestCode.GET_MEMBERS, {"group": self.group}, timeout=1.0)
-                    return reply["members"]
+                    members: list[str] = reply["members"]
+                    return members
         return [self.client_id]
 
     async def _rebalance(self) -> None:

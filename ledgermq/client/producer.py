@@ -43,7 +43,7 @@ import struct
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import (
@@ -74,6 +74,12 @@ _time_ns = time.time_ns
 _get_running_loop = asyncio.get_running_loop
 _pack_sequence_into = struct.Struct("<Q").pack_into
 _PLAIN = {bytes}
+
+
+def _plain(messages: Sequence[bytes | Message]) -> TypeGuard[Sequence[bytes]]:
+    """Whether every message is a plain body (no tags, keys or properties)."""
+    return set(map(type, messages)) == _PLAIN
+
 
 # Where a send goes, precomputed per queue of a route: (queue, its group's
 # route, (topic, queue id), topic as bytes, topic + born host as bytes, and
@@ -183,13 +189,15 @@ class Producer:
                 first = index = rank = start = 0
             if listed is not None:
                 return self._listed(listed, first, 1, mq, group)[0]
+            assert base is not None  # `_check` refused a reply with neither results nor base
             return stored_result(group, base + start, mq,
                                  None if offsets is None else offsets[index] + rank)
-        slot = None if queue is not None else self._cached_slot(topic, sharding_key, started)
+        first_slot = (None if queue is not None
+                      else self._cached_slot(topic, sharding_key, started))
         message = body if isinstance(body, Message) else Message(
             body, tags=tags, keys=keys, properties=dict(properties or {}))
         results = await self._send(topic, [message], sharding_key, queue, timeout,
-                                   slot=slot, started=started)
+                                   slot=first_slot, started=started)
         return results[0]
 
     async def send_batch(self, topic: str, messages: Sequence[bytes | Message], *,
@@ -345,16 +353,17 @@ class Producer:
         fixed = HEAD_SIZE + lt + lh
         n = len(messages)
         now = _time_ns() // 1_000_000
-        uniform = set(map(type, messages)) == _PLAIN and len(set(map(len, messages))) == 1
+        bodies = messages if _plain(messages) and len(set(map(len, messages))) == 1 else None
+        uniform = bodies is not None
         try:
-            if uniform:
+            if bodies is not None:
                 # Plain bodies of one size (the usual batch): the heads differ
                 # only in the sequence, so the records are one join, with the
                 # sequences patched in afterwards.
-                size = fixed + len(messages[0])
+                size = fixed + len(bodies[0])
                 head = _pack_head(size, queue_id, 0, 0, now, 0, pid, 0, 0, lt, 0, 0, lh, 0,
                                   size - fixed) + topic_host
-                blob = head.join(messages)
+                blob = head.join(bodies)
                 nbytes = n * size
             else:
                 parts: list[bytes] = []
@@ -433,9 +442,11 @@ class Producer:
         base, offsets, listed, alone = await future
         if alone:
             first = index = rank = 0
-            base -= start
         if listed is not None:
             return self._listed(listed, first, len(positions), mq, group)
+        assert base is not None  # `_check` refused a reply with neither results nor base
+        if alone:
+            base -= start
         if offsets is None:
             return [stored_result(group, base + at, mq, None) for at in positions]
         offset = offsets[index] + rank

@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from prometheus_client import (
@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 # `_created` series double every counter and histogram for a timestamp no
 # dashboard here uses; the servers that import this module do not export them.
-disable_created_metrics()
+# The cast: prometheus_client declares this function without annotations.
+cast(Callable[[], None], disable_created_metrics)()
 
 DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboard"
 API = "/api/v1"
@@ -50,7 +51,7 @@ WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 
 # Wire error code -> HTTP status. NOT_LEADER is a conflict with the cluster's
 # state (retry at the leader named in `data`), not a client mistake.
-_HTTP_STATUS = {
+_HTTP_STATUS: dict[int, int] = {
     ErrorCode.INVALID_REQUEST: 400,
     ErrorCode.OFFSET_OUT_OF_RANGE: 400,
     ErrorCode.MESSAGE_TOO_LARGE: 413,
@@ -335,9 +336,8 @@ async def start_site(app: web.Application, host: str, port: int
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server = site._server  # aiohttp exposes the bound socket only through it
-    bound = server.sockets[0].getsockname()[1] if server is not None and server.sockets \
-        else port
+    addresses = runner.addresses  # the bound sockets' names: port 0 became a real port
+    bound = addresses[0][1] if addresses else port
     shown = host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
     return runner, f"http://{shown}:{bound}"
 
@@ -360,9 +360,11 @@ async def wire_status(address: str, timeout: float = 1.0) -> dict[str, Any] | No
     from ledgermq.base.codes import RequestCode
 
     try:
-        return await wire_request(address, RequestCode.BROKER_STATUS, None, timeout)
+        status: dict[str, Any] = await wire_request(address, RequestCode.BROKER_STATUS, None,
+                                                    timeout)
     except Exception:  # unreachable, closed, timed out: all mean "no status"
         return None
+    return status
 
 
 def node_row(node_id: str, address: str, status: dict[str, Any] | None,
