@@ -22,6 +22,8 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from ledgermq.base.tasks import cancel_and_wait
+
 
 @dataclass
 class Shape:
@@ -70,11 +72,10 @@ class LinkProxy:
     async def close(self) -> None:
         for server in self._servers:
             server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # A link that failed while closing is of no interest any more; the
+        # caller's own cancellation still propagates (cancel_and_wait).
+        with contextlib.suppress(Exception):
+            await cancel_and_wait(list(self._tasks))
         for server in self._servers:
             with contextlib.suppress(Exception):
                 await server.wait_closed()
@@ -96,8 +97,8 @@ class LinkProxy:
             pumps = [asyncio.create_task(self._pump(link, reader, up_w)),
                      asyncio.create_task(self._pump(link, up_r, writer))]
             _done, pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-            for p in pending:
-                p.cancel()
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(pending)
             for w in (writer, up_w):
                 w.close()
         finally:
@@ -137,4 +138,6 @@ class LinkProxy:
                     break
             await sender
         finally:
-            sender.cancel()
+            if not sender.done():
+                with contextlib.suppress(Exception):
+                    await cancel_and_wait([sender])

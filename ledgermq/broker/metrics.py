@@ -15,10 +15,11 @@ Two kinds of figures:
   observation per Ready (CommitLog append), per fsync round (latency and
   entries covered), per proposal (propose-to-ack latency: one per
   group-commit batch, not per message) and per group-commit batch
-  (messages). The client handlers are wrapped when the broker builds its
-  handler table (`Instruments.wrap_handlers`): per request a count, errors
-  by code and the duration; pulls also count messages and body bytes out
-  per topic. The hooks are typed, so renaming one breaks the type check
+  (messages). The client listener (`ledgermq.wire.RpcServer`) reports
+  every request to `Instruments.handled` (its `RequestObserver`): per request
+  a count, errors by code and the duration
+  (`ledgermq.webadmin.request_metrics`); pulls also count messages and body
+  bytes out per topic. The hooks are typed, so renaming one breaks the type check
   instead of silently dropping a metric.
 
 Messages and bytes *in* per topic are counted at scrape time from the
@@ -33,8 +34,7 @@ them all.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -43,9 +43,8 @@ from prometheus_client.registry import Collector
 
 from dledger.runtime.node import NodeCounters, NodeStatus
 from ledgermq.base.codes import RequestCode
-from ledgermq.base.errors import ErrorCode, LedgerMQError
 from ledgermq.broker.view import BrokerView
-from ledgermq.wire import Connection, Handler
+from ledgermq.webadmin.request_metrics import RequestMetrics
 
 ROLES = ("leader", "candidate", "pre_candidate", "follower")
 # Latencies from ~100 µs (page-cache append) to seconds (a stalled disk).
@@ -78,10 +77,6 @@ def _node_counters(c: NodeCounters) -> list[tuple[str, str, int]]:
         ("ledgermq_raft_hard_state_saves_total", "Hard-state files written.",
          c.hard_state_saves),
     ]
-
-
-def _request_names() -> dict[int, str]:
-    return {int(code): code.name.lower() for code in RequestCode}
 
 
 class BrokerCollector(Collector):
@@ -299,15 +294,7 @@ class Instruments:
         self._group_commit_messages = Histogram(
             "ledgermq_group_commit_batch_messages", "Messages per group-commit send batch.",
             labels, registry=None, buckets=SIZE_BUCKETS)
-        self.requests = Counter("ledgermq_requests_total", "Client requests handled.",
-                                [*labels, "request"], registry=None)
-        self.errors = Counter("ledgermq_request_errors_total",
-                              "Client requests answered with an error, by error code.",
-                              [*labels, "request", "code"], registry=None)
-        self.request_seconds = Histogram("ledgermq_request_seconds",
-                                         "Client request handling time.",
-                                         [*labels, "request"], registry=None,
-                                         buckets=LATENCY_BUCKETS)
+        self.requests = RequestMetrics("ledgermq_", "Client request", ids, LATENCY_BUCKETS)
         self.messages_out = Counter("ledgermq_messages_out_total",
                                     "Messages returned by pulls from this node.",
                                     [*labels, "topic"], registry=None)
@@ -316,8 +303,8 @@ class Instruments:
                                  [*labels, "topic"], registry=None)
         self._metrics = [self._append_seconds, self._append_entries, self._fsync_seconds,
                          self._fsync_entries, self._commit_seconds,
-                         self._group_commit_messages, self.requests, self.errors,
-                         self.request_seconds, self.messages_out, self.bytes_out]
+                         self._group_commit_messages, *self.requests.metrics,
+                         self.messages_out, self.bytes_out]
         self.append_seconds = self._append_seconds.labels(**ids)
         self.append_entries = self._append_entries.labels(**ids)
         self.fsync_seconds = self._fsync_seconds.labels(**ids)
@@ -345,38 +332,15 @@ class Instruments:
     def send_batch(self, messages: int) -> None:
         self.group_commit_messages.observe(messages)
 
-    # ------------------------------------------------------- requests
+    # ------------------------------------------------- RequestObserver
 
-    def wrap_handlers(self, handlers: Mapping[int, Handler]) -> dict[int, Handler]:
-        """The handler table with each handler counted and timed."""
-        names = _request_names()
-        return {code: self._wrap_handler(names.get(int(code), str(code)), int(code), handler)
-                for code, handler in handlers.items()}
-
-    def _wrap_handler(self, name: str, code: int, handler: Handler) -> Handler:
-        requests = self.requests.labels(**self._ids, request=name)
-        duration = self.request_seconds.labels(**self._ids, request=name)
-        ids = self._ids
-        is_pull = code == RequestCode.PULL_MESSAGES
-
-        async def wrapped(body: Any, conn: Connection) -> Any:
-            requests.inc()
-            started = time.perf_counter()
-            try:
-                result = await handler(body, conn)
-            except LedgerMQError as exc:
-                self.errors.labels(**ids, request=name, code=_code_name(exc.code)).inc()
-                raise
-            except Exception:
-                self.errors.labels(**ids, request=name, code="INTERNAL").inc()
-                raise
-            finally:
-                duration.observe(time.perf_counter() - started)
-            if is_pull:
-                self._count_pulled(result)
-            return result
-
-        return wrapped
+    def handled(self, code: int, seconds: float, error: Exception | None,
+                result: Any) -> None:
+        """Every request the client listener's handlers ran (its RpcServer's
+        observer): counts, errors and time, and what pulls returned."""
+        self.requests.handled(code, seconds, error, result)
+        if code == RequestCode.PULL_MESSAGES and result is not None:
+            self._count_pulled(result)
 
     def _count_pulled(self, result: Any) -> None:
         messages = result.get("messages") or ()
@@ -386,13 +350,6 @@ class Instruments:
         self.messages_out.labels(**self._ids, topic=topic).inc(len(messages))
         self.bytes_out.labels(**self._ids, topic=topic).inc(
             sum(len(m["body"]) for m in messages))
-
-
-def _code_name(code: int) -> str:
-    try:
-        return ErrorCode(code).name
-    except ValueError:
-        return str(code)
 
 
 def broker_registry(broker: BrokerView, instruments: Instruments) -> CollectorRegistry:

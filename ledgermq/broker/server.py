@@ -185,9 +185,8 @@ class Broker:
                                        max_bytes=1 << 20, max_inflight=1)
         await self._node.start(applied)
         self.rpc = RpcServer(f"broker {c.group}/n{c.node_id}", handlers_for(self))
-        if self.instruments is not None:
-            # Every code the server answers is counted, its own PING included.
-            self.rpc.handlers = self.instruments.wrap_handlers(self.rpc.handlers)
+        # Every request a handler runs is counted, the server's own PING included.
+        self.rpc.observer = self.instruments
         host, port = split_address(c.client_address)
         self.address = await self.rpc.start(host, port)
         if port == 0:  # an ephemeral port (tests): advertise the one bound

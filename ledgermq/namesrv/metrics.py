@@ -2,24 +2,22 @@
 
 The registry's contents are read at scrape time (`NameServerCollector`: groups,
 nodes by registered role, each group's leader term, topics, connections); the
-request handlers are wrapped once at start-up to count requests, errors by
-code and handling time, so namesrv/server.py carries no metrics code.
+NameServer's RpcServer reports every request to a `RequestMetrics` (counts,
+errors by code, handling time), so namesrv/server.py carries no metrics code.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ledgermq.base.clock import monotonic_ms
-from ledgermq.base.codes import RequestCode
-from ledgermq.base.errors import ErrorCode, LedgerMQError
 from ledgermq.namesrv.view import NameServerView
+from ledgermq.webadmin.request_metrics import RequestMetrics
 
 _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 
@@ -68,43 +66,9 @@ class NameServerCollector(Collector):
 
 
 def namesrv_registry(server: NameServerView) -> CollectorRegistry:
-    """A registry for one NameServer; wraps its handlers to count requests."""
+    """A registry for one NameServer; its RpcServer reports every request to it."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NameServerCollector(server))
-    requests = Counter("ledgermq_namesrv_requests_total", "Requests handled.", ["request"],
-                       registry=registry)
-    errors = Counter("ledgermq_namesrv_request_errors_total",
-                     "Requests answered with an error, by error code.", ["request", "code"],
-                     registry=registry)
-    seconds = Histogram("ledgermq_namesrv_request_seconds", "Request handling time.",
-                        ["request"], registry=registry, buckets=_BUCKETS)
-    names = {int(c): c.name.lower() for c in RequestCode}
-
-    def wrap(name: str, handler: Callable[..., Any]) -> Callable[..., Any]:
-        count = requests.labels(request=name)
-        duration = seconds.labels(request=name)
-
-        async def wrapped(body: Any, conn: Any) -> Any:
-            count.inc()
-            started = time.perf_counter()
-            try:
-                return await handler(body, conn)
-            except LedgerMQError as exc:
-                try:
-                    code = ErrorCode(exc.code).name
-                except ValueError:
-                    code = str(exc.code)
-                errors.labels(request=name, code=code).inc()
-                raise
-            except Exception:
-                errors.labels(request=name, code="INTERNAL").inc()
-                raise
-            finally:
-                duration.observe(time.perf_counter() - started)
-
-        return wrapped
-
-    handlers = server.rpc.handlers
-    for code, handler in list(handlers.items()):
-        handlers[code] = wrap(names.get(int(code), str(code)), handler)
+    server.rpc.observer = RequestMetrics("ledgermq_namesrv_", "Request", {}, _BUCKETS,
+                                         registry=registry)
     return registry

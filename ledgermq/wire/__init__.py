@@ -32,7 +32,7 @@ from ledgermq.wire.codec import (
     error_response,
     hello_body,
 )
-from ledgermq.wire.rpc import ROLES, Connection, Handler, RpcClient, RpcServer
+from ledgermq.wire.rpc import ROLES, Connection, Handler, RequestObserver, RpcClient, RpcServer
 from ledgermq.wire.streams import FrameWriter, read_frame, write_frames
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "HelloReply",
     "Request",
     "RequestMap",
+    "RequestObserver",
     "Response",
     "ResponseMap",
     "RpcClient",

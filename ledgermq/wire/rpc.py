@@ -20,10 +20,11 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import (
@@ -87,12 +88,23 @@ def _fmt_addr(addr: Any) -> str:
     return str(addr)
 
 
+class RequestObserver(Protocol):
+    """Told of every request a handler ran (the servers' request metrics)."""
+
+    def handled(self, code: int, seconds: float, error: Exception | None,
+                result: Any) -> None:
+        """`code`'s handler ran for `seconds` and raised `error` (None if it
+        answered, or was cancelled) or returned `result` (None if not)."""
+
+
 class RpcServer:
     """Generic request/response server: `handlers` maps a request code to
     `async def handler(body, connection) -> response body`.
 
     A handler reports failure by raising a LedgerMQError (sent with its code);
-    any other exception is logged and answered as INTERNAL.
+    any other exception is logged and answered as INTERNAL. `observer`, when
+    set, is told of every request a handler ran (requests with an unknown code
+    are not).
     """
 
     def __init__(
@@ -116,6 +128,7 @@ class RpcServer:
         self.max_inflight = max_inflight_per_connection
         self.accepted_roles = accepted_roles
         self.handshake_timeout = handshake_timeout
+        self.observer: RequestObserver | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[Connection] = set()
         self._closing = False
@@ -281,18 +294,25 @@ class RpcServer:
     async def _dispatch(self, conn: Connection, request: Request) -> None:
         assert conn.writer is not None
         handler = self.handlers.get(request.code)
+        error: Exception | None = None
+        result: Any = None
+        started = time.perf_counter()
         try:
             if handler is None:
                 raise UnknownRequestError(f"{self.name} has no request code {request.code}")
             result = await handler(request.body, conn)
             response = Response(request.id, body=result)
         except LedgerMQError as exc:
+            error = exc
             response = error_response(request.id, exc)
         except asyncio.CancelledError:
+            self._observe(handler, request.code, started, None, None)
             raise
         except Exception as exc:
+            error = exc
             log.exception("%s: handler for code %d failed", self.name, request.code)
             response = error_response(request.id, exc)
+        self._observe(handler, request.code, started, error, result)
         try:
             payload = encode_response(response)
         except TypeError as exc:
@@ -313,6 +333,12 @@ class RpcServer:
         conn.writer.send(payload)
         with contextlib.suppress(ConnectionError):
             await conn.writer.drain()
+
+
+    def _observe(self, handler: Handler | None, code: int, started: float,
+                 error: Exception | None, result: Any) -> None:
+        if handler is not None and self.observer is not None:
+            self.observer.handled(code, time.perf_counter() - started, error, result)
 
 
 def _finished(conn: Connection, limit: asyncio.Semaphore, task: asyncio.Task[None]) -> None:

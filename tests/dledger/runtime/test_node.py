@@ -322,7 +322,7 @@ def test_commit_index_is_saved_only_up_to_what_is_fsynced(tmp_path: Path) -> Non
     applied long before they are fsynced. The commit index the ticker saves
     (about once a second) must not name them: after a power cut the log would
     end below it."""
-    from dledger.testing.node_processes import free_ports
+    from ledgermq.base.ports import free_ports
 
     async def main() -> tuple[int, int, int]:
         config = NodeConfig(
