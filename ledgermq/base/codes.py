@@ -16,6 +16,8 @@ class RequestCode(IntEnum):
     # Connection level, answered by the RPC layer itself.
     HELLO = 1
     PING = 2
+    # The answer to the server's HELLO challenge (docs/security.md).
+    AUTH = 3
 
     # NameServer.
     REGISTER_BROKER = 100

@@ -28,6 +28,8 @@ class ErrorCode(IntEnum):
     HANDSHAKE_REQUIRED = 4
     UNKNOWN_REQUEST = 5
     INVALID_REQUEST = 6
+    # Authentication failed or is missing: the connection is closed after it.
+    UNAUTHENTICATED = 7
 
     # Routing and data.
     NOT_LEADER = 10
@@ -134,6 +136,12 @@ class NoPermissionError(LedgerMQError):
     default_code = ErrorCode.NO_PERMISSION
 
 
+class UnauthenticatedError(LedgerMQError):
+    """The peer did not prove who it is (no AUTH, unknown key, wrong proof)."""
+
+    default_code = ErrorCode.UNAUTHENTICATED
+
+
 class UnknownBrokerError(LedgerMQError):
     default_code = ErrorCode.UNKNOWN_BROKER
 
@@ -178,6 +186,7 @@ _BY_CODE: dict[int, type[LedgerMQError]] = {
         HandshakeRequiredError,
         UnknownRequestError,
         InvalidRequestError,
+        UnauthenticatedError,
         NotLeaderError,
         UnknownTopicError,
         MessageTooLargeError,
