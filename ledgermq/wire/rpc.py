@@ -41,6 +41,7 @@ from ledgermq.base.errors import (
     error_from_response,
 )
 from ledgermq.base.tasks import cancel_and_wait
+from ledgermq.wire.auth import Principal
 from ledgermq.wire.codec import (
     CONNECTION_ERROR_ID,
     DEFAULT_COMPRESS_THRESHOLD,
@@ -73,6 +74,9 @@ class Connection:
     role: str = ""
     version: int = 0
     name: str | None = None
+    # Who proved themselves on this connection (the AUTH handshake); None
+    # while unauthenticated, ANONYMOUS on a server that runs open.
+    principal: Principal | None = None
     writer: FrameWriter | None = field(default=None, repr=False)
     inflight: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
