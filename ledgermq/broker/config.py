@@ -75,6 +75,24 @@ class BrokerConfig:
     admin_listen: str = ""
     admin_token: str = ""
     reports_dir: str = ""
+    # Security (docs/security.md). The cluster secret authenticates the
+    # group's Raft peers to each other and the brokers to their NameServers;
+    # with it set, every client connection must authenticate too.
+    cluster_secret_file: str = ""
+    # The bootstrap administrator: a user that exists outside the replicated
+    # ACL (so the first users can be created), with this access key and the
+    # secret in `admin_secret_file`.
+    admin_access_key: str = "admin"
+    admin_secret_file: str = ""
+    # Listening on a non-loopback address without a cluster secret is refused
+    # unless this is set (a loud warning is logged instead).
+    allow_open: bool = False
+    # TLS on the client port, the Raft port and the admin app when a
+    # certificate is given; `tls_ca_file` verifies the other side (peers and,
+    # when set, clients: mutual TLS).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
 
     @property
     def divergence_action(self) -> str:
@@ -210,9 +228,14 @@ def validate(config: BrokerConfig) -> None:
         split_address(config.listen)
     if config.admin_listen:
         split_address(config.admin_listen)
-    for name in ("admin_token", "reports_dir"):
+    for name in ("admin_token", "reports_dir", "cluster_secret_file", "admin_access_key",
+                 "admin_secret_file", "tls_cert_file", "tls_key_file", "tls_ca_file"):
         if not isinstance(getattr(config, name), str):
             raise BrokerConfigError(f"{name} must be a string")
+    if not isinstance(config.allow_open, bool):
+        raise BrokerConfigError("allow_open must be true or false")
+    if bool(config.tls_cert_file) != bool(config.tls_key_file):
+        raise BrokerConfigError("tls_cert_file and tls_key_file are given together")
 
 
 def render_config(values: Mapping[str, Any], peers: Mapping[int, Peer],
