@@ -39,10 +39,12 @@ _SERVER = b"ledgermq-auth-v1 server\x00"
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """An authenticated party: a user (by access key) or a cluster member."""
+    """An authenticated party: a user (by access key) or a cluster member.
+    `admin`: may run topic, group, offset, ACL and leadership operations."""
 
     name: str
     cluster_member: bool = False
+    admin: bool = False
 
 
 ANONYMOUS = Principal("anonymous")
