@@ -79,6 +79,9 @@ from ledgermq.wire.streams import (
 
 log = logging.getLogger(__name__)
 
+# Connections closed for a protocol error or a cap that may linger at once.
+MAX_LINGERING = 256
+
 ROLES: frozenset[str] = frozenset({"client", "broker", "peer", "admin"})
 
 
@@ -162,6 +165,7 @@ class RpcServer:
         self.limit_events: dict[str, int] = {}
         self._limit_log = RateLimitedLog()
         self._large_since_trim = False
+        self._lingering = 0
         self.compress_threshold = compress_threshold
         self.max_inflight = max_inflight_per_connection
         self.accepted_roles = accepted_roles
@@ -217,7 +221,7 @@ class RpcServer:
         address = str(peername[0]) if isinstance(peername, tuple) else str(peername)
         refused = self.caps.admit(address)
         if refused is not None:
-            await self._refuse_connection(conn, address, refused)
+            await self._refuse_connection(conn, reader, address, refused)
             return
         try:
             # The connection runs in its own task so that close() can cancel it
@@ -231,9 +235,11 @@ class RpcServer:
         finally:
             self.caps.release(address)
 
-    async def _refuse_connection(self, conn: Connection, address: str, reason: str) -> None:
+    async def _refuse_connection(self, conn: Connection, reader: asyncio.StreamReader,
+                                 address: str, reason: str) -> None:
         """Over a connection cap: one error frame (id 0), then close."""
         assert conn.writer is not None
+        lingering = self._linger(conn, reader)
         if reason == "total":
             message = (f"{self.name} has {self.caps.open} connections, its limit"
                        f" (max_connections {self.caps.total}); retry later")
@@ -247,7 +253,20 @@ class RpcServer:
                         f" ({skipped} more refused since the last line)" if skipped else "")
         conn.writer.send(encode_response(error_response(
             CONNECTION_ERROR_ID, ServiceUnavailableError(message))))
-        await conn.writer.close(flush_timeout=1.0)
+        try:
+            await conn.writer.close(flush_timeout=1.0)
+        finally:
+            self._lingering -= lingering
+
+    def _linger(self, conn: Connection, reader: asyncio.StreamReader) -> bool:
+        """Let the connection's close linger so its error frame arrives
+        (FrameWriter.close), unless MAX_LINGERING already do: a flood of
+        refused connections must not hold sockets open."""
+        if self._lingering >= MAX_LINGERING or conn.writer is None:
+            return False
+        conn.writer.linger_reader = reader
+        self._lingering += 1
+        return True
 
     def _count(self, reason: str) -> None:
         self.limit_events[reason] = self.limit_events.get(reason, 0) + 1
@@ -300,6 +319,7 @@ class RpcServer:
                 RequestTimeoutError, ServiceUnavailableError) as exc:
             self._count(_LIMIT_REASONS.get(type(exc), "protocol_error"))
             fatal = exc
+            self._linger(conn, reader)
         except (ConnectionError, OSError):
             pass  # peer vanished; nothing to tell it
         except asyncio.CancelledError:
@@ -307,7 +327,11 @@ class RpcServer:
         finally:
             # From here on close() must not cancel us: the cleanup is the graceful part.
             conn.reading = False
-            await self._finish(conn, fatal, fatal_id)
+            try:
+                await self._finish(conn, fatal, fatal_id)
+            finally:
+                if conn.writer is not None and conn.writer.linger_reader is not None:
+                    self._lingering -= 1
 
     async def _frame_start(self, conn: Connection, reader: asyncio.StreamReader) -> bytes:
         """The next frame's first byte (b"" at EOF), waiting at most the idle

@@ -40,6 +40,10 @@ from ledgermq.wire.codec import (
 )
 from ledgermq.wire.limits import READ_CHUNK_BYTES, SMALL_FRAME_BYTES, ByteBudget
 
+# How long a connection closed for a protocol error may keep draining the
+# peer's input so that its error frame arrives (see FrameWriter.close).
+LINGER_SECONDS = 1.0
+
 
 @dataclass(frozen=True)
 class FrameGuard:
@@ -235,6 +239,11 @@ class FrameWriter:
         self._scheduled = False
         self.writes = 0  # transport writes issued; lets tests observe batching
         self.frames = 0
+        # Set when the connection is closed for a protocol error: `close`
+        # then half-closes and discards what the peer still sends for a
+        # moment, so the error frame reaches it instead of being lost to the
+        # reset a close with unread input causes.
+        self.linger_reader: asyncio.StreamReader | None = None
 
     @property
     def closing(self) -> bool:
@@ -266,6 +275,16 @@ class FrameWriter:
     async def drain(self) -> None:
         await self._writer.drain()
 
+    async def _linger(self, reader: asyncio.StreamReader) -> None:
+        """Send FIN after the error frame, then read and drop the peer's
+        bytes until it closes too or LINGER_SECONDS pass (nothing is kept)."""
+        with contextlib.suppress(ConnectionError, OSError, TimeoutError, RuntimeError):
+            if self._writer.can_write_eof():
+                self._writer.write_eof()
+            async with asyncio.timeout(LINGER_SECONDS):
+                while await reader.read(READ_CHUNK_BYTES):
+                    pass
+
     async def close(self, flush_timeout: float = 5.0) -> None:
         """Flush what is queued (waiting at most `flush_timeout` for a slow
         reader), then close the transport and wait for it."""
@@ -274,6 +293,8 @@ class FrameWriter:
             with contextlib.suppress(ConnectionError, TimeoutError):
                 async with asyncio.timeout(flush_timeout):
                     await self._writer.drain()
+            if self.linger_reader is not None:
+                await self._linger(self.linger_reader)
             self._writer.close()
         # The peer may already have reset the connection; closed is closed.
         with contextlib.suppress(ConnectionError, OSError):
