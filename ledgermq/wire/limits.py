@@ -206,21 +206,43 @@ class RateLimitedLog:
         return self._suppressed.pop(key, 0)
 
 
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
+def _libc_function(name: str, *argtypes: type) -> Callable[..., int] | None:
+    """A glibc function, or None where there is none (musl, macOS: nothing to do)."""
+    path = ctypes.util.find_library("c")
+    if path is None:
         return None
     try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to do
+        function = getattr(ctypes.CDLL(path), name)
+    except (OSError, AttributeError):
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    trimmer: Callable[[int], int] = trim
-    return trimmer
+    function.argtypes = list(argtypes)
+    function.restype = ctypes.c_int
+    found: Callable[..., int] = function
+    return found
 
 
-_malloc_trim = _load_malloc_trim()
+_malloc_trim = _libc_function("malloc_trim", ctypes.c_size_t)
+_mallopt = _libc_function("mallopt", ctypes.c_int, ctypes.c_int)
+_M_MMAP_THRESHOLD = -3
+# Blocks at least this large are mapped, not carved from the heap.
+MMAP_THRESHOLD_BYTES = 1024 * 1024
+_heap_bounded = False
+
+
+def map_large_allocations() -> None:
+    """Make glibc serve every allocation of MMAP_THRESHOLD_BYTES or more with
+    its own mapping, returned to the system when freed (process-wide, once).
+
+    By default glibc raises that threshold to the size of the largest block
+    freed (up to 32 MiB), so after one 15 MiB frame the next ones come from
+    the heap, grow by realloc copies and fragment it: a flood of large frames
+    then leaves RSS far above both the live data and the frame budget. Fixed
+    at 1 MiB, a frame buffer grows by mremap and its memory goes back on free.
+    """
+    global _heap_bounded
+    if _mallopt is not None and not _heap_bounded:
+        _heap_bounded = True
+        _mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
 def release_free_memory() -> None:

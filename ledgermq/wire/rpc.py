@@ -66,6 +66,7 @@ from ledgermq.wire.limits import (
     ConnectionCaps,
     RateLimitedLog,
     ServerLimits,
+    map_large_allocations,
     release_free_memory,
 )
 from ledgermq.wire.streams import (
@@ -189,6 +190,8 @@ class RpcServer:
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Bind and start accepting; port 0 picks a free port. Returns the bound address."""
+        # Frame buffers must give their memory back when freed (limits.py).
+        map_large_allocations()
         self._server = await asyncio.start_server(self._on_connect, host, port)
         return self.address
 
@@ -319,6 +322,8 @@ class RpcServer:
                 RequestTimeoutError, ServiceUnavailableError) as exc:
             self._count(_LIMIT_REASONS.get(type(exc), "protocol_error"))
             fatal = exc
+            # The failed frame may have been a large partial one, now freed.
+            self._large_since_trim = True
             self._linger(conn, reader)
         except (ConnectionError, OSError):
             pass  # peer vanished; nothing to tell it
@@ -332,6 +337,7 @@ class RpcServer:
             finally:
                 if conn.writer is not None and conn.writer.linger_reader is not None:
                     self._lingering -= 1
+                self._trim_if_drained()
 
     async def _frame_start(self, conn: Connection, reader: asyncio.StreamReader) -> bytes:
         """The next frame's first byte (b"" at EOF), waiting at most the idle
@@ -355,6 +361,9 @@ class RpcServer:
         if frame.held > SMALL_FRAME_BYTES:
             self._large_since_trim = True
         frame.release()
+        self._trim_if_drained()
+
+    def _trim_if_drained(self) -> None:
         if self._large_since_trim and self.budget.used == 0:
             self._large_since_trim = False
             release_free_memory()

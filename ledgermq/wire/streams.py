@@ -109,6 +109,10 @@ async def read_held_frame(
     got = 0
     length = 0
     waiting_budget = False
+    # A bytearray grown chunk by chunk: no second copy of the body, and it is
+    # emptied as soon as the frame fails (an exception's traceback would
+    # otherwise keep it alive after its budget was given back).
+    body = bytearray()
     try:
         async with asyncio.timeout(guard.read_timeout):
             try:
@@ -120,9 +124,6 @@ async def read_held_frame(
                 ) from None
             length, flags = decode_header(header, guard.max_frame_bytes)
             small = length <= SMALL_FRAME_BYTES
-            # A bytearray grown chunk by chunk: no second copy of the body,
-            # and it is freed with the request.
-            body = bytearray()
             while got < length:
                 if held == got and budget is not None:
                     step = min(length - got, READ_CHUNK_BYTES)
@@ -146,13 +147,14 @@ async def read_held_frame(
                 waiting_budget = False
                 held += size
             payload = decompress_exact(body, size)
-            del body
+            body.clear()
             if budget is not None:
                 # The compressed bytes are gone; the frame now holds its payload.
                 budget.release(held - size)
                 held = size
             return HeldFrame(payload, held, budget)
     except TimeoutError:
+        body.clear()
         if budget is not None and held:
             budget.release(held)
         if waiting_budget:
@@ -163,6 +165,7 @@ async def read_held_frame(
             f"frame not received within {guard.read_timeout:g}s of its first byte"
             f" ({got} of {length} payload bytes)") from None
     except BaseException:
+        body.clear()
         if budget is not None and held:
             budget.release(held)
         raise

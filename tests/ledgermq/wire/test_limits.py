@@ -18,74 +18,17 @@ import zstandard
 from ledgermq.base import loop
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import ErrorCode, ServiceUnavailableError
-from ledgermq.wire import (
-    Connection,
-    Request,
-    RpcClient,
-    RpcServer,
-    decode_response,
-    encode_frame,
-    encode_request,
-    hello_body,
-)
-from ledgermq.wire.codec import FLAG_ZSTD, HEADER, Response
+from ledgermq.wire import Connection, Request, RpcClient, RpcServer, encode_request
+from ledgermq.wire.codec import FLAG_ZSTD, HEADER
 from ledgermq.wire.limits import ByteBudget, ServerLimits
+from tests.security.raw_client import Raw
+from tests.security.raw_client import bomb as _bomb
+from tests.security.raw_client import frame as _frame
 
 pytestmark = pytest.mark.timeout(30)
 
 HOLD = 910  # a handler that holds its request until the test lets it go
 MIB = 1 << 20
-
-
-def _frame(code: int, body: object, rid: int = 1) -> bytes:
-    return encode_frame(encode_request(Request(rid, code, body)), compress_threshold=None)
-
-
-def _bomb(size: int, rid: int = 2, code: int = RequestCode.PING) -> bytes:
-    """A tiny zstd frame whose payload decompresses to about `size` bytes."""
-    payload = encode_request(Request(rid, code, b"\0" * size))
-    packed = zstandard.ZstdCompressor(level=19, write_content_size=True).compress(payload)
-    return HEADER.pack(len(packed), FLAG_ZSTD) + packed
-
-
-class Raw:
-    """A hand-driven client socket: what an attacker writes, byte for byte."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
-    @classmethod
-    async def open(cls, address: tuple[str, int], hello: bool = True,
-                   source: str | None = None) -> Raw:
-        reader, writer = await asyncio.open_connection(
-            *address, local_addr=(source, 0) if source else None)
-        raw = cls(reader, writer)
-        if hello:
-            raw.send(_frame(RequestCode.HELLO, hello_body("client")))
-            assert (await raw.response()).ok
-        return raw
-
-    def send(self, data: bytes) -> None:
-        self.writer.write(data)
-
-    async def response(self) -> Response:
-        header = await self.reader.readexactly(HEADER.size)
-        length, flags = HEADER.unpack(header)
-        body = await self.reader.readexactly(length)
-        if flags & FLAG_ZSTD:
-            body = zstandard.ZstdDecompressor().decompress(body)
-        return decode_response(body)
-
-    async def closed_with(self) -> int:
-        """The status of the connection-level error frame the server sent
-        before closing (then end of stream)."""
-        response = await self.response()
-        assert response.id == 0, response
-        assert await self.reader.read() == b""
-        return response.status
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 async def _server(limits: ServerLimits, **kw: object) -> tuple[RpcServer, asyncio.Event]:
