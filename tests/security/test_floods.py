@@ -29,10 +29,11 @@ from ledgermq.base import loop
 from ledgermq.base.address import split_host_port
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import ErrorCode
-from ledgermq.broker.launcher import LocalCluster, wait_leader
+from ledgermq.broker.launcher import LocalCluster, wait_admin_url, wait_leader
 from ledgermq.client import Producer
 from ledgermq.wire import decode_response
 from ledgermq.wire.codec import HEADER
+from tests.ops.support import http
 from tests.security.raw_client import Raw, bomb, frame
 
 pytestmark = pytest.mark.timeout(300)
@@ -51,6 +52,7 @@ SETTINGS = {
     "idle_timeout_ms": 3000,
     "max_connections_per_address": PER_ADDRESS,
     "max_connections": TOTAL,
+    "admin_token": "flood-test-token",
 }
 TOPIC = "floods"
 
@@ -93,6 +95,7 @@ class Target:
 
     def __init__(self, cluster: LocalCluster, nid: int) -> None:
         self.cluster = cluster
+        self.nid = nid
         self.pid = cluster.brokers[nid].proc.pid
         self.address = split_host_port(cluster.client_address(nid))
         self.log = Path(cluster.base) / "logs" / f"n{nid}.log"
@@ -138,7 +141,8 @@ class Target:
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
-    cluster = LocalCluster(tmp_path_factory.mktemp("floods"), nodes=1, settings=SETTINGS)
+    cluster = LocalCluster(tmp_path_factory.mktemp("floods"), nodes=1, settings=SETTINGS,
+                           admin_listen="127.0.0.1:0")
     cluster.start()
     try:
         nid = loop.run(wait_leader(cluster))
@@ -325,4 +329,23 @@ def test_connection_flood_past_the_caps(target: Target) -> None:
         assert target.alive()
         after = await target.settle(baseline)
         assert after <= baseline + RETURN_MARGIN_MB, (baseline, watch.peak, after)
+    loop.run(main())
+
+
+def test_admin_api_refuses_deep_and_large_json_bodies(target: Target) -> None:
+    """The admin app's own bounds (ledgermq/webadmin/app.py): a body over
+    1 MiB is 413 unread, JSON nested deeper than the decoder's stack is 400
+    (it was a 500 RecursionError)."""
+    async def main() -> None:
+        url = await wait_admin_url(target.cluster, target.nid)
+        token = str(SETTINGS["admin_token"])
+        deep = b"[" * 200_000 + b"]" * 200_000
+        status, body = await http("POST", f"{url}/api/v1/topics", raw=deep, token=token)
+        assert status == 400 and body["error"]["code"] == "INVALID_JSON", (status, body)
+        large = b'{"topic": "' + b"a" * (2 * MIB) + b'"}'
+        status, _ = await http("POST", f"{url}/api/v1/topics", raw=large, token=token)
+        assert status == 413
+        status, _ = await http("GET", f"{url}/metrics")
+        assert status == 200
+        assert target.alive()
     loop.run(main())
