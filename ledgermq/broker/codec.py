@@ -4,10 +4,16 @@ A SEND_MESSAGES request carries messages as msgpack maps (docs/protocol.md);
 `encode_wire_message` validates one and encodes its CommitLog record in one
 pass, raising the typed error the client should see. `message_view` is the
 map a pull returns.
+
+The `*_field` functions check one identifier of a request body at the edge of
+the protocol (topic and group names, queue ids, offsets, client ids): a bad one
+is INVALID_REQUEST before anything looks it up, proposes it to the log or
+stores it in replicated state.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,6 +28,122 @@ from ledgermq.base.message_record import MESSAGE_HEAD, MESSAGE_HEAD_SIZE, encode
 _U32 = 2**32 - 1
 _I64 = 2**63 - 1
 _U64 = 2**64 - 1
+# Queue ids are u32 in records, but no topic has more than MAX_QUEUES; ids
+# beyond the i32 range are refused before any lookup.
+QUEUE_ID_MAX = 2**31 - 1
+OFFSET_MAX = _I64
+# Consumer group names: RocketMQ's rule, the topic charset up to 255 characters.
+GROUP_NAME_MAX = 255
+_GROUP_RE = re.compile(r"[A-Za-z0-9_%|-]{1,255}")
+# Client ids are free text the SDK makes ("<pid>@<hex>"); printable, bounded.
+CLIENT_ID_MAX = 255
+# A consumer's subscriptions: topics and their tag expressions.
+SUBSCRIPTIONS_MAX = 1024
+TAG_EXPRESSION_MAX = 4096
+
+
+def valid_group(group: str) -> bool:
+    """A consumer group name: 1-255 characters of [A-Za-z0-9_%|-]."""
+    return _GROUP_RE.fullmatch(group) is not None
+
+
+def body_map(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise InvalidRequestError("request body must be a map")
+    return body
+
+
+def int_field(body: dict[str, Any], key: str, lo: int, hi: int, default: Any = ...) -> int:
+    """An integer in [lo, hi]; bools and out-of-range values are INVALID_REQUEST."""
+    value = body.get(key, default)
+    if type(value) is not int or not lo <= value <= hi:
+        raise InvalidRequestError(f"field {key!r} is required and must be an integer"
+                                  f" in [{lo}, {hi}]" if value is ... else
+                                  f"field {key!r} must be an integer in [{lo}, {hi}],"
+                                  f" got {_short(value)}")
+    return value
+
+
+def topic_field(body: dict[str, Any], key: str = "topic") -> str:
+    return check_topic(body.get(key), key)
+
+
+def check_topic(topic: Any, what: str = "topic") -> str:
+    if type(topic) is not str or not valid_topic(topic):
+        raise InvalidRequestError(
+            f"invalid {what} {_short(topic)}: 1-127 characters of [A-Za-z0-9_%|-]")
+    return topic
+
+
+def group_field(body: dict[str, Any], key: str = "group") -> str:
+    group = body.get(key)
+    if type(group) is not str or not valid_group(group):
+        raise InvalidRequestError(
+            f"invalid group {_short(group)}: 1-{GROUP_NAME_MAX} characters of [A-Za-z0-9_%|-]")
+    return group
+
+
+def queue_id_field(body: dict[str, Any], key: str = "queue_id") -> int:
+    return int_field(body, key, 0, QUEUE_ID_MAX)
+
+
+def offset_field(body: dict[str, Any], key: str, default: Any = ...) -> int:
+    return int_field(body, key, 0, OFFSET_MAX, default)
+
+
+def client_id_field(body: dict[str, Any], key: str = "client_id") -> str:
+    value = body.get(key)
+    if type(value) is not str or not 1 <= len(value) <= CLIENT_ID_MAX \
+            or not value.isprintable():
+        raise InvalidRequestError(
+            f"field {key!r} must be 1-{CLIENT_ID_MAX} printable characters")
+    return value
+
+
+def subscriptions_field(body: dict[str, Any], key: str = "subscriptions") -> dict[str, str]:
+    subs = body.get(key, {})
+    if type(subs) is not dict or len(subs) > SUBSCRIPTIONS_MAX:
+        raise InvalidRequestError(
+            f"field {key!r} must map at most {SUBSCRIPTIONS_MAX} topics to tag expressions")
+    for topic, expression in subs.items():
+        check_topic(topic, "subscribed topic")
+        if type(expression) is not str or len(expression) > TAG_EXPRESSION_MAX:
+            raise InvalidRequestError(
+                f"the tag expression of {topic!r} must be a string of at most"
+                f" {TAG_EXPRESSION_MAX} characters")
+    return subs
+
+
+def commit_offsets_body(body: Any) -> tuple[str, list[tuple[str, int, int]]]:
+    """COMMIT_OFFSETS' {group, offsets: [[topic, queue_id, offset], ...]},
+    every identifier checked (the queue against its topic by the handler)."""
+    body = body_map(body)
+    group = group_field(body)
+    raw = body.get("offsets")
+    if type(raw) is not list:
+        raise InvalidRequestError("field 'offsets' must be a list of [topic, queue_id, offset]")
+    items = []
+    for i, item in enumerate(raw):
+        if type(item) is not list or len(item) != 3:
+            raise InvalidRequestError(f"offsets[{i}] must be [topic, queue_id, offset]")
+        topic, queue_id, offset = item
+        check_topic(topic, f"topic in offsets[{i}]")
+        if type(queue_id) is not int or not 0 <= queue_id <= QUEUE_ID_MAX:
+            raise InvalidRequestError(
+                f"offsets[{i}]: queue id must be an integer in [0, {QUEUE_ID_MAX}],"
+                f" got {_short(queue_id)}")
+        if type(offset) is not int or not 0 <= offset <= OFFSET_MAX:
+            raise InvalidRequestError(
+                f"offsets[{i}]: offset must be an integer in [0, {OFFSET_MAX}],"
+                f" got {_short(offset)}")
+        items.append((topic, queue_id, offset))
+    return group, items
+
+
+def _short(value: Any) -> str:
+    """A bad value, quoted for an error message without echoing 70,000 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
 class Parsed(NamedTuple):
@@ -48,7 +170,7 @@ def encode_wire_message(raw: Any, size_max: int) -> Parsed:
     topic = get("topic")
     if type(topic) is not str or not valid_topic(topic):
         raise InvalidRequestError(
-            f"invalid topic name {topic!r}: 1-127 characters of [A-Za-z0-9_%|-]")
+            f"invalid topic name {_short(topic)}: 1-127 characters of [A-Za-z0-9_%|-]")
     ints = []
     for key, hi in _INT_FIELDS:
         value = get(key, 0)

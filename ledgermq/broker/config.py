@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ledgermq.base.address import AddressError, split_host_port
+from ledgermq.wire.limits import ServerLimits
 
 MIB = 1024 * 1024
 
@@ -93,6 +94,27 @@ class BrokerConfig:
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_ca_file: str = ""
+    # Resource bounds of the client port (docs/security-bounds.md): the
+    # largest frame, the bytes all partial frames and requests in flight may
+    # hold together, how long a started frame may take to arrive, how long a
+    # connection may stay silent after HELLO, and connection caps.
+    max_frame_bytes: int = 16 * MIB
+    frame_memory_budget_bytes: int = 64 * MIB
+    frame_read_timeout_ms: int = 30_000
+    idle_timeout_ms: int = 300_000
+    max_connections: int = 4096
+    max_connections_per_address: int = 256
+
+    def server_limits(self) -> ServerLimits:
+        """The client port's bounds, for its RpcServer."""
+        return ServerLimits(
+            max_frame_bytes=self.max_frame_bytes,
+            frame_memory_budget_bytes=self.frame_memory_budget_bytes,
+            frame_read_timeout=self.frame_read_timeout_ms / 1000,
+            idle_timeout=self.idle_timeout_ms / 1000,
+            max_connections=self.max_connections,
+            max_connections_per_address=self.max_connections_per_address,
+        )
 
     @property
     def divergence_action(self) -> str:
@@ -210,8 +232,15 @@ def validate(config: BrokerConfig) -> None:
                  "batch_max_messages", "batch_max_bytes", "max_inflight_proposals",
                  "propose_timeout_ms", "namesrv_register_interval_ms", "member_expiry_ms",
                  "dedup_window", "dedup_producers_max", "cq_checkpoint_interval_ms",
-                 "flush_interval_ms", "flush_bytes"):
+                 "flush_interval_ms", "flush_bytes", "frame_read_timeout_ms", "idle_timeout_ms",
+                 "max_connections", "max_connections_per_address"):
         _check_int(config, name, 1)
+    _check_int(config, "max_frame_bytes", 64 * 1024)
+    _check_int(config, "frame_memory_budget_bytes", 1)
+    try:
+        config.server_limits()
+    except ValueError as exc:
+        raise BrokerConfigError(str(exc)) from None
     _check_int(config, "preferred_leader", 0)
     _check_int(config, "long_poll_timeout_ms", 0)
     _check_int(config, "segment_size_bytes", 4096)

@@ -27,10 +27,17 @@ from ledgermq.base.errors import (
 )
 from ledgermq.broker.codec import (
     Records,
+    client_id_field,
+    commit_offsets_body,
     encode_wire_message,
+    group_field,
     message_id,
     message_view,
+    offset_field,
+    queue_id_field,
     scan_records,
+    subscriptions_field,
+    topic_field,
 )
 from ledgermq.broker.control import (
     MAX_QUEUES,
@@ -110,6 +117,15 @@ class Handlers:
             raise UnknownTopicError(f"topic {topic!r} does not exist", data={"topic": topic})
         return config
 
+    def _queue(self, topic: str, queue_id: int) -> TopicConfig:
+        """The topic of an existing queue: UNKNOWN_TOPIC, or INVALID_REQUEST
+        for a queue id beyond the topic's queues."""
+        config = self._topic(topic)
+        if queue_id >= config.queues:
+            raise InvalidRequestError(
+                f"queue {queue_id} does not exist: topic {topic!r} has {config.queues} queues")
+        return config
+
     async def _propose_control(self, op: ControlOp) -> None:
         assert self.b.controls is not None
         await self.b.controls.submit(op, 64)
@@ -150,7 +166,7 @@ class Handlers:
         return {"topic": topic, **self._topic(topic).to_wire()}
 
     async def delete_topic(self, body: Any, conn: Connection) -> Any:
-        topic = _field(_map(body), "topic", str)
+        topic = topic_field(_map(body))
         self._topic(topic)
         self.b.require_writable()
         await self._propose_control(topic_delete(topic))
@@ -390,9 +406,9 @@ class Handlers:
 
     async def pull(self, body: Any, conn: Connection) -> Any:
         body = _map(body)
-        topic = _field(body, "topic", str)
-        queue_id = _nonneg(body, "queue_id")
-        offset = _nonneg(body, "offset")
+        topic = topic_field(body)
+        queue_id = queue_id_field(body)
+        offset = offset_field(body, "offset")
         limit = self.b.config.pull_max_messages
         max_count = min(_nonneg(body, "max_messages", 32), limit) or 1
         wait_ms = min(_nonneg(body, "wait_ms", 0), self.b.config.long_poll_timeout_ms)
@@ -458,27 +474,19 @@ class Handlers:
 
     async def queue_offsets(self, body: Any, conn: Connection) -> Any:
         body = _map(body)
-        topic = _field(body, "topic", str)
-        queue_id = _nonneg(body, "queue_id")
-        self._topic(topic)
+        topic = topic_field(body)
+        queue_id = queue_id_field(body)
+        self._queue(topic, queue_id)
         lo, hi = self.b.cq.offsets(topic, queue_id)
         return {"min_offset": lo, "max_offset": hi}
 
     # ------------------------------------------------------------- offsets
 
     async def commit_offsets(self, body: Any, conn: Connection) -> Any:
-        body = _map(body)
-        group = _field(body, "group", str)
-        raw = body.get("offsets")
-        if not isinstance(raw, list):
-            raise InvalidRequestError("field 'offsets' must be a list of [topic, queue, offset]")
+        group, offsets = commit_offsets_body(body)
         items = []
-        for item in raw:
-            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
-                    and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                            for v in item[1:])):
-                raise InvalidRequestError("each offset must be [topic, queue_id, offset]")
-            topic, queue_id, offset = item
+        for topic, queue_id, offset in offsets:
+            self._queue(topic, queue_id)
             lo, hi = self.b.cq.offsets(topic, queue_id)
             if offset > hi:
                 raise OffsetOutOfRangeError(
@@ -493,28 +501,26 @@ class Handlers:
 
     async def query_offset(self, body: Any, conn: Connection) -> Any:
         body = _map(body)
-        group = _field(body, "group", str)
-        topic = _field(body, "topic", str)
-        queue_id = _nonneg(body, "queue_id")
+        group = group_field(body)
+        topic = topic_field(body)
+        queue_id = queue_id_field(body)
         return {"offset": self.b.state.offset_of(group, topic, queue_id)}
 
     # ----------------------------------------------------------- membership
 
     async def heartbeat(self, body: Any, conn: Connection) -> Any:
         body = _map(body)
-        group = _field(body, "group", str)
-        client_id = _field(body, "client_id", str)
+        group = group_field(body)
+        client_id = client_id_field(body)
         if body.get("leave"):
             return {"left": self.b.members.leave(group, client_id)}
-        subs = body.get("subscriptions", {})
-        if not isinstance(subs, dict):
-            raise InvalidRequestError("field 'subscriptions' must map topic -> tag expression")
+        subs = subscriptions_field(body)
         mode = body.get("mode", "clustering")
         self.b.members.heartbeat(group, client_id, subs, str(mode), monotonic_ms())
         return {}
 
     async def members(self, body: Any, conn: Connection) -> Any:
-        group = _field(_map(body), "group", str)
+        group = group_field(_map(body))
         return {"members": self.b.members.members(group, monotonic_ms())}
 
     async def status(self, body: Any, conn: Connection) -> Any:

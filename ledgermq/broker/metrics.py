@@ -206,6 +206,13 @@ class BrokerCollector(Collector):
                     "Queues with at least one long-polling pull waiting.", b.longpoll.waiting)
         yield gauge("ledgermq_client_connections", "Open client connections.",
                     b.rpc.connection_count if b.rpc is not None else 0)
+        limits = CounterMetricFamily(
+            "ledgermq_client_limit_events_total",
+            "Client connections refused or closed by a resource bound"
+            " (docs/security-bounds.md), by reason.", labels=[*labels, "reason"])
+        for reason, count in sorted((b.rpc.limit_events if b.rpc is not None else {}).items()):
+            limits.add_metric([*ids, reason], float(count))
+        yield limits
         yield gauge("ledgermq_topics", "Topics configured.", len(b.state.topics))
         c = CounterMetricFamily("ledgermq_bad_control_entries_total",
                                 "CONTROL entries skipped because they were not msgpack.",

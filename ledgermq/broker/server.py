@@ -184,7 +184,8 @@ class Broker:
         self.controls = GroupCommitter(self._flush_controls, max_count=4096,
                                        max_bytes=1 << 20, max_inflight=1)
         await self._node.start(applied)
-        self.rpc = RpcServer(f"broker {c.group}/n{c.node_id}", handlers_for(self))
+        self.rpc = RpcServer(f"broker {c.group}/n{c.node_id}", handlers_for(self),
+                             limits=c.server_limits())
         # Every request a handler runs is counted, the server's own PING included.
         self.rpc.observer = self.instruments
         host, port = split_address(c.client_address)

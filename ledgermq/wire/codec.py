@@ -126,10 +126,9 @@ def decode_header(header: bytes, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES)
     return length, flags
 
 
-def decode_payload(flags: int, raw: bytes, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> bytes:
-    """Undo the frame's compression, enforcing the size limit on the result too."""
-    if not flags & FLAG_ZSTD:
-        return bytes(raw)
+def declared_size(raw: bytes | bytearray, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> int:
+    """The decompressed size a compressed payload declares in its zstd frame
+    header, checked against `max_frame_bytes` before anything is decompressed."""
     try:
         size = zstandard.frame_content_size(raw)
     except zstandard.ZstdError as exc:
@@ -142,13 +141,30 @@ def decode_payload(flags: int, raw: bytes, max_frame_bytes: int = DEFAULT_MAX_FR
         raise FrameTooLargeError(
             f"decompressed payload of {size} bytes exceeds the limit of {max_frame_bytes}"
         )
+    return int(size)
+
+
+def decompress_exact(raw: bytes | bytearray, size: int) -> bytes:
+    """Decompress a payload that declared `size` (see `declared_size`).
+
+    The output buffer is exactly `size` bytes and zstd refuses to write past
+    it, so a header that understates the content cannot make it allocate more:
+    the cap holds during decompression, not only before it.
+    """
     try:
-        out = _dctx().decompress(raw, max_output_size=max_frame_bytes)
+        out = _dctx().decompress(raw, max_output_size=size)
     except zstandard.ZstdError as exc:
         raise MalformedFrameError(f"corrupt zstd payload: {exc}") from None
     if len(out) != size:
         raise MalformedFrameError("zstd payload size does not match its header")
     return out
+
+
+def decode_payload(flags: int, raw: bytes, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> bytes:
+    """Undo the frame's compression, enforcing the size limit on the result too."""
+    if not flags & FLAG_ZSTD:
+        return bytes(raw)
+    return decompress_exact(raw, declared_size(raw, max_frame_bytes))
 
 
 def decode_frame(
@@ -283,7 +299,7 @@ def _pack(obj: RequestMap | ResponseMap) -> bytes:
         raise TypeError(f"value cannot be encoded as msgpack: {exc}") from exc
 
 
-def _unpack(payload: bytes) -> dict[Any, Any]:
+def _unpack(payload: bytes | bytearray) -> dict[Any, Any]:
     try:
         # strict_map_key=False: bodies may key maps by int (queue id -> offset).
         obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
@@ -307,7 +323,7 @@ def encode_request(request: Request) -> bytes:
     return _pack(RequestMap(id=request.id, code=request.code, body=request.body))
 
 
-def decode_request(payload: bytes) -> Request:
+def decode_request(payload: bytes | bytearray) -> Request:
     """Parse a request payload; MalformedFrameError if it is not {id, code, body}."""
     obj = _unpack(payload)
     # Id 0 would collide with connection-level error responses.

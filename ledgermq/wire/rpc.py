@@ -36,6 +36,7 @@ from ledgermq.base.errors import (
     MalformedFrameError,
     NoPermissionError,
     RequestTimeoutError,
+    ServiceUnavailableError,
     UnknownRequestError,
     UnsupportedVersionError,
     error_from_response,
@@ -59,9 +60,28 @@ from ledgermq.wire.codec import (
     error_response,
     hello_body,
 )
-from ledgermq.wire.streams import FrameWriter, read_frame
+from ledgermq.wire.limits import (
+    SMALL_FRAME_BYTES,
+    ByteBudget,
+    ConnectionCaps,
+    RateLimitedLog,
+    ServerLimits,
+    map_large_allocations,
+    release_free_memory,
+)
+from ledgermq.wire.streams import (
+    FrameGuard,
+    FrameWriter,
+    HeldFrame,
+    guarded_reads,
+    read_frame,
+    read_held_frame,
+)
 
 log = logging.getLogger(__name__)
+
+# Connections closed for a protocol error or a cap that may linger at once.
+MAX_LINGERING = 256
 
 ROLES: frozenset[str] = frozenset({"client", "broker", "peer", "admin"})
 
@@ -109,6 +129,11 @@ class RpcServer:
     any other exception is logged and answered as INTERNAL. `observer`, when
     set, is told of every request a handler ran (requests with an unknown code
     are not).
+
+    `limits` bounds what connections may cost (ledgermq/wire/limits.py):
+    frame memory, read deadlines, the idle timeout and connection caps; its
+    `max_frame_bytes` wins over the `max_frame_bytes` argument. `limit_events`
+    counts what the limits refused or closed, by reason.
     """
 
     def __init__(
@@ -121,13 +146,27 @@ class RpcServer:
         max_inflight_per_connection: int = 1024,
         accepted_roles: frozenset[str] = ROLES,
         handshake_timeout: float = 10.0,
+        limits: ServerLimits | None = None,
     ) -> None:
         if RequestCode.HELLO in handlers:
             raise ValueError("HELLO is handled by the RPC layer")
         self.name = name
         self.handlers: dict[int, Handler] = dict(handlers)
         self.handlers.setdefault(RequestCode.PING, _ping)
-        self.max_frame_bytes = max_frame_bytes
+        self.limits = limits if limits is not None else ServerLimits(
+            max_frame_bytes=max_frame_bytes,
+            frame_memory_budget_bytes=max(
+                ServerLimits.frame_memory_budget_bytes, 2 * max_frame_bytes))
+        self.max_frame_bytes = self.limits.max_frame_bytes
+        self.budget = ByteBudget(self.limits.frame_memory_budget_bytes,
+                                 self.limits.small_reserve)
+        self.caps = ConnectionCaps(self.limits.max_connections,
+                                   self.limits.max_connections_per_address)
+        # reason -> count: refused connections, closed idle or slow ones.
+        self.limit_events: dict[str, int] = {}
+        self._limit_log = RateLimitedLog()
+        self._large_since_trim = False
+        self._lingering = 0
         self.compress_threshold = compress_threshold
         self.max_inflight = max_inflight_per_connection
         self.accepted_roles = accepted_roles
@@ -151,6 +190,8 @@ class RpcServer:
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Bind and start accepting; port 0 picks a free port. Returns the bound address."""
+        # Frame buffers must give their memory back when freed (limits.py).
+        map_large_allocations()
         self._server = await asyncio.start_server(self._on_connect, host, port)
         return self.address
 
@@ -174,48 +215,116 @@ class RpcServer:
     # ----------------------------------------------------------- connection
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(peer=_fmt_addr(writer.get_extra_info("peername")))
+        peername = writer.get_extra_info("peername")
+        conn = Connection(peer=_fmt_addr(peername))
         conn.writer = FrameWriter(writer, compress_threshold=self.compress_threshold)
         if self._closing:
             await conn.writer.close()
             return
-        # The connection runs in its own task so that close() can cancel it
-        # without cancelling the task asyncio.start_server made: Python 3.11's
-        # streams callback calls exception() on that task and logs a spurious
-        # CancelledError traceback if it ends cancelled.
-        conn.task = asyncio.create_task(self._serve(conn, reader))
-        self._connections.add(conn)
-        with contextlib.suppress(asyncio.CancelledError):
-            await conn.task
+        address = str(peername[0]) if isinstance(peername, tuple) else str(peername)
+        refused = self.caps.admit(address)
+        if refused is not None:
+            await self._refuse_connection(conn, reader, address, refused)
+            return
+        try:
+            # The connection runs in its own task so that close() can cancel it
+            # without cancelling the task asyncio.start_server made: Python 3.11's
+            # streams callback calls exception() on that task and logs a spurious
+            # CancelledError traceback if it ends cancelled.
+            conn.task = asyncio.create_task(self._serve(conn, reader))
+            self._connections.add(conn)
+            with contextlib.suppress(asyncio.CancelledError):
+                await conn.task
+        finally:
+            self.caps.release(address)
+
+    async def _refuse_connection(self, conn: Connection, reader: asyncio.StreamReader,
+                                 address: str, reason: str) -> None:
+        """Over a connection cap: one error frame (id 0), then close."""
+        assert conn.writer is not None
+        lingering = self._linger(conn, reader)
+        if reason == "total":
+            message = (f"{self.name} has {self.caps.open} connections, its limit"
+                       f" (max_connections {self.caps.total}); retry later")
+        else:
+            message = (f"too many connections from {address}: {self.caps.count(address)},"
+                       f" limit max_connections_per_address {self.caps.per_address}")
+        self._count(f"connections_{reason}")
+        skipped = self._limit_log.should_log(f"connections_{reason}")
+        if skipped is not None:
+            log.warning("%s: refused connection from %s: %s%s", self.name, conn.peer, message,
+                        f" ({skipped} more refused since the last line)" if skipped else "")
+        conn.writer.send(encode_response(error_response(
+            CONNECTION_ERROR_ID, ServiceUnavailableError(message))))
+        try:
+            await conn.writer.close(flush_timeout=1.0)
+        finally:
+            self._lingering -= lingering
+
+    def _linger(self, conn: Connection, reader: asyncio.StreamReader) -> bool:
+        """Let the connection's close linger so its error frame arrives
+        (FrameWriter.close), unless MAX_LINGERING already do: a flood of
+        refused connections must not hold sockets open."""
+        if self._lingering >= MAX_LINGERING or conn.writer is None:
+            return False
+        conn.writer.linger_reader = reader
+        self._lingering += 1
+        return True
+
+    def _count(self, reason: str) -> None:
+        self.limit_events[reason] = self.limit_events.get(reason, 0) + 1
 
     async def _serve(self, conn: Connection, reader: asyncio.StreamReader) -> None:
         fatal: LedgerMQError | None = None
         fatal_id = CONNECTION_ERROR_ID
         limit = asyncio.Semaphore(self.max_inflight)
         conn.reading = True
+        read_timeout = self.limits.frame_read_timeout
         try:
             try:
+                # Before the handshake a frame may only be small: a stranger
+                # must not make the server buffer megabytes.
+                hello_guard = FrameGuard(self.limits.max_handshake_frame_bytes, self.budget,
+                                         read_timeout)
                 async with asyncio.timeout(self.handshake_timeout):
-                    await self._handshake(reader, conn)
+                    with guarded_reads(hello_guard):
+                        await self._handshake(reader, conn)
             except TimeoutError:
                 raise HandshakeRequiredError(
                     f"no HELLO within {self.handshake_timeout:g}s"
                 ) from None
+            guard = FrameGuard(self.max_frame_bytes, self.budget, read_timeout)
             while True:
-                payload = await read_frame(reader, self.max_frame_bytes)
-                if payload is None:
+                first = await self._frame_start(conn, reader)
+                frame = await read_held_frame(reader, guard, first) if first else None
+                if frame is None:
                     break
-                request = decode_request(payload)
-                # Backpressure: stop reading, rather than queue without bound,
-                # while this connection already has max_inflight requests running.
-                await limit.acquire()
+                try:
+                    request = decode_request(frame.payload)
+                    # The request holds the decoded body now; the frame only
+                    # keeps its reservation until the answer is sent.
+                    frame.payload = b""
+                    # Backpressure: stop reading, rather than queue without bound,
+                    # while this connection already has max_inflight requests running.
+                    await limit.acquire()
+                except BaseException:
+                    self._release(frame)
+                    raise
                 task = asyncio.create_task(self._dispatch(conn, request))
                 conn.inflight.add(task)
-                task.add_done_callback(partial(_finished, conn, limit))
+                task.add_done_callback(partial(_finished, self, conn, limit, frame))
+                # The task owns the request now: this frame must not keep its
+                # body alive while it waits, maybe minutes, for the next request.
+                del request, frame
         except _HandshakeFailed as exc:
             fatal, fatal_id = exc.error, exc.request_id
-        except (MalformedFrameError, FrameTooLargeError, HandshakeRequiredError) as exc:
+        except (MalformedFrameError, FrameTooLargeError, HandshakeRequiredError,
+                RequestTimeoutError, ServiceUnavailableError) as exc:
+            self._count(_LIMIT_REASONS.get(type(exc), "protocol_error"))
             fatal = exc
+            # The failed frame may have been a large partial one, now freed.
+            self._large_since_trim = True
+            self._linger(conn, reader)
         except (ConnectionError, OSError):
             pass  # peer vanished; nothing to tell it
         except asyncio.CancelledError:
@@ -223,7 +332,41 @@ class RpcServer:
         finally:
             # From here on close() must not cancel us: the cleanup is the graceful part.
             conn.reading = False
-            await self._finish(conn, fatal, fatal_id)
+            try:
+                await self._finish(conn, fatal, fatal_id)
+            finally:
+                if conn.writer is not None and conn.writer.linger_reader is not None:
+                    self._lingering -= 1
+                self._trim_if_drained()
+
+    async def _frame_start(self, conn: Connection, reader: asyncio.StreamReader) -> bytes:
+        """The next frame's first byte (b"" at EOF), waiting at most the idle
+        timeout while the connection has nothing in flight: a long-poll PULL
+        waiting for messages is activity, silence is not."""
+        idle = self.limits.idle_timeout
+        while True:
+            try:
+                async with asyncio.timeout(idle):
+                    return await reader.read(1)
+            except TimeoutError:
+                if not conn.inflight:
+                    raise _IdleTimeout(
+                        f"no request for {idle:g}s: closing the idle connection"
+                    ) from None
+
+    def _release(self, frame: HeldFrame) -> None:
+        """A request was answered (or never ran): its frame's bytes go back to
+        the budget; once the budget drains after large frames, the freed heap
+        goes back to the system so RSS returns to its baseline after a flood."""
+        if frame.held > SMALL_FRAME_BYTES:
+            self._large_since_trim = True
+        frame.release()
+        self._trim_if_drained()
+
+    def _trim_if_drained(self) -> None:
+        if self._large_since_trim and self.budget.used == 0:
+            self._large_since_trim = False
+            release_free_memory()
 
     async def _finish(self, conn: Connection, fatal: LedgerMQError | None, fatal_id: int) -> None:
         assert conn.writer is not None
@@ -345,10 +488,28 @@ class RpcServer:
             self.observer.handled(code, time.perf_counter() - started, error, result)
 
 
-def _finished(conn: Connection, limit: asyncio.Semaphore, task: asyncio.Task[None]) -> None:
-    """A request's task ended: forget it and let the connection read one more."""
+def _finished(server: RpcServer, conn: Connection, limit: asyncio.Semaphore, frame: HeldFrame,
+              task: asyncio.Task[None]) -> None:
+    """A request's task ended: forget it, free its frame's budget and let the
+    connection read one more."""
     conn.inflight.discard(task)
     limit.release()
+    server._release(frame)
+
+
+class _IdleTimeout(RequestTimeoutError):
+    """Closed for silence after the handshake (TIMEOUT on the wire)."""
+
+
+# What each connection-closing error counts as in RpcServer.limit_events.
+_LIMIT_REASONS: dict[type, str] = {
+    FrameTooLargeError: "frame_too_large",
+    RequestTimeoutError: "frame_read_timeout",
+    _IdleTimeout: "idle_timeout",
+    ServiceUnavailableError: "frame_budget",
+    MalformedFrameError: "malformed_frame",
+    HandshakeRequiredError: "handshake",
+}
 
 
 class _HandshakeFailed(Exception):

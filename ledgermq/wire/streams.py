@@ -1,7 +1,13 @@
 """Frames over asyncio streams: `read_frame` on a StreamReader, batched writes.
 
 `read_frame` checks the header before reading the payload, so an oversized
-length is refused without buffering it. Writes are batched because Python pays
+length is refused without buffering it. A server reads with `read_held_frame`
+instead: the body comes in chunks, each reserved from the server's
+`ByteBudget` before it is read, a compressed body reserves its declared
+decompressed size before it is decompressed, and the whole frame must arrive
+within a deadline once its first byte has (ledgermq/wire/limits.py). Inside
+`guarded_reads(...)` a plain `read_frame` is bounded the same way, so the
+handshake's frames are too. Writes are batched because Python pays
 per call, not per byte: `write_frames` sends many frames with one write, and
 `FrameWriter` coalesces frames queued by concurrent tasks during one event-loop
 iteration into a single transport write.
@@ -11,18 +17,158 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 
-from ledgermq.base.errors import MalformedFrameError
+from ledgermq.base.errors import (
+    MalformedFrameError,
+    RequestTimeoutError,
+    ServiceUnavailableError,
+)
 from ledgermq.wire.codec import (
     DEFAULT_COMPRESS_THRESHOLD,
     DEFAULT_MAX_FRAME_BYTES,
+    FLAG_ZSTD,
     HEADER_SIZE,
+    declared_size,
     decode_header,
     decode_payload,
+    decompress_exact,
     encode_frame,
     encode_frames,
 )
+from ledgermq.wire.limits import READ_CHUNK_BYTES, SMALL_FRAME_BYTES, ByteBudget
+
+# How long a connection closed for a protocol error may keep draining the
+# peer's input so that its error frame arrives (see FrameWriter.close).
+LINGER_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class FrameGuard:
+    """How a server connection reads frames: the size cap, the shared budget
+    and the deadline for a frame once its first byte arrived (None: none)."""
+
+    max_frame_bytes: int
+    budget: ByteBudget | None = None
+    read_timeout: float | None = None
+
+
+class HeldFrame:
+    """A frame's payload and the budget bytes it holds until `release()`
+    (when the request it carries has been answered)."""
+
+    __slots__ = ("_budget", "held", "payload")
+
+    def __init__(self, payload: bytes | bytearray, held: int, budget: ByteBudget | None) -> None:
+        self.payload = payload
+        self.held = held
+        self._budget = budget
+
+    def release(self) -> None:
+        """Give the bytes back (idempotent) and drop the payload."""
+        held, self.held = self.held, 0
+        self.payload = b""
+        if self._budget is not None and held:
+            self._budget.release(held)
+
+
+_GUARD: ContextVar[FrameGuard | None] = ContextVar("ledgermq_frame_guard", default=None)
+
+
+@contextlib.contextmanager
+def guarded_reads(guard: FrameGuard) -> Iterator[None]:
+    """Within this block (in this task), `read_frame` reads under `guard`:
+    RpcServer uses it around the handshake, whose reads it does not make itself."""
+    token = _GUARD.set(guard)
+    try:
+        yield
+    finally:
+        _GUARD.reset(token)
+
+
+async def read_held_frame(
+    reader: asyncio.StreamReader, guard: FrameGuard, first: bytes = b""
+) -> HeldFrame | None:
+    """Read one frame under `guard`; None on a clean EOF between frames.
+
+    `first` is the frame's first byte if the caller already read it (to wait
+    for it under another deadline: the idle timeout). Raises
+    FrameTooLargeError (header or declared decompressed size over the cap),
+    MalformedFrameError (truncated, corrupt), RequestTimeoutError (the frame
+    did not arrive within `guard.read_timeout` of its first byte) or
+    ServiceUnavailableError (that deadline passed waiting for budget).
+    """
+    if not first:
+        first = await reader.read(1)
+        if not first:
+            return None
+    budget = guard.budget
+    held = 0
+    got = 0
+    length = 0
+    waiting_budget = False
+    # A bytearray grown chunk by chunk: no second copy of the body, and it is
+    # emptied as soon as the frame fails (an exception's traceback would
+    # otherwise keep it alive after its budget was given back).
+    body = bytearray()
+    try:
+        async with asyncio.timeout(guard.read_timeout):
+            try:
+                header = first + await reader.readexactly(HEADER_SIZE - len(first))
+            except asyncio.IncompleteReadError as exc:
+                raise MalformedFrameError(
+                    "connection closed inside a frame header"
+                    f" ({len(first) + len(exc.partial)} of {HEADER_SIZE} bytes)"
+                ) from None
+            length, flags = decode_header(header, guard.max_frame_bytes)
+            small = length <= SMALL_FRAME_BYTES
+            while got < length:
+                if held == got and budget is not None:
+                    step = min(length - got, READ_CHUNK_BYTES)
+                    waiting_budget = True
+                    await budget.acquire(step, small)
+                    waiting_budget = False
+                    held += step
+                want = (held if budget is not None else length) - got
+                chunk = await reader.read(min(want, READ_CHUNK_BYTES))
+                if not chunk:
+                    raise MalformedFrameError(
+                        f"connection closed inside a frame ({got} of {length} payload bytes)")
+                body += chunk
+                got += len(chunk)
+            if not flags & FLAG_ZSTD:
+                return HeldFrame(body, held, budget)
+            size = declared_size(body, guard.max_frame_bytes)
+            if budget is not None:
+                waiting_budget = True
+                await budget.acquire(size, size <= SMALL_FRAME_BYTES)
+                waiting_budget = False
+                held += size
+            payload = decompress_exact(body, size)
+            body.clear()
+            if budget is not None:
+                # The compressed bytes are gone; the frame now holds its payload.
+                budget.release(held - size)
+                held = size
+            return HeldFrame(payload, held, budget)
+    except TimeoutError:
+        body.clear()
+        if budget is not None and held:
+            budget.release(held)
+        if waiting_budget:
+            raise ServiceUnavailableError(
+                f"server frame memory is exhausted: a frame of {length} bytes waited"
+                f" {guard.read_timeout:g}s for room; retry later") from None
+        raise RequestTimeoutError(
+            f"frame not received within {guard.read_timeout:g}s of its first byte"
+            f" ({got} of {length} payload bytes)") from None
+    except BaseException:
+        body.clear()
+        if budget is not None and held:
+            budget.release(held)
+        raise
 
 
 async def read_frame(
@@ -31,8 +177,21 @@ async def read_frame(
     """Read one frame's (decompressed) payload; None on a clean EOF between frames.
 
     Raises MalformedFrameError if the stream ends inside a frame, and
-    FrameTooLargeError as soon as a header announces too many bytes.
+    FrameTooLargeError as soon as a header announces too many bytes. Inside
+    `guarded_reads`, the guard's budget and deadline apply and its cap
+    lowers `max_frame_bytes`.
     """
+    guard = _GUARD.get()
+    if guard is not None:
+        bounded = FrameGuard(min(max_frame_bytes, guard.max_frame_bytes), guard.budget,
+                             guard.read_timeout)
+        frame = await read_held_frame(reader, bounded)
+        if frame is None:
+            return None
+        payload = bytes(frame.payload)
+        # The caller decodes it at once; the budget covers frames in flight.
+        frame.release()
+        return payload
     try:
         header = await reader.readexactly(HEADER_SIZE)
     except asyncio.IncompleteReadError as exc:
@@ -83,6 +242,11 @@ class FrameWriter:
         self._scheduled = False
         self.writes = 0  # transport writes issued; lets tests observe batching
         self.frames = 0
+        # Set when the connection is closed for a protocol error: `close`
+        # then half-closes and discards what the peer still sends for a
+        # moment, so the error frame reaches it instead of being lost to the
+        # reset a close with unread input causes.
+        self.linger_reader: asyncio.StreamReader | None = None
 
     @property
     def closing(self) -> bool:
@@ -114,6 +278,16 @@ class FrameWriter:
     async def drain(self) -> None:
         await self._writer.drain()
 
+    async def _linger(self, reader: asyncio.StreamReader) -> None:
+        """Send FIN after the error frame, then read and drop the peer's
+        bytes until it closes too or LINGER_SECONDS pass (nothing is kept)."""
+        with contextlib.suppress(ConnectionError, OSError, TimeoutError, RuntimeError):
+            if self._writer.can_write_eof():
+                self._writer.write_eof()
+            async with asyncio.timeout(LINGER_SECONDS):
+                while await reader.read(READ_CHUNK_BYTES):
+                    pass
+
     async def close(self, flush_timeout: float = 5.0) -> None:
         """Flush what is queued (waiting at most `flush_timeout` for a slow
         reader), then close the transport and wait for it."""
@@ -122,6 +296,8 @@ class FrameWriter:
             with contextlib.suppress(ConnectionError, TimeoutError):
                 async with asyncio.timeout(flush_timeout):
                     await self._writer.drain()
+            if self.linger_reader is not None:
+                await self._linger(self.linger_reader)
             self._writer.close()
         # The peer may already have reset the connection; closed is closed.
         with contextlib.suppress(ConnectionError, OSError):
