@@ -73,7 +73,7 @@ async def serve(config: NodeConfig, control_host: str, control_port: int) -> Non
         return {"index": entry.index, "term": entry.term, "position": entry.position}
 
     async def status(body: Any, conn: Connection) -> Any:
-        return node.status()
+        return node.status().to_json()
 
     async def entries(body: Any, conn: Connection) -> Any:
         if not isinstance(body, dict):
