@@ -16,7 +16,10 @@ frames of bounded size without re-encoding). Entry bodies stay `bytes`
     AppendResponse     [7, src, dst, term, success, index, hint_index, hint_term]
 
 The connection handshake (first frame of every peer connection) is a msgpack
-map, see `encode_hello` / `decode_hello`.
+map, see `encode_hello` / `decode_hello`. In a group with a cluster secret
+the HELLO also carries the connector's nonce, the acceptor answers with a
+CHALLENGE map (its challenge and its proof) and the connector sends a PROOF
+map; `transport.py` runs that exchange (docs/raft.md, "Peer authentication").
 
 Decoding trusts nothing: every field is type- and range-checked and any
 problem raises `CodecError`, which makes the transport close that connection.
@@ -30,7 +33,7 @@ persist nor send its term, and every peer that heard it would wedge too).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import msgpack
 
@@ -70,6 +73,9 @@ _BATCH_STR_MAX = 1024
 _BATCH_ARRAY_MAX = 1 << 24
 HELLO_BYTES_MAX = 4096
 _HELLO_MAP_MAX = 16
+# The handshake's random values and HMAC-SHA256 proofs (ledgermq.wire.auth).
+NONCE_BYTES = 16
+PROOF_BYTES = 32
 
 
 class CodecError(ValueError):
@@ -85,6 +91,15 @@ class PeerHello(TypedDict):
     src: int
     dst: int
     channel: str
+    # Present when the connector holds the cluster secret: it asks the
+    # acceptor to prove the secret over this nonce (and will prove it in turn).
+    nonce: NotRequired[bytes]
+
+
+def peer_claim(group: str, src: int, dst: int, channel: str) -> str:
+    """What both proofs of a peer handshake bind: a proof made for one group,
+    direction or channel never verifies for another."""
+    return f"raft:{group}/{src}->{dst}/{channel}"
 
 
 # ------------------------------------------------------------------ encoding
@@ -146,9 +161,25 @@ def encode_batches(messages: Iterable[Message], max_payload_bytes: int) -> list[
     return payloads
 
 
-def encode_hello(group: str, src: int, dst: int, channel: str) -> bytes:
-    return _packb(PeerHello(hello=HELLO_MAGIC, version=HELLO_VERSION, group=group, src=src,
-                            dst=dst, channel=channel))
+def encode_hello(group: str, src: int, dst: int, channel: str,
+                 nonce: bytes | None = None) -> bytes:
+    """The connector's first frame; with `nonce` it asks for authentication."""
+    hello = PeerHello(hello=HELLO_MAGIC, version=HELLO_VERSION, group=group, src=src,
+                      dst=dst, channel=channel)
+    if nonce is not None:
+        hello["nonce"] = nonce
+    return _packb(hello)
+
+
+def encode_challenge(challenge: bytes, proof: bytes) -> bytes:
+    """The acceptor's answer to an authenticating HELLO: its fresh challenge
+    and its own proof over (challenge, the connector's nonce, the claim)."""
+    return _packb({"challenge": challenge, "proof": proof})
+
+
+def encode_proof(proof: bytes) -> bytes:
+    """The connector's proof over (the acceptor's challenge, its nonce, the claim)."""
+    return _packb({"proof": proof})
 
 
 # ------------------------------------------------------------------ decoding
@@ -262,14 +293,41 @@ def decode_batch(payload: bytes, max_bin_len: int) -> list[Message]:
     return out
 
 
-def decode_hello(payload: bytes) -> PeerHello:
-    """The handshake map, shape-checked (group str, src/dst ints, known channel)."""
+def _handshake_map(payload: bytes) -> dict[Any, Any]:
     try:
-        obj = msgpack.unpackb(payload, raw=False, max_str_len=HELLO_BYTES_MAX, max_bin_len=0,
-                              max_array_len=0, max_map_len=_HELLO_MAP_MAX)
+        obj = msgpack.unpackb(payload, raw=False, max_str_len=HELLO_BYTES_MAX,
+                              max_bin_len=PROOF_BYTES, max_array_len=0,
+                              max_map_len=_HELLO_MAP_MAX)
     except Exception as exc:
         raise CodecError(f"handshake is not valid msgpack: {type(exc).__name__}") from None
-    if type(obj) is not dict or obj.get("hello") != HELLO_MAGIC:
+    if type(obj) is not dict:
+        raise CodecError("handshake frame must be a map")
+    return obj
+
+
+def _binary(obj: dict[Any, Any], key: str, size: int) -> bytes:
+    value = obj.get(key)
+    if type(value) is not bytes or len(value) != size:
+        raise CodecError(f"handshake {key} must be {size} bytes")
+    return value
+
+
+def decode_challenge(payload: bytes) -> tuple[bytes, bytes]:
+    """(challenge, proof) of the acceptor's CHALLENGE frame."""
+    obj = _handshake_map(payload)
+    return _binary(obj, "challenge", NONCE_BYTES), _binary(obj, "proof", PROOF_BYTES)
+
+
+def decode_proof(payload: bytes) -> bytes:
+    """The proof of the connector's PROOF frame."""
+    return _binary(_handshake_map(payload), "proof", PROOF_BYTES)
+
+
+def decode_hello(payload: bytes) -> PeerHello:
+    """The handshake map, shape-checked (group str, src/dst ints, known channel,
+    a 16-byte nonce when present)."""
+    obj = _handshake_map(payload)
+    if obj.get("hello") != HELLO_MAGIC:
         raise CodecError("not a LedgerMQ Raft peer handshake")
     if obj.get("version") != HELLO_VERSION:
         raise CodecError(f"unsupported peer protocol version {obj.get('version')!r}")
@@ -280,5 +338,8 @@ def decode_hello(payload: bytes) -> PeerHello:
     dst = _uint(obj.get("dst"), "handshake dst")
     if channel not in CHANNELS:
         raise CodecError(f"unknown channel {channel!r}")
-    return PeerHello(hello=HELLO_MAGIC, version=HELLO_VERSION, group=group, src=src, dst=dst,
-                     channel=channel)
+    hello = PeerHello(hello=HELLO_MAGIC, version=HELLO_VERSION, group=group, src=src, dst=dst,
+                      channel=channel)
+    if "nonce" in obj:
+        hello["nonce"] = _binary(obj, "nonce", NONCE_BYTES)
+    return hello

@@ -45,6 +45,7 @@ import contextlib
 import logging
 import os
 import random
+import ssl
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -68,6 +69,7 @@ from election.config import ElectionConfig
 from election.roles import Role
 from ledgermq.base.errors import NotLeaderError as WireNotLeaderError
 from ledgermq.base.tasks import cancel_and_wait
+from ledgermq.wire.auth import SECRET_BYTES_MIN
 
 __all__ = [
     "NO_OBSERVER",
@@ -105,6 +107,11 @@ class NodeConfig:
 
     `flush` is also written into the CommitLog config (`commitlog` overrides
     everything else of it), so the two can never disagree.
+
+    `cluster_secret` (every node of the group holds the same; empty = the
+    group's peers are not authenticated) and `tls_server` / `tls_client`
+    (both or neither, see `dledger.runtime.transport.tls_contexts`) secure
+    the Raft port (docs/raft.md, "Peer authentication").
     """
 
     group: str
@@ -122,6 +129,9 @@ class NodeConfig:
     segment_size_bytes: int = 256 * 1024 * 1024
     commitlog: CommitLogConfig | None = None
     bind_host: str | None = None
+    cluster_secret: bytes = field(default=b"", repr=False)
+    tls_server: ssl.SSLContext | None = field(default=None, repr=False)
+    tls_client: ssl.SSLContext | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.node_id not in self.peers:
@@ -136,6 +146,10 @@ class NodeConfig:
             raise ValueError("tick_ms must be >= 1")
         if self.preferred_leader and self.preferred_leader not in self.peers:
             raise ValueError(f"preferred_leader {self.preferred_leader} is not a peer")
+        if self.cluster_secret and len(self.cluster_secret) < SECRET_BYTES_MIN:
+            raise ValueError(f"the cluster secret is at least {SECRET_BYTES_MIN} bytes")
+        if (self.tls_server is None) != (self.tls_client is None):
+            raise ValueError("TLS on the Raft port needs both tls_server and tls_client")
         # Validates the tick counts (>= 2, heartbeat below the timeout).
         self.election_config()
 
@@ -172,18 +186,14 @@ TransportFactory = Callable[
     Transport]
 
 
-def _tcp_transport(group: str, node_id: int, peers: dict[int, tuple[str, int]],
-                   deliver: Callable[[list[Message]], None], bind_host: str | None) -> Transport:
-    return PeerTransport(group, node_id, peers, deliver, bind_host=bind_host)
-
-
 @dataclass
 class NodeIO:
     """Everything a node does I/O or draws chance with. The defaults are
     production's; the real-node simulator (dledger/testing/nodesim) passes
     its own seeded, virtual-time parts and runs this very runtime."""
 
-    transport: TransportFactory = _tcp_transport
+    # None: TCP (`PeerTransport`) with the config's secret and TLS contexts.
+    transport: TransportFactory | None = None
     # Seeds election timeouts; production draws it from the OS.
     rng: random.Random | None = None
     # Runs the Flusher's fsyncs and checkpoint writes (SyncThread by default).
@@ -247,6 +257,9 @@ class NodeCounters:
     acks_sent: int = 0
     acks_not_durable: int = 0  # acks of entries the follower had not fsynced yet
     peer_errors: int = 0
+    # Peer connections refused before their handshake completed, by reason
+    # (bad_proof, no_proof, unknown_peer, connection_limit, ..., see transport.py).
+    auth_failures: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,8 +405,17 @@ class RaftGroupNode:
         self._flusher = Flusher(self.log, worker=io.fsync_worker, clock=io.clock,
                                 on_failure=self._fail, observer=observer)
         self._state_worker: Worker = io.state_worker or SyncThread("hardstate")
-        self._transport = io.transport(config.group, config.node_id, config.peers,
-                                       self._deliver, config.bind_host)
+        self.counters = NodeCounters()
+        self._transport: Transport
+        if io.transport is None:
+            self._transport = PeerTransport(
+                config.group, config.node_id, config.peers, self._deliver,
+                bind_host=config.bind_host, secret=config.cluster_secret,
+                server_ssl=config.tls_server, client_ssl=config.tls_client,
+                on_auth_failure=self._auth_failure)
+        else:
+            self._transport = io.transport(config.group, config.node_id, config.peers,
+                                           self._deliver, config.bind_host)
         # Election timeouts are randomised by the core through this rng; the
         # runtime seeds it from the OS so the replicas never draw alike.
         self._rng = io.rng or random.Random(int.from_bytes(os.urandom(16), "little"))
@@ -415,7 +437,6 @@ class RaftGroupNode:
         # Hard state as handed out by the core (latest) and as on disk.
         self._hs_latest = self._initial_hard_state
         self._hs_saved = self._initial_hard_state
-        self.counters = NodeCounters()
 
     # ------------------------------------------------------------ observation
 
@@ -497,7 +518,7 @@ class RaftGroupNode:
             entries_per_fsync=(flusher.synced_entries / flusher.syncs
                                if flusher.syncs else 0.0),
             pending_proposals=len(self._pending) + len(self._queue),
-            counters=replace(self.counters),
+            counters=replace(self.counters, auth_failures=dict(self.counters.auth_failures)),
             core=leading,
         )
 
@@ -688,6 +709,10 @@ class RaftGroupNode:
         if self._core is None:
             raise RuntimeError("node not started")
         return self._core
+
+    def _auth_failure(self, reason: str) -> None:
+        failures = self.counters.auth_failures
+        failures[reason] = failures.get(reason, 0) + 1
 
     def _deliver(self, messages: list[Message]) -> None:
         core = self._core

@@ -4,7 +4,9 @@ Used by the multi-process tests, `bench/failover.py` and the chaos harness to
 run real nodes that can be SIGKILLed. The config is a JSON object with the
 `NodeConfig` fields (`peers` as {"1": ["127.0.0.1", 7001], ...}) plus
 `control` ("host:port", port 0 = any), where a `ledgermq.wire` RPC server
-answers:
+answers, and optionally the Raft port's security as the broker names it:
+`cluster_secret_file` (mode 0600) and `tls_cert_file` / `tls_key_file` /
+`tls_ca_file`:
 
 - 480 PROPOSE {"data": bytes, "timeout": seconds} -> {"index", "term", "position"};
   NOT_LEADER (data {"leader_id"}) or TIMEOUT (outcome unknown) on failure;
@@ -29,9 +31,11 @@ from typing import Any
 
 import commitlog
 from dledger.runtime.node import NodeConfig, NotLeaderError, ProposalUnknown, RaftGroupNode
+from dledger.runtime.transport import tls_contexts
 from ledgermq.base.address import split_host_port
 from ledgermq.base.errors import InvalidRequestError, RequestTimeoutError
 from ledgermq.base.loop import run
+from ledgermq.wire.auth import read_secret_file
 from ledgermq.wire.rpc import Connection, RpcServer
 
 CONTROL_PROPOSE = 480
@@ -47,8 +51,16 @@ def load_config(raw: dict[str, Any]) -> tuple[NodeConfig, str, int]:
     """NodeConfig and control (host, port) from the JSON object."""
     peers = {int(k): (str(v[0]), int(v[1])) for k, v in raw["peers"].items()}
     knobs = {k: raw[k] for k in _KNOBS if k in raw}
+    secret_file = str(raw.get("cluster_secret_file") or "")
+    cert_file = str(raw.get("tls_cert_file") or "")
+    tls_server, tls_client = (
+        tls_contexts(cert_file, str(raw.get("tls_key_file") or ""),
+                     str(raw.get("tls_ca_file") or ""))
+        if cert_file else (None, None))
     config = NodeConfig(group=raw["group"], node_id=int(raw["node_id"]), peers=peers,
-                        data_dir=raw["data_dir"], **knobs)
+                        data_dir=raw["data_dir"],
+                        cluster_secret=read_secret_file(secret_file) if secret_file else b"",
+                        tls_server=tls_server, tls_client=tls_client, **knobs)
     host, port = split_host_port(str(raw.get("control", "127.0.0.1:0")), default_host="127.0.0.1")
     return config, host, port
 

@@ -4,11 +4,12 @@ Theory of operation
 -------------------
 Every node listens on its Raft port and dials each peer twice: one
 *control* connection (votes, heartbeats, TimeoutNow) and one *replication*
-connection (AppendRequest / AppendResponse). A connection carries traffic in
-one direction only (dialer -> listener), so a node's messages to a peer always
-leave on its own outgoing connections and its inbound connections are only
-read. Two channels per direction mean a heartbeat is never queued behind a
-megabyte of appends in a socket buffer (DLedger #63).
+connection (AppendRequest / AppendResponse). After the handshake a
+connection carries traffic in one direction only (dialer -> listener), so a
+node's messages to a peer always leave on its own outgoing connections and
+its inbound connections are only read. Two channels per direction mean a
+heartbeat is never queued behind a megabyte of appends in a socket buffer
+(DLedger #63).
 
 Framing is `ledgermq.wire`'s (4-byte length + flags + payload, zstd for
 payloads of at least `compress_threshold` (1 MiB) on the replication channel,
@@ -18,8 +19,31 @@ connection if the group, the sender or the addressee is wrong. Every later
 frame is a batch of messages; all messages for one peer and channel produced
 by one Ready go out in one `write`.
 
+Peer authentication (docs/raft.md, "Peer authentication"): with a cluster
+secret, the HELLO carries the dialer's nonce, the listener answers with a
+fresh challenge and its proof of the secret over (challenge, nonce, claim),
+and the dialer, once it has checked that proof, sends its own; the claim
+binds the group, both node ids and the channel. Nothing is read as a Raft
+message, and nothing is sent, before the handshake succeeded. With TLS
+contexts the connection is TLS from its first byte; the event loop runs the
+listener's TLS handshake (within `handshake_timeout`) before the connection
+reaches this module. (Upgrading after accepting, so the caps below would
+cover the TLS handshake too, loses the ClientHello under uvloop, see
+MagicStack/uvloop#707.) A group without a secret speaks the handshake of
+before (HELLO only, the listener never writes).
+
+Bounded resources: a connection still in its handshake holds one slot of at
+most `max_pending_per_address` per source address and `max_pending` overall
+(the oldest is closed to admit a new one, so a slow or silent client cannot
+lock legitimate peers out for longer than their handshake takes) and must
+finish within `handshake_timeout`; it reads only frames of up to
+`HELLO_BYTES_MAX`. An authenticated connection replaces the previous one of
+the same peer and channel, so at most two per peer exist.
+
 Failure handling: a malformed frame, a bad handshake or a message whose
-sender/addressee contradicts the handshake closes *that* connection only.
+sender/addressee contradicts the handshake closes *that* connection only;
+a refused handshake is logged as one WARNING line (rate-limited) and counted
+by reason (`auth_failures`, `on_auth_failure`).
 Outgoing connections are re-dialled with exponential backoff (20 ms .. 500 ms,
 short so a restarted node is reached quickly); while a link is down its
 messages are dropped, which Raft tolerates (appends are re-sent after
@@ -33,21 +57,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dledger.messages import CHANNEL_CONTROL, CHANNEL_REPLICATION, Message
 from dledger.runtime.codec import (
     HELLO_BYTES_MAX,
     CodecError,
+    PeerHello,
     decode_batch,
+    decode_challenge,
     decode_hello,
+    decode_proof,
     encode_batches,
+    encode_challenge,
     encode_hello,
+    encode_proof,
+    peer_claim,
 )
 from ledgermq.base.errors import LedgerMQError
+from ledgermq.wire.auth import (
+    SECRET_BYTES_MIN,
+    client_proof,
+    new_challenge,
+    proof_matches,
+    server_proof,
+)
 from ledgermq.wire.codec import encode_frame
 from ledgermq.wire.streams import read_frame
+from ledgermq.wire.tls import client_context, server_context
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +103,84 @@ CONNECT_TIMEOUT_S = 2.0
 # loopback or a LAN: zstd costs ~20-40 us to compress and up to ~70 us to
 # decompress per 100 KiB, a loopback send ~20 us of kernel time.
 REPLICATION_COMPRESS_THRESHOLD = 1024 * 1024
+# Connections still in their handshake, overall (per source address the
+# default is 2 * peers + 4: every peer of a one-host group re-dialling both
+# channels at once still fits).
+DEFAULT_MAX_PENDING = 64
+# Refusals logged per second at most; the rest are counted and the next
+# logged line says how many were not (a storm must not flood the log).
+WARNINGS_PER_SECOND = 10
+
+# Why a handshake was refused (the `reason` label of the auth-failure metric).
+REASON_BAD_PROOF = "bad_proof"          # challenged, did not prove the cluster secret
+REASON_NO_PROOF = "no_proof"            # HELLO without a nonce to a node with a secret
+REASON_NOT_EXPECTED = "auth_not_expected"  # HELLO with a nonce to a node without one
+REASON_UNKNOWN_PEER = "unknown_peer"    # claims an id that is no peer, or our own
+REASON_WRONG_NODE = "wrong_node"        # addressed to another node id
+REASON_WRONG_GROUP = "wrong_group"
+REASON_MALFORMED = "malformed"          # not a valid handshake frame
+REASON_TIMEOUT = "timeout"              # handshake deadline passed
+REASON_CONNECTION_LIMIT = "connection_limit"  # closed to stay within the caps
+REASON_PEER_PROOF = "peer_bad_proof"    # a node we dialled did not prove the secret
+REASON_PEER_TLS = "peer_tls"            # a node we dialled failed TLS verification
 
 Deliver = Callable[[list[Message]], None]
+AuthFailure = Callable[[str], None]
+
+
+def tls_contexts(cert_file: str, key_file: str,
+                 ca_file: str = "") -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server, client) contexts for the Raft port from certificate files.
+
+    The listener presents `cert_file` and, with `ca_file`, requires peers to
+    present a certificate that CA signed (mutual TLS). The dialer presents
+    the same certificate and verifies the listener against `ca_file` *with*
+    hostname checking: the certificate must name the peer's address as
+    written in the group's peers (an IP address SAN for peers addressed by
+    IP), so one node's certificate cannot stand in for another's address.
+    """
+    return (server_context(cert_file, key_file, ca_file),
+            client_context(ca_file, cert_file, key_file, check_hostname=True))
+
+
+class PeerRefused(Exception):
+    """A handshake that failed; `reason` is one of the REASON_* labels."""
+
+    def __init__(self, reason: str, detail: str, hello: PeerHello | None = None) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.hello = hello
+
+
+class _WarnLimiter:
+    """At most `per_second` lines per second; counts what it swallowed."""
+
+    def __init__(self, per_second: int) -> None:
+        self.per_second = per_second
+        self.window = 0.0
+        self.used = 0
+        self.suppressed = 0
+
+    def take(self) -> int | None:
+        """None: do not log; else the number of lines suppressed since the last one."""
+        now = time.monotonic()
+        if now - self.window >= 1.0:
+            self.window, self.used = now, 0
+        if self.used >= self.per_second:
+            self.suppressed += 1
+            return None
+        self.used += 1
+        suppressed, self.suppressed = self.suppressed, 0
+        return suppressed
+
+
+@dataclass(eq=False, slots=True)
+class _Handshaking:
+    """An inbound connection that has not finished its handshake."""
+
+    host: str
+    writer: asyncio.StreamWriter
+    evicted: bool = False
 
 
 class _Link:
@@ -84,6 +201,9 @@ class _Link:
         self.compress_threshold = (
             transport.compress_threshold if channel == CHANNEL_REPLICATION else None
         )
+        # The last handshake failure logged; logged again only when it changes
+        # (a peer with another secret would otherwise log twice a second).
+        self._last_failure = ""
 
     def send(self, messages: Sequence[Message]) -> None:
         writer = self.writer
@@ -102,27 +222,81 @@ class _Link:
         self.frames += len(frames)
         self.bytes += len(data)
 
+    async def _handshake(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        """HELLO; with a secret, check the listener's proof, then send ours."""
+        t = self.transport
+        nonce = new_challenge() if t.secret else None
+        writer.write(encode_frame(encode_hello(t.group, t.node_id, self.peer, self.channel,
+                                               nonce), compress_threshold=None))
+        if nonce is None:
+            return
+        payload = await read_frame(reader, HELLO_BYTES_MAX)
+        if payload is None:
+            raise PeerRefused("closed", "the peer closed the connection during the handshake "
+                              "(see its log: it may have no cluster secret or not know "
+                              "this node)")
+        challenge, proof = decode_challenge(payload)
+        claim = peer_claim(t.group, t.node_id, self.peer, self.channel)
+        if not proof_matches(server_proof(t.secret, challenge, nonce, claim), proof):
+            raise PeerRefused(REASON_PEER_PROOF, "the peer did not prove the cluster secret "
+                              "(another secret, or not a node of this group)")
+        writer.write(encode_frame(encode_proof(client_proof(t.secret, challenge, nonce, claim)),
+                                  compress_threshold=None))
+
+    def _handshake_failed(self, reason: str, detail: str) -> None:
+        if reason in (REASON_PEER_PROOF, REASON_PEER_TLS):
+            self.transport.count_failure(reason)
+        text = f"{reason}: {detail}"
+        if text != self._last_failure:
+            self._last_failure = text
+            t = self.transport
+            log.warning("raft %s/%d: handshake with node %d at %s:%d (%s) failed: %s", t.group,
+                        t.node_id, self.peer, *self.address, self.channel, text)
+
     async def run(self) -> None:
         t = self.transport
         backoff = BACKOFF_MIN_S
         loop = asyncio.get_running_loop()
         while not t.closing:
             local = (t.bind_host, 0) if t.bind_host else None
+            host, port = self.address
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                    reader, writer = await asyncio.open_connection(*self.address,
-                                                                   local_addr=local)
+                    reader, writer = await asyncio.open_connection(
+                        host, port, local_addr=local, ssl=t.client_ssl,
+                        server_hostname=host if t.client_ssl is not None else None)
+            except ssl.SSLError as exc:
+                self._handshake_failed(REASON_PEER_TLS, str(exc))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                continue
             except (OSError, TimeoutError):
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
                 continue
-            writer.write(encode_frame(encode_hello(t.group, t.node_id, self.peer, self.channel),
-                                      compress_threshold=None))
+            try:
+                async with asyncio.timeout(t.handshake_timeout):
+                    await self._handshake(reader, writer)
+            except (PeerRefused, CodecError, LedgerMQError, OSError, TimeoutError,
+                    asyncio.IncompleteReadError) as exc:
+                reason = exc.reason if isinstance(exc, PeerRefused) else type(exc).__name__
+                self._handshake_failed(reason, str(exc) or "no answer")
+                writer.close()
+                with contextlib.suppress(OSError, asyncio.CancelledError):
+                    await writer.wait_closed()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                continue
+            if self._last_failure:
+                log.warning("raft %s/%d: handshake with node %d (%s) succeeds again", t.group,
+                            t.node_id, self.peer, self.channel)
+                self._last_failure = ""
             self.writer = writer
             self.connects += 1
             started = loop.time()
             try:
-                # The peer never writes on this connection: any read result
+                # The peer never writes after the handshake: any read result
                 # (EOF, data, reset) means the connection is over.
                 await reader.read(1)
             except (OSError, asyncio.IncompleteReadError):
@@ -143,7 +317,13 @@ class _Link:
 
 
 class PeerTransport:
-    """Listener plus one control and one replication link per peer."""
+    """Listener plus one control and one replication link per peer.
+
+    `secret` (the cluster secret, empty = no authentication), `server_ssl`
+    and `client_ssl` (TLS on the listener and the links, see `tls_contexts`)
+    secure the port; `on_auth_failure(reason)` is told of every refused
+    handshake.
+    """
 
     def __init__(
         self,
@@ -157,7 +337,17 @@ class PeerTransport:
         compress_threshold: int | None = REPLICATION_COMPRESS_THRESHOLD,
         replication_buffer_max: int = 32 * 1024 * 1024,
         handshake_timeout: float = 5.0,
+        secret: bytes = b"",
+        server_ssl: ssl.SSLContext | None = None,
+        client_ssl: ssl.SSLContext | None = None,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        max_pending_per_address: int = 0,
+        on_auth_failure: AuthFailure | None = None,
     ) -> None:
+        if secret and len(secret) < SECRET_BYTES_MIN:
+            raise ValueError(f"a cluster secret is at least {SECRET_BYTES_MIN} bytes")
+        if (server_ssl is None) != (client_ssl is None):
+            raise ValueError("TLS needs both a server and a client context")
         self.group = group
         self.node_id = node_id
         self.peers = dict(peers)
@@ -167,6 +357,12 @@ class PeerTransport:
         self.compress_threshold = compress_threshold
         self.replication_buffer_max = replication_buffer_max
         self.handshake_timeout = handshake_timeout
+        self.secret = secret
+        self.server_ssl = server_ssl
+        self.client_ssl = client_ssl
+        self.max_pending = max(1, max_pending)
+        self.max_pending_per_address = max_pending_per_address or 2 * len(self.peers) + 4
+        self.on_auth_failure = on_auth_failure
         self.closing = False
         self._server: asyncio.Server | None = None
         self._links: dict[tuple[int, str], _Link] = {
@@ -176,15 +372,24 @@ class PeerTransport:
         }
         self._inbound: set[asyncio.Task[None]] = set()
         self._inbound_writers: set[asyncio.StreamWriter] = set()
+        # Inbound connections in their handshake, oldest first.
+        self._handshaking: dict[asyncio.StreamWriter, _Handshaking] = {}
+        # The authenticated inbound connection of each (peer, channel).
+        self._authenticated: dict[tuple[int, str], asyncio.StreamWriter] = {}
+        self._warnings = _WarnLimiter(WARNINGS_PER_SECOND)
         self.frames_received = 0
         self.messages_received = 0
         self.rejected_connections = 0
         self.accepted_connections = 0
+        self.auth_failures: dict[str, int] = {}
 
     async def start(self) -> tuple[str, int]:
         host, port = self.peers[self.node_id]
+        tls: dict[str, Any] = {}
+        if self.server_ssl is not None:
+            tls = {"ssl": self.server_ssl, "ssl_handshake_timeout": self.handshake_timeout}
         self._server = await asyncio.start_server(self._on_connect, host, port,
-                                                  reuse_address=True)
+                                                  reuse_address=True, **tls)
         for link in self._links.values():
             link.task = asyncio.get_running_loop().create_task(
                 link.run(), name=f"raft-link-{self.node_id}->{link.peer}-{link.channel}")
@@ -242,7 +447,15 @@ class PeerTransport:
         return {"links": links, "frames_received": self.frames_received,
                 "messages_received": self.messages_received,
                 "accepted_connections": self.accepted_connections,
-                "rejected_connections": self.rejected_connections}
+                "rejected_connections": self.rejected_connections,
+                "handshaking_connections": len(self._handshaking),
+                "authenticated": bool(self.secret), "tls": self.server_ssl is not None,
+                "auth_failures": dict(self.auth_failures)}
+
+    def count_failure(self, reason: str) -> None:
+        self.auth_failures[reason] = self.auth_failures.get(reason, 0) + 1
+        if self.on_auth_failure is not None:
+            self.on_auth_failure(reason)
 
     # ------------------------------------------------------------- inbound
 
@@ -263,25 +476,111 @@ class PeerTransport:
             with contextlib.suppress(OSError, asyncio.CancelledError):
                 await writer.wait_closed()
 
+    def _admit(self, host: str, writer: asyncio.StreamWriter) -> _Handshaking:
+        """Take a handshake slot, closing the oldest handshaking connection of
+        the same address (or overall) when the cap is reached."""
+        same = [h for h in self._handshaking.values() if h.host == host]
+        if len(same) >= self.max_pending_per_address:
+            self._evict(same[0], f"more than {self.max_pending_per_address} handshaking "
+                                 f"connections from {host}")
+        if len(self._handshaking) >= self.max_pending:
+            self._evict(next(iter(self._handshaking.values())),
+                        f"more than {self.max_pending} handshaking connections")
+        slot = _Handshaking(host, writer)
+        self._handshaking[writer] = slot
+        return slot
+
+    def _evict(self, slot: _Handshaking, why: str) -> None:
+        slot.evicted = True
+        del self._handshaking[slot.writer]
+        slot.writer.transport.abort()
+        self._refused(slot.writer.get_extra_info("peername"), REASON_CONNECTION_LIMIT, why, None)
+
+    def _refused(self, peername: object, reason: str, detail: str,
+                 hello: PeerHello | None) -> None:
+        self.rejected_connections += 1
+        self.count_failure(reason)
+        suppressed = self._warnings.take()
+        if suppressed is None:
+            return
+        claim = (f"claims group {hello['group']!r} node {hello['src']} -> {hello['dst']} "
+                 f"({hello['channel']}, {'with' if 'nonce' in hello else 'without'} proof)"
+                 if hello is not None else "no valid HELLO")
+        more = f" ({suppressed} more refusals not logged)" if suppressed else ""
+        log.warning("raft %s/%d: refused peer connection from %s, %s: %s: %s%s", self.group,
+                    self.node_id, peername, claim, reason, detail, more)
+
+    async def _handshake(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> PeerHello:
+        """HELLO and, with a secret, the challenge."""
+        payload = await read_frame(reader, HELLO_BYTES_MAX)
+        if payload is None:
+            raise PeerRefused(REASON_MALFORMED, "closed before its HELLO")
+        hello = decode_hello(payload)
+        src, dst = hello["src"], hello["dst"]
+        if hello["group"] != self.group:
+            raise PeerRefused(REASON_WRONG_GROUP, f"this is group {self.group!r}", hello)
+        if src == self.node_id or src not in self.peers:
+            raise PeerRefused(REASON_UNKNOWN_PEER, f"node {src} is not a peer of node "
+                              f"{self.node_id} (peers {sorted(self.peers)})", hello)
+        if dst != self.node_id:
+            raise PeerRefused(REASON_WRONG_NODE, f"addressed to node {dst}, this is node "
+                              f"{self.node_id}", hello)
+        nonce = hello.get("nonce")
+        if not self.secret:
+            if nonce is not None:
+                raise PeerRefused(REASON_NOT_EXPECTED, "the peer authenticates with a cluster "
+                                  "secret but this node has none configured", hello)
+            return hello
+        if nonce is None:
+            raise PeerRefused(REASON_NO_PROOF, "no proof of the cluster secret offered (a "
+                              "node without cluster_secret_file, or not a node)", hello)
+        claim = peer_claim(self.group, src, dst, hello["channel"])
+        challenge = new_challenge()
+        writer.write(encode_frame(
+            encode_challenge(challenge, server_proof(self.secret, challenge, nonce, claim)),
+            compress_threshold=None))
+        payload = await read_frame(reader, HELLO_BYTES_MAX)
+        if payload is None:
+            raise PeerRefused(REASON_BAD_PROOF, "closed when challenged (it may hold another "
+                              "cluster secret)", hello)
+        proof = decode_proof(payload)
+        if not proof_matches(client_proof(self.secret, challenge, nonce, claim), proof):
+            raise PeerRefused(REASON_BAD_PROOF, "wrong proof of the cluster secret", hello)
+        return hello
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peername = writer.get_extra_info("peername")
+        host = str(peername[0]) if isinstance(peername, tuple) and peername else "?"
+        slot = self._admit(host, writer)
         try:
             async with asyncio.timeout(self.handshake_timeout):
-                payload = await read_frame(reader, HELLO_BYTES_MAX)
-            if payload is None:
-                return
-            hello = decode_hello(payload)
-            src = hello["src"]
-            if hello["group"] != self.group:
-                raise CodecError(f"peer of group {hello['group']!r} connected to {self.group!r}")
-            if hello["dst"] != self.node_id or src == self.node_id or src not in self.peers:
-                raise CodecError(f"handshake from {src} to {hello['dst']} reached {self.node_id}")
-        except (CodecError, LedgerMQError, TimeoutError, OSError,
-                asyncio.IncompleteReadError) as exc:
-            self.rejected_connections += 1
-            log.warning("raft %s/%d: rejected connection from %s: %s", self.group, self.node_id,
-                        peername, exc)
+                hello = await self._handshake(reader, writer)
+        except PeerRefused as exc:
+            if not slot.evicted:
+                self._refused(peername, exc.reason, str(exc), exc.hello)
             return
+        except TimeoutError:
+            if not slot.evicted:
+                self._refused(peername, REASON_TIMEOUT, f"no complete handshake within "
+                              f"{self.handshake_timeout:g} s", None)
+            return
+        except (CodecError, LedgerMQError, OSError, asyncio.IncompleteReadError) as exc:
+            if not slot.evicted:
+                self._refused(peername, REASON_MALFORMED, str(exc) or type(exc).__name__,
+                              None)
+            return
+        finally:
+            self._handshaking.pop(writer, None)
+        if slot.evicted:
+            return
+        src = hello["src"]
+        key = (src, hello["channel"])
+        previous = self._authenticated.get(key)
+        if previous is not None:
+            # A peer re-dialled (e.g. after a restart): its old connection is dead.
+            previous.close()
+        self._authenticated[key] = writer
         self.accepted_connections += 1
         try:
             while not self.closing:
@@ -302,3 +601,6 @@ class PeerTransport:
                         self.node_id, src, exc)
         except (OSError, asyncio.IncompleteReadError):
             return
+        finally:
+            if self._authenticated.get(key) is writer:
+                del self._authenticated[key]

@@ -34,13 +34,16 @@ class NodeProcess:
 
 
 class ProcessCluster:
-    """N node processes of one group on 127.0.0.1; `knobs` go into every config."""
+    """N node processes of one group on 127.0.0.1; `knobs` go into every config
+    (e.g. `cluster_secret_file`, `tls_cert_file`), `node_knobs[id]` into one
+    node's on top (a node with another secret)."""
 
     def __init__(self, root: Path, n: int = 3, **knobs: Any) -> None:
         self.root = Path(root)
         ports = free_ports(n)
         self.peers = {i + 1: ("127.0.0.1", ports[i]) for i in range(n)}
         self.knobs = knobs
+        self.node_knobs: dict[int, dict[str, Any]] = {}
         self.procs: dict[int, NodeProcess] = {}
         self._clients: dict[int, RpcClient] = {}
 
@@ -48,7 +51,7 @@ class ProcessCluster:
         path = self.root / f"node{node_id}.json"
         cfg = {"group": "g1", "node_id": node_id, "data_dir": str(self.root / f"n{node_id}"),
                "peers": {str(k): list(v) for k, v in self.peers.items()},
-               "control": "127.0.0.1:0", **self.knobs}
+               "control": "127.0.0.1:0", **self.knobs, **self.node_knobs.get(node_id, {})}
         path.write_text(json.dumps(cfg))
         return path
 

@@ -172,6 +172,13 @@ class BrokerCollector(Collector):
             c = CounterMetricFamily(name, doc, labels=labels)
             c.add_metric(ids, float(count))
             yield c
+        c = CounterMetricFamily(
+            "ledgermq_raft_auth_failures_total",
+            "Raft peer connections refused before their handshake completed (or peers "
+            "this node dialled that failed theirs), by reason.", labels=[*labels, "reason"])
+        for reason, count in sorted(node.counters.auth_failures.items()):
+            c.add_metric([*ids, reason], float(count))
+        yield c
         c = CounterMetricFamily("ledgermq_commitlog_fsyncs_total",
                                 "fsync rounds run by the CommitLog flusher.", labels=labels)
         c.add_metric(ids, float(status.fsyncs if status else 0))

@@ -36,6 +36,7 @@ from dledger.runtime.node import (
     SoftStateInfo,
 )
 from dledger.runtime.node import NotLeaderError as RuntimeNotLeaderError
+from dledger.runtime.transport import tls_contexts
 from ledgermq.base.clock import now_ms
 from ledgermq.base.errors import (
     NotLeaderError,
@@ -59,6 +60,7 @@ from ledgermq.broker.runtime import RaftRuntime, RuntimeFactory
 from ledgermq.broker.state import BrokerState, Stored
 from ledgermq.broker.view import NO_BROKER_OBSERVER, BrokerObserver, ControlOp, SendAck
 from ledgermq.wire import RpcServer
+from ledgermq.wire.auth import read_secret_file
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +157,13 @@ class Broker:
             message_size_bytes_max=c.message_size_bytes_max,
             entry_size_bytes_max=max(8 << 20, c.batch_max_bytes + (1 << 20)),
         )
+        # The Raft port: peers prove the cluster secret to each other, over
+        # TLS when the broker has a certificate (docs/raft.md).
+        tls_server, tls_client = (tls_contexts(c.tls_cert_file, c.tls_key_file, c.tls_ca_file)
+                                  if c.tls_cert_file else (None, None))
         return NodeConfig(
+            cluster_secret=read_secret_file(c.cluster_secret_file) if c.cluster_secret_file
+            else b"", tls_server=tls_server, tls_client=tls_client,
             group=c.group, node_id=c.node_id, peers=c.raft_peers(), data_dir=c.data_dir,
             flush=c.flush, replicate=c.replicate, tick_ms=c.tick_ms,
             election_timeout_ticks=c.election_timeout_ticks,

@@ -1,4 +1,5 @@
-"""Real node processes: SIGKILL the leader under load, elect a new one, restart and catch up."""
+"""Real node processes: SIGKILL the leader under load, elect a new one, restart and catch up;
+in an open group, with a cluster secret, and with the secret and TLS on the Raft port."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import signal
 from pathlib import Path
 
 import pytest
+import trustme
 
 from dledger.testing.node_processes import ProcessCluster
 from ledgermq.base.errors import NotLeaderError
 from ledgermq.base.loop import run
+from ledgermq.wire.auth import write_secret_file
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -30,9 +33,27 @@ async def wait_converged(cluster: ProcessCluster, timeout: float = 30.0) -> int:
     raise AssertionError("cluster did not converge")
 
 
-def test_sigkill_leader_no_acked_entry_lost(tmp_path: Path) -> None:
+def security_knobs(root: Path, mode: str) -> dict[str, str]:
+    """The Raft port's security as node-process config keys."""
+    if mode == "open":
+        return {}
+    secret = root / "cluster.secret"
+    write_secret_file(secret)
+    knobs = {"cluster_secret_file": str(secret)}
+    if mode == "secret+tls":
+        ca = trustme.CA()
+        pem, ca_file = root / "node.pem", root / "ca.pem"
+        ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(pem))
+        ca.cert_pem.write_to_path(str(ca_file))
+        knobs.update(tls_cert_file=str(pem), tls_key_file=str(pem), tls_ca_file=str(ca_file))
+    return knobs
+
+
+@pytest.mark.parametrize("security", ["open", "secret", "secret+tls"])
+def test_sigkill_leader_no_acked_entry_lost(tmp_path: Path, security: str) -> None:
     async def main() -> None:
-        cluster = ProcessCluster(tmp_path, flush="sync", replicate="sync")
+        cluster = ProcessCluster(tmp_path, flush="sync", replicate="sync",
+                                 **security_knobs(tmp_path, security))
         for node_id in cluster.peers:
             cluster.start(node_id)
         state = {"leader": 0}
@@ -102,6 +123,9 @@ def test_sigkill_leader_no_acked_entry_lost(tmp_path: Path) -> None:
                 assert not missing, f"node {node_id} lacks {len(missing)} acknowledged entries"
             st = await cluster.status(victim)
             assert st is not None and st["role"] == "follower"
+            assert st["transport"]["authenticated"] == (security != "open")
+            assert st["transport"]["tls"] == (security == "secret+tls")
+            assert st["auth_failures"] == {}
         finally:
             stop.set()
             await cluster.close_clients()

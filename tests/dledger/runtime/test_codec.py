@@ -85,3 +85,35 @@ def test_hello() -> None:
                 encode_hello("g1", 1, 2, "bulk")):
         with pytest.raises(CodecError):
             decode_hello(bad)
+
+
+def test_authenticating_handshake_frames() -> None:
+    from dledger.runtime.codec import (
+        decode_challenge,
+        decode_proof,
+        encode_challenge,
+        encode_proof,
+        peer_claim,
+    )
+
+    nonce, challenge, proof = b"n" * 16, b"c" * 16, b"p" * 32
+    hello = decode_hello(encode_hello("g1", 1, 2, "replication", nonce))
+    assert hello["nonce"] == nonce
+    assert "nonce" not in decode_hello(encode_hello("g1", 1, 2, "control"))
+    assert decode_challenge(encode_challenge(challenge, proof)) == (challenge, proof)
+    assert decode_proof(encode_proof(proof)) == proof
+    # Each claim is distinct: group, direction and channel all bind.
+    claims = {peer_claim("g1", 1, 2, "control"), peer_claim("g1", 2, 1, "control"),
+              peer_claim("g2", 1, 2, "control"), peer_claim("g1", 1, 2, "replication")}
+    assert len(claims) == 4
+    for bad in (encode_hello("g1", 1, 2, "control", b"short"),
+                encode_hello("g1", 1, 2, "control", b"x" * 33)):
+        with pytest.raises(CodecError):
+            decode_hello(bad)
+    for bad in (encode_challenge(b"c" * 15, proof), encode_challenge(challenge, b"p" * 31),
+                msgpack.packb({"challenge": "text", "proof": proof}), msgpack.packb([1])):
+        with pytest.raises(CodecError):
+            decode_challenge(bad)
+    for bad in (encode_proof(b"p" * 16), msgpack.packb({"proof": 1}), b"\xc1"):
+        with pytest.raises(CodecError):
+            decode_proof(bad)
