@@ -31,7 +31,6 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from commitlog.message import valid_topic
 from ledgermq.base.address import split_host_port
 from ledgermq.base.clock import monotonic_ms
 from ledgermq.namesrv.metrics import namesrv_registry
@@ -44,6 +43,7 @@ from ledgermq.webadmin.app import (
     add_operations,
     auth_failures,
     check_exposure,
+    checked_name,
     field,
     group_view,
     json_response,
@@ -358,10 +358,7 @@ class NameServerAdmin:
     async def reset_offsets(self, request: web.Request) -> web.Response:
         name = path_name(request, "group")
         body = await read_json(request)
-        topic = field(body, "topic", str)
-        if not valid_topic(topic):
-            raise ApiError(400, "INVALID_REQUEST", f"invalid topic name {topic[:200]!r}:"
-                           " 1-127 characters of [A-Za-z0-9_%|-]")
+        topic = checked_name(field(body, "topic", str), "topic")
         field(body, "timestamp_ms" if "offset" not in body else "offset", int)
         having = await self._to_each(request, "GET", f"{API}/topics/{quote(topic)}")
         groups = [g for g, (s, _) in having.items() if s == 200]
@@ -389,10 +386,7 @@ class NameServerAdmin:
         if not request.query.get("topic") or not request.query.get("key"):
             raise ApiError(400, "INVALID_REQUEST", "query parameters 'topic' and 'key' are"
                            " required (look up by id with /api/v1/messages/<msg_id>)")
-        if not valid_topic(request.query["topic"]):
-            raise ApiError(400, "INVALID_REQUEST", f"invalid topic name"
-                           f" {request.query['topic'][:200]!r}: 1-127 characters of"
-                           " [A-Za-z0-9_%|-]")
+        checked_name(request.query["topic"], "topic")
         answers = await self._to_each(request, "GET", f"{API}/messages")
         ok = {g: d for g, (s, d) in answers.items() if s == 200}
         if not ok:

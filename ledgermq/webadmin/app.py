@@ -164,6 +164,10 @@ class AdminAuth:
         return self.keys is not None
 
 
+# Who sent the request, set by auth_middleware: request[PRINCIPAL].
+PRINCIPAL = web.RequestKey("principal", Principal)
+
+
 def may_write(principal: Principal) -> bool:
     """The admin API's write policy, the wire's admin operations' too: an
     administrator, or a cluster member (the NameServer's admin app forwarding
@@ -188,7 +192,7 @@ def _public(request: web.Request, metrics_auth: bool) -> bool:
 def auth_middleware(auth: AdminAuth, failures: Counter | None = None
                     ) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Authenticate each request and enforce the write policy. Sets
-    request["principal"]. A refusal is a JSON 401 (no or bad credentials) or
+    request[PRINCIPAL]. A refusal is a JSON 401 (no or bad credentials) or
     403 (authenticated, not allowed), logged as one WARNING line (peer and
     access key, never a signature) and counted in `failures` by reason."""
     verifier = Verifier(auth.keys) if auth.keys is not None else None
@@ -237,7 +241,7 @@ def auth_middleware(auth: AdminAuth, failures: Counter | None = None
                                " send 'Authorization: Bearer <token>'")
             if not hmac.compare_digest(given.encode(), auth.token.encode()):
                 raise ApiError(403, "TOKEN_INVALID", "the admin token is wrong")
-        request["principal"] = principal
+        request[PRINCIPAL] = principal
         return await handler(request)
 
     return check
@@ -257,15 +261,20 @@ def auth_failures(registry: CollectorRegistry) -> Counter:
                    ("port", "reason"), registry=registry)
 
 
-def path_name(request: web.Request, key: str) -> str:
-    """A topic or consumer group name from the path; 400 unless it is a valid
-    name (1-127 of [A-Za-z0-9_%|-]), so nothing else is ever looked up or
-    forwarded into another server's path."""
-    name = request.match_info[key]
+def checked_name(name: str, what: str) -> str:
+    """`name` if it is a valid topic or group name (1-127 of [A-Za-z0-9_%|-]),
+    else 400: nothing else is ever looked up or forwarded into another
+    server's path."""
     if not valid_topic(name):
         raise ApiError(400, "INVALID_REQUEST",
-                       f"invalid {key} name {name[:200]!r}: 1-127 characters of [A-Za-z0-9_%|-]")
+                       f"invalid {what} name {name[:200]!r}: 1-127 characters of"
+                       " [A-Za-z0-9_%|-]")
     return name
+
+
+def path_name(request: web.Request, key: str) -> str:
+    """The topic or consumer group name `key` of the path, checked."""
+    return checked_name(request.match_info[key], key)
 
 
 def message_id(request: web.Request) -> tuple[str, int]:
