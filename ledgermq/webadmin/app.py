@@ -203,6 +203,8 @@ def auth_middleware(auth: AdminAuth, failures: Counter | None = None
                     request.path, request.remote, access_key, reason)
         if failures is not None:
             failures.labels("admin", reason).inc()
+        if reason == "replay_cache_full":  # the signature was good: retrying later works
+            return ApiError(429, "TOO_MANY_REQUESTS", message)
         return ApiError(401, "UNAUTHENTICATED", message)
 
     @web.middleware
