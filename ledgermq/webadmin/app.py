@@ -175,10 +175,10 @@ def may_write(principal: Principal) -> bool:
     return principal.admin or principal.cluster_member
 
 
-# Routes anyone may read (by the route matched, never by the path's text: a
-# `/static/%2e%2e/api/...` must not count as a static file): the dashboard's
-# page and files and the API description; /metrics and report files too
-# unless metrics_auth.
+# Routes anyone may read, decided by the route the router matched (one rule
+# with the router, whatever the path's spelling): the dashboard's page and
+# files and the API description; /metrics and report files too unless
+# metrics_auth.
 _ALWAYS_PUBLIC = frozenset({"/", "/openapi.json", "/static"})
 _METRICS_ROUTES = frozenset({"/metrics", "/reports/{path}"})
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from aiohttp import web
 from ops.support import http, signed
 
 from ledgermq.base import loop
-from ledgermq.broker.launcher import REPO
+from ledgermq.broker.launcher import REPO, LocalCluster
 from ledgermq.webadmin.app import (
     PRINCIPAL,
     AdminAuth,
@@ -151,3 +152,40 @@ def test_namesrv_refuses_an_open_admin_app_on_every_interface() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_broker_refuses_an_open_admin_app_on_every_interface(tmp_path: Path) -> None:
+    """A real broker process with admin_listen on 0.0.0.0 and no cluster
+    secret does not come up, and says why."""
+    cluster = LocalCluster(tmp_path, nodes=1, settings={"admin_listen": "0.0.0.0:0"})
+    with pytest.raises(RuntimeError):
+        cluster.start(timeout=30)
+    log = (tmp_path / "logs" / "n1.log").read_text()
+    assert "without authentication" in log and "allow_open" in log, log[-2000:]
+    assert not cluster.alive()
+
+
+def test_metrics_auth_and_public_routes() -> None:
+    """With authentication on, /metrics and report files are public unless
+    metrics_auth; the dashboard's files always are."""
+    from prometheus_client import CollectorRegistry
+
+    from ledgermq.webadmin.app import add_common_routes
+
+    async def main() -> None:
+        for metrics_auth in (False, True):
+            app = _app(AdminAuth(keys=KEYS, metrics_auth=metrics_auth), [])
+            add_common_routes(app, registry=CollectorRegistry(), openapi={"openapi": "3.1.0"},
+                              reports_dir="", kind="broker")
+            runner, url = await start_site(app, "127.0.0.1", 0)
+            try:
+                for path in ("/", "/static/app.js", "/openapi.json"):
+                    assert (await http("GET", url + path))[0] == 200, path
+                status, _ = await http("GET", f"{url}/metrics")
+                assert status == (401 if metrics_auth else 200)
+                status, _, _ = await signed("GET", f"{url}/metrics", credentials=READER)
+                assert status == 200
+            finally:
+                await runner.cleanup()
+
+    loop.run(main())
