@@ -10,6 +10,11 @@ go through the Raft log and so need the ready leader: elsewhere they get 409
 NOT_LEADER with the leader's client and admin addresses. The NameServer's
 admin app (namesrv/admin_http.py) forwards writes to the right leader, which
 is what the CLI and the dashboard use.
+
+With a cluster secret, every API request must be signed by a key of the
+broker's KeyStore and writes need an administrator (or the NameServer's app,
+signing as a cluster member); see webadmin/app.py `AdminAuth` and
+docs/security-admin.md. With `tls_cert_file` the app serves HTTPS.
 """
 
 from __future__ import annotations
@@ -27,24 +32,33 @@ from ledgermq.base.address import split_host_port
 from ledgermq.base.clock import monotonic_ms
 from ledgermq.base.errors import LedgerMQError, NotLeaderError
 from ledgermq.broker.codec import message_view
+from ledgermq.broker.config import BrokerConfig
 from ledgermq.broker.control import MAX_QUEUES, PERM_RW, offsets_reset, topic_delete, topic_put
 from ledgermq.broker.metrics import Instruments, broker_registry
 from ledgermq.broker.view import BrokerView
 from ledgermq.webadmin.app import (
+    AdminAuth,
     ApiError,
     add_common_routes,
     add_operations,
+    auth_failures,
+    check_exposure,
     field,
     group_view,
     int_param,
     json_response,
     make_app,
+    message_id,
     node_row,
+    path_name,
     read_json,
     start_site,
+    tls_context,
     wire_status,
 )
 from ledgermq.webadmin.openapi import openapi_document
+from ledgermq.webadmin.signing import StaticKeyStore
+from ledgermq.wire.auth import CLUSTER_KEY, KeyStore, Principal, read_secret_file
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +79,21 @@ def body_view(body: bytes) -> dict[str, Any]:
     return out
 
 
+def config_keystore(config: BrokerConfig) -> KeyStore | None:
+    """The keys a broker knows from its configuration: the cluster key (cluster
+    members) and the bootstrap administrator; None without a cluster secret
+    (authentication off). Reads the secret files, so a missing or
+    group-readable one stops the broker at start."""
+    if not config.cluster_secret_file:
+        return None
+    keys = {CLUSTER_KEY: (read_secret_file(config.cluster_secret_file),
+                          Principal(CLUSTER_KEY, cluster_member=True))}
+    if config.admin_secret_file:
+        keys[config.admin_access_key] = (read_secret_file(config.admin_secret_file),
+                                         Principal(config.admin_access_key, admin=True))
+    return StaticKeyStore(keys)
+
+
 class BrokerAdmin:
     """The admin app of one broker: `await start()`, later `await close()`."""
 
@@ -75,7 +104,9 @@ class BrokerAdmin:
         self.runner: web.AppRunner | None = None
         self.url: str | None = None
         cfg = broker.config
-        self.app = make_app(cfg.admin_token)
+        self.auth = AdminAuth(keys=broker.keystore, token=cfg.admin_token,
+                              metrics_auth=cfg.metrics_auth)
+        self.app = make_app(self.auth, auth_failures(self.registry))
         add_common_routes(self.app, registry=self.registry, openapi=openapi_document("broker"),
                           reports_dir=cfg.reports_dir, kind="broker")
         add_operations(self.app, "broker", {
@@ -88,8 +119,12 @@ class BrokerAdmin:
         })
 
     async def start(self) -> str:
-        host, port = split_host_port(self.b.config.admin_listen)
-        self.runner, self.url = await start_site(self.app, host, port)
+        cfg = self.b.config
+        host, port = split_host_port(cfg.admin_listen)
+        check_exposure(f"broker {cfg.group}/n{cfg.node_id} admin app", host, self.auth,
+                       cfg.allow_open)
+        self.runner, self.url = await start_site(
+            self.app, host, port, tls_context(cfg.tls_cert_file, cfg.tls_key_file))
         return self.url
 
     async def close(self) -> None:
@@ -173,7 +208,7 @@ class BrokerAdmin:
                                          for t in sorted(self.b.state.topics)]})
 
     async def describe_topic(self, request: web.Request) -> web.Response:
-        return json_response(self._topic_view(request.match_info["topic"]))
+        return json_response(self._topic_view(path_name(request, "topic")))
 
     def _topic_fields(self, body: dict[str, Any], queues_default: Any, perm_default: Any
                       ) -> tuple[int, int]:
@@ -196,7 +231,7 @@ class BrokerAdmin:
         return json_response(self._topic_view(topic), 201)
 
     async def update_topic(self, request: web.Request) -> web.Response:
-        topic = request.match_info["topic"]
+        topic = path_name(request, "topic")
         body = await read_json(request)
         current = self._topic(topic)
         queues, perm = self._topic_fields(body, current.queues, current.perm)
@@ -208,7 +243,7 @@ class BrokerAdmin:
         return json_response(self._topic_view(topic))
 
     async def delete_topic(self, request: web.Request) -> web.Response:
-        topic = request.match_info["topic"]
+        topic = path_name(request, "topic")
         self._topic(topic)
         await self._submit(topic_delete(topic))
         return json_response({"topic": topic, "deleted": topic not in self.b.state.topics})
@@ -244,7 +279,7 @@ class BrokerAdmin:
         return json_response({"consumer_groups": groups})
 
     async def consumer_group(self, request: web.Request) -> web.Response:
-        name = request.match_info["group"]
+        name = path_name(request, "group")
         rows = self._group_rows(name).get(name)
         members = self._members().get(name, [])
         if rows is None and not members:
@@ -260,7 +295,7 @@ class BrokerAdmin:
         after `timestamp_ms` (RocketMQ resetOffsetByTime), or to `offset`
         (clamped to each queue's range), of every queue or of `queue_id` only,
         through the log. `dry_run`: answer the same, change nothing."""
-        name = request.match_info["group"]
+        name = path_name(request, "group")
         body = await read_json(request)
         topic = field(body, "topic", str)
         by_time = "offset" not in body
@@ -305,15 +340,7 @@ class BrokerAdmin:
         read at that offset, and served only when a ConsumeQueue unit points at
         it (so only committed messages, and never bytes that are not a record)."""
         msg_id = request.match_info["msg_id"]
-        group, sep, hex_offset = msg_id.rpartition("@")
-        try:
-            if not sep or len(hex_offset) != 16:
-                raise ValueError
-            offset = int(hex_offset, 16)
-        except ValueError:
-            raise ApiError(400, "INVALID_REQUEST",
-                           f"malformed message id {msg_id!r}: expected <group>@<16 hex digits>") \
-                from None
+        group, offset = message_id(request)
         if group != self.b.config.group:
             raise ApiError(404, "NOT_FOUND",
                            f"message id {msg_id!r} belongs to group {group!r}, not"

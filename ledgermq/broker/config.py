@@ -94,6 +94,10 @@ class BrokerConfig:
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_ca_file: str = ""
+    # With authentication on, /metrics and the report files of the admin app
+    # need a signed request too (default: readable by scrapers, like the
+    # dashboard's static files).
+    metrics_auth: bool = False
     # Resource bounds of the client port (docs/security-bounds.md): the
     # largest frame, the bytes all partial frames and requests in flight may
     # hold together, how long a started frame may take to arrive, how long a
@@ -261,8 +265,9 @@ def validate(config: BrokerConfig) -> None:
                  "admin_secret_file", "tls_cert_file", "tls_key_file", "tls_ca_file"):
         if not isinstance(getattr(config, name), str):
             raise BrokerConfigError(f"{name} must be a string")
-    if not isinstance(config.allow_open, bool):
-        raise BrokerConfigError("allow_open must be true or false")
+    for name in ("allow_open", "metrics_auth"):
+        if not isinstance(getattr(config, name), bool):
+            raise BrokerConfigError(f"{name} must be true or false")
     if bool(config.tls_cert_file) != bool(config.tls_key_file):
         raise BrokerConfigError("tls_cert_file and tls_key_file are given together")
 

@@ -46,7 +46,7 @@ from ledgermq.base.errors import (
 )
 from ledgermq.base.tasks import cancel_and_wait
 from ledgermq.broker import rollback
-from ledgermq.broker.admin_http import BrokerAdmin
+from ledgermq.broker.admin_http import BrokerAdmin, config_keystore
 from ledgermq.broker.codec import Records
 from ledgermq.broker.config import BrokerConfig, split_address
 from ledgermq.broker.control import encode_control
@@ -124,6 +124,8 @@ class Broker:
         self.controls: GroupCommitter[ControlOp, int] | None = None
         self.entry_limit = 0
         self.admin: BrokerAdmin | None = None  # when admin_listen is set
+        # Whose signatures the admin app accepts (None: authentication off).
+        self.keystore = config_keystore(config)
         # Set when the node asks for this process to restart (a rollback after
         # a committed divergence, see broker/rollback.py); `serve` obeys it.
         self.restart_requested = asyncio.Event()

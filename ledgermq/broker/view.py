@@ -27,6 +27,7 @@ from ledgermq.broker.members import Membership
 from ledgermq.broker.runtime import RaftRuntime
 from ledgermq.broker.state import BrokerState, Stored
 from ledgermq.wire import RpcServer
+from ledgermq.wire.auth import KeyStore
 
 ControlOp = dict[str, Any]  # one control operation (broker.control builds them)
 
@@ -102,6 +103,10 @@ class BrokerView(Protocol):
 
     @property
     def rpc(self) -> RpcServer | None: ...
+
+    @property
+    def keystore(self) -> KeyStore | None:
+        """Whose signatures the admin app accepts; None: authentication is off."""
 
     @property
     def advertised(self) -> str:

@@ -6,7 +6,12 @@ node's BROKER_STATUS over the wire protocol (1 s timeout per node, in
 parallel), so a dead node shows up as unreachable instead of hiding the rest.
 Everything else is forwarded over HTTP to the brokers' admin apps (their URLs
 come from those statuses): reads to the group's leader or, failing that, any
-node that answers; writes to the leader, with the caller's token passed on.
+node that answers; writes to the leader. Forwarded requests are signed as a
+cluster member (CLUSTER_KEY and the cluster secret) once this app has
+authorised the caller itself (docs/security-admin.md); without a cluster
+secret the caller's admin token, if any, is passed on. Path parameters are
+checked to be valid names before anything is forwarded (a `..%2F..%2Fx` topic
+is a 400 here, never a path on a broker).
 
 This is what the dashboard and the CLI talk to: it is not a broker, so killing
 any broker leaves the page and the commands working (docs/operations.md).
@@ -15,12 +20,16 @@ any broker leaves the page and the commands working (docs/operations.md).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import ssl
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from ledgermq.base.address import split_host_port
 from ledgermq.base.clock import monotonic_ms
@@ -28,20 +37,30 @@ from ledgermq.namesrv.metrics import namesrv_registry
 from ledgermq.namesrv.view import NameServerView
 from ledgermq.webadmin.app import (
     API,
+    AdminAuth,
     ApiError,
     add_common_routes,
     add_operations,
+    auth_failures,
+    check_exposure,
+    checked_name,
     field,
     group_view,
     json_response,
     make_app,
+    message_id,
     node_row,
+    path_name,
     read_json,
     request_token,
     start_site,
+    tls_context,
     wire_status,
 )
 from ledgermq.webadmin.openapi import openapi_document
+from ledgermq.webadmin.signing import StaticKeyStore, authorization
+from ledgermq.wire.auth import CLUSTER_KEY, Credentials, Principal
+from ledgermq.wire.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +68,60 @@ STATUS_TIMEOUT = 1.0
 FORWARD_TIMEOUT = 15.0
 
 
+@dataclass(frozen=True)
+class AdminSecurity:
+    """How the NameServer's admin app authenticates (docs/security-admin.md).
+
+    `cluster_secret`: authentication on; the cluster key is known, and
+    forwarded requests are signed with it. `admin`: the administrator's
+    credentials from the command line (`--admin-access-key/--admin-secret-file`),
+    the only user a NameServer knows (users of the replicated ACL live in the
+    brokers). `token`: the pre-signing admin token, used only without a
+    cluster secret. `tls_ca_file` verifies brokers' https admin apps.
+    """
+
+    cluster_secret: bytes | None = None
+    admin: Credentials | None = None
+    token: str = ""
+    allow_open: bool = False
+    metrics_auth: bool = False
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+
+    def auth(self) -> AdminAuth:
+        if self.cluster_secret is None:
+            return AdminAuth(token=self.token, metrics_auth=self.metrics_auth)
+        keys = {CLUSTER_KEY: (self.cluster_secret, Principal(CLUSTER_KEY, cluster_member=True))}
+        if self.admin is not None:
+            keys[self.admin.access_key] = (self.admin.secret,
+                                           Principal(self.admin.access_key, admin=True))
+        return AdminAuth(keys=StaticKeyStore(keys), metrics_auth=self.metrics_auth)
+
+    @property
+    def member(self) -> Credentials | None:
+        """What forwarded requests are signed with."""
+        if self.cluster_secret is None:
+            return None
+        return Credentials(CLUSTER_KEY, self.cluster_secret)
+
+
 class NameServerAdmin:
     """`await start()` binds the app; `await close()` stops it."""
 
-    def __init__(self, server: NameServerView, listen: str, *, token: str = "",
-                 reports_dir: str = "") -> None:
+    def __init__(self, server: NameServerView, listen: str, *, reports_dir: str = "",
+                 security: AdminSecurity | None = None) -> None:
         self.server = server
         self.listen = listen
+        self.security = security or AdminSecurity()
+        self.auth = self.security.auth()
         self.registry = namesrv_registry(server)
         self.runner: web.AppRunner | None = None
         self.url: str | None = None
         self._session: aiohttp.ClientSession | None = None
-        self.app = make_app(token)
+        self._ssl: ssl.SSLContext | bool = (client_context(self.security.tls_ca_file)
+                                            if self.security.tls_ca_file else True)
+        self.app = make_app(self.auth, auth_failures(self.registry))
         add_common_routes(self.app, registry=self.registry,
                           openapi=openapi_document("namesrv"), reports_dir=reports_dir,
                           kind="namesrv")
@@ -75,9 +136,12 @@ class NameServerAdmin:
 
     async def start(self) -> str:
         host, port = split_host_port(self.listen)
+        check_exposure("NameServer admin app", host, self.auth, self.security.allow_open)
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT))
-        self.runner, self.url = await start_site(self.app, host, port)
+        self.runner, self.url = await start_site(
+            self.app, host, port,
+            tls_context(self.security.tls_cert_file, self.security.tls_key_file))
         return self.url
 
     async def close(self) -> None:
@@ -126,18 +190,26 @@ class NameServerAdmin:
     async def _call(self, request: web.Request, url: str, method: str, path: str,
                     body: Any = None) -> tuple[int, Any]:
         assert self._session is not None
-        headers = {}
-        token = request_token(request)
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        query = request.query_string
+        query = request.rel_url.raw_query_string
         target = f"{url}{path}" + (f"?{query}" if query and method == "GET" else "")
-        async with self._session.request(method, target, json=body, headers=headers) as resp:
+        data = json.dumps(body).encode() if body is not None else b""
+        headers = {"Content-Type": "application/json"} if data else {}
+        member = self.security.member
+        if member is not None:
+            # This app authorised the caller; the broker is told by a member.
+            parts = urlsplit(target)
+            headers["Authorization"] = authorization(member, method, parts.path, parts.query,
+                                                     data)
+        elif token := request_token(request):
+            headers["Authorization"] = f"Bearer {token}"
+        # encoded=True: the request goes out exactly as signed.
+        async with self._session.request(method, URL(target, encoded=True), data=data or None,
+                                         headers=headers, ssl=self._ssl) as resp:
             try:
-                data = await resp.json(content_type=None)
+                answer = await resp.json(content_type=None)
             except ValueError:
-                data = {"error": {"code": "BAD_GATEWAY", "message": await resp.text()}}
-            return resp.status, data
+                answer = {"error": {"code": "BAD_GATEWAY", "message": await resp.text()}}
+            return resp.status, answer
 
     async def _to_group(self, request: web.Request, name: str, group: dict[str, Any],
                         method: str, path: str, body: Any = None,
@@ -213,7 +285,7 @@ class NameServerAdmin:
         return json_response({"topics": topics, "unreachable_groups": unreachable})
 
     async def describe_topic(self, request: web.Request) -> web.Response:
-        topic = request.match_info["topic"]
+        topic = path_name(request, "topic")
         answers = await self._to_each(request, "GET", f"{API}/topics/{quote(topic)}")
         groups = {g: d for g, (s, d) in answers.items() if s == 200}
         if not groups:
@@ -234,7 +306,7 @@ class NameServerAdmin:
 
     async def change_topic(self, request: web.Request) -> web.Response:
         """PUT / DELETE: on every group that has the topic."""
-        topic = request.match_info["topic"]
+        topic = path_name(request, "topic")
         body = await read_json(request) if request.method == "PUT" else None
         path = f"{API}/topics/{quote(topic)}"
         having = await self._to_each(request, "GET", path)
@@ -265,7 +337,7 @@ class NameServerAdmin:
         return json_response({"consumer_groups": [merged[k] for k in sorted(merged)]})
 
     async def consumer_group(self, request: web.Request) -> web.Response:
-        name = request.match_info["group"]
+        name = path_name(request, "group")
         answers = await self._to_each(request, "GET", f"{API}/consumer-groups/{quote(name)}")
         found = {g: d for g, (s, d) in answers.items() if s == 200}
         if not found:
@@ -284,9 +356,9 @@ class NameServerAdmin:
                               "lag": sum(q["lag"] for qs in topics.values() for q in qs)})
 
     async def reset_offsets(self, request: web.Request) -> web.Response:
-        name = request.match_info["group"]
+        name = path_name(request, "group")
         body = await read_json(request)
-        topic = field(body, "topic", str)
+        topic = checked_name(field(body, "topic", str), "topic")
         field(body, "timestamp_ms" if "offset" not in body else "offset", int)
         having = await self._to_each(request, "GET", f"{API}/topics/{quote(topic)}")
         groups = [g for g, (s, _) in having.items() if s == 200]
@@ -304,10 +376,7 @@ class NameServerAdmin:
 
     async def message_by_id(self, request: web.Request) -> web.Response:
         msg_id = request.match_info["msg_id"]
-        group, sep, _ = msg_id.rpartition("@")
-        if not sep or not group:
-            raise ApiError(400, "INVALID_REQUEST",
-                           f"malformed message id {msg_id!r}: expected <group>@<16 hex digits>")
+        group, _ = message_id(request)
         answers = await self._to_each(request, "GET", f"{API}/messages/{quote(msg_id)}",
                                       only=group)
         status, data = answers[group]
@@ -317,6 +386,7 @@ class NameServerAdmin:
         if not request.query.get("topic") or not request.query.get("key"):
             raise ApiError(400, "INVALID_REQUEST", "query parameters 'topic' and 'key' are"
                            " required (look up by id with /api/v1/messages/<msg_id>)")
+        checked_name(request.query["topic"], "topic")
         answers = await self._to_each(request, "GET", f"{API}/messages")
         ok = {g: d for g, (s, d) in answers.items() if s == 200}
         if not ok:

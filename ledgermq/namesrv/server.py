@@ -27,7 +27,7 @@ from ledgermq.base.clock import monotonic_ms
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import InvalidRequestError, UnknownBrokerError
 from ledgermq.base.tasks import cancel_and_wait
-from ledgermq.namesrv.admin_http import NameServerAdmin
+from ledgermq.namesrv.admin_http import AdminSecurity, NameServerAdmin
 from ledgermq.namesrv.registry import DEFAULT_EXPIRY_MS, BrokerRegistration, RouteRegistry
 from ledgermq.wire import Connection, RpcServer
 from ledgermq.wire.codec import DEFAULT_MAX_FRAME_BYTES
@@ -134,20 +134,21 @@ async def serve(
     stop: asyncio.Event,
     on_ready: Any = None,
     admin_listen: str = "",
-    admin_token: str = "",
+    admin_security: AdminSecurity | None = None,
     reports_dir: str = "",
     on_admin_ready: Any = None,
 ) -> None:
     """Run a NameServer until `stop` is set; `on_ready(host, port)` is called
     once it is listening. With `admin_listen`, the HTTP admin app
-    (namesrv/admin_http.py) runs too and `on_admin_ready(url)` is called."""
+    (namesrv/admin_http.py) runs too, authenticating as `admin_security`
+    says, and `on_admin_ready(url)` is called."""
     server = NameServer(expiry_ms=expiry_ms)
     bound = await server.start(host, port)
     admin = None
     try:
         if admin_listen:
-            admin = NameServerAdmin(server, admin_listen, token=admin_token,
-                                    reports_dir=reports_dir)
+            admin = NameServerAdmin(server, admin_listen, reports_dir=reports_dir,
+                                    security=admin_security)
             url = await admin.start()
             if on_admin_ready is not None:
                 on_admin_ready(url)

@@ -2,14 +2,16 @@
 
 Both apps speak the same JSON dialect, so the dashboard and `ledgermq status /
 topic / group` work against either: errors are `{"error": {"code", "message",
-"data"}}` with a matching HTTP status, admin writes need the configured token,
+"data"}}` with a matching HTTP status; with authentication on every API
+request is signed (signing.py) and writes need an administrator, without it
+writes need the configured token if any (`AdminAuth`, docs/security-admin.md);
 `/metrics` serves a prometheus-client registry, `/openapi.json` the API
 description, `/` the dashboard (static files in ledgermq/dashboard/) and
 `/api/v1/reports` the chaos and audit reports found in a directory.
 
 This module lives in the shared layer because the NameServer may not import
 the broker (tests/test_layers.py); it depends on nothing of ours but the error
-codes.
+codes, the name rules and the wire's keys and TLS contexts.
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ from __future__ import annotations
 import base64
 import errno
 import hmac
+import ipaddress
 import json
 import logging
 import mimetypes
 import os
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,13 +35,18 @@ from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
+    Counter,
     disable_created_metrics,
     generate_latest,
 )
 
+from commitlog.message import valid_topic
 from ledgermq.base.address import split_host_port
 from ledgermq.base.errors import ErrorCode, LedgerMQError
 from ledgermq.webadmin.openapi import COMMON_OPERATIONS, operations
+from ledgermq.webadmin.signing import SCHEME, SignatureError, Verifier
+from ledgermq.wire.auth import ANONYMOUS, KeyStore, Principal
+from ledgermq.wire.tls import server_context
 
 log = logging.getLogger(__name__)
 
@@ -133,23 +143,107 @@ async def error_middleware(request: web.Request,
         return json_response(error_body("INTERNAL", f"{type(exc).__name__}: {exc}"), 500)
 
 
-def token_middleware(token: str) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Writes under /api need `Authorization: Bearer <token>` (or
-    `X-Admin-Token`) when a token is configured; reads stay open so that
-    dashboards and scrapers need no secret."""
+@dataclass(frozen=True)
+class AdminAuth:
+    """Who may call an admin app (docs/security-admin.md).
+
+    `keys` set (the server has a cluster secret): auth is on, and every /api
+    request must be signed (signing.py) by a key it knows; writes need an
+    admin principal. `keys` None: auth is off, requests are anonymous, and
+    `token` (the pre-signing `admin_token`) guards writes when set.
+    `metrics_auth`: /metrics and /reports/ need a signature too (default: they
+    stay readable, like the dashboard's static files, for scrapers).
+    """
+
+    keys: KeyStore | None = None
+    token: str = ""
+    metrics_auth: bool = False
+
+    @property
+    def on(self) -> bool:
+        return self.keys is not None
+
+
+# Who sent the request, set by auth_middleware: request[PRINCIPAL].
+PRINCIPAL = web.RequestKey("principal", Principal)
+
+
+def may_write(principal: Principal) -> bool:
+    """The admin API's write policy, the wire's admin operations' too: an
+    administrator, or a cluster member (the NameServer's admin app forwarding
+    a write it already authorised)."""
+    return principal.admin or principal.cluster_member
+
+
+# Routes anyone may read, decided by the route the router matched (one rule
+# with the router, whatever the path's spelling): the dashboard's page and
+# files and the API description; /metrics and report files too unless
+# metrics_auth.
+_ALWAYS_PUBLIC = frozenset({"/", "/openapi.json", "/static"})
+_METRICS_ROUTES = frozenset({"/metrics", "/reports/{path}"})
+
+
+def _public(request: web.Request, metrics_auth: bool) -> bool:
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else ""
+    return route in _ALWAYS_PUBLIC or (not metrics_auth and route in _METRICS_ROUTES)
+
+
+def auth_middleware(auth: AdminAuth, failures: Counter | None = None
+                    ) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Authenticate each request and enforce the write policy. Sets
+    request[PRINCIPAL]. A refusal is a JSON 401 (no or bad credentials) or
+    403 (authenticated, not allowed), logged as one WARNING line (peer and
+    access key, never a signature) and counted in `failures` by reason."""
+    verifier = Verifier(auth.keys) if auth.keys is not None else None
+
+    def refuse(request: web.Request, reason: str, message: str, access_key: str = ""
+               ) -> ApiError:
+        log.warning("admin auth refused %s %s from %s (access key %r): %s", request.method,
+                    request.path, request.remote, access_key, reason)
+        if failures is not None:
+            failures.labels("admin", reason).inc()
+        if reason == "replay_cache_full":  # the signature was good: retrying later works
+            return ApiError(429, "TOO_MANY_REQUESTS", message)
+        return ApiError(401, "UNAUTHENTICATED", message)
 
     @web.middleware
     async def check(request: web.Request,
                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                     ) -> web.StreamResponse:
-        if token and request.method in WRITE_METHODS and request.path.startswith("/api/"):
+        write = request.method in WRITE_METHODS
+        principal = ANONYMOUS
+        if verifier is not None and not _public(request, auth.metrics_auth):
+            header = request.headers.get("Authorization", "")
+            if not header:
+                raise refuse(request, "missing", "this admin API requires signed requests"
+                             f" ({SCHEME}; see docs/security.md): give an access key and"
+                             " its secret (--access-key/--secret-file)")
+            if header.lower().startswith("bearer "):
+                raise refuse(request, "bearer", "admin tokens are not accepted when"
+                             f" authentication is on: sign requests with {SCHEME}")
+            body = await request.read()  # kept by aiohttp for the handler
+            path, _, query = request.raw_path.partition("?")
+            try:
+                principal = verifier.verify(header, request.method, path, query, body)
+            except SignatureError as exc:
+                raise refuse(request, exc.reason, exc.message, exc.access_key) from None
+            if write and request.path.startswith("/api/") and not may_write(principal):
+                log.warning("admin auth refused %s %s from %s: %r is not an administrator",
+                            request.method, request.path, request.remote, principal.name)
+                if failures is not None:
+                    failures.labels("admin", "forbidden").inc()
+                raise ApiError(403, "NO_PERMISSION", f"{principal.name!r} may not change the"
+                               " cluster: this needs an administrator")
+        elif verifier is None and auth.token and write and request.path.startswith("/api/"):
             given = request_token(request)
             if not given:
                 raise ApiError(401, "TOKEN_REQUIRED",
                                "this admin API requires a token for writes:"
                                " send 'Authorization: Bearer <token>'")
-            if not hmac.compare_digest(given.encode(), token.encode()):
+            if not hmac.compare_digest(given.encode(), auth.token.encode()):
                 raise ApiError(403, "TOKEN_INVALID", "the admin token is wrong")
+        request[PRINCIPAL] = principal
         return await handler(request)
 
     return check
@@ -160,6 +254,71 @@ def request_token(request: web.Request) -> str:
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
     return request.headers.get("X-Admin-Token", "").strip()
+
+
+def auth_failures(registry: CollectorRegistry) -> Counter:
+    """The refusals counter of an admin app, in its server's registry."""
+    return Counter("ledgermq_auth_failures_total",
+                   "Requests refused for want of valid credentials, by port and reason.",
+                   ("port", "reason"), registry=registry)
+
+
+def checked_name(name: str, what: str) -> str:
+    """`name` if it is a valid topic or group name (1-127 of [A-Za-z0-9_%|-]),
+    else 400: nothing else is ever looked up or forwarded into another
+    server's path."""
+    if not valid_topic(name):
+        raise ApiError(400, "INVALID_REQUEST",
+                       f"invalid {what} name {name[:200]!r}: 1-127 characters of"
+                       " [A-Za-z0-9_%|-]")
+    return name
+
+
+def path_name(request: web.Request, key: str) -> str:
+    """The topic or consumer group name `key` of the path, checked."""
+    return checked_name(request.match_info[key], key)
+
+
+def message_id(request: web.Request) -> tuple[str, int]:
+    """(broker group, physical offset) of the path's `<group>@<16 hex>` id; 400 otherwise."""
+    msg_id = request.match_info["msg_id"]
+    group, sep, hex_offset = msg_id.rpartition("@")
+    if not (sep and valid_topic(group) and len(hex_offset) == 16
+            and all(c in "0123456789abcdefABCDEF" for c in hex_offset)):
+        raise ApiError(400, "INVALID_REQUEST",
+                       f"malformed message id {msg_id[:200]!r}: expected <group>@<16 hex digits>")
+    return group, int(hex_offset, 16)
+
+
+class ExposureError(RuntimeError):
+    """An admin app that would listen beyond loopback without authentication."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(what: str, host: str, auth: AdminAuth, allow_open: bool) -> None:
+    """The rule of every port: without authentication, listen on loopback only,
+    unless explicitly told to run open (then warn loudly)."""
+    if auth.on:
+        return
+    if is_loopback(host):
+        log.warning("%s on %s runs without authentication (loopback only; configure a"
+                    " cluster secret to turn it on)", what, host)
+        return
+    if not allow_open:
+        raise ExposureError(
+            f"{what} would listen on {host or 'every interface'} without authentication:"
+            " configure a cluster secret (cluster_secret_file) or set allow_open to run open")
+    log.warning("!!! %s listens on %s WITHOUT AUTHENTICATION (allow_open): anyone who can"
+                " reach it can read the cluster%s !!!", what, host,
+                "" if auth.token else " and change it")
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
@@ -324,22 +483,35 @@ def add_operations(app: web.Application, kind: str, handlers: Mapping[str, Handl
             app.router.add_route(op.method.upper(), op.path, handlers[op.name])
 
 
-def make_app(token: str) -> web.Application:
-    return web.Application(middlewares=[error_middleware, token_middleware(token)],
+def make_app(auth: AdminAuth, failures: Counter | None = None) -> web.Application:
+    return web.Application(middlewares=[error_middleware, auth_middleware(auth, failures)],
                            client_max_size=1 << 20)
 
 
-async def start_site(app: web.Application, host: str, port: int
+async def start_site(app: web.Application, host: str, port: int,
+                     ssl_context: ssl.SSLContext | None = None
                      ) -> tuple[web.AppRunner, str]:
-    """Serve `app` on host:port (0 picks a port); (runner, base URL)."""
+    """Serve `app` on host:port (0 picks a port), over TLS with `ssl_context`;
+    (runner, base URL)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     addresses = runner.addresses  # the bound sockets' names: port 0 became a real port
     bound = addresses[0][1] if addresses else port
     shown = host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-    return runner, f"http://{shown}:{bound}"
+    if ":" in shown:
+        shown = f"[{shown}]"
+    return runner, f"{'https' if ssl_context else 'http'}://{shown}:{bound}"
+
+
+def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext | None:
+    """The admin app's TLS context when a certificate is configured. Client
+    certificates are not asked for: browsers and the CLI authenticate with
+    signed requests (the wire ports' mutual TLS is theirs alone)."""
+    if not cert_file:
+        return None
+    return server_context(cert_file, key_file)
 
 
 async def wire_request(address: str, code: int, body: Any = None,
@@ -405,33 +577,10 @@ DEFAULT_ADMIN_URL = "http://127.0.0.1:9877"
 
 
 class AdminApiError(Exception):
-    """An error answer of the admin API, as the CLI shows it."""
+    """An error answer of the admin API, as the CLI shows it (the client is
+    ledgermq.client.admin.AdminApi)."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
-
-
-async def api_call(base_url: str, method: str, path: str, body: Any = None,
-                   token: str = "", timeout: float = 20.0) -> Any:
-    """One admin API call (`path` relative to /api/v1); the JSON answer, or
-    AdminApiError. What `ledgermq status / topic / group` use."""
-    import aiohttp
-
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    url = f"{base_url.rstrip('/')}{API}/{path.lstrip('/')}"
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
-        try:
-            async with session.request(method, url, json=body, headers=headers) as resp:
-                try:
-                    data = await resp.json(content_type=None)
-                except ValueError:
-                    data = {"error": {"code": "BAD_ANSWER", "message": await resp.text()}}
-        except aiohttp.ClientError as exc:
-            raise AdminApiError(0, "UNREACHABLE", f"{url}: {exc}") from None
-    if resp.status >= 400:
-        err = data.get("error", {}) if isinstance(data, dict) else {}
-        raise AdminApiError(resp.status, str(err.get("code", "HTTP_ERROR")),
-                            str(err.get("message", data)))
-    return data

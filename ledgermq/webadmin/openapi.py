@@ -51,8 +51,7 @@ OPERATIONS: list[Operation] = [
                                                           "maximum": 1024},
                   "perm": {"type": "integer", "enum": [0, 2, 4, 6]},
                   "group": {"type": "string", "description": "NameServer only: one broker group"}}},
-              {201: "the topic", 400: "bad input", 401: "token missing", 403: "token wrong",
-               409: "this broker is not the leader"}),
+              {201: "the topic", 400: "bad input", 409: "this broker is not the leader"}),
     Operation("get", "/api/v1/topics/{topic}", "describe_topic",
               "One topic: queues and their offsets.", "both", None,
               {200: "the topic", 404: "unknown topic"}),
@@ -126,9 +125,14 @@ def openapi_document(kind: str) -> dict[str, Any]:
         if schema is not None:
             op["requestBody"] = {"required": True,
                                  "content": {"application/json": {"schema": schema}}}
+        # Signed by any key for reads, by an administrator for writes (when
+        # the server has a cluster secret); else the token for writes.
+        op["security"] = ([{"signed": []}, {"token": []}] if method != "get"
+                          else [{"signed": []}, {}])
+        answers = {**answers, 401: answers.get(401, "no valid signature (or token)")}
         if method != "get":
-            op["security"] = [{"token": []}]
-        for status, text in answers.items():
+            answers[403] = answers.get(403, "not an administrator (or a wrong token)")
+        for status, text in sorted(answers.items()):
             body = _ERROR if status >= 400 else _OBJ
             op["responses"][str(status)] = {
                 "description": text, "content": {"application/json": {"schema": body}}}
@@ -141,10 +145,19 @@ def openapi_document(kind: str) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": f"LedgerMQ {kind} admin API", "version": "1",
                  "description": "JSON in and out; errors are {error: {code, message, data}}."
-                                " Writes need the admin token when one is configured."},
+                                " With a cluster secret every request is signed"
+                                " (Authorization: LMQ-HMAC-SHA256 ..., docs/security.md) and"
+                                " writes need an administrator; without one, writes need the"
+                                " admin token when one is configured."},
         "paths": paths,
         "components": {
-            "securitySchemes": {"token": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "signed": {"type": "http", "scheme": "LMQ-HMAC-SHA256",
+                           "description": "Credential, Timestamp, Nonce, Signature over the"
+                                          " canonical request (docs/security.md)"},
+                "token": {"type": "http", "scheme": "bearer",
+                          "description": "admin_token, only on servers without a cluster"
+                                         " secret"}},
             "schemas": {"Error": {"type": "object", "required": ["error"], "properties": {
                 "error": {"type": "object", "required": ["code", "message"], "properties": {
                     "code": {"type": "string"}, "message": {"type": "string"},

@@ -35,6 +35,7 @@ ACCESS_KEY_MAX = 128
 # Domain separation: a proof made for one purpose never verifies for another.
 _CLIENT = b"ledgermq-auth-v1 client\x00"
 _SERVER = b"ledgermq-auth-v1 server\x00"
+_HTTP = b"ledgermq-auth-v1 http\x00"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,13 @@ def client_proof(secret: bytes, challenge: bytes, nonce: bytes, claim: str) -> b
 def server_proof(secret: bytes, challenge: bytes, nonce: bytes, claim: str) -> bytes:
     """The server's answer to the client's nonce, over the same values."""
     return _mac(secret, _SERVER, challenge, nonce, claim.encode())
+
+
+def request_signature(secret: bytes, canonical: str) -> bytes:
+    """The signature of one admin HTTP request: the same HMAC as the proofs,
+    over the request's canonical string (ledgermq/webadmin/signing.py builds
+    it) under its own domain, so a signature is never a valid proof."""
+    return _mac(secret, _HTTP, canonical.encode())
 
 
 def proof_matches(expected: bytes, got: object) -> bool:

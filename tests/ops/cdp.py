@@ -36,8 +36,10 @@ def find_chromium() -> str | None:
 class Browser:
     """`async with Browser() as b: page = await b.open(url)`."""
 
-    def __init__(self, executable: str, width: int = 1400, height: int = 900) -> None:
+    def __init__(self, executable: str, width: int = 1400, height: int = 900,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.executable = executable
+        self.extra_args = extra_args
         self.size = (width, height)
         self.proc: subprocess.Popen[bytes] | None = None
         self.profile = Path(tempfile.mkdtemp(prefix="ledgermq-chromium-"))
@@ -49,7 +51,8 @@ class Browser:
                 "--disable-quic", "--no-first-run", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
                 f"--user-data-dir={self.profile}", "--remote-debugging-port=0",
-                f"--window-size={self.size[0]},{self.size[1]}", "about:blank"]
+                f"--window-size={self.size[0]},{self.size[1]}", *self.extra_args,
+                "about:blank"]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
         port_file = self.profile / "DevToolsActivePort"

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ops.support import OpsCluster
+from ops.support import OpsCluster, SecureOpsCluster
 
 
 def _write_reports(root: Path) -> None:
@@ -24,6 +24,17 @@ def ops_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpsCluster
     reports = base / "reports"
     _write_reports(reports)
     cluster = OpsCluster(base / "cluster", reports_dir=reports)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureOpsCluster]:
+    """A 3-node group + NameServer with authentication on and HTTPS admin apps."""
+    cluster = SecureOpsCluster(tmp_path_factory.mktemp("secure") / "cluster")
     cluster.start()
     try:
         yield cluster

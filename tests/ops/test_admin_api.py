@@ -326,3 +326,33 @@ def test_each_server_routes_exactly_the_operations_of_the_api_table(
                         assert status != 404, (kind, path, op["operationId"])
 
     run(body())
+
+
+def test_path_tricks_are_refused_before_forwarding(ops_cluster: OpsCluster) -> None:
+    """Names in paths (and the topic of a reset) must be valid names: the
+    NameServer used to forward `..%2F..%2Fx` into a broker's path."""
+    ns = ops_cluster.namesrv_url
+    trick = "..%2F..%2Fx"
+
+    async def main() -> None:
+        leader = await wait_leader(ops_cluster)
+        broker = await ops_cluster.admin_url(leader)
+        cases = [("GET", f"topics/{trick}", None), ("PUT", f"topics/{trick}", {"queues": 2}),
+                 ("DELETE", f"topics/{trick}", None), ("GET", f"consumer-groups/{trick}", None),
+                 ("POST", f"consumer-groups/{trick}/reset-offsets",
+                  {"topic": "Orders", "offset": 0}),
+                 ("GET", f"messages/{trick}@0000000000000000", None),
+                 ("GET", "messages/broker-a@..%2F..%2F0000000000", None),
+                 ("GET", f"topics/{'a' * 200}", None)]
+        for base in (ns, broker):
+            for method, path, body in cases:
+                answer = await http(method, f"{base}/api/v1/{path}", body, token=TOKEN)
+                assert (answer[0], error_code(answer)) == (400, "INVALID_REQUEST"), \
+                    (base, method, path, answer)
+        answer = await http("POST", f"{ns}/api/v1/consumer-groups/cg/reset-offsets",
+                            {"topic": "../../x", "offset": 0}, token=TOKEN)
+        assert (answer[0], error_code(answer)) == (400, "INVALID_REQUEST")
+        answer = await http("GET", f"{ns}/api/v1/messages?topic={trick}&key=k")
+        assert (answer[0], error_code(answer)) == (400, "INVALID_REQUEST")
+
+    run(main())

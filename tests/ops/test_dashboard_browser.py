@@ -1,17 +1,19 @@
 """End to end: headless Chromium opens the NameServer's dashboard of a running
 3-node group, sees three nodes and one leader, the leader is SIGKILLed, and
-the page shows the new leader without being reloaded. A screenshot is saved
+the page shows the new leader without being reloaded. With authentication
+on, the page signs in and signs every request it makes. A screenshot is saved
 under $LEDGERMQ_ARTIFACTS (or the test's tmp dir) and its path printed."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 
 import pytest
 from ops.cdp import Browser, find_chromium
-from ops.support import OpsCluster, until
+from ops.support import OpsCluster, SecureOpsCluster, until, wait_group_ready
 from support import require
 
 from ledgermq.base import loop
@@ -79,3 +81,66 @@ async def _scenario(cluster: OpsCluster, chromium: str, artifacts: Path) -> None
         shot = await page.screenshot(artifacts / "dashboard-after-failover.png")
         print(f"dashboard screenshot: {shot}")
         assert shot.stat().st_size > 10_000
+
+
+_LOGIN = """(() => {
+  const form = document.getElementById('login-form');
+  if (!form) return false;
+  form.elements.access_key.value = %s;
+  form.elements.secret.value = %s;
+  form.requestSubmit();
+  return true;
+})()"""
+_SIGNED_IN = """(() => ({
+  login: !!document.getElementById('login-form'),
+  error: (document.getElementById('login-error') || {}).textContent || '',
+  user: (document.getElementById('user') || {}).textContent || '',
+  rows: [...document.querySelectorAll('tr[data-node]')].map(r => r.dataset.role),
+  secure: window.isSecureContext}))()"""
+
+
+def test_dashboard_signs_in_and_signs_its_requests(tmp_path: Path) -> None:
+    """Authentication on, HTTPS: the dashboard shows a sign-in form, refuses a
+    wrong secret, and with the right one shows the cluster, every request
+    signed in the page (WebCrypto) and checked by the server."""
+    chromium = find_chromium()
+    require(chromium is not None, "headless Chromium (Debian package 'chromium')")
+    cluster = SecureOpsCluster(tmp_path / "cluster", nodes=1)
+    cluster.start()
+    try:
+        loop.run(_sign_in(cluster, chromium))
+    finally:
+        cluster.stop()
+
+
+async def _sign_in(cluster: SecureOpsCluster, chromium: str) -> None:
+    await wait_group_ready(cluster)
+    # The test CA is not in Chromium's store; the page stays a secure context.
+    async with Browser(chromium, extra_args=("--ignore-certificate-errors",)) as browser:
+        page = await browser.open(f"{cluster.namesrv_url}/#/")
+
+        async def state() -> dict:
+            return await page.evaluate(_SIGNED_IN) or {}
+
+        s = await until(lambda: _having(state, "login"), 20, "the sign-in form")
+        assert s["secure"] and s["rows"] == []
+        assert await page.evaluate(_LOGIN % (json.dumps("admin"),
+                                             json.dumps("wrong-secret-wrong-secret")))
+        s = await until(lambda: _having(state, "error"), 20, "the refusal of a wrong secret")
+        assert "401" in s["error"]
+        secret = cluster.admin.secret.decode()
+        assert await page.evaluate(_LOGIN % (json.dumps("admin"), json.dumps(secret)))
+
+        async def cluster_shown():
+            s = await state()
+            return s if s.get("rows") == ["leader"] else None
+
+        s = await until(cluster_shown, 20, "the cluster after signing in")
+        assert "signed in as admin" in s["user"] and not s["login"]
+        await asyncio.sleep(2.5)  # it keeps polling, each request freshly signed
+        assert (await state())["rows"] == ["leader"]
+
+
+async def _having(state, key: str):
+    s = await state()
+    return s if s.get(key) else None

@@ -6,7 +6,16 @@ from typing import Any
 
 import typer
 
-from ledgermq.cli.admin_api import ADMIN_OPTION, TOKEN_OPTION, call, quote
+from ledgermq.cli.admin_api import (
+    ACCESS_KEY_OPTION,
+    ADMIN_OPTION,
+    SECRET_FILE_OPTION,
+    TLS_CA_OPTION,
+    TOKEN_OPTION,
+    call,
+    quote,
+    target,
+)
 from ledgermq.cli.output import OUTPUT_OPTION, Output
 
 group_app = typer.Typer(help="Consumer groups: lag, members, offset resets.",
@@ -14,11 +23,14 @@ group_app = typer.Typer(help="Consumer groups: lag, members, offset resets.",
 
 
 @group_app.command("list")
-def list_groups(admin: str = ADMIN_OPTION, output: Output = OUTPUT_OPTION) -> None:
+def list_groups(admin: str = ADMIN_OPTION, output: Output = OUTPUT_OPTION,
+                access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+                tls_ca_file: str = TLS_CA_OPTION) -> None:
     """Consumer groups with their topics, online members and total lag."""
     from ledgermq.cli.output import console, print_json, table
 
-    answer = call(admin, "GET", "consumer-groups")
+    answer = call(target(admin, access_key, secret_file, tls_ca_file=tls_ca_file), "GET",
+                  "consumer-groups")
     if output is Output.json:
         print_json(answer)
         return
@@ -29,11 +41,14 @@ def list_groups(admin: str = ADMIN_OPTION, output: Output = OUTPUT_OPTION) -> No
 
 
 @group_app.command("describe")
-def describe(group: str, admin: str = ADMIN_OPTION, output: Output = OUTPUT_OPTION) -> None:
+def describe(group: str, admin: str = ADMIN_OPTION, output: Output = OUTPUT_OPTION,
+             access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+             tls_ca_file: str = TLS_CA_OPTION) -> None:
     """Committed offset and lag of every queue a group consumes."""
     from ledgermq.cli.output import console, print_json, table
 
-    info = call(admin, "GET", f"consumer-groups/{quote(group)}")
+    info = call(target(admin, access_key, secret_file, tls_ca_file=tls_ca_file), "GET",
+                f"consumer-groups/{quote(group)}")
     if output is Output.json:
         print_json(info)
         return
@@ -59,6 +74,8 @@ def reset(
     dry_run: bool = typer.Option(False, "--dry-run",
                                  help="Print what would change; change nothing."),
     admin: str = ADMIN_OPTION, token: str = TOKEN_OPTION,
+    access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+    tls_ca_file: str = TLS_CA_OPTION,
 ) -> None:
     """Reset a group's offsets of a topic to a time or an offset (stop its
     consumers first: a running consumer commits its own position again)."""
@@ -73,7 +90,8 @@ def reset(
         body["offset"] = offset
     if queue is not None:
         body["queue_id"] = queue
-    result = call(admin, "POST", f"consumer-groups/{quote(group)}/reset-offsets", body, token)
+    result = call(target(admin, access_key, secret_file, token, tls_ca_file), "POST",
+                  f"consumer-groups/{quote(group)}/reset-offsets", body)
     for name, answer in sorted(result.get("groups", {"": result}).items()):
         offsets = ", ".join(f"q{o['queue_id']}={o['offset']} (was {_was(o)})"
                             for o in answer["offsets"])

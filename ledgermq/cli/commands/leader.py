@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import typer
 
-from ledgermq.cli.admin_api import ADMIN_OPTION, TOKEN_OPTION, call
+from ledgermq.cli.admin_api import (
+    ACCESS_KEY_OPTION,
+    ADMIN_OPTION,
+    SECRET_FILE_OPTION,
+    TLS_CA_OPTION,
+    TOKEN_OPTION,
+    call,
+    target,
+)
 
 leader_app = typer.Typer(help="Raft leadership of a broker group.", no_args_is_help=True)
 
@@ -24,19 +32,22 @@ def transfer(
     to: str = typer.Option(..., help="Node to lead: n2 or 2."),
     group: str = typer.Option("", help="Broker group (default: the only one registered)."),
     admin: str = ADMIN_OPTION, token: str = TOKEN_OPTION,
+    access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+    tls_ca_file: str = TLS_CA_OPTION,
 ) -> None:
     """Make node `--to` the leader of its broker group (exit 1 if it does not
     take over within a few election timeouts)."""
     from ledgermq.cli.errors import fail
 
-    target = node_number(to)
+    node = node_number(to)
+    api = target(admin, access_key, secret_file, token, tls_ca_file)
     if not group:
-        groups = sorted(call(admin, "GET", "cluster").get("groups", {}))
+        groups = sorted(call(api, "GET", "cluster").get("groups", {}))
         if len(groups) != 1:
             raise fail(f"say which group with --group (registered: {', '.join(groups)})"
                        if groups else "no broker group is registered")
         group = groups[0]
-    answer = call(admin, "POST", "leadership/transfer", {"group": group, "to": target}, token)
+    answer = call(api, "POST", "leadership/transfer", {"group": group, "to": node})
     typer.echo(f"group {answer.get('group', group)}: leader is now n{answer['leader_id']}")
 
 

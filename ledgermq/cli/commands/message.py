@@ -9,7 +9,15 @@ from typing import Any
 
 import typer
 
-from ledgermq.cli.admin_api import ADMIN_OPTION, call, quote
+from ledgermq.cli.admin_api import (
+    ACCESS_KEY_OPTION,
+    ADMIN_OPTION,
+    SECRET_FILE_OPTION,
+    TLS_CA_OPTION,
+    call,
+    quote,
+    target,
+)
 from ledgermq.cli.output import OUTPUT_OPTION, Output
 
 message_app = typer.Typer(help="Look committed messages up by id or by key.",
@@ -23,11 +31,14 @@ FIELDS = ("msg_id", "topic", "queue_id", "queue_offset", "tags", "keys", "proper
 
 @message_app.command("get")
 def get(msg_id: str = typer.Argument(..., help="Message id, as `send` prints it."),
-        admin: str = ADMIN_OPTION, output: Output = OUTPUT_OPTION) -> None:
+        admin: str = ADMIN_OPTION, output: Output = OUTPUT_OPTION,
+        access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+        tls_ca_file: str = TLS_CA_OPTION) -> None:
     """One message by its id: its queue, offset, tags, keys, body and times."""
     from ledgermq.cli.output import console, print_json, table
 
-    message = call(admin, "GET", f"messages/{quote(msg_id)}")
+    message = call(target(admin, access_key, secret_file, tls_ca_file=tls_ca_file), "GET",
+                   f"messages/{quote(msg_id)}")
     if output is Output.json:
         print_json(message)
         return
@@ -44,11 +55,14 @@ def get(msg_id: str = typer.Argument(..., help="Message id, as `send` prints it.
 def find(topic: str = typer.Option(..., help="Topic to search."),
          key: str = typer.Option(..., help="A key the message was sent with."),
          limit: int = typer.Option(32, min=1, max=1000, help="At most this many messages."),
-         admin: str = ADMIN_OPTION, output: Output = OUTPUT_OPTION) -> None:
+         admin: str = ADMIN_OPTION, output: Output = OUTPUT_OPTION,
+         access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+         tls_ca_file: str = TLS_CA_OPTION) -> None:
     """Messages of a topic sent with a key, newest first."""
     from ledgermq.cli.output import console, print_json, table
 
-    answer = call(admin, "GET", "messages", query={"topic": topic, "key": key, "limit": limit})
+    answer = call(target(admin, access_key, secret_file, tls_ca_file=tls_ca_file), "GET",
+                  "messages", query={"topic": topic, "key": key, "limit": limit})
     if output is Output.json:
         print_json(answer)
         return

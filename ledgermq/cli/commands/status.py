@@ -7,7 +7,15 @@ from typing import Any
 
 import typer
 
-from ledgermq.cli.admin_api import ADMIN_OPTION, NAMESRV_OPTION
+from ledgermq.cli.admin_api import (
+    ACCESS_KEY_OPTION,
+    ADMIN_OPTION,
+    NAMESRV_OPTION,
+    SECRET_FILE_OPTION,
+    TLS_CA_OPTION,
+    call,
+    target,
+)
 from ledgermq.cli.output import OUTPUT_OPTION, Output
 
 # Short headers: nine columns must fit 80 terminal columns without eliding
@@ -18,14 +26,17 @@ COLUMNS = ("node", "address", "role", "term", "last", "commit", "applied", "lag"
 def register(app: typer.Typer) -> None:
     @app.command("status")
     def status(admin: str = ADMIN_OPTION, namesrv: str = NAMESRV_OPTION,
-               output: Output = OUTPUT_OPTION) -> None:
+               output: Output = OUTPUT_OPTION, access_key: str = ACCESS_KEY_OPTION,
+               secret_file: str = SECRET_FILE_OPTION,
+               tls_ca_file: str = TLS_CA_OPTION) -> None:
         """Show every broker group's nodes: role, term, indexes (last, commit,
         applied), lag, and how far each follower is behind the leader."""
         from ledgermq.base import loop
         from ledgermq.cli.errors import fail
-        from ledgermq.webadmin.app import api_call
 
-        view = loop.run(wire_view(namesrv) if namesrv else api_call(admin, "GET", "cluster"))
+        view = (loop.run(wire_view(namesrv)) if namesrv else
+                call(target(admin, access_key, secret_file, tls_ca_file=tls_ca_file), "GET",
+                     "cluster"))
         groups = view.get("groups", {})
         if output is Output.json:
             from ledgermq.cli.output import print_json

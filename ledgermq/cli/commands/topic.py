@@ -8,7 +8,17 @@ from typing import Any
 
 import typer
 
-from ledgermq.cli.admin_api import ADMIN_OPTION, NAMESRV_OPTION, TOKEN_OPTION, call, quote
+from ledgermq.cli.admin_api import (
+    ACCESS_KEY_OPTION,
+    ADMIN_OPTION,
+    NAMESRV_OPTION,
+    SECRET_FILE_OPTION,
+    TLS_CA_OPTION,
+    TOKEN_OPTION,
+    call,
+    quote,
+    target,
+)
 from ledgermq.cli.output import OUTPUT_OPTION, Output
 
 topic_app = typer.Typer(help="Create, change, delete, list and describe topics.",
@@ -29,6 +39,8 @@ def create(
     perm: int = typer.Option(6, min=0, max=6, help="Permission bits: 4 read, 2 write."),
     group: str = typer.Option("", help="Only this broker group (default: every group)."),
     admin: str = ADMIN_OPTION, token: str = TOKEN_OPTION, namesrv: str = NAMESRV_OPTION,
+    access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+    tls_ca_file: str = TLS_CA_OPTION,
 ) -> None:
     """Create (or replace) a topic on every broker group."""
     if namesrv:
@@ -45,7 +57,8 @@ def create(
     body: dict[str, Any] = {"topic": topic, "queues": queues, "perm": perm}
     if group:
         body["group"] = group
-    _print_configs(topic, call(admin, "POST", "topics", body, token))
+    to = target(admin, access_key, secret_file, token, tls_ca_file)
+    _print_configs(topic, call(to, "POST", "topics", body))
 
 
 @topic_app.command("update")
@@ -54,16 +67,22 @@ def update(
     queues: int = typer.Option(None, min=1, max=1024, help="New queue count (grow only)."),
     perm: int = typer.Option(None, min=0, max=6, help="New permission bits."),
     admin: str = ADMIN_OPTION, token: str = TOKEN_OPTION,
+    access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+    tls_ca_file: str = TLS_CA_OPTION,
 ) -> None:
     """Grow a topic's queues or change its permissions."""
     body = {k: v for k, v in (("queues", queues), ("perm", perm)) if v is not None}
-    _print_configs(topic, call(admin, "PUT", f"topics/{quote(topic)}", body, token))
+    to = target(admin, access_key, secret_file, token, tls_ca_file)
+    _print_configs(topic, call(to, "PUT", f"topics/{quote(topic)}", body))
 
 
 @topic_app.command("delete")
-def delete(topic: str, admin: str = ADMIN_OPTION, token: str = TOKEN_OPTION) -> None:
+def delete(topic: str, admin: str = ADMIN_OPTION, token: str = TOKEN_OPTION,
+           access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+           tls_ca_file: str = TLS_CA_OPTION) -> None:
     """Delete a topic's configuration (its messages stay until retention)."""
-    call(admin, "DELETE", f"topics/{quote(topic)}", None, token)
+    call(target(admin, access_key, secret_file, token, tls_ca_file), "DELETE",
+         f"topics/{quote(topic)}")
     typer.echo(f"topic {topic} deleted")
 
 
@@ -86,12 +105,15 @@ async def wire_topics(namesrv: str) -> list[dict[str, Any]]:
 
 @topic_app.command("list")
 def list_topics(admin: str = ADMIN_OPTION, namesrv: str = NAMESRV_OPTION,
-                output: Output = OUTPUT_OPTION) -> None:
+                output: Output = OUTPUT_OPTION, access_key: str = ACCESS_KEY_OPTION,
+                secret_file: str = SECRET_FILE_OPTION,
+                tls_ca_file: str = TLS_CA_OPTION) -> None:
     """List topics with their queue counts and message totals."""
     from ledgermq.base import loop
     from ledgermq.cli.output import console, print_json, table
 
-    topics = loop.run(wire_topics(namesrv)) if namesrv else call(admin, "GET", "topics")["topics"]
+    to = target(admin, access_key, secret_file, tls_ca_file=tls_ca_file)
+    topics = loop.run(wire_topics(namesrv)) if namesrv else call(to, "GET", "topics")["topics"]
     if output is Output.json:
         print_json({"topics": topics})
         return
@@ -104,7 +126,8 @@ def list_topics(admin: str = ADMIN_OPTION, namesrv: str = NAMESRV_OPTION,
 
 @topic_app.command("describe")
 def describe(topic: str, admin: str = ADMIN_OPTION, namesrv: str = NAMESRV_OPTION,
-             output: Output = OUTPUT_OPTION) -> None:
+             output: Output = OUTPUT_OPTION, access_key: str = ACCESS_KEY_OPTION,
+             secret_file: str = SECRET_FILE_OPTION, tls_ca_file: str = TLS_CA_OPTION) -> None:
     """Queues of one topic with their min/max offsets."""
     from ledgermq.base import loop
     from ledgermq.cli.errors import fail
@@ -115,7 +138,8 @@ def describe(topic: str, admin: str = ADMIN_OPTION, namesrv: str = NAMESRV_OPTIO
         if not groups:
             raise fail(f"topic {topic!r} does not exist")
     else:
-        result = call(admin, "GET", f"topics/{quote(topic)}")
+        result = call(target(admin, access_key, secret_file, tls_ca_file=tls_ca_file), "GET",
+                      f"topics/{quote(topic)}")
         groups = result.get("groups") or {result["group"]: result}
     if output is Output.json:
         print_json({"topic": topic, "groups": groups})

@@ -1,7 +1,10 @@
 // LedgerMQ dashboard: plain JavaScript, no build step. Every page polls the
 // admin API of the server that served it (relative URLs, so the same files work
 // on the NameServer's app and on a broker's) once a second and re-renders; the
-// charts keep the last HISTORY samples in memory.
+// charts keep the last HISTORY samples in memory. When the server has
+// authentication on, a 401 shows a sign-in form: the access key and secret
+// stay in this tab's sessionStorage and every request is signed in the page
+// (sign.js); the secret is never sent.
 "use strict";
 
 const API = "api/v1";
@@ -15,14 +18,56 @@ function esc(value) {
     "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 }
 
+class AuthRequired extends Error {}
+
+function credentials() {
+  const accessKey = sessionStorage.getItem("lmq.accessKey");
+  const secret = sessionStorage.getItem("lmq.secret");
+  return accessKey && secret ? { accessKey, secret } : null;
+}
+
 async function get(path) {
-  const resp = await fetch(`${API}/${path}`, { cache: "no-store" });
+  const url = new URL(`${API}/${path}`, location.href).href;
+  const headers = {};
+  const creds = credentials();
+  if (creds) {
+    headers.Authorization = await lmqAuthorization(creds.accessKey, creds.secret, "GET", url,
+      null);
+  }
+  const resp = await fetch(url, { cache: "no-store", headers });
   const body = await resp.json();
   if (!resp.ok) {
     const err = body.error || {};
-    throw new Error(`${resp.status} ${err.code || ""}: ${err.message || ""}`);
+    const message = `${resp.status} ${err.code || ""}: ${err.message || ""}`;
+    if (resp.status === 401) throw new AuthRequired(message);
+    throw new Error(message);
   }
   return body;
+}
+
+function loginForm(message) {
+  const signing = window.isSecureContext && window.crypto && crypto.subtle;
+  return `<div class="card" id="login"><h2>Sign in</h2>
+    <p class="muted">This server requires signed requests. Your access key and secret stay in
+      this browser tab (sessionStorage); only signatures are sent.</p>
+    ${signing ? "" : `<p class="error">Signing needs a secure page: open the dashboard over
+      HTTPS (tls_cert_file) or on localhost.</p>`}
+    <form id="login-form"><input name="access_key" placeholder="access key" autocomplete="username">
+      <input name="secret" type="password" placeholder="secret" autocomplete="current-password">
+      <button>sign in</button></form>
+    ${message ? `<p class="error" id="login-error">${esc(message)}</p>` : ""}</div>`;
+}
+
+function showUser() {
+  const creds = credentials();
+  const user = document.getElementById("user");
+  if (!user) return;
+  user.innerHTML = creds ? `signed in as <b>${esc(creds.accessKey)}</b> ·
+    <a href="#" id="logout">sign out</a>` : "";
+  const logout = document.getElementById("logout");
+  if (logout) logout.onclick = (e) => { e.preventDefault();
+    sessionStorage.removeItem("lmq.accessKey"); sessionStorage.removeItem("lmq.secret");
+    render(); };
 }
 
 function record(key, value) {
@@ -238,17 +283,35 @@ async function render() {
     a.classList.toggle("active", a.dataset.page === nav);
   }
   const main = document.getElementById("main");
+  clearTimeout(timer);
+  showUser();
   try {
     const html = await pages[key](arg);
     if (route().key === key) main.innerHTML = html;
     document.getElementById("updated").textContent =
       `updated ${new Date().toLocaleTimeString()}`;
   } catch (err) {
+    if (err instanceof AuthRequired) {
+      // Stop polling until someone signs in: a wrong key must not be retried.
+      main.innerHTML = loginForm(credentials() ? err.message : "");
+      bindLogin();
+      return;
+    }
     main.innerHTML = `<p class="error">${esc(err.message)}</p>`;
   }
   bindForms();
-  clearTimeout(timer);
   if (live) timer = setTimeout(render, 1000);
+}
+
+function bindLogin() {
+  const form = document.getElementById("login-form");
+  if (!form) return;
+  form.onsubmit = (e) => {
+    e.preventDefault();
+    sessionStorage.setItem("lmq.accessKey", form.elements.access_key.value.trim());
+    sessionStorage.setItem("lmq.secret", form.elements.secret.value.trim());
+    render();
+  };
 }
 
 function bindForms() {
