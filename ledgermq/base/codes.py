@@ -38,3 +38,9 @@ class RequestCode(IntEnum):
     GET_MEMBERS = 208
     GET_QUEUE_OFFSETS = 209
     BROKER_STATUS = 210
+    # ACL administration (admin only; docs/protocol.md "ACL", docs/security.md).
+    ACL_PUT_USER = 211
+    ACL_DELETE_USER = 212
+    ACL_GET_USERS = 213
+    ACL_GRANT = 214
+    ACL_REVOKE = 215

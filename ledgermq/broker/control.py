@@ -7,6 +7,13 @@ Schema (msgpack map, documented in docs/broker.md):
        | {"op": "topic.delete",   "topic": str}
        | {"op": "offsets.commit", "offsets": [[group, topic, queue_id, offset], ...]}
        | {"op": "offsets.reset",  "offsets": [[group, topic, queue_id, offset], ...]}
+       | {"op": "acl.user.put",    "user": {access_key, secret?, admin, allow, topics, groups}}
+       | {"op": "acl.user.delete", "access_key": str}
+       | {"op": "acl.grant",       "access_key": str, "topics": {name: perm}, "groups": {...}}
+       | {"op": "acl.revoke",      "access_key": str, "topics": [name], "groups": [name]}
+
+The ACL operations (broker/acl.py, docs/security-acl.md) carry users'
+secrets: a user put without "secret" keeps the user's current one.
 
 Several operations share one entry so that concurrent offset commits cost one
 proposal (group commit). Unknown ops are skipped by the state machine, so a
@@ -43,6 +50,26 @@ def offsets_commit(offsets: Sequence[tuple[str, str, int, int]]) -> dict[str, An
 def offsets_reset(offsets: Sequence[tuple[str, str, int, int]]) -> dict[str, Any]:
     """An admin offset reset: unlike a commit, it may move an offset backwards."""
     return {"op": "offsets.reset", "offsets": [list(o) for o in offsets]}
+
+
+def acl_user_put(user: dict[str, Any]) -> dict[str, Any]:
+    """Create or replace a user (`acl.User.to_record` form; no "secret": keep it)."""
+    return {"op": "acl.user.put", "user": user}
+
+
+def acl_user_delete(access_key: str) -> dict[str, Any]:
+    return {"op": "acl.user.delete", "access_key": access_key}
+
+
+def acl_grant(access_key: str, topics: dict[str, str], groups: dict[str, str]) -> dict[str, Any]:
+    """Add or replace grants of a user (perms spelled as on the wire)."""
+    return {"op": "acl.grant", "access_key": access_key, "topics": topics, "groups": groups}
+
+
+def acl_revoke(access_key: str, topics: Sequence[str], groups: Sequence[str]) -> dict[str, Any]:
+    """Remove grants of a user (the names then fall back to its "*" grant)."""
+    return {"op": "acl.revoke", "access_key": access_key, "topics": list(topics),
+            "groups": list(groups)}
 
 
 def encode_control(ops: Sequence[dict[str, Any]]) -> bytes:

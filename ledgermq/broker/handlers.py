@@ -1,8 +1,10 @@
 """Client request handlers of a broker node (request codes 200-399).
 
 Each handler validates its body (INVALID_REQUEST names the field), checks
-where the request may run (writes: the ready leader; reads: any node, which
-serves committed data only) and answers with the map docs/protocol.md gives.
+that the connection's principal may make it (the ACL, broker/acl.py, on a
+broker with a cluster secret; an open broker checks nothing), checks where the
+request may run (writes: the ready leader; reads: any node, which serves
+committed data only) and answers with the map docs/protocol.md gives.
 """
 
 from __future__ import annotations
@@ -25,6 +27,15 @@ from ledgermq.base.errors import (
     OffsetOutOfRangeError,
     UnknownTopicError,
 )
+from ledgermq.broker.acl import (
+    AclError,
+    Action,
+    User,
+    parse_grants,
+    peer_host,
+    perm_name,
+    valid_access_key,
+)
 from ledgermq.broker.codec import (
     Records,
     client_id_field,
@@ -44,6 +55,10 @@ from ledgermq.broker.control import (
     PERM_READ,
     PERM_RW,
     PERM_WRITE,
+    acl_grant,
+    acl_revoke,
+    acl_user_delete,
+    acl_user_put,
     topic_delete,
     topic_put,
 )
@@ -109,6 +124,21 @@ class Handlers:
         # "is anything of this request already in flight?"; never too low).
         self._inflight_high: dict[int, int] = {}
 
+    # ---------------------------------------------------------------- ACL
+
+    def _allow(self, conn: Connection, action: Action, topic: str | None = None,
+               group: str | None = None) -> None:
+        """Raise unless `conn`'s principal may do `action` (docs/security-acl.md).
+        A broker without a cluster secret runs open: everything is allowed."""
+        if not self.b.config.cluster_secret_file:
+            return
+        self.b.state.acl.authorize(conn.principal, peer_host(conn.peer), action, topic, group)
+
+    def _allow_pull(self, conn: Connection, body: Body, topic: str) -> None:
+        """SUB on the topic, and on the consumer group when the request names one."""
+        group = group_field(body) if body.get("group") is not None else None
+        self._allow(conn, Action.SUB, topic, group)
+
     # ------------------------------------------------------------- topics
 
     def _topic(self, topic: str) -> TopicConfig:
@@ -151,6 +181,7 @@ class Handlers:
         return config
 
     async def create_topic(self, body: Any, conn: Connection) -> Any:
+        self._allow(conn, Action.ADMIN)
         body = _map(body)
         topic = _field(body, "topic", str)
         if not valid_topic(topic):
@@ -166,6 +197,7 @@ class Handlers:
         return {"topic": topic, **self._topic(topic).to_wire()}
 
     async def delete_topic(self, body: Any, conn: Connection) -> Any:
+        self._allow(conn, Action.ADMIN)
         topic = topic_field(_map(body))
         self._topic(topic)
         self.b.require_writable()
@@ -173,6 +205,7 @@ class Handlers:
         return {"deleted": topic not in self.b.state.topics}
 
     async def get_topics(self, body: Any, conn: Connection) -> Any:
+        self._allow(conn, Action.ANY)
         topics = self.b.state.topics
         out: Body = {}
         for name, config in sorted(topics.items()):
@@ -204,7 +237,7 @@ class Handlers:
     async def send(self, body: Any, conn: Connection) -> Any:
         body = _map(body)
         if "records" in body:
-            return await self._send_records(body)
+            return await self._send_records(body, conn)
         raw = body.get("messages")
         if not isinstance(raw, list) or not raw:
             raise InvalidRequestError("field 'messages' must be a non-empty list")
@@ -218,6 +251,8 @@ class Handlers:
                 raise MessageTooLargeError(
                     f"message {i} of {exc.size} bytes exceeds message_size_bytes_max {limit}",
                     data={"index": i, "size": exc.size, "limit": limit}) from None
+        for topic in sorted({m.topic for m in messages}):
+            self._allow(conn, Action.PUB, topic)
         for topic in {m.topic for m in messages}:
             config = await self._topic_for_write(topic)
             for m in messages:
@@ -238,7 +273,7 @@ class Handlers:
             results = [self._stored_result(done, k, False) for k in range(len(messages))]
         return {"results": results}
 
-    async def _send_records(self, body: Body) -> Any:
+    async def _send_records(self, body: Body, conn: Connection) -> Any:
         """SEND_MESSAGES with `records`: the client's CommitLog records as one
         blob, checked in one pass and stored as they are (docs/protocol.md)."""
         limit = self.b.config.message_size_bytes_max
@@ -247,6 +282,8 @@ class Handlers:
         if count is not None and count != len(scanned.starts):
             raise InvalidRequestError(
                 f"field 'count' is {count!r} but the blob holds {len(scanned.starts)} records")
+        for name in scanned.topics:
+            self._allow(conn, Action.PUB, name.decode())
         self.b.require_writable()
         for name, top in scanned.topics.items():
             topic = name.decode()
@@ -416,6 +453,7 @@ class Handlers:
         if tags is not None and not (isinstance(tags, list)
                                      and all(isinstance(t, str) for t in tags)):
             raise InvalidRequestError("field 'tags' must be a list of strings or nil")
+        self._allow_pull(conn, body, topic)
         config = self._topic(topic)
         if not config.perm & PERM_READ:
             raise NoPermissionError(f"topic {topic!r} is not readable (perm {config.perm})",
@@ -476,6 +514,7 @@ class Handlers:
         body = _map(body)
         topic = topic_field(body)
         queue_id = queue_id_field(body)
+        self._allow_pull(conn, body, topic)
         self._queue(topic, queue_id)
         lo, hi = self.b.cq.offsets(topic, queue_id)
         return {"min_offset": lo, "max_offset": hi}
@@ -485,6 +524,9 @@ class Handlers:
     async def commit_offsets(self, body: Any, conn: Connection) -> Any:
         group, offsets = commit_offsets_body(body)
         items = []
+        self._allow(conn, Action.SUB, group=group)
+        for topic in sorted({topic for topic, _, _ in offsets}):
+            self._allow(conn, Action.SUB, topic)
         for topic, queue_id, offset in offsets:
             self._queue(topic, queue_id)
             lo, hi = self.b.cq.offsets(topic, queue_id)
@@ -504,6 +546,7 @@ class Handlers:
         group = group_field(body)
         topic = topic_field(body)
         queue_id = queue_id_field(body)
+        self._allow(conn, Action.SUB, topic, group)
         return {"offset": self.b.state.offset_of(group, topic, queue_id)}
 
     # ----------------------------------------------------------- membership
@@ -512,6 +555,7 @@ class Handlers:
         body = _map(body)
         group = group_field(body)
         client_id = client_id_field(body)
+        self._allow(conn, Action.SUB, group=group)
         if body.get("leave"):
             return {"left": self.b.members.leave(group, client_id)}
         subs = subscriptions_field(body)
@@ -521,12 +565,104 @@ class Handlers:
 
     async def members(self, body: Any, conn: Connection) -> Any:
         group = group_field(_map(body))
+        self._allow(conn, Action.SUB, group=group)
         return {"members": self.b.members.members(group, monotonic_ms())}
 
     async def status(self, body: Any, conn: Connection) -> Any:
+        self._allow(conn, Action.ANY)
         info = self.b.status()
         info["groups"] = self.b.members.describe(monotonic_ms())
         return info
+
+    # ---------------------------------------------------- ACL administration
+
+    def _acl_user(self, body: Body) -> str:
+        key = _field(body, "access_key", str)
+        if not valid_access_key(key):
+            raise InvalidRequestError(f"invalid access key {key!r}")
+        return key
+
+    def _public_user(self, key: str) -> Body:
+        user = self.b.state.acl.users.get(key)
+        if user is None:
+            # Deleted by a concurrent request between the check and the apply.
+            raise InvalidRequestError(f"no ACL user {key!r}", data={"access_key": key})
+        return user.to_public()
+
+    def _known_user(self, key: str) -> User:
+        user = self.b.state.acl.users.get(key)
+        if user is None:
+            raise InvalidRequestError(f"no ACL user {key!r}", data={"access_key": key})
+        return user
+
+    async def acl_put_user(self, body: Any, conn: Connection) -> Any:
+        self._allow(conn, Action.ADMIN)
+        body = _map(body)
+        key = self._acl_user(body)
+        if key == self.b.config.admin_access_key:
+            raise InvalidRequestError(
+                f"{key!r} is the bootstrap administrator's access key (admin_access_key);"
+                " it cannot be an ACL user")
+        known = self.b.state.acl.users.get(key)
+        if "secret" not in body and known is None:
+            raise InvalidRequestError(f"a new user needs a secret ({key!r} does not exist)")
+        record = {k: body[k] for k in ("access_key", "secret", "admin", "allow", "topics",
+                                       "groups") if k in body}
+        try:
+            User.from_record(record, secret=known.secret if known else None)
+        except AclError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        self.b.require_writable()
+        await self._propose_control(acl_user_put(record))
+        return {"user": self._public_user(key), "created": known is None}
+
+    async def acl_delete_user(self, body: Any, conn: Connection) -> Any:
+        self._allow(conn, Action.ADMIN)
+        key = self._acl_user(_map(body))
+        existed = key in self.b.state.acl.users
+        self.b.require_writable()
+        if existed:
+            await self._propose_control(acl_user_delete(key))
+        return {"deleted": existed and key not in self.b.state.acl.users}
+
+    async def acl_get_users(self, body: Any, conn: Connection) -> Any:
+        self._allow(conn, Action.ADMIN)
+        users = self.b.state.acl.users
+        return {"users": [users[k].to_public() for k in sorted(users)]}
+
+    async def acl_grant(self, body: Any, conn: Connection) -> Any:
+        self._allow(conn, Action.ADMIN)
+        body = _map(body)
+        key = self._acl_user(body)
+        topics, groups = body.get("topics") or {}, body.get("groups") or {}
+        try:
+            parsed_topics = parse_grants(topics, group=False)
+            parsed_groups = parse_grants(groups, group=True)
+            self._known_user(key).with_grants(parsed_topics, parsed_groups)
+        except AclError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        if not parsed_topics and not parsed_groups:
+            raise InvalidRequestError("nothing to grant: give 'topics' and/or 'groups'")
+        self.b.require_writable()
+        await self._propose_control(acl_grant(
+            key, {k: perm_name(v) for k, v in parsed_topics.items()},
+            {k: perm_name(v) for k, v in parsed_groups.items()}))
+        return {"user": self._public_user(key)}
+
+    async def acl_revoke(self, body: Any, conn: Connection) -> Any:
+        self._allow(conn, Action.ADMIN)
+        body = _map(body)
+        key = self._acl_user(body)
+        topics, groups = body.get("topics") or [], body.get("groups") or []
+        if not (isinstance(topics, list) and isinstance(groups, list)
+                and all(isinstance(n, str) for n in [*topics, *groups])):
+            raise InvalidRequestError("fields 'topics' and 'groups' must be lists of names")
+        if not topics and not groups:
+            raise InvalidRequestError("nothing to revoke: give 'topics' and/or 'groups'")
+        self._known_user(key)
+        self.b.require_writable()
+        await self._propose_control(acl_revoke(key, topics, groups))
+        return {"user": self._public_user(key)}
 
 
 def handlers_for(broker: BrokerView) -> dict[int, Handler]:
@@ -543,6 +679,11 @@ def handlers_for(broker: BrokerView) -> dict[int, Handler]:
         RequestCode.GET_MEMBERS: h.members,
         RequestCode.GET_QUEUE_OFFSETS: h.queue_offsets,
         RequestCode.BROKER_STATUS: h.status,
+        RequestCode.ACL_PUT_USER: h.acl_put_user,
+        RequestCode.ACL_DELETE_USER: h.acl_delete_user,
+        RequestCode.ACL_GET_USERS: h.acl_get_users,
+        RequestCode.ACL_GRANT: h.acl_grant,
+        RequestCode.ACL_REVOKE: h.acl_revoke,
     }
 
 

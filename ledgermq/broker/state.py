@@ -1,5 +1,6 @@
 """The broker's replicated state machine: topics, consumer offsets, queue
-offsets and the idempotent-producer table, all derived from committed entries.
+offsets, the idempotent-producer table and the ACL users, all derived from
+committed entries.
 
 Plain class, no I/O: `apply(entry)` is called for every committed entry in log
 order on every replica (and again over the whole log on recovery), so every
@@ -21,6 +22,7 @@ import numpy as np
 
 from commitlog import HEADER_SIZE, KIND_CONTROL, KIND_MESSAGES, Entry
 from commitlog.columns import RecordColumns, queue_groups, scan_body
+from ledgermq.broker.acl import Acl, AclError, User, parse_grants
 from ledgermq.broker.control import MAX_QUEUES, PERM_RW, decode_control
 
 log = logging.getLogger(__name__)
@@ -217,6 +219,10 @@ class BrokerState:
         self.applied_index = 0
         self.topics_version = 0
         self.bad_control_entries = 0
+        self.acl = Acl()
+        # ACL operations skipped as invalid (the handlers validate first, so
+        # only a newer or broken proposer gets one into the log).
+        self.bad_acl_ops = 0
 
     # ----------------------------------------------------------------- apply
 
@@ -294,6 +300,39 @@ class BrokerState:
                 self._commit_offsets(op.get("offsets"))
             elif kind == "offsets.reset":
                 self._commit_offsets(op.get("offsets"), reset=True)
+            elif isinstance(kind, str) and kind.startswith("acl."):
+                try:
+                    self._apply_acl(kind, op)
+                except AclError as exc:
+                    # Every replica skips it the same way: the check is pure.
+                    self.bad_acl_ops += 1
+                    log.warning("entry %d: %s skipped: %s", entry.index, kind, exc)
+
+    def _apply_acl(self, kind: str, op: dict[str, Any]) -> None:
+        acl = self.acl
+        if kind == "acl.user.put":
+            record = op.get("user")
+            key = record.get("access_key") if isinstance(record, dict) else None
+            known = acl.users.get(key) if isinstance(key, str) else None
+            acl.put(User.from_record(record, secret=known.secret if known else None))
+            return
+        key = op.get("access_key")
+        if not isinstance(key, str):
+            raise AclError("no access key")
+        if kind == "acl.user.delete":
+            acl.delete(key)
+        elif kind == "acl.grant":
+            topics = parse_grants(op.get("topics"), group=False)
+            groups = parse_grants(op.get("groups"), group=True)
+            if not acl.grant(key, topics, groups):
+                raise AclError(f"no user {key!r}")
+        elif kind == "acl.revoke":
+            names, group_names = op.get("topics") or [], op.get("groups") or []
+            if not (isinstance(names, list) and isinstance(group_names, list)
+                    and all(isinstance(n, str) for n in [*names, *group_names])):
+                raise AclError("revoked names must be lists of names")
+            if not acl.revoke(key, names, group_names):
+                raise AclError(f"no user {key!r}")
 
     def _put_topic(self, op: dict[str, Any]) -> None:
         topic, queues, perm = op.get("topic"), op.get("queues"), op.get("perm", PERM_RW)

@@ -53,6 +53,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ping",
     "message",
     "leader",
+    "acl",
 )
 
 for _name in COMMAND_MODULES:

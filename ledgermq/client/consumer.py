@@ -90,8 +90,10 @@ class PullConsumer:
 
     async def pull(self, mq: MessageQueue, offset: int, max_messages: int = 32,
                    tags: list[str] | None = None, wait_ms: int = 0) -> PullResult:
+        # "group": the consumer group, whose SUB grant the broker's ACL checks.
         body = {"topic": mq.topic, "queue_id": mq.queue_id, "offset": offset,
-                "max_messages": max_messages, "tags": tags, "wait_ms": wait_ms}
+                "max_messages": max_messages, "tags": tags, "wait_ms": wait_ms,
+                "group": self.group}
         timeout = self.cluster.timeout + wait_ms / 1000
         try:
             reply = await self._on_group(mq, RequestCode.PULL_MESSAGES, body, leader=False,
@@ -110,7 +112,8 @@ class PullConsumer:
 
     async def queue_range(self, mq: MessageQueue) -> tuple[int, int]:
         reply = await self._on_group(mq, RequestCode.GET_QUEUE_OFFSETS,
-                                     {"topic": mq.topic, "queue_id": mq.queue_id}, leader=False)
+                                     {"topic": mq.topic, "queue_id": mq.queue_id,
+                                      "group": self.group}, leader=False)
         return reply["min_offset"], reply["max_offset"]
 
     async def committed(self, mq: MessageQueue) -> int:
