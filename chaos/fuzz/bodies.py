@@ -101,12 +101,30 @@ def _topic_queue(rng: random.Random, names: Names) -> dict[str, Any]:
     return {"topic": names.topic(rng), "queue_id": _int(rng)}
 
 
+def _perm(rng: random.Random) -> Any:
+    return rng.choice(("PUB", "SUB", "PUB|SUB", "DENY", odd_text(rng), _int(rng)))
+
+
+def _acl_user(rng: random.Random, names: Names) -> dict[str, Any]:
+    return {"access_key": rng.choice(("fz-user", "cluster", "admin", odd_text(rng))),
+            "secret": rng.choice((rng.randbytes(16), rng.randbytes(3), odd_text(rng))),
+            "admin": rng.choice((False, True, _int(rng))),
+            "allow": rng.choice(([], ["127.0.0.1/32"], ["10.0.0.0/99"], [odd_text(rng)])),
+            "topics": {names.topic(rng): _perm(rng) for _ in range(rng.randint(0, 3))},
+            "groups": {names.group(rng): _perm(rng) for _ in range(rng.randint(0, 2))}}
+
+
 SCHEMAS: dict[RequestCode, Builder] = {
     RequestCode.HELLO: lambda rng, names: {
         "version": rng.choice((1, 1, 0, 2, _int(rng))),
         "role": rng.choice(("client", "broker", "peer", "admin", odd_text(rng))),
         "name": odd_text(rng)},
     RequestCode.PING: lambda rng, names: random_value(rng),
+    RequestCode.AUTH: lambda rng, names: {
+        "access_key": rng.choice(("cluster", "admin", odd_text(rng))),
+        "nonce": rng.choice((rng.randbytes(16), rng.randbytes(rng.randint(0, 40)), _int(rng))),
+        "proof": rng.choice((rng.randbytes(32), rng.randbytes(rng.randint(0, 64)),
+                             odd_text(rng)))},
     RequestCode.REGISTER_BROKER: _registration,
     RequestCode.UNREGISTER_BROKER: _group_node,
     RequestCode.BROKER_HEARTBEAT: _group_node,
@@ -136,6 +154,16 @@ SCHEMAS: dict[RequestCode, Builder] = {
     RequestCode.GET_MEMBERS: lambda rng, names: {"group": names.group(rng)},
     RequestCode.GET_QUEUE_OFFSETS: _topic_queue,
     RequestCode.BROKER_STATUS: lambda rng, names: None,
+    RequestCode.ACL_PUT_USER: _acl_user,
+    RequestCode.ACL_DELETE_USER: lambda rng, names: {
+        "access_key": rng.choice(("fz-user", odd_text(rng)))},
+    RequestCode.ACL_GET_USERS: lambda rng, names: None,
+    RequestCode.ACL_GRANT: lambda rng, names: {
+        "access_key": rng.choice(("fz-user", odd_text(rng))),
+        "topics": {names.topic(rng): _perm(rng)}, "groups": {names.group(rng): _perm(rng)}},
+    RequestCode.ACL_REVOKE: lambda rng, names: {
+        "access_key": rng.choice(("fz-user", odd_text(rng))),
+        "topics": [names.topic(rng)], "groups": [names.group(rng)]},
 }
 
 
