@@ -51,6 +51,7 @@ from ledgermq.broker.config import BrokerConfig, split_address
 from ledgermq.broker.control import encode_control
 from ledgermq.broker.group_commit import GroupCommitter, Pending
 from ledgermq.broker.handlers import handlers_for
+from ledgermq.broker.keys import BrokerSecurity
 from ledgermq.broker.longpoll import LongPoll
 from ledgermq.broker.members import Membership
 from ledgermq.broker.metrics import Instruments
@@ -94,6 +95,9 @@ class Broker:
 
     def __init__(self, config: BrokerConfig, runtime: RuntimeFactory = RaftGroupNode) -> None:
         self.config = config
+        # Secret files and the start-up rule first: a broker that would run
+        # open off loopback refuses here, before anything is bound or written.
+        self.security = BrokerSecurity.load(config)
         self.runtime = runtime
         self.state = BrokerState(config.dedup_window, config.dedup_producers_max)
         self.longpoll = LongPoll()
@@ -109,7 +113,9 @@ class Broker:
         self.address: tuple[str, int] | None = None
         self.registrar = Registrar(config.namesrv, self.registration,
                                    config.namesrv_register_interval_ms / 1000,
-                                   f"{config.group}/n{config.node_id}")
+                                   f"{config.group}/n{config.node_id}",
+                                   credentials=self.security.cluster,
+                                   tls=self.security.namesrv_tls)
         self._results: dict[int, Sequence[Stored]] = {}
         # id(entry body) -> (body, its columns) for bodies this leader proposed.
         self._prescanned: dict[int, tuple[bytes, RecordColumns]] = {}
@@ -184,7 +190,11 @@ class Broker:
         self.controls = GroupCommitter(self._flush_controls, max_count=4096,
                                        max_bytes=1 << 20, max_inflight=1)
         await self._node.start(applied)
-        self.rpc = RpcServer(f"broker {c.group}/n{c.node_id}", handlers_for(self))
+        # With a cluster secret every client connection must authenticate.
+        keys = self.security.keys
+        self.rpc = RpcServer(f"broker {c.group}/n{c.node_id}", handlers_for(self),
+                             key_store=keys, require_auth=keys is not None,
+                             ssl=self.security.client_tls)
         # Every request a handler runs is counted, the server's own PING included.
         self.rpc.observer = self.instruments
         host, port = split_address(c.client_address)

@@ -2,6 +2,9 @@
 
 Prints one line `namesrv listening on HOST:PORT` once bound (with --listen
 HOST:0 the port is the one the OS picked), which scripts and tests parse.
+Security options (docs/security.md): `--cluster-secret-file` turns
+authentication of brokers on; without it, listening off loopback is refused
+(exit status 2) unless `--allow-open`.
 """
 
 from __future__ import annotations
@@ -35,6 +38,16 @@ def register(app: typer.Typer) -> None:
         reports_dir: str = typer.Option(
             "", envvar="LEDGERMQ_REPORTS_DIR",
             help="Directory of chaos and audit reports listed by the dashboard."),
+        cluster_secret_file: str = typer.Option(
+            "", envvar="LEDGERMQ_CLUSTER_SECRET_FILE",
+            help="The cluster secret (a 0600 file): only brokers that prove it may "
+                 "register; clients still read routes anonymously."),
+        allow_open: bool = typer.Option(
+            False, help="Run without a cluster secret even when listening off loopback."),
+        tls_cert_file: str = typer.Option("", help="TLS certificate of the client port."),
+        tls_key_file: str = typer.Option("", help="Private key of --tls-cert-file."),
+        tls_ca_file: str = typer.Option(
+            "", help="CA that signed the brokers' certificates (the admin app's queries)."),
     ) -> None:
         """Run a NameServer (route registry) until Ctrl-C or SIGTERM."""
         import asyncio
@@ -44,13 +57,23 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from ledgermq.base import loop
-        from ledgermq.namesrv.server import serve
+        from ledgermq.namesrv.server import NameServerConfigError, load_security, serve
 
         host, port = parse_listen(listen)
         logging.basicConfig(
             level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
         console = Console(highlight=False)
+        listening = {"client port": listen, **({"admin app": admin_listen} if admin_listen
+                                               else {})}
+        try:
+            security = load_security(
+                listening, cluster_secret_file=cluster_secret_file, allow_open=allow_open,
+                tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
+                tls_ca_file=tls_ca_file)
+        except (NameServerConfigError, typer.BadParameter) as exc:
+            console.print(f"[red]namesrv: {exc}[/red]")
+            raise typer.Exit(2) from None
 
         def ready(bound_host: str, bound_port: int) -> None:
             # Plain print + flush: this line is an interface (tests and scripts
@@ -67,7 +90,8 @@ def register(app: typer.Typer) -> None:
                 running.add_signal_handler(sig, stop.set)
             await serve(host, port, expiry_ms=broker_expiry_ms, stop=stop, on_ready=ready,
                         admin_listen=admin_listen, admin_token=admin_token,
-                        reports_dir=reports_dir, on_admin_ready=admin_ready)
+                        reports_dir=reports_dir, on_admin_ready=admin_ready,
+                        security=security)
 
         try:
             loop.run(main())
