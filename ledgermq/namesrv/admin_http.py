@@ -53,8 +53,11 @@ class NameServerAdmin:
     """`await start()` binds the app; `await close()` stops it."""
 
     def __init__(self, server: NameServerView, listen: str, *, token: str = "",
-                 reports_dir: str = "") -> None:
+                 reports_dir: str = "", credentials: Any = None, tls: Any = None) -> None:
         self.server = server
+        # What the BROKER_STATUS queries authenticate with (the cluster key)
+        # and verify the brokers' certificates with, when those are on.
+        self.credentials, self.tls = credentials, tls
         self.listen = listen
         self.registry = namesrv_registry(server)
         self.runner: web.AppRunner | None = None
@@ -96,7 +99,8 @@ class NameServerAdmin:
         for name, info in sorted(view.get("groups", {}).items()):
             nodes = info.get("nodes", [])
             statuses = await asyncio.gather(
-                *(wire_status(n["address"], STATUS_TIMEOUT) for n in nodes))
+                *(wire_status(n["address"], STATUS_TIMEOUT, credentials=self.credentials,
+                              tls=self.tls) for n in nodes))
             rows = [node_row(n["node_id"], n["address"], st, n.get("role"))
                     for n, st in zip(nodes, statuses, strict=True)]
             group = group_view(rows)

@@ -265,7 +265,9 @@ async def serve(
     try:
         if admin_listen:
             admin = NameServerAdmin(server, admin_listen, token=admin_token,
-                                    reports_dir=reports_dir)
+                                    reports_dir=reports_dir,
+                                    credentials=server.security.credentials,
+                                    tls=server.security.broker_tls)
             url = await admin.start()
             if on_admin_ready is not None:
                 on_admin_ready(url)

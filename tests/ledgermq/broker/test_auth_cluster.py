@@ -8,6 +8,7 @@ real cluster."""
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,7 +61,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         "tls_cert_file": str(base / "node.pem"), "tls_key_file": str(base / "node.key"),
         "tls_ca_file": str(base / "ca.pem"),
     }
-    with LocalCluster(base / "cluster", nodes=3, settings=settings) as cluster:
+    with LocalCluster(base / "cluster", nodes=3, settings=settings,
+                      admin_listen="127.0.0.1:0") as cluster:
         loop.run(wait_leader(cluster))
         yield Secured(cluster, Credentials("admin", admin_secret),
                       client_context(str(base / "ca.pem")))
@@ -215,5 +217,23 @@ def test_the_status_helper_authenticates_with_the_cluster_key(secured: Secured) 
         address = secured.cluster.client_address(leader)
         assert await node_status(address, tls=secured.tls) is None  # anonymous: refused
         assert await node_status(address, credentials=creds, tls=secured.tls) is not None
+
+    loop.run(main())
+
+
+def test_the_namesrv_admin_app_reads_broker_status_with_the_cluster_key(
+        secured: Secured) -> None:
+    import aiohttp
+
+    assert secured.cluster.namesrv is not None
+    url = next(m.group(1) for line in secured.cluster.namesrv.output
+               if (m := re.search(r"namesrv admin listening on (http://\S+)", line)))
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as session, \
+                session.get(f"{url}/api/v1/cluster") as response:
+            view = await response.json()
+        nodes = view["groups"]["broker-a"]["nodes"]
+        assert len(nodes) == 3 and all(n["reachable"] for n in nodes), nodes
 
     loop.run(main())
