@@ -43,7 +43,8 @@ def register(app: typer.Typer) -> None:
             help="The cluster secret (a 0600 file): only brokers that prove it may "
                  "register; clients still read routes anonymously."),
         allow_open: bool = typer.Option(
-            False, help="Run without a cluster secret even when listening off loopback."),
+            False, envvar="LEDGERMQ_ALLOW_OPEN",
+            help="Run without a cluster secret even when listening off loopback."),
         tls_cert_file: str = typer.Option("", help="TLS certificate of the client port."),
         tls_key_file: str = typer.Option("", help="Private key of --tls-cert-file."),
         tls_ca_file: str = typer.Option(
