@@ -41,3 +41,17 @@ def split_host_port(value: str, default_host: str | None = None) -> tuple[str, i
             raise AddressError(f"expected HOST:PORT, got {value!r}: no host")
         host = default_host
     return host, int(port)
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for a host only this machine can reach: 127.0.0.0/8, ::1,
+    "localhost". A wildcard ("", 0.0.0.0, ::) or any other name is not: a name
+    could resolve anywhere, so it counts as reachable from outside."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -32,7 +32,6 @@ from ledgermq.base.address import split_host_port
 from ledgermq.base.clock import monotonic_ms
 from ledgermq.base.errors import LedgerMQError, NotLeaderError
 from ledgermq.broker.codec import message_view
-from ledgermq.broker.config import BrokerConfig
 from ledgermq.broker.control import MAX_QUEUES, PERM_RW, offsets_reset, topic_delete, topic_put
 from ledgermq.broker.metrics import Instruments, broker_registry
 from ledgermq.broker.view import BrokerView
@@ -57,8 +56,6 @@ from ledgermq.webadmin.app import (
     wire_status,
 )
 from ledgermq.webadmin.openapi import openapi_document
-from ledgermq.webadmin.signing import StaticKeyStore
-from ledgermq.wire.auth import CLUSTER_KEY, KeyStore, Principal, read_secret_file
 
 log = logging.getLogger(__name__)
 
@@ -77,21 +74,6 @@ def body_view(body: bytes) -> dict[str, Any]:
     except UnicodeDecodeError:
         out["body_text"] = None
     return out
-
-
-def config_keystore(config: BrokerConfig) -> KeyStore | None:
-    """The keys a broker knows from its configuration: the cluster key (cluster
-    members) and the bootstrap administrator; None without a cluster secret
-    (authentication off). Reads the secret files, so a missing or
-    group-readable one stops the broker at start."""
-    if not config.cluster_secret_file:
-        return None
-    keys = {CLUSTER_KEY: (read_secret_file(config.cluster_secret_file),
-                          Principal(CLUSTER_KEY, cluster_member=True))}
-    if config.admin_secret_file:
-        keys[config.admin_access_key] = (read_secret_file(config.admin_secret_file),
-                                         Principal(config.admin_access_key, admin=True))
-    return StaticKeyStore(keys)
 
 
 class BrokerAdmin:

@@ -86,7 +86,8 @@ class LocalCluster:
                             "--broker-expiry-ms", "5000",
                             "--log-level", self.log_level,
                             *(["--admin-listen", self.admin_listen] if self.admin_listen
-                              else [])],
+                              else []),
+                            *self._namesrv_security_args()],
                 self.base / "logs" / "namesrv.log", _NAMESRV_READY)
             ready_address(self.namesrv, timeout)
             self.peers = {nid: Peer(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")
@@ -101,6 +102,33 @@ class LocalCluster:
             self.stop()
             raise
         return self
+
+    def _namesrv_security_args(self) -> list[str]:
+        """The brokers' cluster secret and TLS files, given to the NameServer
+        too: brokers with a cluster secret register only with a NameServer
+        that proves it."""
+        args = []
+        for key in ("cluster_secret_file", "tls_cert_file", "tls_key_file", "tls_ca_file"):
+            if self.settings.get(key):
+                args += [f"--{key.replace('_', '-')}", str(self.settings[key])]
+        return args
+
+    @property
+    def credentials(self) -> Any:
+        """The cluster key's Credentials when the brokers have a cluster
+        secret (what the status helpers below authenticate with), else None."""
+        from ledgermq.wire.auth import CLUSTER_KEY, Credentials, read_secret_file
+
+        path = self.settings.get("cluster_secret_file")
+        return Credentials(CLUSTER_KEY, read_secret_file(path)) if path else None
+
+    @property
+    def client_tls(self) -> Any:
+        """A TLS client context verifying the nodes against `tls_ca_file`, else None."""
+        from ledgermq.wire.tls import client_context
+
+        ca = self.settings.get("tls_ca_file")
+        return client_context(str(ca)) if ca and self.settings.get("tls_cert_file") else None
 
     def _write_config(self, nid: int) -> None:
         values: dict[str, Any] = {
@@ -151,14 +179,18 @@ class LocalCluster:
         self.stop()
 
 
-async def node_status(address: str, timeout: float = 1.0) -> dict[str, Any] | None:
-    """BROKER_STATUS of one node, None if it does not answer."""
+async def node_status(address: str, timeout: float = 1.0, *, credentials: Any = None,
+                      tls: Any = None) -> dict[str, Any] | None:
+    """BROKER_STATUS of one node, None if it does not answer. `credentials`,
+    `tls`: for a cluster with authentication and TLS on (LocalCluster's
+    `credentials` and `client_tls`)."""
     from ledgermq.base.codes import RequestCode
     from ledgermq.wire import RpcClient
 
     try:
         host, port = split_host_port(address)
-        client = await RpcClient.connect(host, port, role="admin", timeout=timeout)
+        client = await RpcClient.connect(host, port, role="admin", timeout=timeout,
+                                         credentials=credentials, ssl=tls)
     except Exception:  # a bad address, a refused or timed-out connection: no answer
         return None
     try:
@@ -189,11 +221,13 @@ async def wait_leader(cluster: LocalCluster, timeout: float = 30.0,
     import asyncio
 
     deadline = time.monotonic() + timeout
+    credentials, tls = cluster.credentials, cluster.client_tls
     while time.monotonic() < deadline:
         for nid in cluster.alive():
             if nid in exclude:
                 continue
-            status = await node_status(cluster.client_address(nid))
+            status = await node_status(cluster.client_address(nid), credentials=credentials,
+                                       tls=tls)
             if status and status.get("role") == "leader" and status.get("leader_ready"):
                 return nid
         await asyncio.sleep(0.05)

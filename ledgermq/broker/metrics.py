@@ -44,7 +44,7 @@ from prometheus_client.registry import Collector
 from dledger.runtime.node import NodeCounters, NodeStatus
 from ledgermq.base.codes import RequestCode
 from ledgermq.broker.view import BrokerView
-from ledgermq.webadmin.request_metrics import RequestMetrics
+from ledgermq.webadmin.request_metrics import AuthFailures, RequestMetrics
 
 ROLES = ("leader", "candidate", "pre_candidate", "follower")
 # Latencies from ~100 µs (page-cache append) to seconds (a stalled disk).
@@ -371,4 +371,8 @@ def broker_registry(broker: BrokerView, instruments: Instruments) -> CollectorRe
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(broker))
     instruments.register(registry)
+    auth = AuthFailures({"group": broker.config.group, "node": str(broker.config.node_id)})
+    if broker.rpc is not None:
+        auth.add("client", broker.rpc.auth_failures)
+    registry.register(auth)
     return registry

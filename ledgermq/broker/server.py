@@ -46,12 +46,13 @@ from ledgermq.base.errors import (
 )
 from ledgermq.base.tasks import cancel_and_wait
 from ledgermq.broker import rollback
-from ledgermq.broker.admin_http import BrokerAdmin, config_keystore
+from ledgermq.broker.admin_http import BrokerAdmin
 from ledgermq.broker.codec import Records
 from ledgermq.broker.config import BrokerConfig, split_address
 from ledgermq.broker.control import encode_control
 from ledgermq.broker.group_commit import GroupCommitter, Pending
 from ledgermq.broker.handlers import handlers_for
+from ledgermq.broker.keys import BrokerSecurity
 from ledgermq.broker.longpoll import LongPoll
 from ledgermq.broker.members import Membership
 from ledgermq.broker.metrics import Instruments
@@ -60,7 +61,7 @@ from ledgermq.broker.runtime import RaftRuntime, RuntimeFactory
 from ledgermq.broker.state import BrokerState, Stored
 from ledgermq.broker.view import NO_BROKER_OBSERVER, BrokerObserver, ControlOp, SendAck
 from ledgermq.wire import RpcServer
-from ledgermq.wire.auth import read_secret_file
+from ledgermq.wire.auth import KeyStore
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,9 @@ class Broker:
 
     def __init__(self, config: BrokerConfig, runtime: RuntimeFactory = RaftGroupNode) -> None:
         self.config = config
+        # Secret files and the start-up rule first: a broker that would run
+        # open off loopback refuses here, before anything is bound or written.
+        self.security = BrokerSecurity.load(config)
         self.runtime = runtime
         self.state = BrokerState(config.dedup_window, config.dedup_producers_max)
         self.longpoll = LongPoll()
@@ -111,7 +115,9 @@ class Broker:
         self.address: tuple[str, int] | None = None
         self.registrar = Registrar(config.namesrv, self.registration,
                                    config.namesrv_register_interval_ms / 1000,
-                                   f"{config.group}/n{config.node_id}")
+                                   f"{config.group}/n{config.node_id}",
+                                   credentials=self.security.cluster,
+                                   tls=self.security.namesrv_tls)
         self._results: dict[int, Sequence[Stored]] = {}
         # id(entry body) -> (body, its columns) for bodies this leader proposed.
         self._prescanned: dict[int, tuple[bytes, RecordColumns]] = {}
@@ -124,8 +130,12 @@ class Broker:
         self.controls: GroupCommitter[ControlOp, int] | None = None
         self.entry_limit = 0
         self.admin: BrokerAdmin | None = None  # when admin_listen is set
-        # Whose signatures the admin app accepts (None: authentication off).
-        self.keystore = config_keystore(config)
+        # Whose proofs and signatures the client port and the admin app accept
+        # (None: authentication off): the cluster key, the bootstrap admin and
+        # the users of the replicated ACL.
+        self.keystore: KeyStore | None = self.security.keys
+        if self.security.keys is not None:
+            self.security.keys.users = self.state.acl.lookup
         # Set when the node asks for this process to restart (a rollback after
         # a committed divergence, see broker/rollback.py); `serve` obeys it.
         self.restart_requested = asyncio.Event()
@@ -164,8 +174,8 @@ class Broker:
         tls_server, tls_client = (tls_contexts(c.tls_cert_file, c.tls_key_file, c.tls_ca_file)
                                   if c.tls_cert_file else (None, None))
         return NodeConfig(
-            cluster_secret=read_secret_file(c.cluster_secret_file) if c.cluster_secret_file
-            else b"", tls_server=tls_server, tls_client=tls_client,
+            cluster_secret=self.security.cluster.secret if self.security.cluster else b"",
+            tls_server=tls_server, tls_client=tls_client,
             group=c.group, node_id=c.node_id, peers=c.raft_peers(), data_dir=c.data_dir,
             flush=c.flush, replicate=c.replicate, tick_ms=c.tick_ms,
             election_timeout_ticks=c.election_timeout_ticks,
@@ -194,8 +204,11 @@ class Broker:
         self.controls = GroupCommitter(self._flush_controls, max_count=4096,
                                        max_bytes=1 << 20, max_inflight=1)
         await self._node.start(applied)
+        # With a cluster secret every client connection must authenticate.
+        keys = self.security.keys
         self.rpc = RpcServer(f"broker {c.group}/n{c.node_id}", handlers_for(self),
-                             limits=c.server_limits())
+                             limits=c.server_limits(), key_store=keys,
+                             require_auth=keys is not None, ssl=self.security.client_tls)
         # Every request a handler runs is counted, the server's own PING included.
         self.rpc.observer = self.instruments
         host, port = split_address(c.client_address)

@@ -22,6 +22,7 @@ import contextlib
 import inspect
 import logging
 import os
+import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -39,6 +40,7 @@ from ledgermq.client.allocate import allocate_averagely
 from ledgermq.client.model import MessageQueue, PullResult, ReceivedMessage
 from ledgermq.client.offset_store import LocalOffsetStore, RemoteOffsetStore
 from ledgermq.client.routes import PERM_READ, RETRIABLE, Cluster
+from ledgermq.wire.auth import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +51,12 @@ class PullConsumer:
     """Explicit pulls and offset bookkeeping; the building block of PushConsumer."""
 
     def __init__(self, namesrv: Sequence[str], group: str, *, timeout: float = 5.0,
-                 name: str = "consumer") -> None:
+                 name: str = "consumer", credentials: Credentials | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """`credentials`, `tls`: as for Producer (docs/security.md)."""
         self.group = group
-        self.cluster = Cluster(tuple(namesrv), name=name, timeout=timeout)
+        self.cluster = Cluster(tuple(namesrv), name=name, timeout=timeout,
+                               credentials=credentials, tls=tls)
 
     async def close(self) -> None:
         await self.cluster.close()
@@ -155,6 +160,8 @@ class PushConsumer:
         commit_interval: float = 0.2,
         max_reconsume_times: int = 16,
         on_give_up: Callable[[ReceivedMessage, BaseException], None] | None = None,
+        credentials: Credentials | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if mode not in ("clustering", "broadcasting"):
             raise ValueError("mode must be 'clustering' or 'broadcasting'")
@@ -173,7 +180,8 @@ class PushConsumer:
         self.commit_interval = commit_interval
         self.max_reconsume_times = max_reconsume_times
         self.on_give_up = on_give_up
-        self.puller = PullConsumer(namesrv, group, name=f"consumer {self.client_id}")
+        self.puller = PullConsumer(namesrv, group, name=f"consumer {self.client_id}",
+                                   credentials=credentials, tls=tls)
         if mode == "broadcasting":
             path = offsets_path or os.path.join(
                 os.path.expanduser("~"), ".ledgermq", f"{group}-{self.client_id}.offsets.json")

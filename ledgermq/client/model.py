@@ -1,9 +1,30 @@
-"""Value types of the client SDK: what is sent, what comes back, and where."""
+"""Value types of the client SDK: what is sent, what comes back, and where;
+and the credentials it authenticates with."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from ledgermq.wire.auth import Credentials, read_secret_file
+
+ACCESS_KEY_ENV = "LEDGERMQ_ACCESS_KEY"
+SECRET_FILE_ENV = "LEDGERMQ_SECRET_FILE"
+
+
+def credentials_from_env(env: Mapping[str, str] | None = None) -> Credentials | None:
+    """Credentials from LEDGERMQ_ACCESS_KEY and the secret in the file named by
+    LEDGERMQ_SECRET_FILE (0600, as `read_secret_file` demands); None when
+    neither is set. ValueError when only one is set or the file is refused."""
+    env = os.environ if env is None else env
+    key, path = env.get(ACCESS_KEY_ENV, ""), env.get(SECRET_FILE_ENV, "")
+    if not key and not path:
+        return None
+    if not key or not path:
+        raise ValueError(f"{ACCESS_KEY_ENV} and {SECRET_FILE_ENV} are set together")
+    return Credentials(key, read_secret_file(path))
 
 
 @dataclass(frozen=True, order=True)

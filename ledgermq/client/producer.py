@@ -39,6 +39,7 @@ import logging
 import random
 import secrets
 import socket
+import ssl
 import struct
 import time
 import zlib
@@ -60,6 +61,7 @@ from ledgermq.client.coalesce import Outcome, SendCoalescer
 from ledgermq.client.model import Message, MessageQueue, SendResult, stored_result
 from ledgermq.client.records import HEAD, HEAD_SIZE, SEQUENCE_AT, encode_record
 from ledgermq.client.routes import PERM_WRITE, RETRIABLE, Cluster, GroupRoute
+from ledgermq.wire.auth import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +99,14 @@ class Producer:
         send_timeout: float = 3.0,
         retry_timeout: float = 15.0,
         name: str = "producer",
+        credentials: Credentials | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        self.cluster = Cluster(tuple(namesrv), name=name, timeout=send_timeout)
+        """`credentials`: authenticate to the brokers (docs/security.md;
+        `credentials_from_env()` reads them from the environment); `tls`:
+        connect with TLS, verifying the servers' certificates."""
+        self.cluster = Cluster(tuple(namesrv), name=name, timeout=send_timeout,
+                               credentials=credentials, tls=tls)
         self.send_timeout = send_timeout
         self.retry_timeout = retry_timeout
         self.producer_id = secrets.randbits(63) | 1 if idempotent else 0

@@ -5,6 +5,14 @@ topic's route (which broker groups serve it, their queue counts and who leads
 each), keeps one connection per broker address, and remembers the leader a
 NOT_LEADER answer named, so the next request goes straight there instead of
 waiting for the NameServer to learn about the new leader.
+
+Security (docs/security.md): with `credentials` every broker connection
+authenticates (AUTH) and checks the broker's proof in return, so a broker
+that does not know the secret — an impostor a forged route pointed at — is
+refused with UnauthenticatedError. NameServers only know the cluster key, so
+routes are read anonymously (their authenticity does not matter: a route to
+an impostor ends at that check). `tls`: every connection, NameServers and
+brokers, uses TLS and verifies the server's certificate.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +35,7 @@ from ledgermq.base.errors import (
 )
 from ledgermq.client.model import MessageQueue
 from ledgermq.wire import RpcClient
+from ledgermq.wire.auth import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +60,14 @@ class Cluster:
     """NameServer lookups and broker connections for one client."""
 
     def __init__(self, namesrv: list[str] | tuple[str, ...], *, name: str = "client",
-                 timeout: float = 3.0, route_ttl: float = 5.0) -> None:
+                 timeout: float = 3.0, route_ttl: float = 5.0,
+                 credentials: Credentials | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         if not namesrv:
             raise ValueError("at least one NameServer address is required")
         self.namesrv = list(namesrv)
+        self.credentials = credentials
+        self.tls = tls
         self.name = name
         self.timeout = timeout
         self.route_ttl = route_ttl
@@ -78,7 +92,9 @@ class Cluster:
             host, port = split_host_port(address)
             pending = asyncio.ensure_future(
                 RpcClient.connect(host, port, role="client", name=self.name,
-                                  timeout=self.timeout))
+                                  timeout=self.timeout, ssl=self.tls,
+                                  credentials=(None if address in self.namesrv
+                                               else self.credentials)))
             self._connecting[address] = pending
 
             def settled(future: asyncio.Future[RpcClient], address: str = address) -> None:

@@ -110,10 +110,14 @@ class NameServerAdmin:
     """`await start()` binds the app; `await close()` stops it."""
 
     def __init__(self, server: NameServerView, listen: str, *, reports_dir: str = "",
-                 security: AdminSecurity | None = None) -> None:
+                 security: AdminSecurity | None = None,
+                 wire_tls: ssl.SSLContext | None = None) -> None:
         self.server = server
         self.listen = listen
         self.security = security or AdminSecurity()
+        # What the BROKER_STATUS queries authenticate with (the cluster key)
+        # and verify the brokers' client ports with, when those are on.
+        self.credentials, self.tls = self.security.member, wire_tls
         self.auth = self.security.auth()
         self.registry = namesrv_registry(server)
         self.runner: web.AppRunner | None = None
@@ -160,7 +164,8 @@ class NameServerAdmin:
         for name, info in sorted(view.get("groups", {}).items()):
             nodes = info.get("nodes", [])
             statuses = await asyncio.gather(
-                *(wire_status(n["address"], STATUS_TIMEOUT) for n in nodes))
+                *(wire_status(n["address"], STATUS_TIMEOUT, credentials=self.credentials,
+                              tls=self.tls) for n in nodes))
             rows = [node_row(n["node_id"], n["address"], st, n.get("role"))
                     for n, st in zip(nodes, statuses, strict=True)]
             group = group_view(rows)

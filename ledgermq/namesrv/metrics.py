@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from ledgermq.base.clock import monotonic_ms
 from ledgermq.namesrv.view import NameServerView
-from ledgermq.webadmin.request_metrics import RequestMetrics
+from ledgermq.webadmin.request_metrics import AuthFailures, RequestMetrics
 
 _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 
@@ -69,6 +69,9 @@ def namesrv_registry(server: NameServerView) -> CollectorRegistry:
     """A registry for one NameServer; its RpcServer reports every request to it."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NameServerCollector(server))
+    auth = AuthFailures()
+    auth.add("client", server.rpc.auth_failures)
+    registry.register(auth)
     server.rpc.observer = RequestMetrics("ledgermq_namesrv_", "Request", {}, _BUCKETS,
                                          registry=registry)
     return registry

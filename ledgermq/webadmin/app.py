@@ -515,25 +515,30 @@ def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext | None:
 
 
 async def wire_request(address: str, code: int, body: Any = None,
-                       timeout: float = 1.0) -> Any:
-    """One request over the wire protocol to `address`; raises on failure."""
+                       timeout: float = 1.0, *, credentials: Any = None,
+                       tls: Any = None) -> Any:
+    """One request over the wire protocol to `address`; raises on failure.
+    `credentials` (wire.auth.Credentials), `tls` (an ssl.SSLContext): for
+    brokers with authentication and TLS on (docs/security.md)."""
     from ledgermq.wire import RpcClient
 
     host, port = split_host_port(address)
-    client = await RpcClient.connect(host, port, role="admin", timeout=timeout)
+    client = await RpcClient.connect(host, port, role="admin", timeout=timeout,
+                                     credentials=credentials, ssl=tls)
     try:
         return await client.request(code, body, timeout=timeout)
     finally:
         await client.close()
 
 
-async def wire_status(address: str, timeout: float = 1.0) -> dict[str, Any] | None:
+async def wire_status(address: str, timeout: float = 1.0, *, credentials: Any = None,
+                      tls: Any = None) -> dict[str, Any] | None:
     """BROKER_STATUS of the node at `address`, None if it does not answer."""
     from ledgermq.base.codes import RequestCode
 
     try:
         status: dict[str, Any] = await wire_request(address, RequestCode.BROKER_STATUS, None,
-                                                    timeout)
+                                                    timeout, credentials=credentials, tls=tls)
     except Exception:  # unreachable, closed, timed out: all mean "no status"
         return None
     return status

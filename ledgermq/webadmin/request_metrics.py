@@ -3,7 +3,8 @@ how many it answered with an error (by error code) and how long they took.
 
 `RequestMetrics` is the `ledgermq.wire.RequestObserver` the broker and the
 NameServer give their `RpcServer`, which reports every request a handler ran;
-nothing wraps or replaces the handlers.
+nothing wraps or replaces the handlers. `AuthFailures` reads the refused
+authentications the servers count (`RpcServer.auth_failures`) at scrape time.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import ErrorCode, LedgerMQError
@@ -65,3 +68,25 @@ class RequestMetrics:
         duration.observe(seconds)
         if error is not None:
             self.errors.labels(**self._ids, request=name, code=error_code_name(error)).inc()
+
+
+class AuthFailures(Collector):
+    """`ledgermq_auth_failures_total{..ids, port, reason}`: refused
+    authentications, read at scrape time from each port's counter (a mapping
+    reason -> count, such as `RpcServer.auth_failures`)."""
+
+    def __init__(self, ids: Mapping[str, str] | None = None) -> None:
+        self._ids = dict(ids or {})
+        self._ports: dict[str, Mapping[str, int]] = {}
+
+    def add(self, port: str, counts: Mapping[str, int]) -> None:
+        self._ports[port] = counts
+
+    def collect(self) -> Any:
+        family = CounterMetricFamily(
+            "ledgermq_auth_failures", "Refused authentications, by port and reason.",
+            labels=[*self._ids, "port", "reason"])
+        for port, counts in sorted(self._ports.items()):
+            for reason, count in sorted(counts.items()):
+                family.add_metric([*self._ids.values(), port, reason], count)
+        yield family

@@ -288,6 +288,8 @@ class HelloReply(TypedDict):
     version: int
     server: str
     max_frame_bytes: int
+    # Only from a server that authenticates: {"challenge": 16 bytes} (AUTH).
+    auth: NotRequired[dict[str, bytes]]
 
 
 def _pack(obj: RequestMap | ResponseMap) -> bytes:

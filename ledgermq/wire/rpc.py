@@ -8,6 +8,14 @@ request id and go out in whatever order handlers finish. Protocol violations
 error frame and close that connection only. Unknown codes and handler errors
 get an error response and the connection goes on.
 
+Authentication (docs/protocol.md "Authentication", docs/security.md): a
+server given a `KeyStore` puts a fresh challenge in its HELLO answer; the
+client proves an access key with AUTH and checks the server's proof in return
+(mutual). With `require_auth`, every request but PING and AUTH before a
+successful AUTH is refused with UNAUTHENTICATED and the connection closed;
+without it, a connection that does not authenticate stays ANONYMOUS. TLS is
+the standard `ssl` module's, under the same frames.
+
 `RpcClient` is one connection: `request()` sends and waits for the response with
 the same id, returning its body or raising the typed LedgerMQError. Reconnecting
 is left to the caller (a producer fails over to another broker, a broker to
@@ -20,7 +28,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl as ssl_module
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -37,12 +47,24 @@ from ledgermq.base.errors import (
     NoPermissionError,
     RequestTimeoutError,
     ServiceUnavailableError,
+    UnauthenticatedError,
     UnknownRequestError,
     UnsupportedVersionError,
     error_from_response,
 )
 from ledgermq.base.tasks import cancel_and_wait
-from ledgermq.wire.auth import Principal
+from ledgermq.wire.auth import (
+    ACCESS_KEY_MAX,
+    ANONYMOUS,
+    CHALLENGE_BYTES,
+    Credentials,
+    KeyStore,
+    Principal,
+    client_proof,
+    new_challenge,
+    proof_matches,
+    server_proof,
+)
 from ledgermq.wire.codec import (
     CONNECTION_ERROR_ID,
     DEFAULT_COMPRESS_THRESHOLD,
@@ -97,10 +119,15 @@ class Connection:
     # Who proved themselves on this connection (the AUTH handshake); None
     # while unauthenticated, ANONYMOUS on a server that runs open.
     principal: Principal | None = None
+    # The challenge this server sent in its HELLO answer, until an AUTH
+    # consumes it (one attempt per connection).
+    challenge: bytes | None = field(default=None, repr=False)
     writer: FrameWriter | None = field(default=None, repr=False)
     inflight: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     reading: bool = field(default=False, repr=False)
+    # Set once the connection was refused for authentication: it is closing.
+    refused: bool = field(default=False, repr=False)
 
 
 Handler = Callable[[Any, Connection], Awaitable[Any]]
@@ -134,6 +161,12 @@ class RpcServer:
     frame memory, read deadlines, the idle timeout and connection caps; its
     `max_frame_bytes` wins over the `max_frame_bytes` argument. `limit_events`
     counts what the limits refused or closed, by reason.
+
+    `key_store`: offer the AUTH handshake (a challenge in the HELLO answer)
+    and authenticate access keys against it. `require_auth`: refuse every
+    request but PING and AUTH until the connection authenticated (needs a
+    key store). `ssl`: serve TLS. `auth_failures` counts refused
+    authentications by reason (the servers' metrics read it).
     """
 
     def __init__(
@@ -147,9 +180,14 @@ class RpcServer:
         accepted_roles: frozenset[str] = ROLES,
         handshake_timeout: float = 10.0,
         limits: ServerLimits | None = None,
+        key_store: KeyStore | None = None,
+        require_auth: bool = False,
+        ssl: ssl_module.SSLContext | None = None,
     ) -> None:
-        if RequestCode.HELLO in handlers:
-            raise ValueError("HELLO is handled by the RPC layer")
+        if RequestCode.HELLO in handlers or RequestCode.AUTH in handlers:
+            raise ValueError("HELLO and AUTH are handled by the RPC layer")
+        if require_auth and key_store is None:
+            raise ValueError("require_auth needs a key store")
         self.name = name
         self.handlers: dict[int, Handler] = dict(handlers)
         self.handlers.setdefault(RequestCode.PING, _ping)
@@ -172,6 +210,10 @@ class RpcServer:
         self.accepted_roles = accepted_roles
         self.handshake_timeout = handshake_timeout
         self.observer: RequestObserver | None = None
+        self.key_store = key_store
+        self.require_auth = require_auth
+        self.ssl = ssl
+        self.auth_failures: Counter[str] = Counter()
         self._server: asyncio.Server | None = None
         self._connections: set[Connection] = set()
         self._closing = False
@@ -192,7 +234,9 @@ class RpcServer:
         """Bind and start accepting; port 0 picks a free port. Returns the bound address."""
         # Frame buffers must give their memory back when freed (limits.py).
         map_large_allocations()
-        self._server = await asyncio.start_server(self._on_connect, host, port)
+        self._server = await asyncio.start_server(
+            self._on_connect, host, port, ssl=self.ssl,
+            ssl_handshake_timeout=self.handshake_timeout if self.ssl is not None else None)
         return self.address
 
     async def close(self, grace: float = 5.0) -> None:
@@ -426,20 +470,84 @@ class RpcServer:
         name = body.get("name")
         conn.version, conn.role = version, role
         conn.name = name if isinstance(name, str) else None
+        reply = HelloReply(version=version, server=self.name, max_frame_bytes=self.max_frame_bytes)
+        if self.key_store is None:
+            conn.principal = ANONYMOUS
+        else:
+            # Only a server that authenticates adds the key: an open server's
+            # HELLO answer is byte for byte what it was before AUTH existed.
+            conn.challenge = new_challenge()
+            reply["auth"] = {"challenge": conn.challenge}
+            conn.principal = None if self.require_auth else ANONYMOUS
         assert conn.writer is not None
-        conn.writer.send(
-            encode_response(
-                Response(
-                    request.id,
-                    body=HelloReply(
-                        version=version, server=self.name, max_frame_bytes=self.max_frame_bytes
-                    ),
-                )
-            )
-        )
+        conn.writer.send(encode_response(Response(request.id, body=reply)))
+
+    def _authenticate(self, body: Any, conn: Connection) -> dict[str, bytes]:
+        """Check an AUTH request and set `conn.principal`; the server's proof.
+        Synchronous on purpose: it completes before the next request read on
+        the connection is dispatched, so a pipelined request sees the result."""
+        assert self.key_store is not None
+        challenge, conn.challenge = conn.challenge, None
+        if challenge is None:
+            raise _AuthRefused("repeated", "", "AUTH may be sent once per connection")
+        if not isinstance(body, dict):
+            raise _AuthRefused("malformed", "", "AUTH body must be {access_key, nonce, proof}")
+        key, nonce, proof = body.get("access_key"), body.get("nonce"), body.get("proof")
+        if (not isinstance(key, str) or not 0 < len(key) <= ACCESS_KEY_MAX
+                or not isinstance(nonce, bytes) or len(nonce) != CHALLENGE_BYTES):
+            raise _AuthRefused("malformed", key if isinstance(key, str) else "",
+                               "AUTH body must be {access_key: str, nonce: 16 bytes, proof: bytes}")
+        found = self.key_store.lookup(key)
+        if found is None:
+            raise _AuthRefused("unknown_key", key, "unknown access key or wrong secret")
+        secret, principal = found
+        claim = f"{conn.role}:{conn.name or ''}"
+        if not proof_matches(client_proof(secret, challenge, nonce, claim), proof):
+            # Same message as an unknown key: the answer must not tell an
+            # attacker which access keys exist.
+            raise _AuthRefused("bad_proof", key, "unknown access key or wrong secret")
+        conn.principal = principal
+        return {"proof": server_proof(secret, challenge, nonce, claim)}
+
+    def _refuse(self, conn: Connection, reason: str, access_key: str, message: str) -> None:
+        """Count and log one refused authentication, then close the connection
+        (the caller has queued the UNAUTHENTICATED answer)."""
+        if not conn.refused:
+            conn.refused = True
+            self.auth_failures[reason] += 1
+            # One line per refusal: who and which key, never a proof or secret.
+            log.warning("%s: authentication refused for %s (role %r, access key %r): %s: %s",
+                        self.name, conn.peer, conn.role, access_key[:ACCESS_KEY_MAX], reason,
+                        message)
+        if conn.reading and conn.task is not None:
+            # Stops reading; the connection's cleanup still answers what was read.
+            conn.task.cancel()
+
+    def _gate(self, conn: Connection, request: Request) -> Response | None:
+        """The answer to an AUTH request, or to a request the connection may
+        not make yet; None for a request that goes to its handler."""
+        code = request.code
+        if code == RequestCode.AUTH and self.key_store is not None:
+            try:
+                return Response(request.id, body=self._authenticate(request.body, conn))
+            except _AuthRefused as exc:
+                self._refuse(conn, exc.reason, exc.access_key, str(exc))
+                return error_response(request.id, UnauthenticatedError(str(exc)))
+        if conn.refused or (conn.principal is None and code != RequestCode.PING):
+            message = (f"{self.name} requires authentication: send AUTH after HELLO"
+                       f" before request code {code}")
+            self._refuse(conn, "no_auth", "", message)
+            return error_response(request.id, UnauthenticatedError(message))
+        return None
 
     async def _dispatch(self, conn: Connection, request: Request) -> None:
         assert conn.writer is not None
+        gated = self._gate(conn, request)
+        if gated is not None:
+            conn.writer.send(encode_response(gated))
+            with contextlib.suppress(ConnectionError):
+                await conn.writer.drain()
+            return
         handler = self.handlers.get(request.code)
         error: Exception | None = None
         result: Any = None
@@ -512,6 +620,13 @@ _LIMIT_REASONS: dict[type, str] = {
 }
 
 
+class _AuthRefused(Exception):
+    def __init__(self, reason: str, access_key: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.access_key = access_key
+
+
 class _HandshakeFailed(Exception):
     def __init__(self, request_id: int, error: LedgerMQError) -> None:
         super().__init__(str(error))
@@ -561,12 +676,27 @@ class RpcClient:
         timeout: float = 5.0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         compress_threshold: int | None = DEFAULT_COMPRESS_THRESHOLD,
+        credentials: Credentials | None = None,
+        ssl: ssl_module.SSLContext | None = None,
+        server_hostname: str | None = None,
+        require_server_auth: bool = True,
     ) -> RpcClient:
         """Connect and complete the HELLO handshake, or raise (the typed error the
-        server sent, RequestTimeoutError, or OSError from connect)."""
+        server sent, RequestTimeoutError, or OSError from connect).
+
+        With `credentials`, authenticate (AUTH) and check the server's proof:
+        UnauthenticatedError if the server refuses them, fails its own proof
+        (it does not know the secret: not the server it claims to be) or, with
+        `require_server_auth` (the default), offers no authentication at all.
+        `ssl`: connect with TLS, checking the certificate against
+        `server_hostname` (default: `host`)."""
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(host, port)
+                if ssl is None:
+                    reader, writer = await asyncio.open_connection(host, port)
+                else:
+                    reader, writer = await asyncio.open_connection(
+                        host, port, ssl=ssl, server_hostname=server_hostname or host)
         except TimeoutError:
             raise RequestTimeoutError(f"connect to {host}:{port} timed out") from None
         client = cls(
@@ -579,6 +709,10 @@ class RpcClient:
         client._reader_task = asyncio.create_task(client._read_loop())
         try:
             info = await client.request(RequestCode.HELLO, hello_body(role, version, name))
+            client.server_info = info if isinstance(info, dict) else {}
+            if credentials is not None:
+                await client._authenticate(credentials, f"{role}:{name or ''}",
+                                           require_server_auth)
         except (Exception, asyncio.CancelledError):
             await client.close()
             raise
@@ -589,8 +723,32 @@ class RpcClient:
                 client._reader_task.cancel()
                 writer.close()
             raise
-        client.server_info = info if isinstance(info, dict) else {}
         return client
+
+    async def _authenticate(self, credentials: Credentials, claim: str,
+                            require_server_auth: bool) -> None:
+        """AUTH with `credentials` against the HELLO answer's challenge and
+        check the server's proof."""
+        auth = self.server_info.get("auth")
+        challenge = auth.get("challenge") if isinstance(auth, dict) else None
+        if not isinstance(challenge, bytes) or len(challenge) != CHALLENGE_BYTES:
+            if not require_server_auth:
+                return
+            # The caller asked to authenticate; a server that cannot (an open
+            # one, or an impostor that skips the challenge) must not be trusted
+            # with the messages as if it were the authenticated cluster.
+            raise UnauthenticatedError(
+                f"{self.peer} ({self.server_info.get('server', '?')}) offers no authentication;"
+                " credentials were given, so it is not trusted")
+        nonce = new_challenge()
+        reply = await self.request(RequestCode.AUTH, {
+            "access_key": credentials.access_key, "nonce": nonce,
+            "proof": client_proof(credentials.secret, challenge, nonce, claim)})
+        expected = server_proof(credentials.secret, challenge, nonce, claim)
+        if not isinstance(reply, dict) or not proof_matches(expected, reply.get("proof")):
+            raise UnauthenticatedError(
+                f"{self.peer} accepted AUTH but could not prove it knows the secret of"
+                f" {credentials.access_key!r}: it is not the server it claims to be")
 
     @property
     def closed(self) -> bool:

@@ -44,6 +44,9 @@ def register(app: typer.Typer) -> None:
 
         try:
             restart = loop.run(serve(cfg, on_ready=ready))
+        except BrokerConfigError as exc:  # refused at start: secret files, running open
+            console.print(f"[red]broker: {exc}[/red]")
+            raise typer.Exit(2) from None
         except OSError as exc:
             console.print(f"[red]broker: {exc}[/red]")
             raise typer.Exit(1) from None

@@ -35,8 +35,9 @@ def register(app: typer.Typer) -> None:
             help="Token admin writes must carry (only without --cluster-secret-file)."),
         cluster_secret_file: str = typer.Option(
             "", envvar="LEDGERMQ_CLUSTER_SECRET_FILE",
-            help="The cluster secret (a 0600 file): turns authentication on; the admin app"
-            " signs what it forwards to brokers with it."),
+            help="The cluster secret (a 0600 file): only brokers that prove it may register"
+            " (clients still read routes anonymously); the admin app signs what it forwards"
+            " to brokers with it."),
         admin_access_key: str = typer.Option(
             "admin", envvar="LEDGERMQ_NAMESRV_ADMIN_ACCESS_KEY",
             help="Access key of the administrator the admin app accepts."),
@@ -45,18 +46,19 @@ def register(app: typer.Typer) -> None:
             help="Secret file (0600) of that administrator (the brokers' bootstrap admin)."),
         allow_open: bool = typer.Option(
             False, "--allow-open", envvar="LEDGERMQ_ALLOW_OPEN",
-            help="Let the admin app listen beyond loopback without authentication."),
+            help="Run without a cluster secret even when listening off loopback."),
         metrics_auth: bool = typer.Option(
             False, "--metrics-auth", envvar="LEDGERMQ_METRICS_AUTH",
             help="With authentication on, /metrics and report files need signed requests."),
         tls_cert_file: str = typer.Option(
             "", envvar="LEDGERMQ_NAMESRV_TLS_CERT_FILE",
-            help="Certificate (PEM) of the admin app: it serves HTTPS."),
+            help="Certificate (PEM): the client port serves TLS and the admin app HTTPS."),
         tls_key_file: str = typer.Option(
             "", envvar="LEDGERMQ_NAMESRV_TLS_KEY_FILE", help="Its private key (PEM)."),
         tls_ca_file: str = typer.Option(
             "", envvar="LEDGERMQ_NAMESRV_TLS_CA_FILE",
-            help="CA (PEM) that verifies the brokers' https admin apps."),
+            help="CA (PEM) that verifies the brokers (their client ports and https admin"
+            " apps)."),
         reports_dir: str = typer.Option(
             "", envvar="LEDGERMQ_REPORTS_DIR",
             help="Directory of chaos and audit reports listed by the dashboard."),
@@ -70,28 +72,32 @@ def register(app: typer.Typer) -> None:
 
         from ledgermq.base import loop
         from ledgermq.namesrv.admin_http import AdminSecurity
-        from ledgermq.namesrv.server import serve
+        from ledgermq.namesrv.server import NameServerConfigError, load_security, serve
         from ledgermq.webadmin.app import ExposureError
         from ledgermq.wire.auth import Credentials, SecretFileError, read_secret_file
 
         host, port = parse_listen(listen)
-        if bool(tls_cert_file) != bool(tls_key_file):
-            raise typer.BadParameter("--tls-cert-file and --tls-key-file go together")
+        logging.basicConfig(
+            level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        listening = {"client port": listen, **({"admin app": admin_listen} if admin_listen
+                                               else {})}
         try:
-            security = AdminSecurity(
-                cluster_secret=read_secret_file(cluster_secret_file) if cluster_secret_file
-                else None,
+            # The client port's security and the start-up rule, then the admin app's.
+            security = load_security(
+                listening, cluster_secret_file=cluster_secret_file, allow_open=allow_open,
+                tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
+                tls_ca_file=tls_ca_file)
+            admin_security = AdminSecurity(
+                cluster_secret=security.cluster_secret,
                 admin=Credentials(admin_access_key, read_secret_file(admin_secret_file))
                 if admin_secret_file else None,
                 token=admin_token, allow_open=allow_open, metrics_auth=metrics_auth,
                 tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
                 tls_ca_file=tls_ca_file)
-        except (SecretFileError, ValueError) as exc:
+        except (NameServerConfigError, SecretFileError, ValueError) as exc:
             Console(stderr=True, highlight=False).print(f"[red]namesrv: {exc}[/red]")
             raise typer.Exit(2) from None
-        logging.basicConfig(
-            level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
         console = Console(highlight=False)
 
         def ready(bound_host: str, bound_port: int) -> None:
@@ -108,8 +114,9 @@ def register(app: typer.Typer) -> None:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 running.add_signal_handler(sig, stop.set)
             await serve(host, port, expiry_ms=broker_expiry_ms, stop=stop, on_ready=ready,
-                        admin_listen=admin_listen, admin_security=security,
-                        reports_dir=reports_dir, on_admin_ready=admin_ready)
+                        admin_listen=admin_listen, admin_security=admin_security,
+                        reports_dir=reports_dir, on_admin_ready=admin_ready,
+                        security=security)
 
         try:
             loop.run(main())

@@ -20,7 +20,7 @@ from ledgermq.broker.control import (
 )
 from ledgermq.broker.keys import BrokerKeys
 from ledgermq.broker.state import BrokerState
-from ledgermq.wire.auth import ANONYMOUS, CLUSTER_KEY, Credentials, Principal
+from ledgermq.wire.auth import ANONYMOUS, CLUSTER_KEY, Principal
 
 SECRET = b"s" * 32
 IP = "10.1.2.3"
@@ -219,7 +219,8 @@ def test_peer_host() -> None:
 
 def test_broker_keys_look_up_cluster_admin_then_replicated_users() -> None:
     state = BrokerState()
-    keys = BrokerKeys(b"c" * 32, Credentials("root", b"r" * 32), users=state.acl.lookup)
+    keys = BrokerKeys(b"c" * 32, admin_access_key="root", admin_secret=b"r" * 32,
+                     users=state.acl.lookup)
     assert keys.lookup(CLUSTER_KEY) == (b"c" * 32, Principal(CLUSTER_KEY, cluster_member=True))
     assert keys.lookup("root") == (b"r" * 32, Principal("root", admin=True))
     assert keys.lookup("alice") is None
