@@ -75,6 +75,10 @@ class OpsCluster(LocalCluster):
     async def admin_url(self, nid: int, timeout: float = 10.0) -> str:
         return await wait_admin_url(self, nid, timeout)
 
+    def client_options(self) -> dict[str, Any]:
+        """What the SDK needs to reach this cluster: nothing (it runs open)."""
+        return {}
+
     def admin_urls(self) -> dict[int, str]:
         return {nid: loop.run(self.admin_url(nid)) for nid in self.alive()}
 
@@ -115,10 +119,21 @@ class SecureOpsCluster(OpsCluster):
             cert.private_key_pem.write_to_path(str(key_file))
             for i, pem in enumerate(cert.cert_chain_pems):
                 pem.write_to_path(str(cert_file), append=i > 0)
-            self.settings.update(tls_cert_file=str(cert_file), tls_key_file=str(key_file))
+            # The CA too: with a certificate the brokers' Raft and client ports
+            # speak TLS, and peers and NameServers are verified against it.
+            self.settings.update(tls_cert_file=str(cert_file), tls_key_file=str(key_file),
+                                 tls_ca_file=self.ca_file)
             self.namesrv_env.update(LEDGERMQ_NAMESRV_TLS_CERT_FILE=str(cert_file),
                                     LEDGERMQ_NAMESRV_TLS_KEY_FILE=str(key_file),
                                     LEDGERMQ_NAMESRV_TLS_CA_FILE=self.ca_file)
+
+    def client_options(self) -> dict[str, Any]:
+        """What the SDK needs to reach this cluster: the admin's credentials
+        and, with TLS, a context trusting the cluster's CA."""
+        from ledgermq.wire.tls import client_context
+
+        return {"credentials": self.admin,
+                "tls": client_context(self.ca_file) if self.ca_file else None}
 
 
 async def signed(method: str, url: str, body: Any = None, *,

@@ -38,7 +38,7 @@ async def _setup(c: SecureOpsCluster) -> tuple[int, str, AdminApi]:
     await wait_group_ready(c)
     api = AdminApi(c.namesrv_url, credentials=c.admin, ca_file=c.ca_file)
     await api.call("POST", "topics", {"topic": "AuthT", "queues": 1})
-    async with Producer([c.namesrv_address]) as producer:
+    async with Producer([c.namesrv_address], **c.client_options()) as producer:
         for i in range(6):
             await producer.send("AuthT", b"m%d" % i)
     await api.call("POST", "consumer-groups/auth-cg/reset-offsets",

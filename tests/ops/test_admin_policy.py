@@ -147,8 +147,14 @@ def test_namesrv_refuses_an_open_admin_app_on_every_interface() -> None:
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
     try:
         assert proc.stdout is not None
-        lines = [proc.stdout.readline() for _ in range(2)]
+        # The RUNNING OPEN warnings come first (client port, admin app).
+        lines = []
+        for _ in range(10):
+            lines.append(proc.stdout.readline())
+            if "namesrv admin listening on" in lines[-1]:
+                break
         assert any("namesrv admin listening on http://" in line for line in lines), lines
+        assert any("RUNNING OPEN" in line for line in lines), lines
     finally:
         proc.terminate()
         proc.wait(10)

@@ -45,7 +45,7 @@ def test_dashboard_follows_a_leader_change(tmp_path: Path) -> None:
 
 async def _scenario(cluster: OpsCluster, chromium: str, artifacts: Path) -> None:
     leader = await wait_leader(cluster)
-    async with Producer([cluster.namesrv_address]) as producer:
+    async with Producer([cluster.namesrv_address], **cluster.client_options()) as producer:
         for i in range(40):
             await producer.send("DashboardDemo", b"hello %d" % i, keys=f"k{i}")
     async with Browser(chromium) as browser:

@@ -90,30 +90,38 @@ async def _request(host: str, port: int, creds: Credentials | None, code: int,
 
 
 async def _on_leader(addresses: list[str], creds: Credentials | None, code: int,
-                     body: Any) -> Any:
+                     body: Any, patience: float = 10.0) -> Any:
     """`code` on the group's leader: the registered one first, then wherever
-    a follower says the leader is."""
+    a follower says the leader is; while the group has no leader (an election
+    in progress) the round is tried again for up to `patience` seconds."""
+    import asyncio
+    import time
+
     from ledgermq.base.address import split_host_port
     from ledgermq.base.errors import NotLeaderError, ServiceUnavailableError
 
-    tried: set[str] = set()
-    queue = list(addresses)
+    deadline = time.monotonic() + patience
     last: Exception | None = None
-    while queue:
-        address = queue.pop(0)
-        if address in tried:
-            continue
-        tried.add(address)
-        try:
-            return await _request(*split_host_port(address), creds, code, body)
-        except NotLeaderError as exc:
-            last = exc
-            if exc.leader:
-                queue.insert(0, exc.leader)
-        except (OSError, ServiceUnavailableError) as exc:
-            last = exc
-    assert last is not None
-    raise last
+    while True:
+        tried: set[str] = set()
+        queue = list(addresses)
+        while queue:
+            address = queue.pop(0)
+            if address in tried:
+                continue
+            tried.add(address)
+            try:
+                return await _request(*split_host_port(address), creds, code, body)
+            except NotLeaderError as exc:
+                last = exc
+                if exc.leader:
+                    queue.insert(0, exc.leader)
+            except (OSError, ServiceUnavailableError) as exc:
+                last = exc
+        assert last is not None
+        if time.monotonic() >= deadline:
+            raise last
+        await asyncio.sleep(0.2)
 
 
 def on_groups(namesrv: str, group: str, creds: Credentials | None, code: int,

@@ -221,7 +221,8 @@ def test_broker_keys_look_up_cluster_admin_then_replicated_users() -> None:
     state = BrokerState()
     keys = BrokerKeys(b"c" * 32, admin_access_key="root", admin_secret=b"r" * 32,
                      users=state.acl.lookup)
-    assert keys.lookup(CLUSTER_KEY) == (b"c" * 32, Principal(CLUSTER_KEY, cluster_member=True))
+    assert keys.lookup(CLUSTER_KEY) == (b"c" * 32,
+                                        Principal(CLUSTER_KEY, cluster_member=True, admin=True))
     assert keys.lookup("root") == (b"r" * 32, Principal("root", admin=True))
     assert keys.lookup("alice") is None
     apply_ops(state, 1, acl_user_put({"access_key": "alice", "secret": SECRET, "admin": True}))

@@ -223,16 +223,19 @@ def test_the_status_helper_authenticates_with_the_cluster_key(secured: Secured) 
 
 def test_the_namesrv_admin_app_reads_broker_status_with_the_cluster_key(
         secured: Secured) -> None:
-    import aiohttp
+    """The NameServer's admin app (HTTPS, signed requests) queries every broker's
+    status over the wire, authenticated with the cluster key and over TLS."""
+    from ledgermq.client.admin import AdminApi
 
     assert secured.cluster.namesrv is not None
     url = next(m.group(1) for line in secured.cluster.namesrv.output
-               if (m := re.search(r"namesrv admin listening on (http://\S+)", line)))
+               if (m := re.search(r"namesrv admin listening on (https?://\S+)", line)))
+    assert url.startswith("https://")
 
     async def main() -> None:
-        async with aiohttp.ClientSession() as session, \
-                session.get(f"{url}/api/v1/cluster") as response:
-            view = await response.json()
+        async with AdminApi(url, credentials=secured.cluster.credentials,
+                            ca_file=str(secured.cluster.settings["tls_ca_file"])) as api:
+            view = await api.call("GET", "cluster")
         nodes = view["groups"]["broker-a"]["nodes"]
         assert len(nodes) == 3 and all(n["reachable"] for n in nodes), nodes
 
