@@ -41,7 +41,7 @@ from ledgermq.webadmin.app import (
     add_common_routes,
     add_operations,
     auth_failures,
-    check_exposure,
+    check_app_exposure,
     field,
     group_view,
     int_param,
@@ -103,7 +103,7 @@ class BrokerAdmin:
     async def start(self) -> str:
         cfg = self.b.config
         host, port = split_host_port(cfg.admin_listen)
-        check_exposure(f"broker {cfg.group}/n{cfg.node_id} admin app", host, self.auth,
+        check_app_exposure(f"broker {cfg.group}/n{cfg.node_id} admin app", host, self.auth,
                        cfg.allow_open)
         self.runner, self.url = await start_site(
             self.app, host, port, tls_context(cfg.tls_cert_file, cfg.tls_key_file))

@@ -23,7 +23,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ledgermq.base.address import is_loopback_host
+from ledgermq.base.exposure import ExposureError, check_exposure
 from ledgermq.broker.config import BrokerConfig, BrokerConfigError, split_address
 from ledgermq.wire.auth import (
     CLUSTER_KEY,
@@ -100,22 +100,13 @@ class BrokerSecurity:
                                     "cluster secret the broker does not authenticate anyone")
         if admin is not None and config.admin_access_key == CLUSTER_KEY:
             raise BrokerConfigError(f"admin_access_key cannot be {CLUSTER_KEY!r}")
-        if secret is None:
-            exposed = {what: host for what, host in listen_hosts(config).items()
-                       if not is_loopback_host(host)}
-            where = ", ".join(f"{what} on {host or '*'}" for what, host in exposed.items())
-            if exposed and not config.allow_open:
-                raise BrokerConfigError(
-                    f"refusing to start without authentication while listening off loopback "
-                    f"({where}): set cluster_secret_file (docs/security.md), or allow_open = "
-                    f"true to run open on purpose")
-            if exposed:
-                log.warning("RUNNING OPEN: no cluster_secret_file and listening off loopback "
-                            "(%s); anyone who can reach these ports can read, write and "
-                            "delete data and forge Raft messages (allow_open = true)", where)
-            else:
-                log.warning("running without authentication (no cluster_secret_file); "
-                            "listening on loopback only")
+        try:
+            check_exposure(listen_hosts(config), authenticated=secret is not None,
+                           allow_open=config.allow_open,
+                           remedy="set cluster_secret_file (docs/security.md), or allow_open = "
+                                  "true to run open on purpose")
+        except ExposureError as exc:
+            raise BrokerConfigError(str(exc)) from None
         keys = cluster = None
         if secret is not None:
             keys = BrokerKeys(secret, admin_access_key=config.admin_access_key,

@@ -42,7 +42,7 @@ from ledgermq.webadmin.app import (
     add_common_routes,
     add_operations,
     auth_failures,
-    check_exposure,
+    check_app_exposure,
     checked_name,
     field,
     group_view,
@@ -140,7 +140,7 @@ class NameServerAdmin:
 
     async def start(self) -> str:
         host, port = split_host_port(self.listen)
-        check_exposure("NameServer admin app", host, self.auth, self.security.allow_open)
+        check_app_exposure("NameServer admin app", host, self.auth, self.security.allow_open)
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT))
         self.runner, self.url = await start_site(

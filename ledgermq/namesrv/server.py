@@ -34,10 +34,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ledgermq.base.address import AddressError, is_loopback_host, split_host_port
+from ledgermq.base.address import AddressError, split_host_port
 from ledgermq.base.clock import monotonic_ms
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import InvalidRequestError, NoPermissionError, UnknownBrokerError
+from ledgermq.base.exposure import ExposureError, check_exposure
 from ledgermq.base.tasks import cancel_and_wait
 from ledgermq.namesrv.admin_http import AdminSecurity, NameServerAdmin
 from ledgermq.namesrv.registry import DEFAULT_EXPIRY_MS, BrokerRegistration, RouteRegistry
@@ -98,25 +99,13 @@ def load_security(listen: Mapping[str, str], *, cluster_secret_file: str = "",
             secret = read_secret_file(cluster_secret_file)
         except SecretFileError as exc:
             raise NameServerConfigError(f"--cluster-secret-file: {exc}") from None
-    else:
-        try:
-            hosts = {what: split_host_port(address)[0] for what, address in listen.items()}
-        except AddressError as exc:
-            raise NameServerConfigError(str(exc)) from None
-        exposed = {what: host for what, host in hosts.items() if not is_loopback_host(host)}
-        where = ", ".join(f"{what} on {host or '*'}" for what, host in exposed.items())
-        if exposed and not allow_open:
-            raise NameServerConfigError(
-                f"refusing to start without authentication while listening off loopback "
-                f"({where}): give --cluster-secret-file (docs/security.md), or --allow-open "
-                f"to run open on purpose")
-        if exposed:
-            log.warning("RUNNING OPEN: no cluster secret and listening off loopback (%s); "
-                        "anyone who can reach this port can register a broker and steal "
-                        "its routes (--allow-open)", where)
-        else:
-            log.warning("running without authentication (no --cluster-secret-file); "
-                        "listening on loopback only")
+    try:
+        hosts = {what: split_host_port(address)[0] for what, address in listen.items()}
+        check_exposure(hosts, authenticated=secret is not None, allow_open=allow_open,
+                       remedy="give --cluster-secret-file (docs/security.md), or --allow-open "
+                              "to run open on purpose")
+    except (AddressError, ExposureError) as exc:
+        raise NameServerConfigError(str(exc)) from None
     if bool(tls_cert_file) != bool(tls_key_file):
         raise NameServerConfigError("--tls-cert-file and --tls-key-file are given together")
     try:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import errno
 import hmac
-import ipaddress
 import json
 import logging
 import mimetypes
@@ -43,6 +42,7 @@ from prometheus_client import (
 from commitlog.message import valid_topic
 from ledgermq.base.address import split_host_port
 from ledgermq.base.errors import ErrorCode, LedgerMQError
+from ledgermq.base.exposure import check_exposure
 from ledgermq.webadmin.openapi import COMMON_OPERATIONS, operations
 from ledgermq.webadmin.signing import SCHEME, SignatureError, Verifier
 from ledgermq.wire.auth import ANONYMOUS, KeyStore, Principal
@@ -290,35 +290,11 @@ def message_id(request: web.Request) -> tuple[str, int]:
     return group, int(hex_offset, 16)
 
 
-class ExposureError(RuntimeError):
-    """An admin app that would listen beyond loopback without authentication."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_exposure(what: str, host: str, auth: AdminAuth, allow_open: bool) -> None:
-    """The rule of every port: without authentication, listen on loopback only,
-    unless explicitly told to run open (then warn loudly)."""
-    if auth.on:
-        return
-    if is_loopback(host):
-        log.warning("%s on %s runs without authentication (loopback only; configure a"
-                    " cluster secret to turn it on)", what, host)
-        return
-    if not allow_open:
-        raise ExposureError(
-            f"{what} would listen on {host or 'every interface'} without authentication:"
-            " configure a cluster secret (cluster_secret_file) or set allow_open to run open")
-    log.warning("!!! %s listens on %s WITHOUT AUTHENTICATION (allow_open): anyone who can"
-                " reach it can read the cluster%s !!!", what, host,
-                "" if auth.token else " and change it")
+def check_app_exposure(what: str, host: str, auth: AdminAuth, allow_open: bool) -> None:
+    """The start-up rule of every port (ledgermq.base.exposure) for an admin app."""
+    check_exposure({what: host}, authenticated=auth.on, allow_open=allow_open,
+                   remedy="configure a cluster secret (cluster_secret_file) or set "
+                          "allow_open to run open")
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:

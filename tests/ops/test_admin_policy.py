@@ -15,13 +15,13 @@ from aiohttp import web
 from ops.support import http, signed
 
 from ledgermq.base import loop
+from ledgermq.base.exposure import ExposureError
 from ledgermq.broker.launcher import REPO, LocalCluster
 from ledgermq.webadmin.app import (
     PRINCIPAL,
     AdminAuth,
-    ExposureError,
     add_operations,
-    check_exposure,
+    check_app_exposure,
     json_response,
     make_app,
     start_site,
@@ -124,13 +124,13 @@ def test_replay_cache_is_bounded_and_forgets_after_the_window() -> None:
 
 def test_no_auth_beyond_loopback_needs_allow_open() -> None:
     open_auth = AdminAuth()
-    check_exposure("test app", "127.0.0.1", open_auth, allow_open=False)
-    check_exposure("test app", "::1", open_auth, allow_open=False)
-    check_exposure("test app", "0.0.0.0", AdminAuth(keys=KEYS), allow_open=False)
+    check_app_exposure("test app", "127.0.0.1", open_auth, allow_open=False)
+    check_app_exposure("test app", "::1", open_auth, allow_open=False)
+    check_app_exposure("test app", "0.0.0.0", AdminAuth(keys=KEYS), allow_open=False)
     for host in ("0.0.0.0", "10.1.2.3", "", "broker-a.example"):
         with pytest.raises(ExposureError, match="without authentication"):
-            check_exposure("test app", host, open_auth, allow_open=False)
-    check_exposure("test app", "0.0.0.0", open_auth, allow_open=True)
+            check_app_exposure("test app", host, open_auth, allow_open=False)
+    check_app_exposure("test app", "0.0.0.0", open_auth, allow_open=True)
 
 
 def test_namesrv_refuses_an_open_admin_app_on_every_interface() -> None:

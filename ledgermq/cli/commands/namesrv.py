@@ -71,9 +71,9 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from ledgermq.base import loop
+        from ledgermq.base.exposure import ExposureError
         from ledgermq.namesrv.admin_http import AdminSecurity
         from ledgermq.namesrv.server import NameServerConfigError, load_security, serve
-        from ledgermq.webadmin.app import ExposureError
         from ledgermq.wire.auth import Credentials, SecretFileError, read_secret_file
 
         host, port = parse_listen(listen)
