@@ -208,7 +208,8 @@ async def wait_admin_url(cluster: LocalCluster, nid: int, timeout: float = 10.0)
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status = await node_status(cluster.client_address(nid))
+        status = await node_status(cluster.client_address(nid),
+                                   credentials=cluster.credentials, tls=cluster.client_tls)
         if status and status.get("admin_url"):
             return str(status["admin_url"])
         await asyncio.sleep(0.05)

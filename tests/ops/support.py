@@ -115,7 +115,11 @@ class SecureOpsCluster(OpsCluster):
             cert.private_key_pem.write_to_path(str(key_file))
             for i, pem in enumerate(cert.cert_chain_pems):
                 pem.write_to_path(str(cert_file), append=i > 0)
-            self.settings.update(tls_cert_file=str(cert_file), tls_key_file=str(key_file))
+            # The CA stays at hand for tests that issue more certificates
+            # (an attacker's); the brokers verify each other with it.
+            self.ca = ca
+            self.settings.update(tls_cert_file=str(cert_file), tls_key_file=str(key_file),
+                                 tls_ca_file=self.ca_file)
             self.namesrv_env.update(LEDGERMQ_NAMESRV_TLS_CERT_FILE=str(cert_file),
                                     LEDGERMQ_NAMESRV_TLS_KEY_FILE=str(key_file),
                                     LEDGERMQ_NAMESRV_TLS_CA_FILE=self.ca_file)
