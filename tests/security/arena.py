@@ -42,11 +42,16 @@ CONSUMER_GROUP = "ledger-cg"
 
 
 class AttackCluster(SecureOpsCluster):
-    """A SecureOpsCluster with the client port's resource bounds given."""
+    """A SecureOpsCluster with the client port's resource bounds given and
+    patient elections."""
 
     def __init__(self, base_dir: Path, settings: dict[str, Any]) -> None:
         super().__init__(base_dir)
         self.settings.update(settings)
+        # Elections after 1.5-3 s of silence rather than LocalCluster's
+        # 0.3 s: the suite asserts that the term never moves, so a loaded
+        # machine must not cause an election the attacks did not.
+        self.raft.update(election_timeout_ticks=75)
 
 
 @dataclass
