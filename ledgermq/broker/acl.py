@@ -1,4 +1,5 @@
-"""RocketMQ's ACL model for the broker's client protocol (docs/security-acl.md).
+"""RocketMQ's ACL model for the broker's client protocol (docs/security.md,
+"Authorisation: the ACL").
 
 A user is an access key with its secret, an admin flag, an optional IP
 allow-list and grants: per topic (PUB, SUB, PUB|SUB or DENY) and per consumer

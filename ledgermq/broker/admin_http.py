@@ -14,7 +14,7 @@ is what the CLI and the dashboard use.
 With a cluster secret, every API request must be signed by a key of the
 broker's KeyStore and writes need an administrator (or the NameServer's app,
 signing as a cluster member); see webadmin/app.py `AdminAuth` and
-docs/security-admin.md. With `tls_cert_file` the app serves HTTPS.
+docs/security.md, "The admin HTTP API". With `tls_cert_file` the app serves HTTPS.
 """
 
 from __future__ import annotations

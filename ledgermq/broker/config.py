@@ -98,7 +98,7 @@ class BrokerConfig:
     # need a signed request too (default: readable by scrapers, like the
     # dashboard's static files).
     metrics_auth: bool = False
-    # Resource bounds of the client port (docs/security-bounds.md): the
+    # Resource bounds of the client port (docs/security.md, "Bounded resources"): the
     # largest frame, the bytes all partial frames and requests in flight may
     # hold together, how long a started frame may take to arrive, how long a
     # connection may stay silent after HELLO, and connection caps.

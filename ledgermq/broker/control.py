@@ -12,7 +12,7 @@ Schema (msgpack map, documented in docs/broker.md):
        | {"op": "acl.grant",       "access_key": str, "topics": {name: perm}, "groups": {...}}
        | {"op": "acl.revoke",      "access_key": str, "topics": [name], "groups": [name]}
 
-The ACL operations (broker/acl.py, docs/security-acl.md) carry users'
+The ACL operations (broker/acl.py, docs/security.md, "Authorisation: the ACL") carry users'
 secrets: a user put without "secret" keeps the user's current one.
 
 Several operations share one entry so that concurrent offset commits cost one

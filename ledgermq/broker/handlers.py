@@ -128,7 +128,8 @@ class Handlers:
 
     def _allow(self, conn: Connection, action: Action, topic: str | None = None,
                group: str | None = None) -> None:
-        """Raise unless `conn`'s principal may do `action` (docs/security-acl.md).
+        """Raise unless `conn`'s principal may do `action` (docs/security.md,
+        "Authorisation: the ACL").
         A broker without a cluster secret runs open: everything is allowed."""
         if not self.b.config.cluster_secret_file:
             return

@@ -216,7 +216,7 @@ class BrokerCollector(Collector):
         limits = CounterMetricFamily(
             "ledgermq_client_limit_events_total",
             "Client connections refused or closed by a resource bound"
-            " (docs/security-bounds.md), by reason.", labels=[*labels, "reason"])
+            " (docs/security.md, Bounded resources), by reason.", labels=[*labels, "reason"])
         for reason, count in sorted((b.rpc.limit_events if b.rpc is not None else {}).items()):
             limits.add_metric([*ids, reason], float(count))
         yield limits

@@ -8,7 +8,7 @@ Everything else is forwarded over HTTP to the brokers' admin apps (their URLs
 come from those statuses): reads to the group's leader or, failing that, any
 node that answers; writes to the leader. Forwarded requests are signed as a
 cluster member (CLUSTER_KEY and the cluster secret) once this app has
-authorised the caller itself (docs/security-admin.md); without a cluster
+authorised the caller itself (docs/security.md, "The admin HTTP API"); without a cluster
 secret the caller's admin token, if any, is passed on. Path parameters are
 checked to be valid names before anything is forwarded (a `..%2F..%2Fx` topic
 is a 400 here, never a path on a broker).
@@ -70,7 +70,7 @@ FORWARD_TIMEOUT = 15.0
 
 @dataclass(frozen=True)
 class AdminSecurity:
-    """How the NameServer's admin app authenticates (docs/security-admin.md).
+    """How the NameServer's admin app authenticates (docs/security.md, "The admin HTTP API").
 
     `cluster_secret`: authentication on; the cluster key is known, and
     forwarded requests are signed with it. `admin`: the administrator's

@@ -4,7 +4,7 @@ Both apps speak the same JSON dialect, so the dashboard and `ledgermq status /
 topic / group` work against either: errors are `{"error": {"code", "message",
 "data"}}` with a matching HTTP status; with authentication on every API
 request is signed (signing.py) and writes need an administrator, without it
-writes need the configured token if any (`AdminAuth`, docs/security-admin.md);
+writes need the configured token if any (`AdminAuth`, docs/security.md, "The admin HTTP API");
 `/metrics` serves a prometheus-client registry, `/openapi.json` the API
 description, `/` the dashboard (static files in ledgermq/dashboard/) and
 `/api/v1/reports` the chaos and audit reports found in a directory.
@@ -145,7 +145,7 @@ async def error_middleware(request: web.Request,
 
 @dataclass(frozen=True)
 class AdminAuth:
-    """Who may call an admin app (docs/security-admin.md).
+    """Who may call an admin app (docs/security.md, "The admin HTTP API").
 
     `keys` set (the server has a cluster secret): auth is on, and every /api
     request must be signed (signing.py) by a key it knows; writes need an

@@ -1,5 +1,5 @@
 """Signed admin HTTP requests: no secret ever crosses the wire
-(docs/security-admin.md).
+(docs/security.md, "The admin HTTP API").
 
 A caller signs each request with the secret of its access key:
 

@@ -1,6 +1,7 @@
 """Resource bounds of a server port: frame memory, deadlines, connection caps.
 
-`ServerLimits` is the set of numbers an `RpcServer` enforces (docs/security-bounds.md):
+`ServerLimits` is the set of numbers an `RpcServer` enforces (docs/security.md,
+"Bounded resources"):
 
 - every frame body is read in chunks, each reserved from a server-wide
   `ByteBudget` before it is read, and a compressed frame reserves its declared

@@ -120,7 +120,9 @@ class SecureOpsCluster(OpsCluster):
             for i, pem in enumerate(cert.cert_chain_pems):
                 pem.write_to_path(str(cert_file), append=i > 0)
             # The CA too: with a certificate the brokers' Raft and client ports
-            # speak TLS, and peers and NameServers are verified against it.
+            # speak TLS, and peers and NameServers are verified against it; it
+            # stays at hand for tests that issue more certificates (an attacker's).
+            self.ca = ca
             self.settings.update(tls_cert_file=str(cert_file), tls_key_file=str(key_file),
                                  tls_ca_file=self.ca_file)
             self.namesrv_env.update(LEDGERMQ_NAMESRV_TLS_CERT_FILE=str(cert_file),

@@ -1,5 +1,5 @@
 """Authentication of the admin HTTP API, over real HTTPS on a running 3-node
-group whose servers all have a cluster secret (docs/security-admin.md):
+group whose servers all have a cluster secret (docs/security.md, "The admin HTTP API"):
 anonymous and token-bearing writes are refused and change nothing, signed
 requests work (the NameServer forwarding as a cluster member), replayed,
 stale and tampered requests are refused, and the public pages stay public."""

@@ -18,8 +18,6 @@ per-address cap they hit is not the producer's (127.0.0.1).
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,10 +29,10 @@ from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import ErrorCode
 from ledgermq.broker.launcher import LocalCluster, wait_admin_url, wait_leader
 from ledgermq.client import Producer
-from ledgermq.wire import decode_response
 from ledgermq.wire.codec import HEADER
 from tests.ops.support import http
-from tests.security.raw_client import Raw, bomb, frame
+from tests.security.memory import RssWatch, rss_mb
+from tests.security.raw_client import Raw, bomb, frame, partial_frame
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -55,39 +53,6 @@ SETTINGS = {
     "admin_token": "flood-test-token",
 }
 TOPIC = "floods"
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for {pid}")
-
-
-class RssWatch:
-    """Samples a process's RSS in a thread while a flood runs; `peak` is the
-    highest sample."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.peak = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss_mb(self.pid))
-            self._stop.wait(0.005)
-
-    def __enter__(self) -> RssWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss_mb(self.pid))
 
 
 class Target:
@@ -187,50 +152,13 @@ def test_ping_decompression_bombs_stay_within_the_memory_budget(target: Target) 
     loop.run(main())
 
 
-def _partial_frame(address: tuple[str, int], statuses: list[int]) -> threading.Thread:
-    """A thread that says HELLO, then sends a 15 MiB frame's header and all of
-    its body but 10 bytes with blocking writes (the kernel's buffers are all it
-    can queue once the server stops reading), then reads what the server says."""
-    sock = socket.create_connection(address, source_address=("127.0.0.3", 0))
-    sock.sendall(frame(RequestCode.HELLO, {"version": 1, "role": "client"}))
-    body = memoryview(b"x" * (15 * MIB - 10))
-
-    def run() -> None:
-        try:
-            hello = sock.recv(HEADER.size)
-            length = HEADER.unpack(hello)[0]
-            while length:
-                length -= len(sock.recv(length))
-            try:
-                sock.sendall(HEADER.pack(15 * MIB, 0))
-                sock.sendall(body)
-            except OSError:
-                pass  # the server closed the connection: its answer is waiting
-            data = b""
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-            length = HEADER.unpack(data[:HEADER.size])[0]
-            response = decode_response(data[HEADER.size:HEADER.size + length])
-            assert response.id == 0
-            statuses.append(response.status)
-        finally:
-            sock.close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_partial_frame_flood_is_bounded_and_released(target: Target) -> None:
     async def main() -> None:
         baseline = await target.baseline()
         producer = await target.producer()
         statuses: list[int] = []
         with RssWatch(target.pid) as watch:
-            threads = [_partial_frame(target.address, statuses) for _ in range(24)]
+            threads = [partial_frame(target.address, 15 * MIB, statuses) for _ in range(24)]
             await asyncio.sleep(0.5)  # the flood is in full swing (not a timing assertion)
             # Normal requests keep flowing on the budget's small-frame reserve.
             await target.produce(producer, 20)

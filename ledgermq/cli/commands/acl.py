@@ -1,5 +1,5 @@
 """`ledgermq acl user add|remove|list`, `ledgermq acl grant|revoke`: ACL users
-and their grants (docs/security-acl.md), over the wire protocol.
+and their grants (docs/security.md, "Authorisation: the ACL"), over the wire protocol.
 
 Every broker group holds its own replicated ACL, so a change goes to the
 leader of every group the NameServers know (or of the one `--group` names).

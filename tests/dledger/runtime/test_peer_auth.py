@@ -1,7 +1,7 @@
 """The Raft port under attack, over real sockets: three `RaftGroupNode`s on one
 loop with real transports and CommitLogs, and an attacker that sends
 well-encoded forged handshakes and messages (docs/raft.md, "Peer
-authentication"; docs/security-raft.md).
+authentication"; docs/security.md).
 
 The open-group tests show that each forged frame is one a node would act on
 (an open group trusts its network by design); the same frames are refused
@@ -11,9 +11,7 @@ once the group has a cluster secret.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import random
 import ssl
 from dataclasses import replace
@@ -24,21 +22,18 @@ import trustme
 from node_harness import Cluster, log_entries, wait_until
 
 import commitlog
-from dledger.entry import Entry
-from dledger.messages import AppendRequest, Message, VoteRequest
-from dledger.runtime.codec import encode_hello, encode_message, encode_proof
+from dledger.messages import AppendRequest
 from dledger.runtime.node import RaftGroupNode
 from dledger.runtime.transport import PeerTransport, tls_contexts
 from ledgermq.base.loop import run
 from ledgermq.base.ports import free_ports
-from ledgermq.wire.codec import encode_frame
-from ledgermq.wire.streams import read_frame
+from tests.security import raft_forgery
+from tests.security.raft_forgery import FORGED, forged_transfer_vote, send_forged
 
 pytestmark = pytest.mark.timeout(120)
 
 SECRET = b"0123456789abcdef-the-cluster-secret"
 OTHER_SECRET = b"fedcba9876543210-another-secret"
-FORGED = b"FORGED-BY-ATTACKER"
 
 # ------------------------------------------------------------------ attacker
 
@@ -50,42 +45,8 @@ def forged_append(leader: RaftGroupNode, follower: RaftGroupNode) -> AppendReque
     last = follower.log.last_index
     prev = follower.log.read_entries(last, last + 1)[0]
     end = prev.position + commitlog.HEADER_SIZE + len(prev.body)
-    entry = Entry(last + 1, leader.term, commitlog.KIND_MESSAGES, FORGED, end)
-    return AppendRequest(leader.config.node_id, follower.config.node_id, leader.term, last,
-                         prev.term, (entry,), last + 1)
-
-
-def forged_transfer_vote(src: int, dst: int, term: int) -> VoteRequest:
-    """A leadership-transfer campaign's vote request: it overrides the lease."""
-    return VoteRequest(src, dst, term + 1, 1 << 40, term, pre_vote=False, transfer=True)
-
-
-async def send_forged(port: int, msg: Message, *, src: int | None = None,
-                      with_nonce: bool = False, wait: float = 5.0,
-                      group: str = "g1") -> bool:
-    """Connect to 127.0.0.1:`port`, HELLO as `src` (default `msg.src`), send
-    `msg`; True when the server closed the connection within `wait` s.
-    `with_nonce`: pretend to authenticate, answer the challenge with junk."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        nonce = os.urandom(16) if with_nonce else None
-        writer.write(encode_frame(encode_hello(group, msg.src if src is None else src, msg.dst,
-                                               msg.channel, nonce)))
-        async with asyncio.timeout(wait):
-            if with_nonce and await read_frame(reader, 4096) is not None:
-                writer.write(encode_frame(encode_proof(os.urandom(32))))
-            writer.write(encode_frame(encode_message(msg)))
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()
-                while await reader.read(4096):
-                    pass
-        return True
-    except TimeoutError:
-        return False
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
+    return raft_forgery.forged_append(leader.config.node_id, follower.config.node_id,
+                                      leader.term, last, prev.term, end)
 
 
 def holds_forged(node: RaftGroupNode) -> bool:
