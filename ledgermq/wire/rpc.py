@@ -340,7 +340,16 @@ class RpcServer:
             guard = FrameGuard(self.max_frame_bytes, self.budget, read_timeout)
             while True:
                 first = await self._frame_start(conn, reader)
-                frame = await read_held_frame(reader, guard, first) if first else None
+                if first and self.require_auth and conn.principal is None and conn.inflight:
+                    # A pipelined AUTH may be waiting in its task: let it set
+                    # the principal before this frame's cap is chosen.
+                    await asyncio.sleep(0)
+                # Until a connection has authenticated on a server that requires
+                # it, its frames stay as small as the handshake's: a stranger's
+                # PING bomb costs the server no more than a HELLO.
+                unproven = self.require_auth and conn.principal is None
+                frame = (await read_held_frame(reader, hello_guard if unproven else guard, first)
+                         if first else None)
                 if frame is None:
                     break
                 try:

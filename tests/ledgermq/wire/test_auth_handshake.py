@@ -265,3 +265,22 @@ def test_tls_with_authentication(tmp_path: Path) -> None:
             await RpcClient.connect("127.0.0.1", port, credentials=GOOD, timeout=2.0)
 
     run(t, key_store=KEYS, require_auth=True, ssl=server_tls)
+
+
+@pytest.mark.parametrize("body", [b"x" * (1 << 20), bytes(range(256)) * 4096],
+                         ids=["compressible", "incompressible"])
+def test_frames_before_auth_are_as_small_as_the_handshakes(body: bytes) -> None:
+    """On a server that requires authentication, a stranger cannot make it
+    buffer or decompress a large frame (a PING bomb): before AUTH a frame is
+    capped like HELLO; after AUTH the same PING is echoed."""
+    from ledgermq.base.errors import FrameTooLargeError
+
+    async def t(server: RpcServer, port: int) -> None:
+        async with await RpcClient.connect("127.0.0.1", port) as stranger:
+            with pytest.raises((FrameTooLargeError, ConnectionClosedError)):
+                await stranger.request(RequestCode.PING, body)
+            await _wait_closed(stranger)
+        async with await RpcClient.connect("127.0.0.1", port, credentials=GOOD) as member:
+            assert await member.request(RequestCode.PING, body) == body
+
+    run(t, key_store=KEYS, require_auth=True)
