@@ -55,6 +55,10 @@ from chaos.backend import Backend, CannotInject, ClusterSpec
 from chaos.readiness import Readiness
 
 IMAGE = os.environ.get("LEDGERMQ_IMAGE", "ledgermq:latest")
+# The image runs with authentication on unless told otherwise; the harness's
+# workload has no credentials, and its throwaway cluster lives on a private
+# bridge network of its own, so it runs open on purpose.
+OPEN = {"LEDGERMQ_ALLOW_OPEN": "true"}
 CLIENT_PORT = 10911
 RAFT_PORT = 20911
 NAMESRV_PORT = 9876
@@ -180,7 +184,7 @@ class DockerBackend(Backend):
             "namesrv": {
                 "image": self.image, "command": ["namesrv"], "restart": "no",
                 "environment": {"LEDGERMQ_BROKER_EXPIRY_MS": "5000",
-                                "LEDGERMQ_LOG_LEVEL": "WARNING"},
+                                "LEDGERMQ_LOG_LEVEL": "WARNING", **OPEN},
                 "healthcheck": {"disable": True},
                 "networks": {"chaos": {"ipv4_address": f"{self.prefix}.2"}},
             }
@@ -197,6 +201,7 @@ class DockerBackend(Backend):
                 "LEDGERMQ_CONF_SEGMENT_SIZE_BYTES": str(s.segment_size_bytes),
                 "LEDGERMQ_CONF_NAMESRV_REGISTER_INTERVAL_MS": "500",
                 "LEDGERMQ_CONF_MEMBER_EXPIRY_MS": "3000",
+                **OPEN,
             }
             env.update({f"LEDGERMQ_CONF_{k.upper()}": str(v).lower() if isinstance(v, bool)
                         else str(v) for k, v in s.extra.items()})

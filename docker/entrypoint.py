@@ -8,6 +8,16 @@
     render-config        print the TOML the environment describes (for checking)
     anything else        run as given (`ledgermq status …`, `bash`, …)
 
+Authentication is on by default (docs/deploy.md, "Authentication"): a server
+role uses the cluster secret at $LEDGERMQ_CLUSTER_SECRET_FILE and the bootstrap
+administrator's secret at $LEDGERMQ_ADMIN_SECRET_FILE (both by default in
+/var/lib/ledgermq-secrets, a volume the compose files share between all
+containers), generating each one when it is missing. Any container may be
+the first: a secret is written whole under a temporary name and then
+hard-linked into place, which fails if another container got there first,
+so every container ends up with the one secret and nobody ever reads half a
+file. LEDGERMQ_ALLOW_OPEN=true runs without authentication (loudly).
+
 Rendering from the environment exists so a compose file can describe a whole
 group without one mounted file per node; every variable is documented in
 docs/deploy.md. Servers listen on 0.0.0.0 inside the container and *advertise*
@@ -30,6 +40,9 @@ DEFAULT_RAFT_PORT = 20911
 DEFAULT_NAMESRV_LISTEN = "0.0.0.0:9876"
 DEFAULT_DATA_DIR = "/var/lib/ledgermq/data"
 DEFAULT_CONFIG = "/etc/ledgermq/broker.toml"
+DEFAULT_SECRETS_DIR = "/var/lib/ledgermq-secrets"
+ADMIN_ACCESS_KEY = "admin"
+CLUSTER_ACCESS_KEY = "cluster"  # ledgermq.wire.auth.CLUSTER_KEY
 # Where the running role records the address its health check pings.
 HEALTH_FILE = Path(os.environ.get("LEDGERMQ_HEALTH_FILE", "/tmp/ledgermq.health"))
 
@@ -50,6 +63,79 @@ RAFT_PREFIX = "LEDGERMQ_RAFT_"
 
 class ConfigError(ValueError):
     """The environment does not describe a valid broker."""
+
+
+def allow_open(env: Mapping[str, str]) -> bool:
+    """LEDGERMQ_ALLOW_OPEN set to a true value: run without authentication."""
+    return env.get("LEDGERMQ_ALLOW_OPEN", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def secret_files(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """(cluster secret file, admin secret file) the servers use, None when
+    told to run open."""
+    if allow_open(env):
+        return None
+    base = env.get("LEDGERMQ_SECRETS_DIR", DEFAULT_SECRETS_DIR)
+    return (env.get("LEDGERMQ_CLUSTER_SECRET_FILE") or f"{base}/cluster.secret",
+            env.get("LEDGERMQ_ADMIN_SECRET_FILE") or f"{base}/admin.secret")
+
+
+def ensure_secret(path: str) -> bool:
+    """Make sure `path` holds a secret; True when this call created it.
+
+    Safe when several containers start at once on a shared volume: the secret
+    is written (0600) and fsynced under a name of this process's own, then
+    hard-linked to `path`. The link either appears with the whole content or
+    fails because the file exists (another container won); either way every
+    container then reads the same complete secret.
+    """
+    from ledgermq.wire.auth import write_secret_file
+
+    target = Path(path)
+    if target.exists():
+        return False
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}")
+    write_secret_file(temporary)
+    fd = os.open(temporary, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(temporary, target)
+        created = True
+    except FileExistsError:
+        created = False
+    finally:
+        temporary.unlink()
+    fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the link itself survives a crash
+    finally:
+        os.close(fd)
+    return created
+
+
+def prepare_secrets(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """Generate the missing secrets and say where they are (also the admin's);
+    None when running open. OSError when the secrets directory is not writable."""
+    files = secret_files(env)
+    if files is None:
+        print("ledgermq-entrypoint: LEDGERMQ_ALLOW_OPEN is set: running WITHOUT "
+              "authentication; anyone who reaches these ports can read, write and delete "
+              "data", flush=True)
+        return None
+    cluster, admin = files
+    made = [name for name, path in (("cluster", cluster), ("admin", admin))
+            if ensure_secret(path)]
+    print(f"ledgermq-entrypoint: authentication on; cluster secret {cluster}, "
+          f"administrator {env.get('LEDGERMQ_ADMIN_ACCESS_KEY', ADMIN_ACCESS_KEY)!r} "
+          f"with the secret in {admin}"
+          + (f" ({' and '.join(made)} secret generated now)" if made else "")
+          + f". Copy it out with: docker exec <container> cat {admin} > admin.secret; "
+          "chmod 600 admin.secret", flush=True)
+    return files
 
 
 def _scalar(text: str) -> int | bool | str:
@@ -119,6 +205,14 @@ def render_broker_config(env: Mapping[str, str]) -> str:
         elif var.startswith(RAFT_PREFIX) and len(var) > len(RAFT_PREFIX) \
                 and var != "LEDGERMQ_RAFT_PORT":
             raft[var[len(RAFT_PREFIX):].lower()] = _scalar(text)
+    files = secret_files(env)
+    if files is None:
+        values.setdefault("allow_open", True)
+    else:
+        values.setdefault("cluster_secret_file", files[0])
+        values.setdefault("admin_secret_file", files[1])
+        if env.get("LEDGERMQ_ADMIN_ACCESS_KEY"):
+            values.setdefault("admin_access_key", env["LEDGERMQ_ADMIN_ACCESS_KEY"])
     # Listen on every interface of the container on this node's own ports, and
     # advertise the LEDGERMQ_PEERS addresses (which may be a host's address).
     own_client = peers[int(values["node_id"])][1]  # type: ignore[index]
@@ -141,13 +235,29 @@ def _config_path(args: list[str]) -> str | None:
     return None
 
 
-def _listen_from_config(path: str) -> str:
+def _health_from_config(path: str) -> list[str]:
+    """What the health check pings for this broker config: the client port
+    on loopback, authenticated with the cluster secret when it has one."""
     import tomllib
 
     with open(path, "rb") as fh:
         config = tomllib.load(fh)
     listen = config.get("listen") or config["peers"][str(config["node_id"])]["client"]
-    return "127.0.0.1:" + listen.rsplit(":", 1)[1]
+    return _health_lines("127.0.0.1:" + listen.rsplit(":", 1)[1],
+                         config.get("cluster_secret_file", ""),
+                         config.get("tls_ca_file", "") if config.get("tls_cert_file") else "")
+
+
+def _health_lines(address: str, secret_file: str, tls_ca_file: str) -> list[str]:
+    """HEALTH_FILE's content: the address, then `ledgermq ping` options. With
+    the cluster key the ping checks the server's proof too: a server with
+    another cluster's secret is unhealthy, not just a dead one."""
+    options = [address]
+    if secret_file:
+        options += ["--access-key", CLUSTER_ACCESS_KEY, "--secret-file", secret_file]
+    if tls_ca_file:
+        options += ["--tls-ca-file", tls_ca_file]
+    return options
 
 
 def _ledgermq() -> str:
@@ -164,7 +274,23 @@ def main(argv: list[str]) -> int:
     role, args = (argv[0], argv[1:]) if argv else ("help", [])
     if role == "namesrv":
         listen = env.get("LEDGERMQ_NAMESRV_LISTEN", DEFAULT_NAMESRV_LISTEN)
-        HEALTH_FILE.write_text("127.0.0.1:" + listen.rsplit(":", 1)[1])
+        try:
+            files = prepare_secrets(env)
+        except OSError as exc:
+            print(f"ledgermq-entrypoint: cannot prepare the secrets: {exc}", file=sys.stderr)
+            return 2
+        if files is not None:
+            # The NameServer reads these variables (explicit options win).
+            os.environ.setdefault("LEDGERMQ_CLUSTER_SECRET_FILE", files[0])
+            os.environ.setdefault("LEDGERMQ_NAMESRV_ADMIN_SECRET_FILE", files[1])
+            if env.get("LEDGERMQ_ADMIN_ACCESS_KEY"):
+                os.environ.setdefault("LEDGERMQ_NAMESRV_ADMIN_ACCESS_KEY",
+                                      env["LEDGERMQ_ADMIN_ACCESS_KEY"])
+        HEALTH_FILE.write_text("\n".join(_health_lines(
+            "127.0.0.1:" + listen.rsplit(":", 1)[1],
+            os.environ.get("LEDGERMQ_CLUSTER_SECRET_FILE", ""),
+            os.environ.get("LEDGERMQ_NAMESRV_TLS_CA_FILE", "")
+            if os.environ.get("LEDGERMQ_NAMESRV_TLS_CERT_FILE") else "")))
         cmd = [_ledgermq(), "namesrv", "--listen", listen,
                "--broker-expiry-ms", env.get("LEDGERMQ_BROKER_EXPIRY_MS", "30000"),
                "--log-level", env.get("LEDGERMQ_LOG_LEVEL", "INFO"), *args]
@@ -179,19 +305,28 @@ def main(argv: list[str]) -> int:
                 except (ConfigError, ValueError) as exc:
                     print(f"ledgermq-entrypoint: {exc}", file=sys.stderr)
                     return 2
+                try:
+                    prepare_secrets(env)
+                except OSError as exc:
+                    print(f"ledgermq-entrypoint: cannot prepare the secrets: {exc}",
+                          file=sys.stderr)
+                    return 2
                 config = str(Path(env.get("LEDGERMQ_RENDERED_CONFIG", "/tmp/broker.toml")))
                 Path(config).write_text(text)
                 print(f"ledgermq-entrypoint: rendered {config} from the environment:\n{text}",
                       flush=True)
             args = ["--config", config, *args]
-        HEALTH_FILE.write_text(_listen_from_config(config))
+        HEALTH_FILE.write_text("\n".join(_health_from_config(config)))
         _exec([_ledgermq(), "broker", *args])
     if role == "health":
-        address = HEALTH_FILE.read_text().strip() if HEALTH_FILE.exists() else ""
-        if not address:
+        options = HEALTH_FILE.read_text().split("\n") if HEALTH_FILE.exists() else []
+        if not options or not options[0]:
             print("ledgermq-entrypoint: no role has started yet", file=sys.stderr)
             return 1
-        _exec([_ledgermq(), "ping", address, "--timeout", "3"])
+        # The environment's credentials are not the health check's to use.
+        for name in ("LEDGERMQ_ACCESS_KEY", "LEDGERMQ_SECRET_FILE", "LEDGERMQ_TLS_CA_FILE"):
+            os.environ.pop(name, None)
+        _exec([_ledgermq(), "ping", *options, "--timeout", "3"])
     if role == "render-config":
         try:
             sys.stdout.write(render_broker_config(env))

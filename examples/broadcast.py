@@ -2,12 +2,15 @@
 
     python examples/broadcast.py --namesrv 127.0.0.1:9876 --topic demo --count 5
 
-The NameServer address can also come from LEDGERMQ_NAMESRV. Two consumers of
-the same group run here side by side, as two processes of a service would
-(a cache each process keeps warm, say). In broadcasting mode each owns every
-queue and keeps its offsets in a local file, not on the brokers; this example
-keeps those files in a temporary directory. Stops when both instances have
-seen --count messages, or after --idle seconds without progress.
+The NameServer address can also come from LEDGERMQ_NAMESRV. Against a cluster
+with authentication on (`ledgermq dev`'s default) export LEDGERMQ_ACCESS_KEY
+and LEDGERMQ_SECRET_FILE first: `credentials_from_env()` reads them. Two
+consumers of the same group run here side by side, as two processes of a
+service would (a cache each process keeps warm, say). In broadcasting mode
+each owns every queue and keeps its offsets in a local file, not on the
+brokers; this example keeps those files in a temporary directory. Stops when
+both instances have seen --count messages, or after --idle seconds without
+progress.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import os
 import tempfile
 from collections.abc import Callable
 
-from ledgermq.client import PushConsumer, ReceivedMessage
+from ledgermq.client import PushConsumer, ReceivedMessage, credentials_from_env
 
 
 async def main(namesrv: str, topic: str, group: str, count: int, idle: float) -> None:
@@ -35,7 +38,8 @@ async def main(namesrv: str, topic: str, group: str, count: int, idle: float) ->
     with tempfile.TemporaryDirectory() as offsets_dir:
         consumers = [PushConsumer(namesrv.split(","), group, topic, handler(name),
                                   mode="broadcasting", client_id=name,
-                                  offsets_path=os.path.join(offsets_dir, f"{name}.json"))
+                                  offsets_path=os.path.join(offsets_dir, f"{name}.json"),
+                                  credentials=credentials_from_env())
                      for name in seen]
         for consumer in consumers:
             await consumer.start()

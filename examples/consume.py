@@ -2,10 +2,12 @@
 
     python examples/consume.py --namesrv 127.0.0.1:9876 --topic demo --count 5
 
-The NameServer address can also come from LEDGERMQ_NAMESRV. Members of one
-group share the topic's queues; run two of these with the same --group and
-each gets part of the messages. Offsets are committed to the brokers as the
-callback returns, so a restarted member resumes where the group stopped.
+The NameServer address can also come from LEDGERMQ_NAMESRV. Against a cluster
+with authentication on (`ledgermq dev`'s default) export LEDGERMQ_ACCESS_KEY
+and LEDGERMQ_SECRET_FILE first: `credentials_from_env()` reads them. Members
+of one group share the topic's queues; run two of these with the same --group
+and each gets part of the messages. Offsets are committed to the brokers as
+the callback returns, so a restarted member resumes where the group stopped.
 Stops after --count messages, or after --idle seconds without one.
 """
 
@@ -15,7 +17,7 @@ import argparse
 import asyncio
 import os
 
-from ledgermq.client import PushConsumer, ReceivedMessage
+from ledgermq.client import PushConsumer, ReceivedMessage, credentials_from_env
 
 
 async def main(namesrv: str, topic: str, group: str, count: int, idle: float) -> None:
@@ -29,7 +31,8 @@ async def main(namesrv: str, topic: str, group: str, count: int, idle: float) ->
               f" offset={message.queue_offset}")
         arrived.set()
 
-    async with PushConsumer(namesrv.split(","), group, topic, on_message):
+    async with PushConsumer(namesrv.split(","), group, topic, on_message,
+                            credentials=credentials_from_env()):
         while got < count:
             arrived.clear()
             try:

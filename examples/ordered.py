@@ -3,8 +3,10 @@ is consumed in that order.
 
     python examples/ordered.py --namesrv 127.0.0.1:9876 --topic orders --orders 4
 
-The NameServer address can also come from LEDGERMQ_NAMESRV. A queue is a
-FIFO, so choosing the queue by a hash of the order id (RocketMQ's
+The NameServer address can also come from LEDGERMQ_NAMESRV. Against a cluster
+with authentication on (`ledgermq dev`'s default) export LEDGERMQ_ACCESS_KEY
+and LEDGERMQ_SECRET_FILE first: `credentials_from_env()` reads them. A queue
+is a FIFO, so choosing the queue by a hash of the order id (RocketMQ's
 MessageQueueSelector) keeps each order's events in sequence; orders on
 different queues still proceed in parallel. Each send is awaited before the
 next event of the same order: two sends in flight at once could be stored in
@@ -20,7 +22,13 @@ import asyncio
 import os
 import zlib
 
-from ledgermq.client import MessageQueue, Producer, PushConsumer, ReceivedMessage
+from ledgermq.client import (
+    MessageQueue,
+    Producer,
+    PushConsumer,
+    ReceivedMessage,
+    credentials_from_env,
+)
 
 STEPS = ("created", "paid", "shipped", "delivered")
 
@@ -31,7 +39,7 @@ def select(queues: list[MessageQueue], key: str) -> MessageQueue:
 
 
 async def produce(namesrv: str, topic: str, orders: list[str]) -> None:
-    async with Producer(namesrv.split(",")) as producer:
+    async with Producer(namesrv.split(","), credentials=credentials_from_env()) as producer:
         await producer.create_topic(topic, queues=4)
         queues = sorted(await producer.cluster.queues(topic, refresh=True))
         for step in STEPS:  # the events of different orders interleave
@@ -53,7 +61,8 @@ async def consume(namesrv: str, topic: str, group: str, expected: int, idle: flo
               f" offset={message.queue_offset}")
         arrived.set()
 
-    async with PushConsumer(namesrv.split(","), group, topic, on_message):
+    async with PushConsumer(namesrv.split(","), group, topic, on_message,
+                            credentials=credentials_from_env()):
         while got < expected:
             arrived.clear()
             try:

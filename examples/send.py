@@ -2,9 +2,12 @@
 
     python examples/send.py --namesrv 127.0.0.1:9876 --topic demo --count 5
 
-The NameServer address can also come from LEDGERMQ_NAMESRV. Each `send`
-returns once the broker group has the message (replicated and, by default,
-fsynced): its id, queue and offset are what `ledgermq message get` looks up.
+The NameServer address can also come from LEDGERMQ_NAMESRV. Against a cluster
+with authentication on (`ledgermq dev`'s default) export LEDGERMQ_ACCESS_KEY
+and LEDGERMQ_SECRET_FILE first: `credentials_from_env()` reads them. Each
+`send` returns once the broker group has the message (replicated and, by
+default, fsynced): its id, queue and offset are what `ledgermq message get`
+looks up.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ import argparse
 import asyncio
 import os
 
-from ledgermq.client import Producer
+from ledgermq.client import Producer, credentials_from_env
 
 
 async def main(namesrv: str, topic: str, count: int) -> None:
-    async with Producer(namesrv.split(",")) as producer:
+    async with Producer(namesrv.split(","), credentials=credentials_from_env()) as producer:
         await producer.create_topic(topic, queues=4)
         for i in range(count):
             body = f"hello {i}"

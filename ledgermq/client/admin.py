@@ -128,8 +128,12 @@ class AdminApi:
 class Admin:
     """Read-only cluster queries over the wire protocol (no admin app needed)."""
 
-    def __init__(self, namesrv: Sequence[str], timeout: float = 3.0) -> None:
-        self.cluster = Cluster(tuple(namesrv), name="admin", timeout=timeout)
+    def __init__(self, namesrv: Sequence[str], timeout: float = 3.0, *,
+                 credentials: Credentials | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """`credentials`, `tls`: for brokers with authentication / TLS on."""
+        self.cluster = Cluster(tuple(namesrv), name="admin", timeout=timeout,
+                               credentials=credentials, tls=tls)
 
     async def close(self) -> None:
         await self.cluster.close()

@@ -20,7 +20,9 @@ from chaos.docker_backend import docker_available
 from tests.support import is_root, require
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGE = "ledgermq:latest"
+# LEDGERMQ_IMAGE: another tag, so that runs from different checkouts on one
+# docker host do not rebuild each other's image (the chaos backend reads it too).
+IMAGE = os.environ.get("LEDGERMQ_IMAGE", "ledgermq:latest")
 # The largest deployment a docker test starts: a NameServer and three nodes.
 CONTAINERS_MAX = 4
 

@@ -2,7 +2,10 @@
 
 The 3-node deployment runs exactly as a user would run it (the compose file
 unchanged; only its variables: a free /24, a free host port for the published
-NameServer, a project name of its own). The host's client SDK finds the
+NameServer, a project name of its own). It starts with authentication on: the
+containers share one generated cluster secret, a client without credentials
+is refused, and the host's client SDK signs in with the administrator's
+secret copied out of a container as docker/compose.yml says. It finds the
 brokers through the NameServer's published port, sends acknowledged
 messages, the leader's container is stopped, a new leader must take over,
 more messages are acknowledged, and every acknowledged message must then be
@@ -12,6 +15,7 @@ whatever happened.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import socket
@@ -23,16 +27,19 @@ from pathlib import Path
 import pytest
 
 from chaos.docker_backend import container_ids, free_prefix
-from chaos.workload import node_status, wait_leader
 from ledgermq.base import loop
+from ledgermq.base.errors import UnauthenticatedError
+from ledgermq.broker.launcher import node_status
 from ledgermq.client.consumer import PullConsumer
 from ledgermq.client.producer import Producer
+from ledgermq.wire.auth import Credentials, read_secret_file
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker" / "compose.yml"
 TOPIC = "docker-orders"
+SECRETS = "/var/lib/ledgermq-secrets"
 
 
 def free_port() -> int:
@@ -69,6 +76,35 @@ class Deployment:
     def brokers(self) -> dict[int, str]:
         return {n: f"{self.net}.{10 + n}:10911" for n in (1, 2, 3)}
 
+    def secret(self, service: str, name: str) -> bytes:
+        """A secret file of the shared volume, as seen in `service`'s container."""
+        out = subprocess.run(["docker", "exec", self.container(service), "cat",
+                              f"{SECRETS}/{name}"], capture_output=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def admin_credentials(self, tmp_path: Path) -> Credentials:
+        """What a user does (docker/compose.yml's header): copy admin.secret
+        out with mode 0600 and sign in as `admin` with it."""
+        path = tmp_path / "admin.secret"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(self.secret("namesrv", "admin.secret"))
+        return Credentials("admin", read_secret_file(path))
+
+
+async def wait_leader(brokers: dict[int, str], credentials: Credentials,
+                      timeout: float) -> int | None:
+    """The node that reports itself the ready leader (authenticated BROKER_STATUS)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for nid, address in brokers.items():
+            status = await node_status(address, credentials=credentials)
+            if status and status.get("role") == "leader" and status.get("leader_ready"):
+                return nid
+        await asyncio.sleep(0.5)
+    return None
+
 
 @pytest.fixture
 def deployment(ledgermq_image: str) -> Iterator[Deployment]:
@@ -88,9 +124,11 @@ def deployment(ledgermq_image: str) -> Iterator[Deployment]:
         assert down.returncode == 0 and not left and not volumes, (down.stderr, left, logs)
 
 
-async def send_all(namesrv: str, start: int, count: int) -> list[bytes]:
+async def send_all(namesrv: str, credentials: Credentials, start: int,
+                   count: int) -> list[bytes]:
     acked = []
-    async with Producer([namesrv], retry_timeout=60.0, name="docker-test") as producer:
+    async with Producer([namesrv], retry_timeout=60.0, name="docker-test",
+                        credentials=credentials) as producer:
         for i in range(start, start + count):
             body = f"order-{i}".encode()
             await producer.send(TOPIC, body)
@@ -98,8 +136,8 @@ async def send_all(namesrv: str, start: int, count: int) -> list[bytes]:
     return acked
 
 
-async def consume_all(namesrv: str) -> list[bytes]:
-    consumer = PullConsumer([namesrv], "docker-test-group")
+async def consume_all(namesrv: str, credentials: Credentials) -> list[bytes]:
+    consumer = PullConsumer([namesrv], "docker-test-group", credentials=credentials)
     seen: list[bytes] = []
     try:
         for mq in await consumer.queues(TOPIC, refresh=True):
@@ -114,18 +152,43 @@ async def consume_all(namesrv: str) -> list[bytes]:
     return seen
 
 
-def test_three_node_compose_survives_losing_the_leader(deployment: Deployment) -> None:
+def test_three_node_compose_survives_losing_the_leader(deployment: Deployment,
+                                                       tmp_path: Path) -> None:
     dep = deployment
     brokers = dep.brokers()
-    leader = loop.run(wait_leader(brokers, 120.0))
+    # Authentication is on: every container found or made the same secrets
+    # (0600, owned by the servers' user) in the shared volume, and says where
+    # the administrator's secret is.
+    admin = dep.admin_credentials(tmp_path)
+    cluster_secret = dep.secret("namesrv", "cluster.secret")
+    for service in ("broker-a-1", "broker-a-2", "broker-a-3"):
+        assert dep.secret(service, "cluster.secret") == cluster_secret
+        assert dep.secret(service, "admin.secret").strip() == admin.secret
+    modes = subprocess.run(["docker", "exec", dep.container("namesrv"), "stat", "-c", "%a %U",
+                            f"{SECRETS}/cluster.secret", f"{SECRETS}/admin.secret"],
+                           capture_output=True, text=True, timeout=60).stdout.split("\n")
+    assert modes[:2] == ["600 ledgermq", "600 ledgermq"], modes
+    logs = dep.compose("logs", "--no-color").stdout
+    assert f"with the secret in {SECRETS}/admin.secret" in logs, logs[-3000:]
+    assert logs.count("secret generated now") >= 1 and "RUNNING OPEN" not in logs
+
+    leader = loop.run(wait_leader(brokers, admin, 120.0))
     assert leader is not None, dep.compose("logs", "--no-color", "--tail", "30").stdout
 
+    async def anonymous() -> None:
+        async with Producer([dep.namesrv], retry_timeout=5.0, name="docker-anon") as nobody:
+            await nobody.create_topic(TOPIC, queues=4)
+
+    with pytest.raises(UnauthenticatedError):
+        loop.run(anonymous())
+
     async def create_topic() -> None:
-        async with Producer([dep.namesrv], retry_timeout=60.0, name="docker-admin") as admin:
-            await admin.create_topic(TOPIC, queues=4)
+        async with Producer([dep.namesrv], retry_timeout=60.0, name="docker-admin",
+                            credentials=admin) as producer:
+            await producer.create_topic(TOPIC, queues=4)
 
     loop.run(create_topic())
-    acked = loop.run(send_all(dep.namesrv, 0, 200))
+    acked = loop.run(send_all(dep.namesrv, admin, 0, 200))
 
     # The servers run unprivileged, with their data on the named volume.
     cid = dep.container(f"broker-a-{leader}")
@@ -139,29 +202,36 @@ def test_three_node_compose_survives_losing_the_leader(deployment: Deployment) -
 
     dep.compose("stop", f"broker-a-{leader}")
     survivors = {n: a for n, a in brokers.items() if n != leader}
-    new_leader = loop.run(wait_leader(survivors, 120.0))
+    new_leader = loop.run(wait_leader(survivors, admin, 120.0))
     assert new_leader is not None and new_leader != leader
-    acked += loop.run(send_all(dep.namesrv, 200, 100))
+    acked += loop.run(send_all(dep.namesrv, admin, 200, 100))
 
-    seen = loop.run(consume_all(dep.namesrv))
+    seen = loop.run(consume_all(dep.namesrv, admin))
     missing = set(acked) - set(seen)
     assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
     assert len(set(seen)) == len(acked)
 
-    # The stopped node comes back on its volume and rejoins as a follower; the
-    # NameServer's health check (a PING by the unprivileged user) reports healthy.
+    # The stopped node comes back on its volume (and the shared secrets) and
+    # rejoins as a follower; the health checks (a PING authenticated with the
+    # cluster key, by the unprivileged user) report every container healthy.
     dep.compose("start", f"broker-a-{leader}")
+    services = ["namesrv", "broker-a-1", "broker-a-2", "broker-a-3"]
     deadline = time.monotonic() + 120
-    rejoined = healthy = False
-    while time.monotonic() < deadline and not (rejoined and healthy):
-        rejoined = loop.run(_role(brokers[leader])) == "follower"
-        healthy = subprocess.run(["docker", "inspect", "-f", "{{.State.Health.Status}}",
-                                  dep.container("namesrv")], capture_output=True, text=True,
-                                 timeout=60).stdout.strip() == "healthy"
+    rejoined, health = False, {}
+    while time.monotonic() < deadline and not (
+            rejoined and set(health.values()) == {"healthy"}):
+        rejoined = loop.run(_role(brokers[leader], admin)) == "follower"
+        health = {s: subprocess.run(["docker", "inspect", "-f", "{{.State.Health.Status}}",
+                                     dep.container(s)], capture_output=True, text=True,
+                                    timeout=60).stdout.strip() for s in services}
         time.sleep(1.0)
-    assert rejoined and healthy, (rejoined, healthy)
+    assert rejoined and set(health.values()) == {"healthy"}, (rejoined, health)
+    checks = subprocess.run(["docker", "inspect", "-f", "{{json .State.Health.Log}}",
+                             dep.container("broker-a-1")], capture_output=True, text=True,
+                            timeout=60).stdout
+    assert "ok as cluster" in checks, checks[-2000:]
 
 
-async def _role(address: str) -> str | None:
-    status = await node_status(address)
+async def _role(address: str, credentials: Credentials) -> str | None:
+    status = await node_status(address, credentials=credentials)
     return status.get("role") if status else None

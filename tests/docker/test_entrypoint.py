@@ -1,4 +1,5 @@
-"""The image's entry point renders a broker config from LEDGERMQ_* variables.
+"""The image's entry point renders a broker config from LEDGERMQ_* variables,
+with authentication on, and generates the shared secrets safely.
 
 Runs on the host against docker/entrypoint.py itself; the rendered text must
 load with the broker's own config parser, so the variables documented in
@@ -8,12 +9,17 @@ docs/deploy.md cannot drift from what a broker accepts.
 from __future__ import annotations
 
 import importlib.util
+import multiprocessing
+import os
+import stat
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ledgermq.broker.config import parse_config
+from ledgermq.wire.auth import read_secret_file
 
 SPEC = importlib.util.spec_from_file_location(
     "ledgermq_entrypoint", Path(__file__).resolve().parents[2] / "docker" / "entrypoint.py")
@@ -65,3 +71,63 @@ def test_unknown_key_reaches_the_broker_validation() -> None:
 
     with pytest.raises(BrokerConfigError, match="no_such_key"):
         parse_config(render(LEDGERMQ_CONF_NO_SUCH_KEY="1"))
+
+
+def test_rendered_config_has_authentication_on_by_default(tmp_path: Path) -> None:
+    """Containers listen on 0.0.0.0: without the secrets the broker would
+    refuse to start; with the ones the entry point generates it starts secured."""
+    from ledgermq.broker.keys import BrokerSecurity
+
+    env = {**BASE, "LEDGERMQ_SECRETS_DIR": str(tmp_path / "secrets")}
+    config = parse_config(render(LEDGERMQ_SECRETS_DIR=str(tmp_path / "secrets")))
+    assert config.cluster_secret_file == str(tmp_path / "secrets" / "cluster.secret")
+    assert config.admin_secret_file == str(tmp_path / "secrets" / "admin.secret")
+    assert config.allow_open is False
+    assert entrypoint.prepare_secrets(env) == (config.cluster_secret_file,
+                                               config.admin_secret_file)
+    security = BrokerSecurity.load(config)
+    assert security.keys is not None and security.keys.admin_secret is not None
+    # Told to run open: no secrets, and allow_open so that 0.0.0.0 is accepted.
+    opened = parse_config(render(LEDGERMQ_ALLOW_OPEN="true"))
+    assert opened.allow_open is True and not opened.cluster_secret_file
+    assert BrokerSecurity.load(opened).keys is None
+    assert entrypoint.prepare_secrets({**env, "LEDGERMQ_ALLOW_OPEN": "1"}) is None
+
+
+def _race(path: str, barrier: Any, out: Any) -> None:
+    barrier.wait()
+    created = entrypoint.ensure_secret(path)
+    out.put((created, Path(path).read_bytes()))
+
+
+def test_containers_starting_together_share_one_complete_secret(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("fork")
+    path = str(tmp_path / "shared" / "cluster.secret")
+    racers = 8
+    barrier, out = ctx.Barrier(racers), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(path, barrier, out)) for _ in range(racers)]
+    for proc in procs:
+        proc.start()
+    results = [out.get(timeout=30) for _ in procs]
+    for proc in procs:
+        proc.join(30)
+        assert proc.exitcode == 0
+    assert sum(created for created, _ in results) == 1
+    secrets_seen = {secret for _, secret in results}
+    assert len(secrets_seen) == 1 and len(secrets_seen.pop().strip()) == 64
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert os.listdir(tmp_path / "shared") == ["cluster.secret"]  # no temporary left
+    assert read_secret_file(path)
+    # A later start keeps it.
+    before = Path(path).read_bytes()
+    assert entrypoint.ensure_secret(path) is False and Path(path).read_bytes() == before
+
+
+def test_health_check_pings_with_the_cluster_key(tmp_path: Path) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text(entrypoint.render_broker_config(
+        {**BASE, "LEDGERMQ_SECRETS_DIR": "/s"}))
+    assert entrypoint._health_from_config(str(config)) == [
+        "127.0.0.1:10912", "--access-key", "cluster", "--secret-file", "/s/cluster.secret"]
+    config.write_text(entrypoint.render_broker_config({**BASE, "LEDGERMQ_ALLOW_OPEN": "yes"}))
+    assert entrypoint._health_from_config(str(config)) == ["127.0.0.1:10912"]

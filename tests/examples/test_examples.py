@@ -19,18 +19,25 @@ from ledgermq.broker.launcher import REPO, LocalCluster, wait_leader
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 
+# The cluster runs with authentication on, as `ledgermq dev` does: the
+# examples sign in with the variables dev prints.
+CREDENTIALS_ENV: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def namesrv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with LocalCluster(tmp_path_factory.mktemp("examples"),
+    with LocalCluster(tmp_path_factory.mktemp("examples"), secure=True,
                       settings={"flush": "async"}) as cluster:
         loop.run(wait_leader(cluster))
+        CREDENTIALS_ENV.update(LEDGERMQ_ACCESS_KEY="admin",
+                               LEDGERMQ_SECRET_FILE=str(cluster.secret_paths[1]))
         yield cluster.namesrv_address
 
 
 def example(name: str, *args: str, namesrv: str, cwd: Path,
             via_env: bool = False) -> list[str]:
     """Run examples/<name>; its stdout lines (it must exit 0 by itself)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=str(REPO), **CREDENTIALS_ENV)
     if via_env:
         env["LEDGERMQ_NAMESRV"] = namesrv
     else:

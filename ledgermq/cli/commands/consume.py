@@ -6,6 +6,8 @@ from typing import Any
 
 import typer
 
+from ledgermq.cli.admin_api import ACCESS_KEY_OPTION, SECRET_FILE_OPTION, TLS_CA_OPTION
+
 
 def register(app: typer.Typer) -> None:
     @app.command("consume")
@@ -18,13 +20,18 @@ def register(app: typer.Typer) -> None:
         mode: str = typer.Option("clustering", help="clustering or broadcasting."),
         namesrv: str = typer.Option(
             "127.0.0.1:9876", help="NameServer address(es), comma separated."),
+        access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+        tls_ca_file: str = TLS_CA_OPTION,
     ) -> None:
         """Consume a topic and print each message (offsets committed as it goes)."""
         import asyncio
         import time
 
         from ledgermq.base import loop
+        from ledgermq.cli.wire_security import client_security
         from ledgermq.client import PushConsumer
+
+        security = client_security(access_key, secret_file, tls_ca_file)
 
         async def main() -> int:
             seen = 0
@@ -41,7 +48,8 @@ def register(app: typer.Typer) -> None:
                 if count and seen >= count:
                     done.set()
 
-            consumer = PushConsumer(namesrv.split(","), group, topic, handle, tags=tags, mode=mode)
+            consumer = PushConsumer(namesrv.split(","), group, topic, handle, tags=tags, mode=mode,
+                                    **security)
             await consumer.start()
             try:
                 while not done.is_set():

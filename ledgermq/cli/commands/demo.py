@@ -2,9 +2,11 @@
 
 Starts a NameServer and a 3-node broker group as child processes, sends and
 consumes messages, kills the leader with SIGKILL, shows the new leader, sends
-and consumes more, and prints a summary. Exits 0 only when no acknowledged
-message was lost; every child is stopped by PID on the way out, also on an
-error or Ctrl-C.
+and consumes more, and prints a summary. Authentication is on, as in
+`ledgermq dev`: the cluster's secrets are generated under the demo's
+directory and the clients use the bootstrap administrator's credentials.
+Exits 0 only when no acknowledged message was lost; every child is stopped by
+PID on the way out, also on an error or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ async def _demo(console: Any, base: str, total: int, nodes: int, replicate: str,
     from ledgermq.broker.launcher import LocalCluster, wait_leader
     from ledgermq.client import Producer, PushConsumer
 
-    cluster = LocalCluster(base, nodes=nodes,
+    cluster = LocalCluster(base, nodes=nodes, secure=True,
                            settings={"replicate": replicate, "flush": flush,
                                      "segment_size_bytes": 64 << 20})
     acked: dict[bytes, str | None] = {}
@@ -72,7 +74,10 @@ async def _demo(console: Any, base: str, total: int, nodes: int, replicate: str,
         console.print(f"cluster up under {base}: NameServer {cluster.namesrv_address}, "
                       f"leader [bold]n{leader}[/bold] (pids {cluster.pids()})")
         ns = [cluster.namesrv_address]
-        producer = Producer(ns, retry_timeout=30.0)
+        credentials = cluster.admin_credentials
+        console.print(f"authentication on: clients sign in as {credentials.access_key!r} "
+                      f"(secret in {cluster.secret_paths[1]})")
+        producer = Producer(ns, retry_timeout=30.0, credentials=credentials)
         await producer.create_topic("demo", queues=4)
 
         def on_message(message: Any) -> None:
@@ -81,7 +86,7 @@ async def _demo(console: Any, base: str, total: int, nodes: int, replicate: str,
             received.add(message.body)
 
         consumer = PushConsumer(ns, "demo-group", "demo", on_message, long_poll_ms=500,
-                                batch_size=256)
+                                batch_size=256, credentials=credentials)
         await consumer.start()
 
         async def send_range(lo: int, hi: int) -> list[float]:

@@ -1,5 +1,11 @@
 """`ledgermq dev`: a NameServer and one broker group on loopback, until Ctrl-C.
 
+Authentication is on by default: the first start generates a cluster secret
+and the bootstrap administrator's secret under `<dir>/secrets/` (0600), later
+starts on the same directory reuse them, and the command prints the two
+variables a user exports for the CLI and the SDK. `--open` runs without
+authentication, and then only on loopback addresses.
+
 The children run in their own process groups; this command stops each of
 them by PID when it is interrupted, terminated, or fails to start them.
 They also run in the repository root, so `--dir` is made absolute against
@@ -22,9 +28,13 @@ def register(app: typer.Typer) -> None:
         replicate: str = typer.Option("sync", help="replicate: sync or async."),
         admin: str = typer.Option("127.0.0.1:9877", help="NameServer admin app (API, "
                                   "dashboard, metrics) address; empty: no admin apps."),
+        open_: bool = typer.Option(
+            False, "--open", "--insecure",
+            help="No authentication (no secrets; loopback addresses only)."),
     ) -> None:
         """Run a local NameServer and an N-node broker group until Ctrl-C."""
         import asyncio
+        import shlex
         import signal
         import threading
         from pathlib import Path
@@ -32,19 +42,32 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from ledgermq.broker.launcher import LocalCluster, wait_leader
+        from ledgermq.base.address import is_loopback_host
+        from ledgermq.broker.launcher import ADMIN_ACCESS_KEY, LocalCluster, wait_leader
+        from ledgermq.cli.commands.namesrv import parse_listen
+        from ledgermq.wire.auth import SecretFileError
 
         console = Console(highlight=False)
+        if open_:
+            exposed = [a for a in (namesrv, admin)
+                       if a and not is_loopback_host(parse_listen(a)[0])]
+            if exposed:
+                typer.echo(f"error: --open runs on loopback addresses only, not on "
+                           f"{', '.join(exposed)}: drop --open (authentication on)", err=True)
+                raise typer.Exit(2)
         directory = str(Path(directory).expanduser().resolve())
         cluster = LocalCluster(directory, nodes=nodes, namesrv_listen=namesrv,
                                settings={"flush": flush, "replicate": replicate},
-                               log_level="INFO", admin_listen=admin)
+                               log_level="INFO", admin_listen=admin, secure=not open_)
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         try:
             try:
                 cluster.start()
+            except SecretFileError as exc:  # e.g. a secret file others may read
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(2) from None
             except RuntimeError as exc:  # a child did not start: its output says why
                 typer.echo(f"error: {exc}", err=True)
                 raise typer.Exit(1) from None
@@ -60,8 +83,24 @@ def register(app: typer.Typer) -> None:
                 t.add_row(f"broker n{nid}{role}", str(child.proc.pid),
                           cluster.peers[nid].client, cluster.peers[nid].raft)
             console.print(t)
+            if open_:
+                console.print("[yellow]Authentication is off (--open): anyone on this "
+                              "machine can read, write and delete data.[/yellow]")
+            else:
+                cluster_file, admin_file = cluster.secret_paths
+                made = "generated now" if cluster.generated else "reused"
+                console.print(f"Authentication is on. Secrets (mode 0600, {made}) in "
+                              f"{cluster_file.parent}/:\n"
+                              f"  {cluster_file.name}  the cluster secret (brokers and "
+                              f"NameServer)\n"
+                              f"  {admin_file.name}    the administrator "
+                              f"{ADMIN_ACCESS_KEY!r} (keep it private)\n"
+                              "To use the CLI and the SDK, in your shell:", soft_wrap=True)
+                # Plain lines a user copies: no wrapping, no styling.
+                print(f"export LEDGERMQ_ACCESS_KEY={ADMIN_ACCESS_KEY}", flush=True)
+                print(f"export LEDGERMQ_SECRET_FILE={shlex.quote(str(admin_file))}", flush=True)
             console.print(f"Try: ledgermq send demo hello --namesrv {cluster.namesrv_address}"
-                          "   (Ctrl-C stops everything)")
+                          "   (Ctrl-C stops everything)", soft_wrap=True)
             if admin:
                 console.print(f"Dashboard and admin API: http://{admin}/  "
                               f"(ledgermq status --admin http://{admin})")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from ledgermq.cli.admin_api import ACCESS_KEY_OPTION, SECRET_FILE_OPTION, TLS_CA_OPTION
+
 BODIES = typer.Argument(None, help="Message bodies (default: 'hello N').")
 
 
@@ -18,16 +20,20 @@ def register(app: typer.Typer) -> None:
         sharding_key: str = typer.Option(None, help="Same key -> same queue (ordering)."),
         namesrv: str = typer.Option(
             "127.0.0.1:9876", help="NameServer address(es), comma separated."),
+        access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+        tls_ca_file: str = TLS_CA_OPTION,
     ) -> None:
         """Send messages (synchronously acknowledged) to a topic."""
         from ledgermq.base import loop
+        from ledgermq.cli.wire_security import client_security
         from ledgermq.client import Producer
 
+        security = client_security(access_key, secret_file, tls_ca_file)
         messages = [b.encode() for b in bodies] if bodies else [
             b"hello %d" % i for i in range(count)]
 
         async def main() -> None:
-            async with Producer(namesrv.split(",")) as producer:
+            async with Producer(namesrv.split(","), **security) as producer:
                 for body in messages:
                     r = await producer.send(topic, body, tags=tags, keys=keys,
                                             sharding_key=sharding_key)

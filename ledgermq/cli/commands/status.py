@@ -33,8 +33,11 @@ def register(app: typer.Typer) -> None:
         applied), lag, and how far each follower is behind the leader."""
         from ledgermq.base import loop
         from ledgermq.cli.errors import fail
+        from ledgermq.cli.wire_security import client_security
 
-        view = (loop.run(wire_view(namesrv)) if namesrv else
+        view = (loop.run(wire_view(namesrv, client_security(access_key, secret_file,
+                                                            tls_ca_file)))
+                if namesrv else
                 call(target(admin, access_key, secret_file, tls_ca_file=tls_ca_file), "GET",
                      "cluster"))
         groups = view.get("groups", {})
@@ -73,12 +76,13 @@ def print_tables(groups: dict[str, Any]) -> None:
         out.print("lag = commit - applied; behind = entries not yet replicated here")
 
 
-async def wire_view(namesrv: str) -> dict[str, Any]:
-    """The admin API's cluster view, built over the wire protocol instead."""
+async def wire_view(namesrv: str, security: dict[str, Any]) -> dict[str, Any]:
+    """The admin API's cluster view, built over the wire protocol instead
+    (`security`: ledgermq.cli.wire_security.client_security's)."""
     from ledgermq.client.admin import Admin
     from ledgermq.webadmin.app import group_view, node_row
 
-    async with Admin(namesrv.split(",")) as admin:
+    async with Admin(namesrv.split(","), **security) as admin:
         groups = await admin.status()
     return {"groups": {name: group_view([node_row(r["node_id"], r["address"], r["status"],
                                                   r.get("registered_role")) for r in rows])

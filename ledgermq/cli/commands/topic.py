@@ -45,10 +45,13 @@ def create(
     """Create (or replace) a topic on every broker group."""
     if namesrv:
         from ledgermq.base import loop
+        from ledgermq.cli.wire_security import client_security
         from ledgermq.client import Producer
 
+        security = client_security(access_key, secret_file, tls_ca_file)
+
         async def main() -> dict[str, Any]:
-            async with Producer(namesrv.split(",")) as producer:
+            async with Producer(namesrv.split(","), **security) as producer:
                 return await producer.create_topic(topic, queues, perm)
 
         made = loop.run(main())
@@ -86,11 +89,12 @@ def delete(topic: str, admin: str = ADMIN_OPTION, token: str = TOKEN_OPTION,
     typer.echo(f"topic {topic} deleted")
 
 
-async def wire_topics(namesrv: str) -> list[dict[str, Any]]:
-    """The admin API's topic list, built over the wire protocol instead."""
+async def wire_topics(namesrv: str, security: dict[str, Any]) -> list[dict[str, Any]]:
+    """The admin API's topic list, built over the wire protocol instead
+    (`security`: ledgermq.cli.wire_security.client_security's)."""
     from ledgermq.client.admin import Admin
 
-    async with Admin(namesrv.split(",")) as admin:
+    async with Admin(namesrv.split(","), **security) as admin:
         topics = await admin.topics()
     out = []
     for name, groups in sorted(topics.items()):
@@ -111,9 +115,12 @@ def list_topics(admin: str = ADMIN_OPTION, namesrv: str = NAMESRV_OPTION,
     """List topics with their queue counts and message totals."""
     from ledgermq.base import loop
     from ledgermq.cli.output import console, print_json, table
+    from ledgermq.cli.wire_security import client_security
 
     to = target(admin, access_key, secret_file, tls_ca_file=tls_ca_file)
-    topics = loop.run(wire_topics(namesrv)) if namesrv else call(to, "GET", "topics")["topics"]
+    topics = (loop.run(wire_topics(namesrv, client_security(access_key, secret_file,
+                                                            tls_ca_file)))
+              if namesrv else call(to, "GET", "topics")["topics"])
     if output is Output.json:
         print_json({"topics": topics})
         return
@@ -134,7 +141,11 @@ def describe(topic: str, admin: str = ADMIN_OPTION, namesrv: str = NAMESRV_OPTIO
     from ledgermq.cli.output import console, print_json, table
 
     if namesrv:
-        groups = {t["group"]: t for t in loop.run(wire_topics(namesrv)) if t["topic"] == topic}
+        from ledgermq.cli.wire_security import client_security
+
+        security = client_security(access_key, secret_file, tls_ca_file)
+        groups = {t["group"]: t for t in loop.run(wire_topics(namesrv, security))
+                  if t["topic"] == topic}
         if not groups:
             raise fail(f"topic {topic!r} does not exist")
     else:

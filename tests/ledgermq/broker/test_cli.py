@@ -21,8 +21,9 @@ from ledgermq.broker.launcher import REPO, free_port
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
+def cli(*args: str, timeout: float = 60,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200", **(env or {}))
     return subprocess.run([sys.executable, "-m", "ledgermq.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=REPO)
 
@@ -49,6 +50,11 @@ def test_demo_exits_zero_and_stops_its_children(tmp_path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"lost\s+│\s+0\b", result.stdout)
     assert "new leader: n" in result.stdout
+    # With authentication on (`make run` shows the secured path): the demo's
+    # clients signed in with the secrets generated under its directory.
+    assert "authentication on: clients sign in as 'admin'" in result.stdout
+    for name in ("cluster.secret", "admin.secret"):
+        assert (tmp_path / "demo" / "secrets" / name).stat().st_mode & 0o077 == 0
     pids = [int(p) for p in re.search(r"pids \[([\d, ]+)\]", result.stdout).group(1).split(",")]
     assert len(pids) == 4
     wait_gone(pids)
@@ -79,23 +85,35 @@ def test_dev_cluster_with_topic_send_consume_status(tmp_path) -> None:
         pids = [int(m.group(1)) for line in lines
                 if (m := re.search(r"(?:namesrv|broker n\d[^│]*)\s*│\s*(\d+)", line))]
         assert len(pids) == 4, "".join(lines)
-        created = cli("topic", "create", "clitopic", "--queues", "2", "--namesrv", ns)
+        # dev runs with authentication on and prints the two variables to export.
+        creds = dict(line.split()[1].split("=", 1) for line in lines
+                     if line.startswith("export LEDGERMQ_"))
+        assert set(creds) == {"LEDGERMQ_ACCESS_KEY", "LEDGERMQ_SECRET_FILE"}, "".join(lines)
+        refused = cli("topic", "create", "clitopic", "--queues", "2", "--namesrv", ns)
+        assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr, refused
+
+        def as_admin(*args: str) -> subprocess.CompletedProcess[str]:
+            return cli(*args, env=creds)
+
+        created = as_admin("topic", "create", "clitopic", "--queues", "2", "--namesrv", ns)
         assert created.returncode == 0 and "2 queues" in created.stdout, created.stderr
-        sent = cli("send", "clitopic", "one", "two", "three", "--tags", "x", "--namesrv", ns)
+        sent = as_admin("send", "clitopic", "one", "two", "three", "--tags", "x",
+                        "--namesrv", ns)
         assert sent.returncode == 0, sent.stderr
         assert len(re.findall(r"broker-a@[0-9A-F]{16}", sent.stdout)) == 3
         deadline = time.monotonic() + 30
-        while "clitopic" not in (listed := cli("topic", "list", "--namesrv", ns)).stdout:
+        while "clitopic" not in (listed := as_admin("topic", "list", "--namesrv", ns)).stdout:
             assert time.monotonic() < deadline, listed.stdout + listed.stderr
         assert re.search(r"clitopic.*broker-a.*2.*6.*3", listed.stdout)
-        consumed = cli("consume", "clitopic", "--group", "g", "--count", "3", "--namesrv", ns)
+        consumed = as_admin("consume", "clitopic", "--group", "g", "--count", "3",
+                            "--namesrv", ns)
         assert consumed.returncode == 0, consumed.stderr
         assert {"one", "two", "three"} <= set(re.findall(r"\b(one|two|three)\b",
                                                          consumed.stdout))
-        status = cli("status", "--namesrv", ns)
+        status = as_admin("status", "--namesrv", ns)
         assert status.returncode == 0 and status.stdout.count("leader") >= 1, status.stderr
         assert status.stdout.count("follower") == 2
-        described = cli("topic", "describe", "clitopic", "--namesrv", ns)
+        described = as_admin("topic", "describe", "clitopic", "--namesrv", ns)
         assert described.returncode == 0 and "min offset" in described.stdout
     finally:
         if dev.poll() is None:

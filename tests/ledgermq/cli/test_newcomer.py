@@ -42,6 +42,9 @@ def test_readme_playing_by_hand_works_on_a_fresh_clone() -> None:
     assert re.search(r"^setup:", makefile, re.M)
     for words in commands:
         assert words[0] != "open", "macOS-only `open`"
+        if words[0] == "export":  # the credentials `ledgermq dev` prints
+            assert words[1].split("=")[0] in ("LEDGERMQ_ACCESS_KEY", "LEDGERMQ_SECRET_FILE")
+            continue
         if words[0] != "ledgermq":
             assert words[:2] in (["make", "setup"], ["source", ".venv/bin/activate"]), words
             continue
@@ -84,10 +87,14 @@ def test_dev_from_another_directory_with_a_relative_dir(tmp_path: Path) -> None:
         assert str(tmp_path / "play") in "".join(lines)
         for nid in (1, 2, 3):
             assert (tmp_path / "play" / f"n{nid}").is_dir()
-        sent = ledgermq("send", "here", "one", "--namesrv", ns, cwd=tmp_path)
+        # Authentication is on: the secrets went under the relative --dir too.
+        secret = tmp_path / "play" / "secrets" / "admin.secret"
+        assert f"export LEDGERMQ_SECRET_FILE={secret}" in "".join(lines)
+        creds = ("--access-key", "admin", "--secret-file", str(secret))
+        sent = ledgermq("send", "here", "one", "--namesrv", ns, *creds, cwd=tmp_path)
         assert sent.returncode == 0, sent.stderr
         deadline = time.monotonic() + 30  # until the brokers have registered
-        while (status := ledgermq("status", "--admin", f"http://{admin}",
+        while (status := ledgermq("status", "--admin", f"http://{admin}", *creds,
                                   cwd=tmp_path)).returncode != 0:
             assert time.monotonic() < deadline, status.stderr
             time.sleep(0.5)
