@@ -1,6 +1,13 @@
 """Produce benchmark: a 3-node group on loopback, 1 KiB messages, JSON out.
 
-For flush = async and flush = sync (replicate = sync in both):
+For flush = async and flush = sync (replicate = sync in both), and for each
+security mode of `--security` (default all three, in the same run):
+  open      no cluster secret, plain TCP (loopback only);
+  auth      cluster secret + bootstrap admin: Raft peers, registrations and
+            clients authenticate (docs/security.md); the producer is an ACL
+            user with PUB on the topic, so every send passes an ACL check;
+  auth+tls  the same with TLS on every port (a throwaway CA, chaos.security);
+
   (a) per-message sends, 64 in flight;
   (b) batches of 64 messages (send_batch), 8 batches in flight, and again
       with 32 in flight (more producers' batches for the client to coalesce);
@@ -8,13 +15,21 @@ acknowledged messages per second, per-request latency p50/p99, and the CPU
 time each process (leader, followers, client) spent per acknowledged message.
 Then failover: SIGKILL the leader while a prober sends, time to the first
 acknowledged send after the kill (it can only be on the new leader), over
-`--kills` kills (the killed node is restarted before the next one); p50, max.
+`--kills` kills (the killed node is restarted before the next one); p50, max
+(open cluster only).
+
+The security modes' clusters run side by side and each figure is measured
+in `--rounds` slices, the modes taking turns in a rotating order, so a drift
+of the machine's speed during the run falls on every mode alike; `cost`
+gives, per flush and load, each secured mode against open: the throughput
+ratio, the latency and the CPU microseconds per message it adds per process.
 
 The client runs in this process, the NameServer and brokers in children: on a
 2-core machine all of them share the CPUs, so the figures are for the whole
 system on one box.
 
     .venv/bin/python bench/produce.py [--seconds 5] [--kills 10]
+        [--security open,auth,auth+tls] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -33,11 +48,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from chaos.security import OPEN, ClientSecurity, SecurityFiles, generate, put_user
 from ledgermq.base import loop
 from ledgermq.broker.launcher import LocalCluster, wait_leader
 from ledgermq.client import Producer
 
 BODY = b"x" * 1024
+SECURITY_MODES = ("open", "auth", "auth+tls")
+LOADS = {"single_64_in_flight": (1, 64), "batch_64": (64, 8), "batch_64_32_in_flight": (64, 32)}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -70,13 +88,36 @@ def calibrate() -> float:
     return round(statistics.median(once() for _ in range(5)), 4)
 
 
+class Slices:
+    """One figure measured in slices: acks, latencies and CPU seconds add up."""
+
+    def __init__(self) -> None:
+        self.acked = 0
+        self.elapsed = 0.0
+        self.latencies: list[float] = []
+        self.cpu: dict[str, float] = {}
+
+    def summary(self) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "msgs_per_s": round(self.acked / self.elapsed) if self.elapsed else 0,
+            "acked": self.acked,
+            "p50_ms": round(percentile(self.latencies, 0.5) * 1000, 2),
+            "p99_ms": round(percentile(self.latencies, 0.99) * 1000, 2)}
+        if self.cpu and self.acked:
+            result["cpu_us_per_msg"] = {name: round(seconds / self.acked * 1e6, 1)
+                                        for name, seconds in self.cpu.items()}
+        return result
+
+
 async def run_load(producer: Producer, seconds: float, batch: int, in_flight: int,
-                   processes: dict[str, int] | None = None) -> dict[str, Any]:
+                   processes: dict[str, int] | None = None,
+                   into: Slices | None = None) -> dict[str, Any]:
     """Acked msg/s and latency; with `processes` (name -> pid), also each
-    one's CPU microseconds per acknowledged message."""
-    latencies: list[float] = []
-    acked = 0
+    one's CPU microseconds per acknowledged message. `into`: add this slice
+    to a figure measured in several."""
+    slices = into if into is not None else Slices()
     deadline = time.monotonic() + seconds
+    acked = 0
 
     async def worker() -> None:
         nonlocal acked
@@ -86,45 +127,120 @@ async def run_load(producer: Producer, seconds: float, batch: int, in_flight: in
                 await producer.send("bench", BODY)
             else:
                 await producer.send_batch("bench", [BODY] * batch)
-            latencies.append(time.monotonic() - started)
+            slices.latencies.append(time.monotonic() - started)
             acked += batch
 
     processes = processes or {}
     cpu_before = {name: cpu_seconds(pid) for name, pid in processes.items()}
     started = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(in_flight)))
-    elapsed = time.monotonic() - started
-    result: dict[str, Any] = {"msgs_per_s": round(acked / elapsed), "acked": acked,
-                              "p50_ms": round(percentile(latencies, 0.5) * 1000, 2),
-                              "p99_ms": round(percentile(latencies, 0.99) * 1000, 2)}
-    if processes and acked:
-        result["cpu_us_per_msg"] = {
-            name: round((cpu_seconds(pid) - cpu_before[name]) / acked * 1e6, 1)
-            for name, pid in processes.items()}
-    return result
+    slices.elapsed += time.monotonic() - started
+    slices.acked += acked
+    for name, pid in processes.items():
+        slices.cpu[name] = slices.cpu.get(name, 0.0) + cpu_seconds(pid) - cpu_before[name]
+    return slices.summary()
 
 
-async def throughput(base: Path, flush: str, seconds: float) -> dict[str, object]:
-    cluster = LocalCluster(base / f"tp-{flush}", settings={
-        "flush": flush, "replicate": "sync", "segment_size_bytes": 64 << 20})
-    cluster.start()
+class Bench:
+    """One security mode's cluster, producer and processes for a flush setting."""
+
+    def __init__(self, base: Path, flush: str, security: str) -> None:
+        self.security = security
+        settings: dict[str, Any] = {"flush": flush, "replicate": "sync",
+                                    "segment_size_bytes": 64 << 20}
+        self.client = OPEN
+        if security != "open":
+            files: SecurityFiles = generate(base / f"security-{flush}-{security}",
+                                            ["127.0.0.1", "localhost"])
+            secured = files.broker_settings()
+            if security == "auth":
+                secured = {k: v for k, v in secured.items() if not k.startswith("tls_")}
+            settings.update(secured)
+            full = files.client()
+            self.client = ClientSecurity(admin=full.admin, user=full.user,
+                                         tls=full.tls if security == "auth+tls" else None)
+        self.cluster = LocalCluster(base / f"tp-{flush}-{security.replace('+', '-')}",
+                                    settings=settings)
+        self.producer: Producer | None = None
+        self.processes: dict[str, int] = {}
+
+    async def start(self) -> None:
+        self.cluster.start()
+        await wait_leader(self.cluster)
+        if self.client.secure:
+            # The topic as the admin; the load as an ACL user that may publish to it.
+            async with Producer([self.cluster.namesrv_address], credentials=self.client.admin,
+                                tls=self.client.tls) as admin:
+                await admin.create_topic("bench", queues=8)
+            assert self.client.user is not None
+            await put_user([self.cluster.client_address(n) for n in self.cluster.peers],
+                           self.client, {"access_key": self.client.user.access_key,
+                                         "secret": self.client.user.secret, "admin": False,
+                                         "allow": [], "topics": {"bench": "PUB"}, "groups": {}})
+        self.producer = Producer([self.cluster.namesrv_address], **self.client.as_user())
+        if not self.client.secure:
+            await self.producer.create_topic("bench", queues=8)
+        await run_load(self.producer, 1.0, 1, 16)  # warm-up: connections, routes
+        leader = await wait_leader(self.cluster)
+        # Followers by rank (follower_1, follower_2), not node id: the modes'
+        # clusters elect different leaders, and `cost` compares like with like.
+        self.processes = {"client": os.getpid(), "leader": self.cluster.brokers[leader].proc.pid}
+        followers = [child for nid, child in sorted(self.cluster.brokers.items()) if nid != leader]
+        for rank, child in enumerate(followers, 1):
+            self.processes[f"follower_{rank}"] = child.proc.pid
+
+    async def stop(self) -> None:
+        if self.producer is not None:
+            await self.producer.close()
+        await asyncio.to_thread(self.cluster.stop)
+
+
+async def throughput(base: Path, flush: str, seconds: float, securities: list[str],
+                     rounds: int) -> list[dict[str, Any]]:
+    """Every load on every security mode's cluster, the modes taking turns."""
+    benches = [Bench(base, flush, security) for security in securities]
     try:
-        await wait_leader(cluster)
-        producer = Producer([cluster.namesrv_address])
-        await producer.create_topic("bench", queues=8)
-        await run_load(producer, 1.0, 1, 16)  # warm-up: connections, routes
-        leader = await wait_leader(cluster)
-        processes = {"client": os.getpid()}
-        for nid, child in sorted(cluster.brokers.items()):
-            processes["leader" if nid == leader else f"follower_{nid}"] = child.proc.pid
-        single = await run_load(producer, seconds, 1, 64, processes)
-        batched = await run_load(producer, seconds, 64, 8, processes)
-        batched_32 = await run_load(producer, seconds, 64, 32, processes)
-        await producer.close()
-        return {"flush": flush, "replicate": "sync", "single_64_in_flight": single,
-                "batch_64": batched, "batch_64_32_in_flight": batched_32}
+        for bench in benches:
+            await bench.start()
+        figures: dict[str, dict[str, Slices]] = {b.security: {} for b in benches}
+        for load, (batch, in_flight) in LOADS.items():
+            for r in range(rounds):
+                turn = r % len(benches)
+                for bench in benches[turn:] + benches[:turn]:
+                    assert bench.producer is not None
+                    slices = figures[bench.security].setdefault(load, Slices())
+                    await run_load(bench.producer, seconds / rounds, batch, in_flight,
+                                   bench.processes, into=slices)
+        return [{"flush": flush, "replicate": "sync", "security": security,
+                 **{load: s.summary() for load, s in figures[security].items()}}
+                for security in securities]
     finally:
-        await asyncio.to_thread(cluster.stop)
+        for bench in benches:
+            await bench.stop()
+
+
+def costs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per flush and load, each secured mode against open (when both ran)."""
+    out: dict[str, Any] = {}
+    for run in runs:
+        if run["security"] == "open":
+            continue
+        base = next((r for r in runs if r["flush"] == run["flush"]
+                     and r["security"] == "open"), None)
+        if base is None:
+            continue
+        for load in LOADS:
+            mine, theirs = run[load], base[load]
+            cpu = {name: round(us - theirs["cpu_us_per_msg"].get(name, 0.0), 1)
+                   for name, us in mine.get("cpu_us_per_msg", {}).items()}
+            cpu["all_processes"] = round(sum(cpu.values()), 1)
+            out.setdefault(f"{run['flush']}/{load}", {})[run["security"]] = {
+                "msgs_per_s_ratio": round(mine["msgs_per_s"] / theirs["msgs_per_s"], 3)
+                if theirs["msgs_per_s"] else None,
+                "p50_ms_added": round(mine["p50_ms"] - theirs["p50_ms"], 2),
+                "p99_ms_added": round(mine["p99_ms"] - theirs["p99_ms"], 2),
+                "cpu_us_per_msg_added": cpu}
+    return out
 
 
 async def failover(base: Path, kills: int) -> dict[str, object]:
@@ -157,12 +273,16 @@ async def failover(base: Path, kills: int) -> dict[str, object]:
 async def main(args: argparse.Namespace) -> None:
     # Each run writes gigabytes: the directory goes whatever happens.
     base = Path(tempfile.mkdtemp(prefix="ledgermq-bench-"))
+    securities = [m for m in args.security.split(",") if m]
     results: dict[str, Any] = {"bench": "produce", "nodes": 3, "message_bytes": len(BODY),
+                               "securities": securities, "rounds": args.rounds,
                                "load_average_start": os.getloadavg(),
                                "calibration_s_start": calibrate(), "runs": []}
     try:
         for flush in ("async", "sync"):
-            results["runs"].append(await throughput(base, flush, args.seconds))
+            results["runs"] += await throughput(base, flush, args.seconds, securities,
+                                                args.rounds)
+        results["cost"] = costs(results["runs"])
         if args.kills:
             results["failover"] = await failover(base, args.kills)
     finally:
@@ -179,4 +299,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="per throughput run")
     parser.add_argument("--kills", type=int, default=10, help="leader kills for failover (0: skip)")
-    loop.run(main(parser.parse_args()))
+    parser.add_argument("--security", default=",".join(SECURITY_MODES),
+                        help="comma-separated security modes: open, auth, auth+tls")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="slices per figure, the security modes taking turns")
+    parsed = parser.parse_args()
+    unknown = set(parsed.security.split(",")) - set(SECURITY_MODES)
+    if unknown or parsed.rounds < 1:
+        parser.error(f"--security takes {', '.join(SECURITY_MODES)}; --rounds >= 1")
+    loop.run(main(parsed))

@@ -12,6 +12,11 @@ bind-mounted data directory).
 Every backend reports what it can inject (`capabilities`): a nemesis whose
 fault cannot be injected here is refused loudly before the run starts, never
 silently turned into a no-op.
+
+A spec with `secure=True` runs the cluster with authentication and TLS on
+every port: the backend makes the run's secrets and a throwaway CA at start
+(`chaos.security`) and `client_security` is what the harness's clients
+present.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.readiness import Readiness
+from chaos.security import OPEN, ClientSecurity, SecurityFiles
 
 # Fault kinds a nemesis may need; the backend says which it can inject.
 FAULTS = ("partition", "loss", "delay", "kill", "pause", "power-loss", "file", "clock")
@@ -50,6 +56,9 @@ class ClusterSpec:
     faketime: bool = False
     log_level: str = "INFO"
     extra: dict[str, Any] = field(default_factory=dict)
+    # Authentication and TLS on every port (chaos.security): the backend makes
+    # the run's secrets and certificates at start and configures every server.
+    secure: bool = False
 
 
 class CannotInject(RuntimeError):
@@ -85,6 +94,18 @@ class Backend(abc.ABC):
 
     spec: ClusterSpec
     out: Path
+    # Set by `start` in a secured run (spec.secure): the run's secret and TLS files.
+    security: SecurityFiles | None = None
+    _client_security: ClientSecurity | None = None
+
+    @property
+    def client_security(self) -> ClientSecurity:
+        """What the harness's clients present to this cluster (OPEN unless secured)."""
+        if self.security is None:
+            return OPEN
+        if self._client_security is None:
+            self._client_security = self.security.client()
+        return self._client_security
 
     @staticmethod
     def run_number() -> int:

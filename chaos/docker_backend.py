@@ -24,6 +24,12 @@ Faults, mapped onto the containers:
   operation here does); LEDGERMQ_DURABILITY_TRACE=1 is set in the containers.
 - clock: refused; the image carries no libfaketime.
 
+Security: the containers listen on every interface, so an open run says so
+(`allow_open`, LEDGERMQ_ALLOW_OPEN for the NameServer); a secured run
+(`spec.secure`) makes the run's secrets and a certificate for the NameServer's
+and every node's address on the project's network (chaos.security), owned by
+the image's user, and mounts them read-only at /etc/ledgermq/security.
+
 Readiness: a container is up when it is running and the process in it
 answers PING on its address (chaos.readiness), never from a line of its log
 (a crash's traceback can contain the "listening on" source line). When it is
@@ -53,17 +59,23 @@ from pathlib import Path
 from chaos import readiness
 from chaos.backend import Backend, CannotInject, ClusterSpec
 from chaos.readiness import Readiness
+from chaos.security import generate
 
 IMAGE = os.environ.get("LEDGERMQ_IMAGE", "ledgermq:latest")
-# The image runs with authentication on unless told otherwise; the harness's
-# workload has no credentials, and its throwaway cluster lives on a private
-# bridge network of its own, so it runs open on purpose.
+# The image runs with authentication on unless told otherwise; an open run's
+# throwaway cluster lives on a private bridge network of its own, so it runs
+# open on purpose (secured runs bring their own secrets, chaos/security.py).
 OPEN = {"LEDGERMQ_ALLOW_OPEN": "true"}
 CLIENT_PORT = 10911
 RAFT_PORT = 20911
 NAMESRV_PORT = 9876
 CHAIN = "LMQ-CHAOS"
 CONTAINER_DATA = "/var/lib/ledgermq/data"
+# Secured runs: the run's `security/` directory, bind-mounted read-only, and
+# the image's unprivileged user (docker/Dockerfile), which must own the
+# secret files (0600) to read them.
+CONTAINER_SECURITY = "/etc/ledgermq/security"
+CONTAINER_UID = 10001
 
 
 def docker_available() -> str | None:
@@ -180,13 +192,25 @@ class DockerBackend(Backend):
         """The compose project for this run's spec (written as JSON, which is YAML)."""
         s = self.spec
         peers = ",".join(f"{n}={self.node_ip(n)}" for n in self.node_ids)
+        mounts: list[str] = []
+        namesrv_env = {"LEDGERMQ_BROKER_EXPIRY_MS": "5000", "LEDGERMQ_LOG_LEVEL": "WARNING"}
+        namesrv_args: list[str] = []
+        secured: dict[str, object] = {}
+        if self.security is not None:
+            mounts = [f"{self.security.directory}:{CONTAINER_SECURITY}:ro"]
+            namesrv_args = self.security.namesrv_args(CONTAINER_SECURITY)
+            secured = dict(self.security.broker_settings(CONTAINER_SECURITY))
+        else:
+            # Open on purpose: the containers listen on every interface.
+            namesrv_env.update(OPEN)
+            secured = {"allow_open": True}
         services: dict[str, object] = {
             "namesrv": {
-                "image": self.image, "command": ["namesrv"], "restart": "no",
-                "environment": {"LEDGERMQ_BROKER_EXPIRY_MS": "5000",
-                                "LEDGERMQ_LOG_LEVEL": "WARNING", **OPEN},
+                "image": self.image, "command": ["namesrv", *namesrv_args], "restart": "no",
+                "environment": namesrv_env,
                 "healthcheck": {"disable": True},
                 "networks": {"chaos": {"ipv4_address": f"{self.prefix}.2"}},
+                **({"volumes": mounts} if mounts else {}),
             }
         }
         for node in self.node_ids:
@@ -201,10 +225,12 @@ class DockerBackend(Backend):
                 "LEDGERMQ_CONF_SEGMENT_SIZE_BYTES": str(s.segment_size_bytes),
                 "LEDGERMQ_CONF_NAMESRV_REGISTER_INTERVAL_MS": "500",
                 "LEDGERMQ_CONF_MEMBER_EXPIRY_MS": "3000",
-                **OPEN,
+                # An open run must also keep the entry point from generating
+                # a secret of its own (the image starts secured by default).
+                **(OPEN if self.security is None else {}),
             }
             env.update({f"LEDGERMQ_CONF_{k.upper()}": str(v).lower() if isinstance(v, bool)
-                        else str(v) for k, v in s.extra.items()})
+                        else str(v) for k, v in {**secured, **s.extra}.items()})
             if s.durability_trace:
                 env["LEDGERMQ_DURABILITY_TRACE"] = "1"
             services[f"n{node}"] = {
@@ -214,7 +240,7 @@ class DockerBackend(Backend):
                 # One ping process per container every few seconds costs real
                 # CPU on a small machine; the harness PINGs when it needs to know.
                 "healthcheck": {"disable": True},
-                "volumes": [f"n{node}:/var/lib/ledgermq"],
+                "volumes": [f"n{node}:/var/lib/ledgermq", *mounts],
                 "networks": {"chaos": {"ipv4_address": self.node_ip(node)}},
                 "depends_on": ["namesrv"],
             }
@@ -238,6 +264,8 @@ class DockerBackend(Backend):
             rng = random.Random(f"{self.seed}-{self.project}")
             for attempt in range(3):
                 self.prefix = free_prefix(rng)
+                if self.spec.secure:
+                    self._make_security()
                 self.compose_file.write_text(json.dumps(self.compose_document(), indent=2))
                 up = self._compose("up", "-d", "--no-build", check=False)
                 self._up = True
@@ -348,11 +376,25 @@ class DockerBackend(Backend):
         # -1: not running, and docker would not say how it ended.
         return int(state[1]) if len(state) == 2 and state[1].lstrip("-").isdigit() else -1
 
+    def _make_security(self) -> None:
+        """The run's secrets and certificate for this attempt's addresses,
+        readable by the containers' user only."""
+        directory = self.out / "security"
+        shutil.rmtree(directory, ignore_errors=True)  # an earlier attempt's subnet
+        self.security = generate(directory, [f"{self.prefix}.2",
+                                             *(self.node_ip(n) for n in self.node_ids)])
+        self._client_security = None
+        for path in [directory, *directory.iterdir()]:
+            os.chown(path, CONTAINER_UID, CONTAINER_UID)
+
     def _wait(self, name: str, address: str, timeout: float) -> Readiness:
         """Until container `name` runs and answers PING at `address` (or stops)."""
+        security = self.client_security
+        if name == "namesrv":
+            security = security.anonymous()  # its client port knows only the cluster key
         return readiness.wait_ready(
             name, exit_status=lambda: self._exit_status(name),
-            answers=lambda: readiness.ping(address, 2.0),
+            answers=lambda: readiness.ping(address, 2.0, None, security),
             tail=lambda: tuple(self._logs(name).splitlines()[-readiness.TAIL_LINES:]),
             timeout=timeout, interval=0.25)
 

@@ -1,6 +1,7 @@
 """The long evidence matrix: every nemesis, 3 and 5 nodes, plus the bite runs.
 
     python -m chaos.matrix --out chaos-matrix [--time-limit 60] [--only NAME,...]
+                           [--security open|secure|open,secure] [--secure]
 
 Part 1 (must be valid): flush=sync, replicate=sync, every nemesis alone and
 the power-loss composites, on 3 and 5 nodes, `--time-limit` seconds each.
@@ -8,6 +9,12 @@ Part 2 (must bite): replicate=async with partition-leader must report lost
 acknowledged messages; power loss of every node must lose messages with
 flush=async and none with flush=sync. replicate=async with kill-leader is
 run and reported, not required to bite (see BITES).
+
+Security is a dimension of its own: `--security secure` (or `--secure`)
+runs every cell above with authentication and TLS on every port and the
+workload as an ACL user (chaos.security), named `secure-<cell>`, with the
+same expectations: a sync cell must stay valid, a bite cell must still bite.
+`--security open,secure` runs both.
 
 Writes one run directory per cell and `matrix.json` (one summary row per
 run, with the nodes that did not come back); exits 1 if a sync cell is
@@ -54,7 +61,28 @@ BITES: tuple[tuple[str, str, str, str, str, dict[str, Any]], ...] = (
 )
 
 
-def cells(nodes: list[int]) -> list[dict[str, Any]]:
+SECURITIES = ("open", "secure")
+
+
+def cells(nodes: list[int], securities: tuple[str, ...] = ("open",)) -> list[dict[str, Any]]:
+    """Every cell for `nodes`, once per security mode (open cells keep their
+    names; secured ones are `secure-<name>` with `secure: True`)."""
+    unknown = set(securities) - set(SECURITIES)
+    if unknown:
+        raise ValueError(f"unknown security mode(s) {sorted(unknown)}; "
+                         f"choose from {', '.join(SECURITIES)}")
+    base = _cells(nodes)
+    out = []
+    for security in securities:
+        for cell in base:
+            if security == "open":
+                out.append(dict(cell, secure=False))
+            else:
+                out.append(dict(cell, name=f"secure-{cell['name']}", secure=True))
+    return out
+
+
+def _cells(nodes: list[int]) -> list[dict[str, Any]]:
     out = []
     for n in nodes:
         for spec in (*REGISTRY, *COMPOSITES):
@@ -103,13 +131,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", default="3,5")
     parser.add_argument("--only", default="", help="comma-separated substrings of cell names")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--security", default="open",
+                        help="comma-separated: open, secure (auth + TLS + an ACL user)")
+    parser.add_argument("--secure", action="store_true", help="same as --security secure")
     args = parser.parse_args(argv)
+    securities = ("secure",) if args.secure else tuple(s for s in args.security.split(",") if s)
     base = Path(args.out)
     base.mkdir(parents=True, exist_ok=True)
     wanted = [s for s in args.only.split(",") if s]
     rows = []
     ok = True
-    for cell in cells([int(n) for n in args.nodes.split(",")]):
+    try:
+        planned = cells([int(n) for n in args.nodes.split(",")], securities)
+    except ValueError as exc:
+        parser.error(str(exc))
+    for cell in planned:
         if wanted and not any(w in cell["name"] for w in wanted):
             continue
         main_log(f"matrix: {cell['name']}")
@@ -117,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                            time_limit=args.time_limit, rate=args.rate, flush=cell["flush"],
                            replicate=cell["replicate"], seed=args.seed,
                            schedule=Schedule("fixed", 10, 10), log_level="WARNING",
-                           broker_config=cell.get("broker_config", {}))
+                           broker_config=cell.get("broker_config", {}),
+                           secure=cell["secure"])
         try:
             results = run(config, log=main_log)
         except Exception as exc:

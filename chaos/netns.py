@@ -16,6 +16,10 @@ Faults:
   A's address instead of B's Raft port). Without it, shaping is refused.
 - kill/pause: signals to the node's PID (`ip netns exec` execs, so the PID
   we hold is the broker's).
+- security (`spec.secure`): the run's secrets and one certificate for
+  127.0.0.1 and every node address under `security/` (chaos.security); the
+  NameServer and every node get the cluster secret, the admin secret and the
+  certificate, so Raft, registrations and clients all authenticate over TLS.
 - readiness: the process is alive and answers PING on its client address,
   asked from a thread inside the namespace (chaos.readiness); never a line
   of its log, which a crash's traceback can contain.
@@ -48,6 +52,7 @@ from chaos import readiness
 from chaos.backend import Backend, CannotInject, ClusterSpec
 from chaos.proxy import Link, LinkProxy, Shape
 from chaos.readiness import Readiness
+from chaos.security import generate
 
 REPO = Path(__file__).resolve().parents[1]
 CLONE_NEWNET = 0x40000000
@@ -185,9 +190,15 @@ class NetnsBackend(Backend):
             (self.out / "config").mkdir(parents=True, exist_ok=True)
             if self.spec.proxied:
                 self._start_proxy()
+            namesrv_security: list[str] = []
+            if self.spec.secure:
+                # Every address a client or a peer dials: the NameServer's, each node's.
+                self.security = generate(self.out / "security", [
+                    NAMESRV.rsplit(":", 1)[0], *(node_ip(n) for n in self.node_ids)])
+                namesrv_security = self.security.namesrv_args()
             self._spawn("namesrv", [sys.executable, "-m", "ledgermq.cli", "namesrv", "--listen",
                                     NAMESRV, "--broker-expiry-ms", "5000", "--log-level",
-                                    "WARNING"], clock_file=None)
+                                    "WARNING", *namesrv_security], clock_file=None)
             for node in self.node_ids:
                 self._write_config(node)
                 if self._faketime and self.spec.faketime:
@@ -272,9 +283,12 @@ class NetnsBackend(Backend):
         """Until process `name` is alive and answers PING at `address` (or exits)."""
         proc = self.procs[name]
         start = self._log_from.get(name, 0)
+        security = self.client_security
+        if name == "namesrv":
+            security = security.anonymous()  # its client port knows only the cluster key
         return readiness.wait_ready(
             name, exit_status=proc.poll,
-            answers=lambda: readiness.ping(address, 2.0, self.client_thread_init()),
+            answers=lambda: readiness.ping(address, 2.0, self.client_thread_init(), security),
             tail=lambda: readiness.log_tail(self._log_path(name), start), timeout=timeout)
 
     def _write_config(self, node: int) -> None:
@@ -285,7 +299,9 @@ class NetnsBackend(Backend):
             f'flush = "{s.flush}"', f'replicate = "{s.replicate}"',
             f'log_level = "{s.log_level}"', f"segment_size_bytes = {s.segment_size_bytes}",
             "namesrv_register_interval_ms = 500", "member_expiry_ms = 3000",
-            *(f"{k} = {v!r}".replace("'", '"') for k, v in s.extra.items()),
+            *(f"{k} = {v!r}".replace("'", '"') for k, v in {
+                **(self.security.broker_settings() if self.security else {}),
+                **s.extra}.items()),
             "", "[raft]", f"tick_ms = {s.tick_ms}",
             f"election_timeout_ticks = {s.election_timeout_ticks}",
             f"heartbeat_interval_ticks = {s.heartbeat_interval_ticks}",

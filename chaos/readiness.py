@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chaos.security import OPEN, ClientSecurity
 from ledgermq.base.address import split_host_port
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import LedgerMQError
@@ -47,8 +48,12 @@ class Readiness:
 
 
 def ping(address: str, timeout: float = 2.0,
-         enter: Callable[[], None] | None = None) -> str | None:
+         enter: Callable[[], None] | None = None,
+         security: ClientSecurity = OPEN) -> str | None:
     """None if the server at HOST:PORT echoes a PING, else why not.
+
+    In a secured run (`security`) the PING goes over TLS after a successful
+    AUTH as the bootstrap admin: a node that cannot check credentials is not up.
 
     Runs in a thread of its own: `enter` is called there first (the netns
     backend enters its namespace, which is per thread), and the PING gets an
@@ -59,7 +64,7 @@ def ping(address: str, timeout: float = 2.0,
 
     async def once() -> None:
         async with await RpcClient.connect(host, port, role="admin", name="chaos-ready",
-                                           timeout=timeout) as client:
+                                           timeout=timeout, **security.as_admin()) as client:
             token = f"ready-{time.monotonic_ns()}"
             echoed = await client.request(RequestCode.PING, token)
             if echoed != token:

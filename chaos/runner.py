@@ -13,6 +13,10 @@
 5. Stop the cluster; check the history; write results.json, plots and
    index.html next to history.jsonl, the node logs and data directories.
 
+With `secure`, the cluster runs with authentication and TLS on every port
+and the workload as an ACL user (chaos.security); everything else, the
+nemeses and the verdicts included, is the same.
+
 A run is valid only when the checker finds nothing, the run finished, every
 node that is up caught up, and every node came back (chaos.node_report;
 `may_stay_down=1` on a nemesis is the explicit way to accept a node that
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import random
 import signal
@@ -76,6 +81,9 @@ class RunConfig:
     log_level: str = "INFO"
     # Extra top-level broker configuration keys for every node.
     broker_config: dict[str, Any] = field(default_factory=dict)
+    # Authentication and TLS on every port, the workload as an ACL user
+    # (chaos.security).
+    secure: bool = False
 
 
 @dataclass
@@ -109,7 +117,8 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
     wanted = nemesis_lib.needs(nemeses)
     spec = ClusterSpec(nodes=config.nodes, flush=config.flush, replicate=config.replicate,
                        proxied="delay" in wanted, faketime="clock" in wanted,
-                       log_level=config.log_level, extra=dict(config.broker_config))
+                       log_level=config.log_level, extra=dict(config.broker_config),
+                       secure=config.secure)
     out = Path(config.out)
     if (out / "history.jsonl").exists() or (out / "data").exists():
         # An earlier run's data directories would be started as this run's
@@ -229,29 +238,36 @@ async def _clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_li
                    node_state: NodeState, log: Callable[[str], None],
                    loop: asyncio.AbstractEventLoop) -> None:
     addresses = {n: backend.client_address(n) for n in backend.node_ids}
+    security = backend.client_security
+    status_of = functools.partial(node_status, security=security)
     t0 = time.monotonic()
 
     def phase(name: str) -> None:
         outcome.setdefault("phase_times_s", {})[name] = round(time.monotonic() - t0, 3)
         log(f"chaos: {name} at {time.monotonic() - t0:.1f}s")
 
-    if await wait_leader(addresses, config.recovery_timeout) is None:
+    if await wait_leader(addresses, config.recovery_timeout, security) is None:
         raise RuntimeError("no leader elected at start")
     workload = Workload(WorkloadSpec(queues=config.queues, rate=config.rate,
                                      producers=config.producers, consumers=config.consumers),
-                        backend.namesrv_address, history)
+                        backend.namesrv_address, history, security, list(addresses.values()))
     await workload.setup()
+    if security.secure:
+        outcome["security"] = {"auth": True, "tls": security.tls is not None,
+                               "workload_user": workload.acl_user}
     phase("workload")
     await workload.start()
 
     def leader() -> int | None:
-        return asyncio.run_coroutine_threadsafe(find_leader(addresses), loop).result(10)
+        return asyncio.run_coroutine_threadsafe(find_leader(addresses, security),
+                                                loop).result(10)
 
     ctx = nemesis_lib.Context(backend, rng, leader, log, restarts=node_state.restarts)
     try:
         await run_schedule(nemeses, config.schedule, ctx, history, config.time_limit, rng)
         phase("healed")
-        outcome["leader_after_heal"] = await wait_leader(addresses, config.recovery_timeout)
+        outcome["leader_after_heal"] = await wait_leader(addresses, config.recovery_timeout,
+                                                         security)
         node_state.final = await _check_nodes(backend, config.final_node_timeout, log)
         # Give sends in flight at the heal a chance to finish against the new leader.
         await asyncio.sleep(2.0)
@@ -265,7 +281,7 @@ async def _clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_li
     # leader's commit (a replica that lost its tail to a power cut included).
     final = node_state.final or {}
     down = [n for n, state in final.items() if not state.get("ready")]
-    outcome["convergence"] = await check_converged(addresses, node_status,
+    outcome["convergence"] = await check_converged(addresses, status_of,
                                                    config.convergence_timeout, down)
     if not outcome["convergence"]["converged"]:
         log(f"chaos: nodes {outcome['convergence']['behind']} did not catch up with the "

@@ -22,6 +22,11 @@ committing offsets); each delivered message is a `poll` ok op carrying the
 consumer's rebalance count, so the checker can tell a rebalance reset from a
 backwards step. The drain, after the faults are healed, reads every queue
 from offset 0 with a fresh `PullConsumer` until nothing new arrives.
+
+In a secured run (chaos.security) the producers, consumers and the drain
+authenticate over TLS as the run's ACL user, which may publish and subscribe
+to the run's topic and its two groups and nothing else; the topic and the
+user are created by the bootstrap admin.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from typing import Any
 import crc32c
 
 from chaos.history import History
+from chaos.security import OPEN, ClientSecurity, put_user, workload_user
 from ledgermq.base.address import split_host_port
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import (
@@ -54,6 +60,7 @@ DEFINITE_FAILURES = (UnknownTopicError, MessageTooLargeError, NoPermissionError,
                      InvalidRequestError)
 CONSUMER_PROCESS_BASE = 1000
 DRAIN_PROCESS = 2000
+DRAIN_GROUP = "chaos-drain"
 
 
 @dataclass(frozen=True)
@@ -90,12 +97,14 @@ def value_of(body: bytes) -> int | str:
         return body.decode(errors="replace")
 
 
-async def node_status(address: str, timeout: float = 1.0) -> dict[str, Any] | None:
+async def node_status(address: str, timeout: float = 1.0,
+                      security: ClientSecurity = OPEN) -> dict[str, Any] | None:
     """A node's BROKER_STATUS, None if it does not answer in time."""
     try:
         host, port = split_host_port(address)
         async with asyncio.timeout(timeout):
-            client = await RpcClient.connect(host, port, role="admin", timeout=timeout)
+            client = await RpcClient.connect(host, port, role="admin", timeout=timeout,
+                                             **security.as_admin())
     except Exception:
         return None
     try:
@@ -109,9 +118,11 @@ async def node_status(address: str, timeout: float = 1.0) -> dict[str, Any] | No
             await client.close()
 
 
-async def find_leader(addresses: dict[int, str]) -> int | None:
+async def find_leader(addresses: dict[int, str],
+                      security: ClientSecurity = OPEN) -> int | None:
     """The ready leader with the highest term among the nodes that answer."""
-    statuses = await asyncio.gather(*(node_status(a) for a in addresses.values()))
+    statuses = await asyncio.gather(*(node_status(a, security=security)
+                                      for a in addresses.values()))
     best: tuple[int, int] | None = None
     for node, status in zip(addresses, statuses, strict=True):
         if status and status.get("role") == "leader" and status.get("leader_ready"):
@@ -121,10 +132,11 @@ async def find_leader(addresses: dict[int, str]) -> int | None:
     return best[1] if best else None
 
 
-async def wait_leader(addresses: dict[int, str], timeout: float) -> int | None:
+async def wait_leader(addresses: dict[int, str], timeout: float,
+                      security: ClientSecurity = OPEN) -> int | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        leader = await find_leader(addresses)
+        leader = await find_leader(addresses, security)
         if leader is not None:
             return leader
         await asyncio.sleep(0.2)
@@ -132,23 +144,40 @@ async def wait_leader(addresses: dict[int, str], timeout: float) -> int | None:
 
 
 class Workload:
-    def __init__(self, spec: WorkloadSpec, namesrv: str, history: History) -> None:
+    def __init__(self, spec: WorkloadSpec, namesrv: str, history: History,
+                 security: ClientSecurity = OPEN,
+                 node_addresses: Sequence[str] = ()) -> None:
+        """`security`: a secured run's credentials and CA; the workload's
+        clients then run as its ACL user, created by `setup` on the leader
+        among `node_addresses`."""
         self.spec = spec
         self.namesrv = namesrv
+        self.security = security
+        self.node_addresses = list(node_addresses)
         self.history = history
         self._values = itertools.count(1)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._consumers: list[PushConsumer] = []
         self.acked = 0
+        self.acl_user: dict[str, Any] | None = None  # secured runs: the workload's user
 
     async def setup(self, timeout: float = 60.0) -> None:
-        """Create the topic (retrying until a leader takes it)."""
-        producer = Producer([self.namesrv], retry_timeout=timeout, name="chaos-setup")
+        """Create the topic (retrying until a leader takes it); in a secured
+        run as the admin, then the workload's ACL user."""
+        producer = Producer([self.namesrv], retry_timeout=timeout, name="chaos-setup",
+                            credentials=self.security.admin, tls=self.security.tls)
         try:
             await producer.create_topic(self.spec.topic, queues=self.spec.queues)
         finally:
             await producer.close()
+        if self.security.secure:
+            assert self.security.user is not None
+            reply = await put_user(self.node_addresses, self.security, workload_user(
+                self.spec.topic, (self.spec.group, DRAIN_GROUP), self.security.user.secret),
+                timeout)
+            # What the broker recorded (never the secret): evidence in results.json.
+            self.acl_user = reply.get("user")
 
     async def start(self) -> None:
         for i in range(self.spec.consumers):
@@ -171,7 +200,8 @@ class Workload:
     async def _producer(self, worker: int) -> None:
         spec = self.spec
         producer = Producer([self.namesrv], send_timeout=spec.send_timeout,
-                            retry_timeout=spec.retry_timeout, name=f"chaos-producer-{worker}")
+                            retry_timeout=spec.retry_timeout, name=f"chaos-producer-{worker}",
+                            **self.security.as_user())
         process = worker
         sequence = 0
         interval = spec.producers / spec.rate
@@ -228,7 +258,7 @@ class Workload:
 
         consumer = PushConsumer([self.namesrv], self.spec.group, self.spec.topic, on_message,
                                 client_id=f"chaos-consumer-{index}", long_poll_ms=500,
-                                batch_size=64)
+                                batch_size=64, **self.security.as_user())
         holder.append(consumer)
         deadline = time.monotonic() + 60
         while True:
@@ -245,7 +275,8 @@ class Workload:
 
     async def drain(self, timeout: float = 90.0, quiet_passes: int = 3) -> int:
         """Read every queue from offset 0 until `quiet_passes` passes find nothing new."""
-        puller = PullConsumer([self.namesrv], "chaos-drain", timeout=3.0, name="chaos-drain")
+        puller = PullConsumer([self.namesrv], DRAIN_GROUP, timeout=3.0, name="chaos-drain",
+                              **self.security.as_user())
         deadline = time.monotonic() + timeout
         next_offset: dict[MessageQueue, int] = {}
         total = 0

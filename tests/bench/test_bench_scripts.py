@@ -45,9 +45,22 @@ def test_storage_bench_prints_every_figure(tmp_path: Path) -> None:
 
 
 def test_produce_bench_runs_a_cluster_and_reports_cpu_and_failover() -> None:
-    out = run_bench("bench/produce.py", "--seconds", "0.5", "--kills", "1", timeout=300)
+    """Open, auth and auth+tls clusters in one run (the default), with the
+    cost of each secured mode against open."""
+    out = run_bench("bench/produce.py", "--seconds", "1", "--kills", "1", "--rounds", "2",
+                    timeout=400)
     result = json.loads(out)
-    assert [run["flush"] for run in result["runs"]] == ["async", "sync"]
+    securities = ["open", "auth", "auth+tls"]
+    assert result["securities"] == securities
+    assert [(run["flush"], run["security"]) for run in result["runs"]] == \
+        [(flush, security) for flush in ("async", "sync") for security in securities]
+    for key in ("async/batch_64", "sync/single_64_in_flight"):
+        cost = result["cost"][key]
+        assert set(cost) == {"auth", "auth+tls"}
+        for figures in cost.values():
+            assert figures["msgs_per_s_ratio"] > 0
+            assert {"client", "leader", "follower_1", "follower_2", "all_processes"} == \
+                set(figures["cpu_us_per_msg_added"])
     for run in result["runs"]:
         for mode in ("single_64_in_flight", "batch_64", "batch_64_32_in_flight"):
             figures = run[mode]
@@ -55,8 +68,9 @@ def test_produce_bench_runs_a_cluster_and_reports_cpu_and_failover() -> None:
             assert figures["p50_ms"] <= figures["p99_ms"]
             cpu = figures["cpu_us_per_msg"]
             assert {"client", "leader"} <= set(cpu)
-            assert len([name for name in cpu if name.startswith("follower_")]) == 2
-            assert all(v > 0 for v in cpu.values())
+            assert {name for name in cpu if name.startswith("follower_")} == \
+                {"follower_1", "follower_2"}
+            assert all(v > 0 for v in cpu.values()), (run["flush"], run["security"], mode, cpu)
     failover = result["failover"]
     assert failover["kills"] == 1 and len(failover["all_s"]) == 1
     assert 0 < failover["p50_s"] <= failover["max_s"]

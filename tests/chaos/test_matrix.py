@@ -37,3 +37,20 @@ def test_verdicts() -> None:
     # ... nor one with a replica that never caught up (a stuck follower).
     assert not cell_passed("lost", results(False, 3, converged=False))
     assert cell_passed("report", results(True, 0)) and cell_passed("report", results(False, 2))
+
+
+def test_the_cli_runs_the_matrix_and_refuses_an_unknown_security_mode(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ledgermq.cli", "chaos", "matrix", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    bad = cli("--security", "tls-only", "--out", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "unknown security mode" in bad.stderr
+    # A filter that matches no cell: nothing runs, the (empty) summary is written.
+    none = cli("--secure", "--only", "no-such-cell", "--out", str(tmp_path / "none"))
+    assert none.returncode == 0, none.stderr[-2000:]
+    assert json.loads((tmp_path / "none" / "matrix.json").read_text()) == []

@@ -86,3 +86,26 @@ def test_backend_partitions_inside_containers_and_refuses_what_it_cannot(
     assert container_ids(project) == []
     assert sorted(p.name for p in (tmp_path / "b" / "data" / "chaos").iterdir()) == \
         ["n1", "n2", "n3"]
+
+
+def test_secured_run_in_containers_passes_checker(ledgermq_image: str, tmp_path) -> None:
+    """The same run with authentication and TLS on every port: the run's
+    secrets and certificate mounted into the containers, the workload as an
+    ACL user (chaos.security)."""
+    out = tmp_path / "run"
+    config = RunConfig(out=out, nemesis="partition-halves,kill-leader", time_limit=20, rate=30,
+                       seed=11, schedule=Schedule("fixed", 6, 4), backend="docker",
+                       producers=2, consumers=2, log_level="WARNING", secure=True)
+    results = run(config, log=lambda _m: None)
+    check = results["checker"]
+    assert results["valid"], json.dumps({k: check[k] for k in ("counts", "examples")})[:3000]
+    assert check["sends"]["acknowledged"] > 100
+    assert results["availability"]["per_fault"], "the nemesis never struck"
+    security = results["phases"]["security"]
+    assert security["auth"] and security["tls"]
+    assert security["workload_user"]["topics"] == {"chaos": "PUB|SUB"}
+    compose = json.loads((out / "compose.json").read_text())
+    node = compose["services"]["n1"]
+    assert node["environment"]["LEDGERMQ_CONF_CLUSTER_SECRET_FILE"].startswith(
+        "/etc/ledgermq/security/")
+    assert "--tls-cert-file" in compose["services"]["namesrv"]["command"]

@@ -1,8 +1,11 @@
-"""`ledgermq chaos run|list`: run a chaos test against a real cluster, list the nemeses.
+"""`ledgermq chaos run|matrix|list`: chaos tests against a real cluster, the evidence
+matrix, the nemeses.
 
 `chaos run` exits 0 when the checker finds nothing wrong, 1 when it finds an
 anomaly (or the run could not complete), 2 when a requested fault cannot be
-injected on this machine.
+injected on this machine. `--secure` runs the cluster with authentication and
+TLS on every port and the workload as an ACL user (docs/chaos.md). `chaos
+matrix` runs `python -m chaos.matrix` (exit 1 when a cell fails).
 """
 
 from __future__ import annotations
@@ -23,6 +26,15 @@ def register(app: typer.Typer) -> None:
         for name, cls in REGISTRY.items():
             typer.echo(f"{name:20} [{', '.join(cls.needs)}]\n    {cls.doc}")
 
+    @chaos.command("matrix", context_settings={"allow_extra_args": True,
+                                               "ignore_unknown_options": True})
+    def matrix(ctx: typer.Context) -> None:
+        """The long evidence matrix (options of `python -m chaos.matrix --help`,
+        e.g. --secure, --only, --time-limit)."""
+        from chaos.matrix import main as matrix_main
+
+        raise typer.Exit(matrix_main(list(ctx.args)))
+
     @chaos.command("run")
     def run(
         nodes: int = typer.Option(3, help="Nodes in the broker group (3 or 5)."),
@@ -40,6 +52,8 @@ def register(app: typer.Typer) -> None:
         off: float = typer.Option(10.0, help="Seconds of quiet between fault periods."),
         producers: int = typer.Option(4, help="Producer workers."),
         consumers: int = typer.Option(2, help="Consumers in the group."),
+        secure: bool = typer.Option(False, "--secure", help="Authentication and TLS on every "
+                                    "port, the workload as an ACL user."),
     ) -> None:
         """Run one chaos test; the report lands in --out (index.html, results.json)."""
         import time
@@ -59,7 +73,7 @@ def register(app: typer.Typer) -> None:
         config = RunConfig(out=directory, nodes=nodes, nemesis=nemesis, time_limit=time_limit,
                            rate=rate, flush=flush, replicate=replicate, backend=backend,
                            seed=seed, schedule=Schedule(schedule, on, off),
-                           producers=producers, consumers=consumers)
+                           producers=producers, consumers=consumers, secure=secure)
         try:
             results = run_chaos(config, log=main_log)
         except CannotInject as exc:
