@@ -31,11 +31,13 @@ from commitlog.message import valid_topic
 from ledgermq.base.address import split_host_port
 from ledgermq.base.clock import monotonic_ms
 from ledgermq.base.errors import LedgerMQError, NotLeaderError
+from ledgermq.broker.acl import Action
 from ledgermq.broker.codec import message_view
 from ledgermq.broker.control import MAX_QUEUES, PERM_RW, offsets_reset, topic_delete, topic_put
 from ledgermq.broker.metrics import Instruments, broker_registry
 from ledgermq.broker.view import BrokerView
 from ledgermq.webadmin.app import (
+    PRINCIPAL,
     AdminAuth,
     ApiError,
     add_common_routes,
@@ -134,6 +136,18 @@ class BrokerAdmin:
         assert self.b.controls is not None
         await self._require_leader()
         await self.b.controls.submit(op, 64)
+
+    def _may_read_messages(self, request: web.Request, topic: str) -> None:
+        """Message bodies over HTTP follow the wire's rule: SUB on the topic
+        (administrators and cluster members: always), so the admin API is no
+        way around a user's grants. Metadata reads need only a signature."""
+        if not self.b.config.cluster_secret_file:
+            return  # authentication off: the broker runs open
+        try:
+            self.b.state.acl.authorize(request.get(PRINCIPAL), request.remote or "",
+                                       Action.SUB, topic)
+        except LedgerMQError as exc:
+            raise ApiError(403, "NO_PERMISSION", str(exc), {"topic": topic}) from None
 
     def _topic(self, topic: str) -> Any:
         config = self.b.state.topics.get(topic)
@@ -331,6 +345,7 @@ class BrokerAdmin:
         if found is None:
             raise ApiError(404, "NOT_FOUND", f"no committed message with id {msg_id!r}")
         stored, queue_offset = found
+        self._may_read_messages(request, stored.message.topic)
         return json_response(self._view(stored, queue_offset))
 
     def _read_at(self, offset: int) -> tuple[Any, int] | None:
@@ -370,6 +385,7 @@ class BrokerAdmin:
                            " required (look up by id with /api/v1/messages/<msg_id>)")
         limit = int_param(request, "limit", 32, 1, 1000)
         scan_max = int_param(request, "scan_max", KEY_SCAN_MAX, 1, 1_000_000)
+        self._may_read_messages(request, topic)
         config = self._topic(topic)
         cq = self.b.cq
         assert cq is not None

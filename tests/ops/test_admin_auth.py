@@ -187,3 +187,45 @@ def test_tls_is_verified(secure_cluster: SecureOpsCluster) -> None:
         await cleartext.close()
 
     run(main())
+
+
+def test_message_bodies_over_http_need_the_same_grant_as_on_the_wire(
+        secure_cluster: SecureOpsCluster) -> None:
+    """A user may read a topic's messages through the admin API only with SUB
+    on it, as on the wire: the HTTP API is no way around the ACL."""
+    from ledgermq.base.codes import RequestCode
+    from ledgermq.wire import RpcClient
+    from ledgermq.wire.tls import client_context
+
+    c = secure_cluster
+
+    async def main() -> None:
+        leader = await wait_leader(c)
+        await wait_group_ready(c)
+        api = AdminApi(c.namesrv_url, credentials=c.admin, ca_file=c.ca_file)
+        await api.call("POST", "topics", {"topic": "GrantT", "queues": 1})
+        async with Producer([c.namesrv_address], **c.client_options()) as producer:
+            sent = await producer.send("GrantT", b"secret-body", keys="k1")
+        tls = client_context(c.ca_file) if c.ca_file else None
+        host, port = c.client_address(leader).rsplit(":", 1)
+        users = {"pub-only": {"GrantT": "PUB"}, "reader": {"GrantT": "SUB"}}
+        async with await RpcClient.connect(host, int(port), credentials=c.admin,
+                                           ssl=tls) as admin:
+            for name, topics in users.items():
+                await admin.request(RequestCode.ACL_PUT_USER, {
+                    "access_key": name, "secret": name.encode() * 4, "topics": topics})
+        leader_url = await c.admin_url(leader)
+        by_id = f"{leader_url}/api/v1/messages/{sent.msg_id}"
+        by_key = f"{leader_url}/api/v1/messages?topic=GrantT&key=k1"
+        for url in (by_id, by_key):
+            status, answer, _ = await signed(
+                "GET", url, credentials=Credentials("pub-only", b"pub-only" * 4),
+                ca_file=c.ca_file)
+            assert (status, answer["error"]["code"]) == (403, "NO_PERMISSION"), answer
+            assert "secret-body" not in str(answer)
+            status, answer, _ = await signed(
+                "GET", url, credentials=Credentials("reader", b"reader" * 4), ca_file=c.ca_file)
+            assert status == 200 and "secret-body" in str(answer), answer
+        await api.close()
+
+    run(main())
