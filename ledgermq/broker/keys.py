@@ -27,6 +27,7 @@ from ledgermq.base.exposure import ExposureError, check_exposure
 from ledgermq.broker.config import BrokerConfig, BrokerConfigError, split_address
 from ledgermq.wire.auth import (
     CLUSTER_KEY,
+    CLUSTER_MEMBER,
     Credentials,
     Principal,
     SecretFileError,
@@ -36,7 +37,6 @@ from ledgermq.wire.tls import client_context, server_context
 
 log = logging.getLogger(__name__)
 
-CLUSTER_PRINCIPAL = Principal(CLUSTER_KEY, cluster_member=True, admin=True)
 
 UserLookup = Callable[[str], "tuple[bytes, Principal] | None"]
 
@@ -59,7 +59,7 @@ class BrokerKeys:
 
     def lookup(self, access_key: str) -> tuple[bytes, Principal] | None:
         if access_key == CLUSTER_KEY:
-            return self.cluster_secret, CLUSTER_PRINCIPAL
+            return self.cluster_secret, CLUSTER_MEMBER
         if self.admin_secret is not None and access_key == self.admin_access_key:
             return self.admin_secret, Principal(access_key, admin=True)
         found = self.users(access_key)

@@ -59,7 +59,7 @@ from ledgermq.webadmin.app import (
 )
 from ledgermq.webadmin.openapi import openapi_document
 from ledgermq.webadmin.signing import StaticKeyStore, authorization
-from ledgermq.wire.auth import CLUSTER_KEY, Credentials, Principal
+from ledgermq.wire.auth import CLUSTER_KEY, CLUSTER_MEMBER, Credentials, Principal
 from ledgermq.wire.tls import client_context
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class AdminSecurity:
     def auth(self) -> AdminAuth:
         if self.cluster_secret is None:
             return AdminAuth(token=self.token, metrics_auth=self.metrics_auth)
-        keys = {CLUSTER_KEY: (self.cluster_secret, Principal(CLUSTER_KEY, cluster_member=True))}
+        keys = {CLUSTER_KEY: (self.cluster_secret, CLUSTER_MEMBER)}
         if self.admin is not None:
             keys[self.admin.access_key] = (self.admin.secret,
                                            Principal(self.admin.access_key, admin=True))

@@ -45,6 +45,7 @@ from ledgermq.namesrv.registry import DEFAULT_EXPIRY_MS, BrokerRegistration, Rou
 from ledgermq.wire import Connection, RpcServer
 from ledgermq.wire.auth import (
     CLUSTER_KEY,
+    CLUSTER_MEMBER,
     Credentials,
     Principal,
     SecretFileError,
@@ -55,7 +56,6 @@ from ledgermq.wire.tls import client_context, server_context
 
 log = logging.getLogger(__name__)
 
-CLUSTER_MEMBER = Principal(CLUSTER_KEY, cluster_member=True, admin=True)
 
 
 class NameServerConfigError(ValueError):

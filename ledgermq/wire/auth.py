@@ -49,6 +49,9 @@ class Principal:
 
 
 ANONYMOUS = Principal("anonymous")
+# Whoever proves the cluster secret: a broker, a NameServer or a Raft peer.
+# Members may do everything an administrator may.
+CLUSTER_MEMBER = Principal(CLUSTER_KEY, cluster_member=True, admin=True)
 
 
 @dataclass(frozen=True, slots=True)
