@@ -53,6 +53,7 @@ from chaos.backend import Backend, CannotInject, ClusterSpec
 from chaos.proxy import Link, LinkProxy, Shape
 from chaos.readiness import Readiness
 from chaos.security import generate
+from ledgermq.broker.config import Peer, render_config
 
 REPO = Path(__file__).resolve().parents[1]
 CLONE_NEWNET = 0x40000000
@@ -293,26 +294,21 @@ class NetnsBackend(Backend):
 
     def _write_config(self, node: int) -> None:
         s = self.spec
-        lines = [
-            f'group = "{s.group}"', f"node_id = {node}",
-            f'data_dir = "{self.data_dir(node)}"', f'namesrv = ["{NAMESRV}"]',
-            f'flush = "{s.flush}"', f'replicate = "{s.replicate}"',
-            f'log_level = "{s.log_level}"', f"segment_size_bytes = {s.segment_size_bytes}",
-            "namesrv_register_interval_ms = 500", "member_expiry_ms = 3000",
-            *(f"{k} = {v!r}".replace("'", '"') for k, v in {
-                **(self.security.broker_settings() if self.security else {}),
-                **s.extra}.items()),
-            "", "[raft]", f"tick_ms = {s.tick_ms}",
-            f"election_timeout_ticks = {s.election_timeout_ticks}",
-            f"heartbeat_interval_ticks = {s.heartbeat_interval_ticks}",
-        ]
+        values: dict[str, object] = {
+            "group": s.group, "node_id": node, "data_dir": str(self.data_dir(node)),
+            "namesrv": [NAMESRV], "flush": s.flush, "replicate": s.replicate,
+            "log_level": s.log_level, "segment_size_bytes": s.segment_size_bytes,
+            "namesrv_register_interval_ms": 500, "member_expiry_ms": 3000,
+            **(self.security.broker_settings() if self.security else {}), **s.extra}
+        raft = {"tick_ms": s.tick_ms, "election_timeout_ticks": s.election_timeout_ticks,
+                "heartbeat_interval_ticks": s.heartbeat_interval_ticks}
+        peers = {}
         for peer in self.node_ids:
-            raft = f"{node_ip(peer)}:{RAFT_PORT}"
+            address = f"{node_ip(peer)}:{RAFT_PORT}"
             if s.proxied and peer != node:
-                raft = f"{node_ip(node)}:{PROXY_PORT_BASE + peer}"
-            lines += ["", f"[peers.{peer}]", f'raft = "{raft}"',
-                      f'client = "{node_ip(peer)}:{CLIENT_PORT}"']
-        (self.out / "config" / f"n{node}.toml").write_text("\n".join(lines) + "\n")
+                address = f"{node_ip(node)}:{PROXY_PORT_BASE + peer}"
+            peers[peer] = Peer(raft=address, client=f"{node_ip(peer)}:{CLIENT_PORT}")
+        (self.out / "config" / f"n{node}.toml").write_text(render_config(values, peers, raft))
 
     def start_node(self, node: int) -> None:
         self.data_dir(node).mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +119,22 @@ def test_teardown_leaves_no_namespace_and_no_chain(tmp_path) -> None:
     assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                       text=True).stdout
     b.close()  # idempotent
+
+
+def test_node_configs_are_valid_toml_with_extra_keys_of_every_type(tmp_path: Path) -> None:
+    """The backend writes node configs with the broker's own TOML renderer:
+    booleans, numbers and strings in `extra` come back as the broker reads them
+    (a hand-written repr() once turned True into invalid TOML)."""
+    import tomllib
+
+    from ledgermq.broker.config import parse_config
+
+    spec = ClusterSpec(nodes=3, extra={"auto_create_topics": False, "default_queues": 2,
+                                       "reports_dir": 'a "quoted" dir'})
+    b = NetnsBackend(spec, tmp_path, log=lambda _m: None)
+    (tmp_path / "config").mkdir(parents=True, exist_ok=True)
+    b._write_config(2)
+    config = parse_config(tomllib.loads((tmp_path / "config" / "n2.toml").read_text()))
+    assert config.auto_create_topics is False and config.default_queues == 2
+    assert config.reports_dir == 'a "quoted" dir' and config.node_id == 2
+    assert sorted(config.peers) == [1, 2, 3]
