@@ -16,7 +16,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from spark_audit import bodies, checks, engine, fmt, history, inputs, parse, replicas, tasks
+from spark_audit import (
+    bodies,
+    checks,
+    engine,
+    fmt,
+    history,
+    inputs,
+    parse,
+    replicas,
+    snapshots,
+    tasks,
+)
 from spark_audit.checks import INFO, VIOLATION, Findings
 from spark_audit.replicas import ContentKey, ProblemRow
 
@@ -66,12 +77,13 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     for r in replicas_:
         st = groups.setdefault(r.gid, checks.GroupState(r.gid, r.group, {}))
         st.replicas[r.rid] = checks.ReplicaMeta(r.rid, r.name)
-    small = [f for f in inventory if f.kind in (inputs.CHECKPOINT, inputs.HARDSTATE,
-                                                 inputs.CQ_CHECKPOINT)]
+    small = [f for f in inventory if f.kind in inputs.SMALL_KINDS]
     t1 = time.perf_counter()
     small_data = eng.read_small(small)
     for f in small:
         meta = groups[f.gid].replicas[f.rid]
+        if f.kind == inputs.SNAPSHOT_META:
+            meta.snapshots.setdefault(f.start, checks.SnapshotFiles(f.start)).meta_fid = f.fid
         try:
             value = engine.decode_small(f.kind, small_data[f.fid])
         except fmt.FormatError as exc:
@@ -87,11 +99,20 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
             meta.checkpoint = value
         elif isinstance(value, fmt.HardState):
             meta.hardstate = value
+        elif isinstance(value, fmt.SnapshotMeta):
+            meta.snapshots[f.start].meta = value
         else:
             meta.dispatch = value
     for f in inventory:
         if f.kind == inputs.SEGMENT:
             groups[f.gid].replicas[f.rid].segment_starts.append(f.start)
+        elif f.kind == inputs.SNAPSHOT_STATE:
+            groups[f.gid].replicas[f.rid].snapshots.setdefault(
+                f.start, checks.SnapshotFiles(f.start)).state_fid = f.fid
+        elif f.kind == inputs.INSTALL_MARKER:
+            out.add("corruption", "install_pending", INFO, gid=f.gid, rid=f.rid, fid=f.fid,
+                    detail=f"{f.path}: a snapshot install was interrupted; the log is rolled "
+                           "forward or back when the broker opens it")
         elif f.kind == inputs.OTHER:
             out.add("corruption", "unknown_file", INFO, gid=f.gid, rid=f.rid, fid=f.fid,
                     detail=f"{f.path} is not part of the format (reported, not read)")
@@ -116,7 +137,8 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         is_ref = f.rid == refs[f.gid]
         mode = {inputs.SEGMENT: tasks.SCAN_MSGS if is_ref else tasks.SCAN,
                 inputs.INDEX: tasks.INDEX,
-                inputs.CQ: tasks.CQ_UNITS if is_ref else tasks.CQ_HASH}[f.kind]
+                inputs.CQ: tasks.CQ_UNITS if is_ref else tasks.CQ_HASH,
+                inputs.SNAPSHOT_STATE: tasks.CRC}[f.kind]
         todo.append(tasks.FileTask(len(todo), f, mode, digests=want_crcs))
     results = sorted(eng.run_tasks(todo, opts.max_entry_size), key=lambda r: r.tid)
     tm["scan_job_s"] = time.perf_counter() - t2
@@ -124,6 +146,9 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     for task, res in zip(todo, results, strict=True):
         task_s[f"tasks_{task.mode}_cpu_s"] += res.cpu
         task_s[f"tasks_{task.mode}_wall_s"] += res.seconds
+        if task.mode == tasks.CRC:
+            snap = groups[task.info.gid].replicas[task.info.rid].snapshots[task.info.start]
+            snap.state_length, snap.state_crc = res.length, res.crc
 
     t3 = time.perf_counter()
     topics = replicas.Topics()
@@ -186,6 +211,7 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
             table = table.append_column("refuted", pa.array(verdicts[gid].refuted[eid]))
             table = table.append_column("confirmed", pa.array(verdicts[gid].confirmed[eid]))
         found.append(checks.check_group(table, st, opts.max_examples, opts.segment_size))
+        found.append(snapshots.check_snapshots(table, st))
         found.append(bodies.body_findings(data[gid], verdicts[gid], opts.max_examples))
         for rep in reps:
             found.append(checks.check_index_files(
@@ -227,7 +253,8 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         keys = history.history_keys(hist_msgs, gids)
         matched = pa.concat_tables([checks.lookup_keys(gid, committed[gid], keys)
                                     for gid in groups])
-        hf, hstats = history.check_history(hist_msgs, matched, gids, opts.max_examples)
+        floors = {gid: st.retained_from for gid, st in groups.items()}
+        hf, hstats = history.check_history(hist_msgs, matched, gids, opts.max_examples, floors)
         hstats["body_digests"] = sum(len(d) for d in digests.values())
         hstats["ops"] = nops
         found.append(hf)
@@ -348,7 +375,20 @@ def reference_replica(st: checks.GroupState) -> int:
         m.checkpoint.durable_index if m.checkpoint else -1, -m.rid)).rid
 
 
-_SHAREABLE = {"cq_beyond_commit"}  # findings without a file id: valid for an identical copy
+_FAR = 1 << 62  # beyond any position
+
+
+def _queue_cut(meta: checks.ReplicaMeta, topic: str, queue_id: int, units: np.ndarray) -> bool:
+    """Whether retention removed a queue's first files on this replica: its first
+    unit is past slot 0, or it has none left while the dispatch checkpoint counts some."""
+    if len(units):
+        return bool(units["slot"][0] > 0)
+    counted = {(t, q): n for t, q, n in meta.dispatch.queues} if meta.dispatch else {}
+    return counted.get((topic, queue_id), 0) > 0
+
+
+# Findings without a file id: valid for an identical copy.
+_SHAREABLE = {"cq_beyond_commit", "cq_cut_by_retention"}
 
 
 def queue_checks(g: replicas.Group, st: checks.GroupState,
@@ -373,8 +413,9 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
         must = min(st.committed, m.agree_end)
         if m.dispatch is not None:
             must = min(must, m.dispatch.dispatched_index)
-        bounds[rid] = checks.QueueBounds(st.committed, must,
-                                         min(m.segment_starts) if m.segment_starts else 0)
+        start = min(m.segment_starts) if m.segment_starts else 0
+        zone = start + st.segment_size if st.segment_size else _FAR
+        bounds[rid] = checks.QueueBounds(st.committed, must, start, zone)
     ref = g.replicas[g.ref]
     slices = {g.ref: replicas.queue_slices(g.messages(g.ref), topics)}
     same = {}
@@ -404,7 +445,8 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
             local = Findings()
             checks.check_queue_replica(local, gid, topic, qid, rid,
                                        slices[rid].get(q, empty), u, ufid, rep.entry_fid,
-                                       bounds[rid], max_examples)
+                                       bounds[rid], max_examples,
+                                       cut=_queue_cut(st.replicas[rid], topic, qid, u))
             if rid == g.ref:
                 ref_rows = local.rows
             out.rows += local.rows

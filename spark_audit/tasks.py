@@ -16,7 +16,8 @@ Modes:
 - ``index``: a Raft-index file's records;
 - ``cq_hash``: a ConsumeQueue file's CRC, length and unit count (its units
   are only needed when it differs from the reference replica's file);
-- ``cq_units``: the same plus its units.
+- ``cq_units``: the same plus its units;
+- ``crc``: a file's CRC and length only (a snapshot's state file).
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ import zstandard
 from spark_audit import fmt, inputs, parse
 from spark_audit.inputs import FileInfo
 
-SCAN, SCAN_MSGS, MSGS, INDEX, CQ_HASH, CQ_UNITS = (
-    "scan", "scan_msgs", "msgs", "index", "cq_hash", "cq_units")
+SCAN, SCAN_MSGS, MSGS, INDEX, CQ_HASH, CQ_UNITS, CRC = (
+    "scan", "scan_msgs", "msgs", "index", "cq_hash", "cq_units", "crc")
 
 # Relative cost per byte of each mode, measured on 256 MiB segments of 1 KiB
 # messages (CRC ~11 GB/s, record decoding ~1.3 GB/s); used to balance partitions.
-_COST = {SCAN: 1.0, SCAN_MSGS: 6.0, MSGS: 5.0, INDEX: 0.5, CQ_HASH: 0.3, CQ_UNITS: 1.0}
+_COST = {SCAN: 1.0, SCAN_MSGS: 6.0, MSGS: 5.0, INDEX: 0.5, CQ_HASH: 0.3, CQ_UNITS: 1.0,
+         CRC: 0.1}
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ def run_task(task: FileTask, buf: parse.Buffer, max_entry_size: int) -> FileResu
         _add_messages(res, parse.parse_messages(buf, info.start, rows, task.digests))
     elif task.mode == INDEX:
         res.index, res.problems = parse.parse_index_file(buf, info.start)
+    elif task.mode == CRC:
+        res.crc = fmt.crc(memoryview(buf))
     elif task.mode in (CQ_HASH, CQ_UNITS):
         res.crc = fmt.crc(memoryview(buf))
         if task.mode == CQ_UNITS:

@@ -2,7 +2,7 @@
 
 This is an independent, minimal writer of docs/storage-format.md: segments
 with the placement rule and rollover, Raft-index files, checkpoint,
-hardstate, ConsumeQueue files and the dispatch checkpoint. It knows nothing
+hardstate, ConsumeQueue files, the dispatch checkpoint and snapshots. It knows nothing
 about Raft; callers decide what each replica holds. The helpers at the bottom
 damage a written replica in the ways the audit must catch.
 """
@@ -206,6 +206,19 @@ def write_replica(root: str, entries: list[Entry], *, segment_size: int = 1 << 2
     with open(os.path.join(root, "consumequeue", "checkpoint"), "wb") as f:
         f.write(fmt.encode_dispatch_checkpoint(dc))
     return Layout(root, segment_size, placed, units)
+
+
+def write_snapshot(root: str, index: int, term: int, end_position: int, state: bytes,
+                   created_ms: int = 1_700_000_000_000) -> str:
+    """``snapshots/<index>/{state,meta}`` of a replica, by the format page; returns the dir."""
+    d = os.path.join(root, "snapshots", f"{index:020d}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "state"), "wb") as f:
+        f.write(state)
+    meta = fmt.SnapshotMeta(index, term, end_position, created_ms, len(state), fmt.crc(state))
+    with open(os.path.join(d, "meta"), "wb") as f:
+        f.write(fmt.encode_snapshot_meta(meta))
+    return d
 
 
 # ----------------------------------------------------------------- damage helpers
