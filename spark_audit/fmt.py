@@ -53,9 +53,9 @@ HARDSTATE_MAGIC = 0x48514D4C  # "LMQH"
 HARDSTATE = struct.Struct("<IIQQQI")  # bytes [0, 36), then the CRC
 HARDSTATE_SIZE = 40
 
-# A snapshot's ``meta`` file (``snapshots/<index:020d>/meta``): magic, version,
-# index, term, end_position, created_ms, state_bytes, state_crc, reserved,
-# then the CRC of everything before it.
+# A snapshot's ``meta`` file (``snapshots/<index:020d>/meta``, written by
+# ``commitlog/snapshot.py``): magic, version, index, term, end_position,
+# created_ms, state_bytes, state_crc, reserved, then the CRC of those 56 bytes.
 SNAPSHOT_MAGIC = 0x53514D4C  # "LMQS"
 SNAPSHOT_META = struct.Struct("<IIQQQQQII")  # bytes [0, 56), then the CRC
 SNAPSHOT_META_SIZE = 60
@@ -176,6 +176,9 @@ def parse_snapshot_meta(data: bytes) -> SnapshotMeta:
         raise FormatError("snapshot meta CRC mismatch")
     check_plausible("snapshot meta", index=index, term=term, end_position=end,
                     created_ms=created, state_bytes=size)
+    if min(index, term, end) < 1:  # a snapshot covers at least entry 1 of term 1
+        raise ImplausibleValue(f"snapshot meta index {index}, term {term}, end_position {end}: "
+                               "each must be at least 1")
     return SnapshotMeta(index, term, end, created, size, state_crc)
 
 

@@ -8,7 +8,9 @@ did. The audit decodes each ``meta`` with its own parser
 reported where the small files are read), takes each ``state`` file's length
 and CRC from a ``crc`` file task, and checks here:
 
-- ``snapshot_incomplete``: a snapshot directory without its meta or its state;
+- ``snapshot_unfinished`` (info): a state without its meta: the broker writes
+  the state first and the meta last, so this is a write cut short, not a
+  snapshot; ``snapshot_state_missing``: a meta without its state;
 - ``snapshot_misnamed``: the meta's index is not its directory's;
 - ``snapshot_state_size``, ``snapshot_state_crc``: the state file is not the
   one the meta describes;
@@ -32,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_audit import fmt
-from spark_audit.checks import VIOLATION, Findings, GroupState, ReplicaMeta, SnapshotFiles
+from spark_audit.checks import INFO, VIOLATION, Findings, GroupState, ReplicaMeta, SnapshotFiles
 
 
 class _At(TypedDict):
@@ -90,15 +92,19 @@ def check_snapshots(entries: pa.Table, st: GroupState) -> pa.Table:
 def _files(out: Findings, gid: int, rid: int, snap: SnapshotFiles) -> None:
     """One snapshot directory's files against each other."""
     kw = _At(gid=gid, rid=rid, index=snap.index)
-    if snap.meta_fid < 0 or snap.state_fid < 0:
-        missing = "meta" if snap.meta_fid < 0 else "state"
-        out.add("corruption", "snapshot_incomplete", VIOLATION,
-                fid=max(snap.meta_fid, snap.state_fid),
-                detail=f"snapshot {snap.index} has no {missing} file (snapshots are renamed "
-                       "into place whole)", **kw)
+    if snap.meta_fid < 0:
+        # The state is written first, the meta last: no meta, no snapshot yet.
+        out.add("corruption", "snapshot_unfinished", INFO, fid=snap.state_fid,
+                detail=f"snapshot {snap.index} has a state but no meta: a snapshot write cut "
+                       "short (not a snapshot; the broker ignores it)", **kw)
+        return
     m = snap.meta
     if m is None:
-        return  # missing (above) or undecodable (bad_snapshot_meta)
+        return  # undecodable: bad_snapshot_meta where the small files are read
+    if snap.state_fid < 0:
+        out.add("corruption", "snapshot_state_missing", VIOLATION, fid=snap.meta_fid,
+                detail=f"snapshot {snap.index}'s meta vouches for a state of {m.state_bytes} "
+                       "bytes, and there is no state file", **kw)
     if m.index != snap.index:
         out.add("corruption", "snapshot_misnamed", VIOLATION, fid=snap.meta_fid,
                 detail=f"directory {snap.index:020d} holds the meta of snapshot {m.index}", **kw)

@@ -46,9 +46,12 @@ def test_snapshot_meta_round_trips_and_rejects_damage():
             fmt.parse_snapshot_meta(bytes(bad))
     with pytest.raises(fmt.FormatError, match="bytes"):
         fmt.parse_snapshot_meta(raw[:-1])
-    huge = fmt.encode_snapshot_meta(fmt.SnapshotMeta(1 << 63, 1, 0, 0, 0, 0))
+    huge = fmt.encode_snapshot_meta(fmt.SnapshotMeta(1 << 63, 1, 1, 0, 0, 0))
     with pytest.raises(fmt.ImplausibleValue, match="index"):
         fmt.parse_snapshot_meta(huge)
+    zero = fmt.encode_snapshot_meta(fmt.SnapshotMeta(5, 0, 100, 0, 0, 0))
+    with pytest.raises(fmt.ImplausibleValue, match="at least 1"):
+        fmt.parse_snapshot_meta(zero)
 
 
 def test_snapshot_files_are_classified_and_staging_is_skipped(tmp_path):

@@ -16,7 +16,8 @@ import shutil
 
 import pytest
 
-from spark_audit import cli
+from commitlog import CommitLog
+from spark_audit import cli, fmt
 from spark_audit.audit import AuditOptions, run_audit
 from spark_audit.engine import LocalEngine
 
@@ -38,7 +39,8 @@ EXPECTED: dict[str, set[tuple[str, str, str]]] = {
                          ("lost_offsets", "prefix_not_in_snapshot", "n2"),
                          ("corruption", "snapshot_state_crc", "n3"),
                          ("lost_offsets", "prefix_not_in_snapshot", "n3"),
-                         ("divergence", "snapshot_log_mismatch", "n1")},
+                         ("divergence", "snapshot_log_mismatch", "n1"),
+                         ("corruption", "snapshot_state_missing", "n1")},
     "no_snapshot": {("lost_offsets", "prefix_not_in_snapshot", "n3")},
     "prefix_lost": {("lost_offsets", "log_start_mismatch", "n1")},
     "checkpoint_behind": set(),
@@ -72,6 +74,12 @@ def built(tmp_path_factory) -> dict:
 
     write_snapshot(n["snapshot_damaged"]["n1"], 30, 5, _end(n["snapshot_damaged"]["n1"], 30),
                    b"x")
+    # n1 also has a meta whose state is gone, n2 a state whose meta was never
+    # written (a snapshot write cut short: not a snapshot, information only).
+    os.remove(os.path.join(write_snapshot(n["snapshot_damaged"]["n1"], 50, 1,
+                                          _end(n["snapshot_damaged"]["n1"], 50), b"y"), "state"))
+    os.remove(os.path.join(write_snapshot(n["snapshot_damaged"]["n2"], 60, 1,
+                                          _end(n["snapshot_damaged"]["n2"], 60), b"z"), "meta"))
     shutil.rmtree(rr.snapshot_dir(n["no_snapshot"]["n3"]))
     # n1 (whole log): its first segment deleted by hand, the checkpoint still
     # says first_index 1 and no snapshot covers it.
@@ -190,6 +198,8 @@ def test_faults_point_where_they_are(built, result):
     assert st.replicas[1].agree_end < 70 <= st.replicas[2].agree_end
     (bad,) = kinds(result, "snapshot_damaged", "snapshot_log_mismatch")
     assert (bad["rid"], bad["index"]) == (0, 30)
+    (unfinished,) = kinds(result, "snapshot_damaged", "snapshot_unfinished")
+    assert (unfinished["severity"], unfinished["rid"], unfinished["index"]) == ("info", 1, 60)
     (mismatch,) = kinds(result, "prefix_lost", "log_start_mismatch")
     assert mismatch["rid"] == 0
     (behind,) = kinds(result, "checkpoint_behind", "retention_checkpoint_behind")
@@ -291,3 +301,31 @@ def test_spark_finds_the_same_over_cut_replicas(spark, built, result):
         result.findings.select(key).to_pylist(), key=repr)
     assert res.counts["files_by_kind"]["snapshot_state"] == result.counts["files_by_kind"][
         "snapshot_state"] > 0
+
+
+def test_snapshots_the_product_writes_are_read(built):
+    """Metas written by ``commitlog.snapshot`` decode with the audit's parser and
+    cover the cut they allowed (runs once the storage's snapshot module exists)."""
+    product = pytest.importorskip("commitlog.snapshot")
+    g = str(built["tmp"] / "product" / "g")
+    rr.write_group(built["base"], g, dict.fromkeys(rr.NODES, 0))
+    infos = {}
+    for node, at in (("n2", 30), ("n3", 50)):
+        d = os.path.join(g, node)
+        log = CommitLog.open(d, rr.CONFIG)
+        try:
+            infos[node] = product.write_snapshot(d, at, log.term_at(at), log.entry_end(at),
+                                                 b"broker state %d" % at)
+        finally:
+            log.close()
+        rr.cut(d, at, snapshot=False)
+    res = run_audit(AuditOptions([g]), LocalEngine())
+    assert res.valid, violations(res)
+    st = group(res, "g")
+    for rid, node in ((1, "n2"), (2, "n3")):
+        m = st.replicas[rid]
+        (snap,) = m.snapshots.values()
+        info = infos[node]
+        assert snap.meta == fmt.SnapshotMeta(info.index, info.term, info.end_position,
+                                             info.created_ms, info.state_bytes, info.state_crc)
+        assert m.trimmed and m.first_index - 1 <= info.index
