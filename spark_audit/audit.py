@@ -111,8 +111,9 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
                 f.start, checks.SnapshotFiles(f.start)).state_fid = f.fid
         elif f.kind == inputs.INSTALL_MARKER:
             out.add("corruption", "install_pending", INFO, gid=f.gid, rid=f.rid, fid=f.fid,
-                    detail=f"{f.path}: a snapshot install was interrupted; the log is rolled "
-                           "forward or back when the broker opens it")
+                    detail=f"{f.path}: a snapshot install was interrupted after its commit "
+                           "point; the broker finishes it when it opens the log (this replica "
+                           "is audited half swapped)")
         elif f.kind == inputs.OTHER:
             out.add("corruption", "unknown_file", INFO, gid=f.gid, rid=f.rid, fid=f.fid,
                     detail=f"{f.path} is not part of the format (reported, not read)")

@@ -163,10 +163,11 @@ def test_cut_replicas_are_compared_over_what_they_keep(result):
     assert not kinds(result, "retained", "raft_index_beyond_log")
 
 
-def test_retained_ranges_are_in_the_summary(built, tmp_path):
+def test_retained_ranges_are_in_the_summary(built, tmp_path, capsys):
     out = str(tmp_path / "out")
     g = os.path.join(built["root"], "retained")
     assert cli.main([g, "--engine", "python", "--out", out]) == 0
+    printed = capsys.readouterr().out
     with open(os.path.join(out, "summary.json")) as f:
         summary = json.load(f)
     (grp,) = summary["groups"]
@@ -183,6 +184,8 @@ def test_retained_ranges_are_in_the_summary(built, tmp_path):
     assert (grp["retained_first_index"], grp["retained_from_position"]) == (1, 0)
     with open(os.path.join(out, "report.html")) as f:
         assert f"{reps['n3']['first_index']}..{rr.ENTRIES}" in f.read()
+    assert (f"group retained: committed {rr.ENTRIES}, shared {reps['n3']['first_index']}.."
+            f"{rr.ENTRIES}; n1 1..{rr.ENTRIES}, n2 {reps['n2']['first_index']}..") in printed
 
 
 def test_faults_point_where_they_are(built, result):
