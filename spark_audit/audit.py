@@ -376,20 +376,8 @@ def reference_replica(st: checks.GroupState) -> int:
         m.checkpoint.durable_index if m.checkpoint else -1, -m.rid)).rid
 
 
-_FAR = 1 << 62  # beyond any position
-
-
-def _queue_cut(meta: checks.ReplicaMeta, topic: str, queue_id: int, units: np.ndarray) -> bool:
-    """Whether retention removed a queue's first files on this replica: its first
-    unit is past slot 0, or it has none left while the dispatch checkpoint counts some."""
-    if len(units):
-        return bool(units["slot"][0] > 0)
-    counted = {(t, q): n for t, q, n in meta.dispatch.queues} if meta.dispatch else {}
-    return counted.get((topic, queue_id), 0) > 0
-
-
 # Findings without a file id: valid for an identical copy.
-_SHAREABLE = {"cq_beyond_commit", "cq_cut_by_retention"}
+_SHAREABLE = {"cq_beyond_commit"}
 
 
 def queue_checks(g: replicas.Group, st: checks.GroupState,
@@ -414,9 +402,8 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
         must = min(st.committed, m.agree_end)
         if m.dispatch is not None:
             must = min(must, m.dispatch.dispatched_index)
-        start = min(m.segment_starts) if m.segment_starts else 0
-        zone = start + st.segment_size if st.segment_size else _FAR
-        bounds[rid] = checks.QueueBounds(st.committed, must, start, zone)
+        bounds[rid] = checks.QueueBounds(st.committed, must,
+                                         min(m.segment_starts) if m.segment_starts else 0)
     ref = g.replicas[g.ref]
     slices = {g.ref: replicas.queue_slices(g.messages(g.ref), topics)}
     same = {}
@@ -446,8 +433,7 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
             local = Findings()
             checks.check_queue_replica(local, gid, topic, qid, rid,
                                        slices[rid].get(q, empty), u, ufid, rep.entry_fid,
-                                       bounds[rid], max_examples,
-                                       cut=_queue_cut(st.replicas[rid], topic, qid, u))
+                                       bounds[rid], max_examples)
             if rid == g.ref:
                 ref_rows = local.rows
             out.rows += local.rows

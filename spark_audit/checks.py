@@ -539,17 +539,15 @@ class QueueBounds:
 
     committed: int  # the group's committed index
     must_index: int  # last index whose messages must be in this replica's ConsumeQueues
-    log_start: int  # first log position still on disk (units below it point at retained data)
-    # Retention cuts ConsumeQueue files at the same point P as the log, and P
-    # lies in the first segment the log keeps: messages below this position
-    # that precede a cut queue's first unit lost their units to retention.
-    retention_zone_end: int = 0
+    # First log position still on disk: units below it point at messages
+    # retention removed (a queue file goes only when every unit of it does).
+    log_start: int
 
 
 def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid: int,
                         msgs: np.ndarray, units: np.ndarray, unit_fid: np.ndarray,
                         msg_fid: Callable[[np.ndarray], np.ndarray], bounds: QueueBounds,
-                        max_examples: int = 20, cut: bool = False) -> None:
+                        max_examples: int = 20) -> None:
     """One replica's units of one (topic, queue) against its messages of that queue.
 
     ``msgs`` (``parse.MSG_DTYPE``) are in log order, ``units``
@@ -558,11 +556,7 @@ def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid:
     messages (only called for reported examples). Units must point at real
     messages of this queue with the right size and tag hash, offsets increase
     with the slot, no hole, no message indexed twice, and every message that
-    must be dispatched is indexed. ``cut``: retention removed the queue's
-    first files (its first unit is past slot 0, or it has none left although
-    the dispatch checkpoint counts some); then the messages before its first
-    unit inside ``bounds.retention_zone_end`` are not required to be indexed
-    (reported as ``cq_cut_by_retention``, info).
+    must be dispatched is indexed.
     """
     kw = QueueAt(gid=gid, topic=topic, queue_id=queue_id, rid=rid)
 
@@ -631,17 +625,6 @@ def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid:
         else:
             indexed = np.zeros(len(need), bool)
         miss = need[~indexed]
-        if len(miss) and cut:
-            first = units["offset"][0] if len(units) else np.iinfo(np.int64).max
-            gone = (m_off[miss] < min(first, bounds.retention_zone_end))
-            if gone.any():
-                j = miss[gone][0]
-                out.add("index_validity", "cq_cut_by_retention", INFO, phys_offset=int(m_off[j]),
-                        index=int(msgs["index"][j]), count=int(gone.sum()),
-                        detail=f"{int(gone.sum())} retained messages of {topic}/{queue_id} "
-                               "before its first unit lost their units to retention (the "
-                               "queue's files go whole, cut where the log was)", **kw)
-                miss = miss[~gone]
         if len(miss):
             shown = miss[:max_examples]
             fid = np.full(len(m_off), -1, np.int64)

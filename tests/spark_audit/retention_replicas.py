@@ -3,8 +3,9 @@
 One replica is written with the real ``CommitLog`` and ``ConsumeQueueStore``
 and copied to every node; each node's copy is then cut as a broker's
 retention would: a snapshot at an applied index ``S`` (written with the
-format writer of ``replica_builder``), then ``CommitLog.delete_before`` and
-``ConsumeQueueStore.delete_before`` at the position just past ``S``. Every
+format writer of ``replica_builder``), ``CommitLog.delete_before`` at the
+position just past ``S``, then ``ConsumeQueueStore.delete_before`` at the
+log's first retained position. Every
 group is ``ROOT/<group>/<node>/`` so one audit run covers them all; the
 damage helpers below plant faults inside the range every node keeps.
 """
@@ -31,8 +32,7 @@ from .replica_builder import write_snapshot
 
 NODES = ("n1", "n2", "n3")
 CONFIG = CommitLogConfig(segment_size_bytes=16384, index_file_records=16)
-# Small ConsumeQueue files, so that retention removes some and one of them
-# ends inside the first segment the log keeps.
+# Small ConsumeQueue files, so that retention removes some of them.
 UNITS_PER_FILE = 4
 ENTRIES = 90
 PRODUCER = 0x5EED5EED5EED5EED
@@ -68,9 +68,11 @@ def write_base(data_dir: str) -> list[tuple[int, int, int]]:
         log.close()
 
 
-def cut(data_dir: str, index: int, snapshot: bool = True) -> int:
-    """Retention on one replica: a snapshot at ``index``, then the log and its
-    ConsumeQueues cut at the position just past it. Returns the new first index."""
+def cut(data_dir: str, index: int, snapshot: bool = True, cq_at: int | None = None) -> int:
+    """Retention on one replica: a snapshot at ``index``, then the log cut at the
+    position just past it (whole segments below it go) and the ConsumeQueues
+    at the log's first retained position, as the broker's retention does
+    (``cq_at``: at another position instead, a fault). Returns the new first index."""
     log = CommitLog.open(data_dir, CONFIG)
     try:
         end = log.entry_end(index)
@@ -78,7 +80,7 @@ def cut(data_dir: str, index: int, snapshot: bool = True) -> int:
             write_snapshot(data_dir, index, log.term_at(index), end, b"state at %d" % index)
         log.delete_before(end)
         store = ConsumeQueueStore.open(data_dir, log, units_per_file=UNITS_PER_FILE)
-        store.delete_before(end)
+        store.delete_before(log.segments.bases[0] if cq_at is None else cq_at)
         store.checkpoint()
         store.close()
         return log.first_index
