@@ -19,6 +19,7 @@ import pyarrow as pa
 from spark_audit import (
     bodies,
     checks,
+    control,
     engine,
     fmt,
     history,
@@ -144,9 +145,13 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     results = sorted(eng.run_tasks(todo, opts.max_entry_size), key=lambda r: r.tid)
     tm["scan_job_s"] = time.perf_counter() - t2
     task_s: dict[str, float] = defaultdict(float)
+    # Topic deletions read from each replica's CONTROL entries, by group and replica.
+    deletions: dict[int, dict[int, list[control.Deletion]]] = {
+        gid: {rid: [] for rid in st.replicas} for gid, st in groups.items()}
     for task, res in zip(todo, results, strict=True):
         task_s[f"tasks_{task.mode}_cpu_s"] += res.cpu
         task_s[f"tasks_{task.mode}_wall_s"] += res.seconds
+        deletions[task.info.gid][task.info.rid] += res.deletions
         if task.mode == tasks.CRC:
             snap = groups[task.info.gid].replicas[task.info.rid].snapshots[task.info.start]
             snap.state_length, snap.state_crc = res.length, res.crc
@@ -235,7 +240,7 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         counts["messages"] += sum(g.message_count(r) for r in g.replicas)
         counts["messages_decoded"] += len(g.pool)
         found.append(queue_checks(g, st, units, topics, names, counts, opts.max_examples,
-                                  opts.share_identical))
+                                  opts.share_identical, dead_before(st, deletions[gid])))
     counts["cq_units_decoded"] = sum(len(u) for u in units.values())
     tm["queue_checks_s"] = time.perf_counter() - t5
 
@@ -380,10 +385,33 @@ def reference_replica(st: checks.GroupState) -> int:
 _SHAREABLE = {"cq_beyond_commit"}
 
 
+def dead_before(st: checks.GroupState, deletions: dict[int, list[control.Deletion]]
+                ) -> dict[int, dict[str, int]]:
+    """Per replica, topic -> D: the topic's messages in entries below D are dead.
+
+    A deletion counts when its entry is in the agreed log (the replica it was
+    read from agrees with the group there) and the replica has applied it
+    (dispatched that far; the committed index when it has no dispatch
+    checkpoint): until then its queue files still index the old messages.
+    """
+    agreed = {(d, t) for rid, ds in deletions.items() for d, t in ds
+              if st.replicas[rid].agree_start <= d <= st.replicas[rid].agree_end}
+    out: dict[int, dict[str, int]] = {}
+    for rid, m in st.replicas.items():
+        applied = m.dispatch.dispatched_index if m.dispatch else st.committed
+        mine: dict[str, int] = {}
+        for d, t in agreed:
+            if d <= applied:
+                mine[t] = max(mine.get(t, 0), d)
+        out[rid] = mine
+    return out
+
+
 def queue_checks(g: replicas.Group, st: checks.GroupState,
                  units: dict[ContentKey, np.ndarray],
                  topics: replicas.Topics, names: dict[tuple[int, int], str],
-                 counts: dict[str, int], max_examples: int, share: bool = True) -> pa.Table:
+                 counts: dict[str, int], max_examples: int, share: bool = True,
+                 dead: dict[int, dict[str, int]] | None = None) -> pa.Table:
     """Every replica's ConsumeQueues of one group against its messages.
 
     A replica whose MESSAGES entries are identical to the reference replica's
@@ -394,9 +422,15 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
     no file ids, i.e. there is nothing but ``cq_beyond_commit``; otherwise it
     is validated for its own file names). ``cq_same_as_reference`` (info)
     says how many queues of a replica were covered this way.
+
+    ``dead`` (``dead_before``): messages of a deleted topic in entries below
+    its deletion are left out of that replica's queues (``topic_deleted``,
+    info, says how many on the reference replica); a unit still pointing at
+    one is dangling.
     """
     out = Findings()
     gid = g.gid
+    dead = dead or {}
     bounds = {}
     for rid, m in st.replicas.items():
         must = min(st.committed, m.agree_end)
@@ -409,6 +443,7 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
     same = {}
     for rid, rep in g.replicas.items():
         same[rid] = rid == g.ref or (bounds[rid] == bounds[g.ref]
+                                     and dead.get(rid) == dead.get(g.ref)
                                      and np.array_equal(rep.msg_eids, ref.msg_eids))
         if rid not in slices:
             slices[rid] = (slices[g.ref] if same[rid]
@@ -416,6 +451,18 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
     qkeys = sorted({q for s in slices.values() for q in s}
                    | {q for rep in g.replicas.values() for q in rep.cq})
     empty = np.zeros(0, g.pool.dtype)
+    gone: dict[tuple[str, int], int] = defaultdict(int)  # dead messages on the reference
+
+    def live(rid: int, q: int, topic: str) -> np.ndarray:
+        msgs = slices[rid].get(q, empty)
+        before = dead.get(rid, {}).get(topic, 0)
+        if not before or not len(msgs):
+            return msgs
+        kept = msgs[msgs["index"] >= before]
+        if rid == g.ref:
+            gone[(topic, before)] += len(msgs) - len(kept)
+        return kept
+
     shared = dict.fromkeys(g.replicas, 0)
     order = [g.ref, *sorted(r for r in g.replicas if r != g.ref)]
     for q in qkeys:
@@ -431,9 +478,8 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
                 continue
             u, ufid = replicas.queue_units(rep, q, units)
             local = Findings()
-            checks.check_queue_replica(local, gid, topic, qid, rid,
-                                       slices[rid].get(q, empty), u, ufid, rep.entry_fid,
-                                       bounds[rid], max_examples)
+            checks.check_queue_replica(local, gid, topic, qid, rid, live(rid, q, topic), u,
+                                       ufid, rep.entry_fid, bounds[rid], max_examples)
             if rid == g.ref:
                 ref_rows = local.rows
             out.rows += local.rows
@@ -442,6 +488,11 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
                      for rid in sorted(g.replicas)]
             checks.slot_conflicts(out, gid, topic, qid, [v for v in views if len(v[1])],
                                   max_examples)
+    for (topic, before), n in sorted(gone.items()):
+        if n:
+            out.add("index_validity", "topic_deleted", INFO, gid=gid, topic=topic, index=before,
+                    count=n, detail=f"{topic} was deleted by entry {before}: its {n} messages "
+                                    "in earlier entries are dead (never indexed again)")
     for rid, n in shared.items():
         if n:
             counts["cq_queues_shared"] += n

@@ -9,7 +9,8 @@ results are identical by construction.
 
 Modes:
 
-- ``scan``: a segment's entry headers and body CRCs;
+- ``scan``: a segment's entry headers and body CRCs, and the topic deletions
+  of its CONTROL entries (``control``);
 - ``scan_msgs``: the same plus every message record (the reference replica);
 - ``msgs``: the message records of given entries only (entries where a
   replica differs from every replica already decoded);
@@ -33,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import zstandard
 
-from spark_audit import fmt, inputs, parse
+from spark_audit import control, fmt, inputs, parse
 from spark_audit.inputs import FileInfo
 
 SCAN, SCAN_MSGS, MSGS, INDEX, CQ_HASH, CQ_UNITS, CRC = (
@@ -74,6 +75,7 @@ class FileResult:
     units: np.ndarray | None = None  # UNIT_DTYPE
     problems: list[parse.Problem] = field(default_factory=list)
     msg_problems: list[tuple[int, int, str, str, int]] = field(default_factory=list)
+    deletions: list[control.Deletion] = field(default_factory=list)  # SCAN, SCAN_MSGS
     crc: int = 0
     length: int = 0
     count: int = 0  # non-empty ConsumeQueue units
@@ -99,6 +101,7 @@ def run_task(task: FileTask, buf: parse.Buffer, max_entry_size: int) -> FileResu
     if task.mode in (SCAN, SCAN_MSGS):
         scan = parse.scan_segment(buf, info.start, max_entry_size)
         res.entries, res.problems = scan.entries, scan.problems
+        res.deletions = control.topic_deletions(buf, scan.entries)
         if task.mode == SCAN_MSGS:
             _add_messages(res, parse.parse_messages(buf, info.start, scan.entries,
                                                     task.digests))
@@ -158,7 +161,7 @@ RESULT_SCHEMA = pa.schema([
     ("counts", pa.binary()),
     ("index", pa.binary()),
     ("units", pa.binary()),
-    ("meta", pa.binary()),  # msgpack: topics, problems, msg_problems
+    ("meta", pa.binary()),  # msgpack: topics, problems, msg_problems, deletions
     ("crc", pa.int64()),
     ("length", pa.int64()),
     ("count", pa.int64()),
@@ -217,7 +220,7 @@ def to_batch(res: FileResult) -> pa.RecordBatch:
     for name, _ in _ARRAYS:
         arr = getattr(res, name)
         cols.append(pa.array([None if arr is None else pack(arr)], pa.binary()))
-    meta = msgpack.packb([res.topics, res.problems, res.msg_problems])
+    meta = msgpack.packb([res.topics, res.problems, res.msg_problems, res.deletions])
     cols.append(pa.array([meta], pa.binary()))
     cols += [pa.array([res.crc], pa.int64()), pa.array([res.length], pa.int64()),
              pa.array([res.count], pa.int64()), pa.array([res.seconds], pa.float64()),
@@ -236,10 +239,12 @@ def from_table(table: pa.Table) -> list[FileResult]:
                 v = cols[name][i]
                 if v.is_valid:
                     setattr(res, name, unpack(v.as_buffer(), dtype))
-            topics, problems, msg_problems = msgpack.unpackb(cols["meta"][i].as_py())
+            topics, problems, msg_problems, deletions = msgpack.unpackb(
+                cols["meta"][i].as_py())
             res.topics = list(topics)
             res.problems = [tuple(p) for p in problems]
             res.msg_problems = [tuple(p) for p in msg_problems]
+            res.deletions = [(int(d), str(t)) for d, t in deletions]
             res.crc, res.length, res.count = (int(cols[k][i].as_py())
                                               for k in ("crc", "length", "count"))
             res.seconds = float(cols["seconds"][i].as_py())

@@ -115,12 +115,16 @@ def write_replica(root: str, entries: list[Entry], *, segment_size: int = 1 << 2
                   commit: int | None = None, term: int | None = None,
                   durable_index: int | None = None, index_file_records: int = 1024,
                   units_per_file: int = 1000, dispatched_index: int | None = None,
-                  first_position: int = 0) -> Layout:
+                  first_position: int = 0, skip_before: dict[str, int] | None = None
+                  ) -> Layout:
     """Write one replica's data directory holding ``entries`` (a contiguous run).
 
     ``commit`` goes to the hardstate (default: the last index) and bounds the
     ConsumeQueue dispatch; ``durable_index`` to the checkpoint (default: last).
+    ``skip_before``: topic -> entry index of its deletion; its messages in
+    earlier entries are not dispatched (as a broker that applied it does).
     """
+    skip = skip_before or {}
     os.makedirs(os.path.join(root, "commitlog"), exist_ok=True)
     os.makedirs(os.path.join(root, "index"), exist_ok=True)
     last = entries[-1].index if entries else 0
@@ -191,6 +195,8 @@ def write_replica(root: str, entries: list[Entry], *, segment_size: int = 1 << 2
             break
         disp_end = p.position + p.size
         for topic, qid, off, size, th in p.messages:
+            if p.index < skip.get(topic, 0):
+                continue
             q = units.setdefault((topic, qid), [])
             q.append((len(q), off))
             raw.setdefault((topic, qid), []).append(fmt.CQ_UNIT.pack(off, size, th))
