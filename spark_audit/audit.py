@@ -16,7 +16,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from spark_audit import bodies, checks, engine, fmt, history, inputs, parse, replicas, tasks
+from spark_audit import (
+    bodies,
+    checks,
+    control,
+    engine,
+    fmt,
+    history,
+    inputs,
+    parse,
+    replicas,
+    snapshots,
+    tasks,
+)
 from spark_audit.checks import INFO, VIOLATION, Findings
 from spark_audit.replicas import ContentKey, ProblemRow
 
@@ -66,12 +78,13 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     for r in replicas_:
         st = groups.setdefault(r.gid, checks.GroupState(r.gid, r.group, {}))
         st.replicas[r.rid] = checks.ReplicaMeta(r.rid, r.name)
-    small = [f for f in inventory if f.kind in (inputs.CHECKPOINT, inputs.HARDSTATE,
-                                                 inputs.CQ_CHECKPOINT)]
+    small = [f for f in inventory if f.kind in inputs.SMALL_KINDS]
     t1 = time.perf_counter()
     small_data = eng.read_small(small)
     for f in small:
         meta = groups[f.gid].replicas[f.rid]
+        if f.kind == inputs.SNAPSHOT_META:
+            meta.snapshots.setdefault(f.start, checks.SnapshotFiles(f.start)).meta_fid = f.fid
         try:
             value = engine.decode_small(f.kind, small_data[f.fid])
         except fmt.FormatError as exc:
@@ -87,11 +100,21 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
             meta.checkpoint = value
         elif isinstance(value, fmt.HardState):
             meta.hardstate = value
+        elif isinstance(value, fmt.SnapshotMeta):
+            meta.snapshots[f.start].meta = value
         else:
             meta.dispatch = value
     for f in inventory:
         if f.kind == inputs.SEGMENT:
             groups[f.gid].replicas[f.rid].segment_starts.append(f.start)
+        elif f.kind == inputs.SNAPSHOT_STATE:
+            groups[f.gid].replicas[f.rid].snapshots.setdefault(
+                f.start, checks.SnapshotFiles(f.start)).state_fid = f.fid
+        elif f.kind == inputs.INSTALL_MARKER:
+            out.add("corruption", "install_pending", INFO, gid=f.gid, rid=f.rid, fid=f.fid,
+                    detail=f"{f.path}: a snapshot install was interrupted after its commit "
+                           "point; the broker finishes it when it opens the log (this replica "
+                           "is audited half swapped)")
         elif f.kind == inputs.OTHER:
             out.add("corruption", "unknown_file", INFO, gid=f.gid, rid=f.rid, fid=f.fid,
                     detail=f"{f.path} is not part of the format (reported, not read)")
@@ -116,14 +139,22 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         is_ref = f.rid == refs[f.gid]
         mode = {inputs.SEGMENT: tasks.SCAN_MSGS if is_ref else tasks.SCAN,
                 inputs.INDEX: tasks.INDEX,
-                inputs.CQ: tasks.CQ_UNITS if is_ref else tasks.CQ_HASH}[f.kind]
+                inputs.CQ: tasks.CQ_UNITS if is_ref else tasks.CQ_HASH,
+                inputs.SNAPSHOT_STATE: tasks.CRC}[f.kind]
         todo.append(tasks.FileTask(len(todo), f, mode, digests=want_crcs))
     results = sorted(eng.run_tasks(todo, opts.max_entry_size), key=lambda r: r.tid)
     tm["scan_job_s"] = time.perf_counter() - t2
     task_s: dict[str, float] = defaultdict(float)
+    # Topic deletions read from each replica's CONTROL entries, by group and replica.
+    deletions: dict[int, dict[int, list[control.Deletion]]] = {
+        gid: {rid: [] for rid in st.replicas} for gid, st in groups.items()}
     for task, res in zip(todo, results, strict=True):
         task_s[f"tasks_{task.mode}_cpu_s"] += res.cpu
         task_s[f"tasks_{task.mode}_wall_s"] += res.seconds
+        deletions[task.info.gid][task.info.rid] += res.deletions
+        if task.mode == tasks.CRC:
+            snap = groups[task.info.gid].replicas[task.info.rid].snapshots[task.info.start]
+            snap.state_length, snap.state_crc = res.length, res.crc
 
     t3 = time.perf_counter()
     topics = replicas.Topics()
@@ -186,6 +217,7 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
             table = table.append_column("refuted", pa.array(verdicts[gid].refuted[eid]))
             table = table.append_column("confirmed", pa.array(verdicts[gid].confirmed[eid]))
         found.append(checks.check_group(table, st, opts.max_examples, opts.segment_size))
+        found.append(snapshots.check_snapshots(table, st))
         found.append(bodies.body_findings(data[gid], verdicts[gid], opts.max_examples))
         for rep in reps:
             found.append(checks.check_index_files(
@@ -208,7 +240,7 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         counts["messages"] += sum(g.message_count(r) for r in g.replicas)
         counts["messages_decoded"] += len(g.pool)
         found.append(queue_checks(g, st, units, topics, names, counts, opts.max_examples,
-                                  opts.share_identical))
+                                  opts.share_identical, dead_before(st, deletions[gid])))
     counts["cq_units_decoded"] = sum(len(u) for u in units.values())
     tm["queue_checks_s"] = time.perf_counter() - t5
 
@@ -227,7 +259,8 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         keys = history.history_keys(hist_msgs, gids)
         matched = pa.concat_tables([checks.lookup_keys(gid, committed[gid], keys)
                                     for gid in groups])
-        hf, hstats = history.check_history(hist_msgs, matched, gids, opts.max_examples)
+        floors = {gid: st.retained_from for gid, st in groups.items()}
+        hf, hstats = history.check_history(hist_msgs, matched, gids, opts.max_examples, floors)
         hstats["body_digests"] = sum(len(d) for d in digests.values())
         hstats["ops"] = nops
         found.append(hf)
@@ -348,13 +381,37 @@ def reference_replica(st: checks.GroupState) -> int:
         m.checkpoint.durable_index if m.checkpoint else -1, -m.rid)).rid
 
 
-_SHAREABLE = {"cq_beyond_commit"}  # findings without a file id: valid for an identical copy
+# Findings without a file id: valid for an identical copy.
+_SHAREABLE = {"cq_beyond_commit"}
+
+
+def dead_before(st: checks.GroupState, deletions: dict[int, list[control.Deletion]]
+                ) -> dict[int, dict[str, int]]:
+    """Per replica, topic -> D: the topic's messages in entries below D are dead.
+
+    A deletion counts when its entry is in the agreed log (the replica it was
+    read from agrees with the group there) and the replica has applied it
+    (dispatched that far; the committed index when it has no dispatch
+    checkpoint): until then its queue files still index the old messages.
+    """
+    agreed = {(d, t) for rid, ds in deletions.items() for d, t in ds
+              if st.replicas[rid].agree_start <= d <= st.replicas[rid].agree_end}
+    out: dict[int, dict[str, int]] = {}
+    for rid, m in st.replicas.items():
+        applied = m.dispatch.dispatched_index if m.dispatch else st.committed
+        mine: dict[str, int] = {}
+        for d, t in agreed:
+            if d <= applied:
+                mine[t] = max(mine.get(t, 0), d)
+        out[rid] = mine
+    return out
 
 
 def queue_checks(g: replicas.Group, st: checks.GroupState,
                  units: dict[ContentKey, np.ndarray],
                  topics: replicas.Topics, names: dict[tuple[int, int], str],
-                 counts: dict[str, int], max_examples: int, share: bool = True) -> pa.Table:
+                 counts: dict[str, int], max_examples: int, share: bool = True,
+                 dead: dict[int, dict[str, int]] | None = None) -> pa.Table:
     """Every replica's ConsumeQueues of one group against its messages.
 
     A replica whose MESSAGES entries are identical to the reference replica's
@@ -365,9 +422,15 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
     no file ids, i.e. there is nothing but ``cq_beyond_commit``; otherwise it
     is validated for its own file names). ``cq_same_as_reference`` (info)
     says how many queues of a replica were covered this way.
+
+    ``dead`` (``dead_before``): messages of a deleted topic in entries below
+    its deletion are left out of that replica's queues (``topic_deleted``,
+    info, says how many on the reference replica); a unit still pointing at
+    one is dangling.
     """
     out = Findings()
     gid = g.gid
+    dead = dead or {}
     bounds = {}
     for rid, m in st.replicas.items():
         must = min(st.committed, m.agree_end)
@@ -380,6 +443,7 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
     same = {}
     for rid, rep in g.replicas.items():
         same[rid] = rid == g.ref or (bounds[rid] == bounds[g.ref]
+                                     and dead.get(rid) == dead.get(g.ref)
                                      and np.array_equal(rep.msg_eids, ref.msg_eids))
         if rid not in slices:
             slices[rid] = (slices[g.ref] if same[rid]
@@ -387,6 +451,18 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
     qkeys = sorted({q for s in slices.values() for q in s}
                    | {q for rep in g.replicas.values() for q in rep.cq})
     empty = np.zeros(0, g.pool.dtype)
+    gone: dict[tuple[str, int], int] = defaultdict(int)  # dead messages on the reference
+
+    def live(rid: int, q: int, topic: str) -> np.ndarray:
+        msgs = slices[rid].get(q, empty)
+        before = dead.get(rid, {}).get(topic, 0)
+        if not before or not len(msgs):
+            return msgs
+        kept = msgs[msgs["index"] >= before]
+        if rid == g.ref:
+            gone[(topic, before)] += len(msgs) - len(kept)
+        return kept
+
     shared = dict.fromkeys(g.replicas, 0)
     order = [g.ref, *sorted(r for r in g.replicas if r != g.ref)]
     for q in qkeys:
@@ -402,9 +478,8 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
                 continue
             u, ufid = replicas.queue_units(rep, q, units)
             local = Findings()
-            checks.check_queue_replica(local, gid, topic, qid, rid,
-                                       slices[rid].get(q, empty), u, ufid, rep.entry_fid,
-                                       bounds[rid], max_examples)
+            checks.check_queue_replica(local, gid, topic, qid, rid, live(rid, q, topic), u,
+                                       ufid, rep.entry_fid, bounds[rid], max_examples)
             if rid == g.ref:
                 ref_rows = local.rows
             out.rows += local.rows
@@ -413,6 +488,11 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
                      for rid in sorted(g.replicas)]
             checks.slot_conflicts(out, gid, topic, qid, [v for v in views if len(v[1])],
                                   max_examples)
+    for (topic, before), n in sorted(gone.items()):
+        if n:
+            out.add("index_validity", "topic_deleted", INFO, gid=gid, topic=topic, index=before,
+                    count=n, detail=f"{topic} was deleted by entry {before}: its {n} messages "
+                                    "in earlier entries are dead (never indexed again)")
     for rid, n in shared.items():
         if n:
             counts["cq_queues_shared"] += n

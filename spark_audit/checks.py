@@ -120,6 +120,18 @@ def concat_findings(tables: list[pa.Table]) -> pa.Table:
 
 
 @dataclass
+class SnapshotFiles:
+    """One ``snapshots/<index>/`` directory of a replica, as read."""
+
+    index: int  # from the directory's name
+    meta: fmt.SnapshotMeta | None = None  # None: missing or unreadable (reported)
+    meta_fid: int = -1
+    state_fid: int = -1  # -1: no state file
+    state_length: int = 0
+    state_crc: int = 0
+
+
+@dataclass
 class ReplicaMeta:
     """What the small files of one replica say, and what the audit derived."""
 
@@ -129,13 +141,30 @@ class ReplicaMeta:
     hardstate: fmt.HardState | None = None
     dispatch: fmt.DispatchCheckpoint | None = None
     segment_starts: list[int] = field(default_factory=list)
+    snapshots: dict[int, SnapshotFiles] = field(default_factory=dict)
     # Filled by check_group:
     entries: int = 0
     first_index: int = 0
     last_index: int = 0
     last_term: int = 0
+    # The retained range on disk: first entry's position, last entry's
+    # position, and the position just past it (-1, -1, 0 for an empty log).
+    first_position: int = -1
+    last_position: int = -1
+    end_position: int = 0
+    # The log starts after index 1 where its checkpoint says it does:
+    # retention (or a snapshot install) removed the prefix, not a fault.
+    trimmed: bool = False
+    # Where this replica's log should start: its first entry's position, or 0
+    # when its checkpoint says index 1 is still on disk but it is gone.
+    claimed_start: int = -1
+    agree_start: int = 0  # first index this replica is compared from
     agree_end: int = 0  # last index up to which this replica matches the quorum
     first_divergent: int = 0  # 0 = none within the committed prefix
+
+    def valid_snapshots(self) -> list[fmt.SnapshotMeta]:
+        """Snapshots whose meta decoded, oldest first (their state is checked apart)."""
+        return [s.meta for _, s in sorted(self.snapshots.items()) if s.meta is not None]
 
 
 @dataclass
@@ -152,6 +181,15 @@ class GroupState:
     first_index: int = 0
     # (lo, hi, rid): committed indexes lo..hi are read from replica rid.
     sources: list[tuple[int, int, int]] = field(default_factory=list)
+    # The range every replica holding entries keeps: [max first, min last]
+    # (0, 0 when they share nothing).
+    shared_first: int = 0
+    shared_last: int = 0
+    # The lowest index any replica still holds, and the lowest position any
+    # replica holds or should hold (see ``ReplicaMeta.claimed_start``): below
+    # that position retention removed the log everywhere (0: nothing removed).
+    retained_first: int = 0
+    retained_from: int = 0
 
 
 def infer_segment_size(starts: list[int]) -> int:
@@ -192,6 +230,8 @@ def check_replica_log(e: pd.DataFrame, meta: ReplicaMeta, gid: int, seg: int,
     fid = e["fid"].to_numpy()
     foff = e["file_offset"].to_numpy()
     meta.first_index, meta.last_index, meta.last_term = int(idx[0]), int(idx[-1]), int(term[-1])
+    meta.first_position, meta.last_position = int(pos[0]), int(pos[-1])
+    meta.end_position = int(pos[-1] + size[-1])
 
     def report(check: str, kind: str, mask: np.ndarray, text: Callable[[int], str]) -> None:
         hits = _examples(mask)
@@ -214,11 +254,27 @@ def check_replica_log(e: pd.DataFrame, meta: ReplicaMeta, gid: int, seg: int,
     report("lost_offsets", "position_gap", pos[1:] != expect,
            lambda j: f"entry at {pos[j + 1]} should be at {expect[j]} by the placement rule")
     cp = meta.checkpoint
+    meta.trimmed = bool(cp is not None and idx[0] > 1 and idx[0] == cp.first_index)
+    meta.claimed_start = meta.first_position
     if cp is not None:
         if cp.first_index and idx[0] != cp.first_index:
-            out.add("lost_offsets", "log_start_mismatch", VIOLATION, gid=gid, rid=rid,
-                    fid=int(fid[0]), index=int(idx[0]),
-                    detail=f"first entry is {idx[0]}, checkpoint first_index {cp.first_index}")
+            if _retention_interrupted(meta, int(idx[0]), int(pos[0]), cp.first_index):
+                # Retention deletes the segments, then rewrites the checkpoint: a
+                # stop in between leaves this, and recovery adopts the log's start.
+                meta.trimmed = True
+                out.add("lost_offsets", "retention_checkpoint_behind", INFO, gid=gid, rid=rid,
+                        fid=int(fid[0]), index=int(idx[0]), phys_offset=int(pos[0]),
+                        detail=f"first entry is {idx[0]} at the start of segment {pos[0]}, "
+                               f"checkpoint first_index {cp.first_index}: whole segments below "
+                               "were removed (a snapshot covers them) and the checkpoint was "
+                               "not rewritten yet")
+            else:
+                if cp.first_index <= 1:
+                    meta.claimed_start = 0
+                out.add("lost_offsets", "log_start_mismatch", VIOLATION, gid=gid, rid=rid,
+                        fid=int(fid[0]), index=int(idx[0]),
+                        detail=f"first entry is {idx[0]}, checkpoint first_index "
+                               f"{cp.first_index}")
         if idx[-1] < cp.durable_index:
             out.add("lost_offsets", "durable_entries_missing", VIOLATION, gid=gid, rid=rid,
                     index=int(idx[-1]) + 1, count=cp.durable_index - int(idx[-1]),
@@ -231,6 +287,15 @@ def check_replica_log(e: pd.DataFrame, meta: ReplicaMeta, gid: int, seg: int,
                 detail=f"log ends at {idx[-1]} but its hardstate commit is {hs.commit}")
 
 
+def _retention_interrupted(meta: ReplicaMeta, first: int, position: int, cp_first: int
+                           ) -> bool:
+    """Whether a log starting after its checkpoint's first_index is what an
+    interrupted retention leaves: the first entry starts a segment file (whole
+    segments went) and a snapshot whose meta decodes covers everything before it."""
+    return (first > cp_first and position in meta.segment_starts
+            and any(s.index >= first - 1 for s in meta.valid_snapshots()))
+
+
 def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
                 segment_size: int = 0) -> pa.Table:
     """Log-level checks of one group: per-replica continuity, quorum, divergence.
@@ -240,6 +305,15 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
     ``min(max hardstate commit, quorum end)`` where the quorum end is the last
     index up to which every index has one (term, position, size, body_crc) held
     by a majority of the group's replicas.
+
+    Replicas need not start at index 1: a replica whose log starts where its
+    checkpoint says (``ReplicaMeta.trimmed``: retention or an install removed
+    the prefix) is compared from its first entry on, and counts toward the
+    majority of an index below that start when the replicas still holding
+    the index agree on it. Every index two replicas both hold is compared, so
+    the range all of them share (``shared_first``..``shared_last``) is
+    compared on every replica; a gap inside a replica's log still ends its
+    agreement there.
     """
     out = Findings()
     gid = state.gid
@@ -270,7 +344,18 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
     # The only version the history does not refute, and one it confirms, holds its
     # index even without a majority: the others hold bodies nobody sent.
     vouched = (best["votes"] < majority) & best["confirmed"] & ~best["refuted"] & alone
-    held = best[(best["votes"] >= majority) | vouched]
+    # A replica whose log retention cut at F had every index below F committed
+    # (retention only removes what a snapshot of applied entries covers): it
+    # counts for an index below F when the replicas still holding it agree on
+    # one version, which it must have held too. Inside the range every replica
+    # keeps, nothing changes.
+    cut = np.sort(np.array([m.first_index for m in state.replicas.values() if m.trimmed],
+                           np.int64))
+    removed = len(cut) - np.searchsorted(cut, best["index"].to_numpy(), side="right")
+    single = best["index"].map(votes.groupby("index").size()).to_numpy() == 1
+    retained = single & ~best["refuted"].to_numpy() & (
+        best["votes"].to_numpy() + removed >= majority) & (removed > 0)
+    held = best[(best["votes"] >= majority) | vouched | retained]
     quorum_end = 0
     first = 0
     if len(held):
@@ -335,13 +420,16 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
                     detail=f"differs from the majority from index {beyond[0]}, beyond the "
                            f"committed index {c} (Raft may still truncate it)")
         agree = mine.index.to_numpy()
-        agree = agree[(agree >= first) & ~np.isin(agree, bad)]
-        # Agreement end: last index of the contiguous agreeing run from the group start.
-        if len(agree) and agree[0] == first:
+        # Compared from the group start, or from where retention cut this log.
+        start = max(first, meta.first_index) if meta.trimmed and first else first
+        meta.agree_start = start
+        agree = agree[(agree >= start) & ~np.isin(agree, bad)]
+        # Agreement end: last index of the contiguous agreeing run from there.
+        if len(agree) and agree[0] == start:
             brk = np.nonzero(np.diff(agree) != 1)[0]
             meta.agree_end = int(agree[brk[0]] if len(brk) else agree[-1])
         else:
-            meta.agree_end = first - 1 if first else 0
+            meta.agree_end = start - 1 if start else 0
         if meta.agree_end < c and meta.agree_end == meta.last_index:
             out.add("divergence", "lagging_replica", INFO, gid=gid, rid=rid,
                     index=meta.agree_end + 1, count=c - meta.agree_end,
@@ -349,7 +437,7 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
     # Committed entries are read from the lowest replica id that agrees up to there.
     lo = first
     while c and lo <= c:
-        cands = [m for m in state.replicas.values() if m.agree_end >= lo]
+        cands = [m for m in state.replicas.values() if m.agree_start <= lo <= m.agree_end]
         if not cands:
             break
         m = max(cands, key=lambda m: (m.agree_end, -m.rid))
@@ -357,6 +445,13 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
         sources.append((lo, hi, m.rid))
         lo = hi + 1
     state.sources = sources
+    holding = [m for m in state.replicas.values() if m.entries]
+    if holding:
+        state.retained_first = min(m.first_index for m in holding)
+        state.retained_from = min(m.claimed_start for m in holding)
+        lo, hi = max(m.first_index for m in holding), min(m.last_index for m in holding)
+        if lo <= hi:
+            state.shared_first, state.shared_last = lo, hi
     return out.table()
 
 
@@ -397,6 +492,10 @@ def check_index_files(index: pa.Table, entries: pa.Table, gid: int, rid: int,
                 index=int(missing[0]), count=len(missing),
                 detail=f"{len(missing)} entries have no index record (rebuilt at recovery)")
     extra = good.index.difference(en.index)
+    if len(en):
+        # Records below the first entry are what retention leaves in the index
+        # file it keeps (files go whole); they name nothing on disk any more.
+        extra = extra[extra > en.index.min()]
     if len(extra):
         out.add("index_validity", "raft_index_beyond_log", INFO, gid=gid, rid=rid,
                 index=int(extra[0]), count=len(extra),
@@ -440,7 +539,9 @@ class QueueBounds:
 
     committed: int  # the group's committed index
     must_index: int  # last index whose messages must be in this replica's ConsumeQueues
-    log_start: int  # first log position still on disk (units below it point at retained data)
+    # First log position still on disk: units below it point at messages
+    # retention removed (a queue file goes only when every unit of it does).
+    log_start: int
 
 
 def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid: int,

@@ -52,6 +52,13 @@ def run(specs: list[str], *, out: str = "audit-out", master: str = session.DEFAU
     for name, c in summary["checks"].items():
         state = "skipped" if c.get("skipped") else ("ok" if c["valid"] else "FAILED")
         print(f"{name:15} {state:8} violations={c['violations']} info={c['info']}")
+    for g in summary["groups"]:
+        # What each replica keeps (retention moves the first index) and what all share.
+        shared = (f"{g['shared_first_index']}..{g['shared_last_index']}"
+                  if g["shared_first_index"] else "nothing")
+        kept = ", ".join(f"{r['replica']} {r['first_index']}..{r['last_index']}"
+                         for r in summary["replicas"] if r["group"] == g["group"])
+        print(f"group {g['group']}: committed {g['committed_index']}, shared {shared}; {kept}")
     print(f"audit {'PASSED' if summary['valid'] else 'FAILED'}: {out}/summary.json, "
           f"{out}/report.html")
     return 0 if summary["valid"] else 1

@@ -3,7 +3,8 @@
 An engine does three things and knows nothing about the checks:
 
 - ``lister``: lists directories (local, or through Hadoop for the Spark engine);
-- ``read_small``: the few-byte files (checkpoint, hardstate, dispatch checkpoint);
+- ``read_small``: the few-byte files (checkpoint, hardstate, dispatch checkpoint,
+  snapshot metas);
 - ``run_tasks``: ``tasks.run_task`` over a list of ``FileTask``, returning one
   ``FileResult`` per task (in any order; results carry their task id).
 
@@ -57,10 +58,12 @@ class LocalEngine:
 
 
 def decode_small(kind: str, data: bytes
-                 ) -> fmt.Checkpoint | fmt.HardState | fmt.DispatchCheckpoint:
+                 ) -> fmt.Checkpoint | fmt.HardState | fmt.DispatchCheckpoint | fmt.SnapshotMeta:
     """Parse a small file by kind (raises ``fmt.FormatError``)."""
     if kind == inputs.CHECKPOINT:
         return fmt.parse_checkpoint(data)
     if kind == inputs.HARDSTATE:
         return fmt.parse_hardstate(data)
+    if kind == inputs.SNAPSHOT_META:
+        return fmt.parse_snapshot_meta(data)
     return fmt.parse_dispatch_checkpoint(data)

@@ -53,6 +53,13 @@ HARDSTATE_MAGIC = 0x48514D4C  # "LMQH"
 HARDSTATE = struct.Struct("<IIQQQI")  # bytes [0, 36), then the CRC
 HARDSTATE_SIZE = 40
 
+# A snapshot's ``meta`` file (``snapshots/<index:020d>/meta``, written by
+# ``commitlog/snapshot.py``): magic, version, index, term, end_position,
+# created_ms, state_bytes, state_crc, reserved, then the CRC of those 56 bytes.
+SNAPSHOT_MAGIC = 0x53514D4C  # "LMQS"
+SNAPSHOT_META = struct.Struct("<IIQQQQQII")  # bytes [0, 56), then the CRC
+SNAPSHOT_META_SIZE = 60
+
 
 def crc(data: bytes | memoryview) -> int:
     """CRC32C of ``data`` (the only checksum the format uses)."""
@@ -103,6 +110,18 @@ class HardState:
 
 
 @dataclass(frozen=True)
+class SnapshotMeta:
+    """What a snapshot's ``meta`` says: the state covers the log up to ``index``."""
+
+    index: int
+    term: int
+    end_position: int  # CommitLog position just past entry ``index``
+    created_ms: int
+    state_bytes: int
+    state_crc: int
+
+
+@dataclass(frozen=True)
 class DispatchCheckpoint:
     dispatched_index: int
     dispatched_end: int
@@ -140,6 +159,27 @@ def parse_hardstate(data: bytes) -> HardState:
         raise FormatError("hardstate CRC mismatch")
     check_plausible("hardstate", term=term, vote=vote, commit=commit)
     return HardState(term, vote, commit)
+
+
+def parse_snapshot_meta(data: bytes) -> SnapshotMeta:
+    """Decode a snapshot's ``meta`` (fixed layout, like the checkpoint)."""
+    if len(data) != SNAPSHOT_META_SIZE:
+        raise FormatError(f"snapshot meta is {len(data)} bytes, expected {SNAPSHOT_META_SIZE}")
+    magic, version, index, term, end, created, size, state_crc, _ = SNAPSHOT_META.unpack_from(
+        data)
+    if magic != SNAPSHOT_MAGIC:
+        raise FormatError(f"snapshot meta magic {magic:#x}")
+    if version != FORMAT_VERSION:
+        raise FormatError(f"snapshot meta version {version} is not known")
+    at = SNAPSHOT_META.size
+    if crc(data[:at]) != struct.unpack_from("<I", data, at)[0]:
+        raise FormatError("snapshot meta CRC mismatch")
+    check_plausible("snapshot meta", index=index, term=term, end_position=end,
+                    created_ms=created, state_bytes=size)
+    if min(index, term, end) < 1:  # a snapshot covers at least entry 1 of term 1
+        raise ImplausibleValue(f"snapshot meta index {index}, term {term}, end_position {end}: "
+                               "each must be at least 1")
+    return SnapshotMeta(index, term, end, created, size, state_crc)
 
 
 def parse_dispatch_checkpoint(data: bytes) -> DispatchCheckpoint:
@@ -188,6 +228,13 @@ def encode_checkpoint(cp: Checkpoint) -> bytes:
 def encode_hardstate(hs: HardState) -> bytes:
     """Inverse of ``parse_hardstate``."""
     head = HARDSTATE.pack(HARDSTATE_MAGIC, FORMAT_VERSION, hs.term, hs.vote, hs.commit, 0)
+    return head + struct.pack("<I", crc(head))
+
+
+def encode_snapshot_meta(m: SnapshotMeta) -> bytes:
+    """Inverse of ``parse_snapshot_meta``."""
+    head = SNAPSHOT_META.pack(SNAPSHOT_MAGIC, FORMAT_VERSION, m.index, m.term, m.end_position,
+                              m.created_ms, m.state_bytes, m.state_crc, 0)
     return head + struct.pack("<I", crc(head))
 
 

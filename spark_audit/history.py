@@ -145,11 +145,22 @@ def send_digests(msgs: list[HistMsg], group_ids: dict[str, int]) -> dict[int, pd
 
 
 def check_history(msgs: list[HistMsg], found: pa.Table, group_ids: dict[str, int],
-                  max_examples: int = 20) -> tuple[pa.Table, dict[str, int]]:
+                  max_examples: int = 20, retained_from: dict[int, int] | None = None
+                  ) -> tuple[pa.Table, dict[str, int]]:
     """Acknowledged sends must be committed, consumed messages must exist, failed sends not.
 
     ``found`` holds the committed messages (columns gid, producer_id,
-    sequence, phys_offset) that matched any history key.
+    sequence, phys_offset) that matched any history key. ``retained_from``
+    gives per group the lowest log position any replica still holds (0: the
+    whole log is kept). A message absent from the log whose position (from its
+    ``msg_id``) is below it was removed by retention on every replica: the
+    audit can neither confirm nor refute it, so it is counted and reported as
+    *outside retention* (``acked_send_outside_retention``,
+    ``consumed_outside_retention``, info), never as present and never as lost;
+    the counts say how many of those acknowledged sends the history shows
+    read. A message without a position is outside retention only when the
+    history shows it read and the group's log was cut; otherwise its absence
+    is a loss, as before.
     """
     out = Findings()
     by_id: dict[tuple[int, int, int], set[int]] = {}
@@ -166,16 +177,39 @@ def check_history(msgs: list[HistMsg], found: pa.Table, group_ids: dict[str, int
     stats = {"acked_sends": 0, "failed_sends": 0, "indeterminate_sends": 0, "consumed": 0,
              "acked_missing": 0, "acked_misplaced": 0, "consumed_missing": 0,
              "failed_present": 0,
-             "indeterminate_present": 0, "unknown_group": 0}
+             "indeterminate_present": 0, "unknown_group": 0,
+             "acked_outside_retention": 0, "acked_outside_retention_read": 0,
+             "consumed_outside_retention": 0}
     shown: dict[str, int] = {}
+    severity: dict[str, str] = {}
+    floors = retained_from or {}
+
+    def gid_of(m: HistMsg) -> int:
+        return group_ids.get(m.group, -1) if m.group else (
+            next(iter(group_ids.values())) if len(group_ids) == 1 else -1)
+
+    def key(gid: int, m: HistMsg) -> tuple[int, int, int]:
+        return (gid, m.producer_id, m.sequence) if m.producer_id != 0 else (
+            gid, 0, m.phys_offset)
+
+    # Messages the history shows consumed: proof they were in the log once.
+    read = {key(g, m) for m in msgs if m.f == "poll" and m.type == "ok" and (g := gid_of(m)) >= 0}
 
     def present(gid: int, m: HistMsg) -> bool:
         if m.producer_id != 0:
             return (gid, m.producer_id, m.sequence) in by_id
         return m.phys_offset >= 0 and (gid, m.phys_offset) in by_off
 
+    def outside(gid: int, m: HistMsg, was_read: bool) -> bool:
+        """Absent because retention removed it from every replica (see above)."""
+        floor = floors.get(gid, 0)
+        if m.phys_offset >= 0:
+            return m.phys_offset < floor
+        return was_read and floor > 0
+
     def flag(kind: str, sev: str, gid: int, m: HistMsg, text: str) -> None:
         shown[kind] = shown.get(kind, 0) + 1
+        severity[kind] = sev
         if shown[kind] <= max_examples:
             out.add("history", kind, sev, gid=gid, topic=m.topic, queue_id=m.queue,
                     slot=m.queue_offset, phys_offset=m.phys_offset,
@@ -184,15 +218,21 @@ def check_history(msgs: list[HistMsg], found: pa.Table, group_ids: dict[str, int
                            f"seq {m.sequence}: {text}")
 
     for m in msgs:
-        gid = group_ids.get(m.group, -1) if m.group else (
-            next(iter(group_ids.values())) if len(group_ids) == 1 else -1)
+        gid = gid_of(m)
         if gid < 0:
             stats["unknown_group"] += 1
             continue
         hit = present(gid, m)
         if m.f == "send" and m.type == "ok":
             stats["acked_sends"] += 1
-            if not hit:
+            was_read = key(gid, m) in read
+            if not hit and outside(gid, m, was_read):
+                stats["acked_outside_retention"] += 1
+                stats["acked_outside_retention_read"] += int(was_read)
+                flag("acked_send_outside_retention", INFO, gid, m,
+                     f"acknowledged, {'read, ' if was_read else 'never read, '}now below the "
+                     f"retained log (position {floors.get(gid, 0)} on): not verifiable")
+            elif not hit:
                 stats["acked_missing"] += 1
                 flag("acked_send_missing", VIOLATION, gid, m, "acknowledged, not in the log")
             elif m.producer_id != 0 and m.phys_offset >= 0 and m.phys_offset not in by_id[
@@ -214,12 +254,16 @@ def check_history(msgs: list[HistMsg], found: pa.Table, group_ids: dict[str, int
             stats["indeterminate_present"] += int(hit)
         elif m.f == "poll" and m.type == "ok":
             stats["consumed"] += 1
-            if not hit:
+            if not hit and outside(gid, m, True):
+                stats["consumed_outside_retention"] += 1
+                flag("consumed_outside_retention", INFO, gid, m,
+                     f"consumed, now below the retained log (position {floors.get(gid, 0)} on)")
+            elif not hit:
                 stats["consumed_missing"] += 1
                 flag("consumed_missing", VIOLATION, gid, m, "consumed, not in the committed log")
     for kind, n in shown.items():
         if n > max_examples:
-            out.add("history", kind, VIOLATION, count=n - max_examples,
+            out.add("history", kind, severity[kind], count=n - max_examples,
                     detail="further occurrences not listed")
     if stats["unknown_group"]:
         out.add("history", "unknown_group", INFO, count=stats["unknown_group"],

@@ -19,9 +19,15 @@ _NAME20 = re.compile(r"^\d{20}$")
 
 SEGMENT, INDEX, CQ, CHECKPOINT, HARDSTATE, CQ_CHECKPOINT, OTHER = (
     "segment", "index", "cq", "checkpoint", "hardstate", "cq_checkpoint", "other")
-BULK_KINDS = (SEGMENT, INDEX, CQ)
-# Files the storage engine itself ignores or owns transiently.
-_IGNORED = re.compile(r"(^|/)LOCK$|\.tmp$|\.durable$")
+# A snapshot's two files (``snapshots/<index>/meta`` and ``state``), and the
+# marker a snapshot install leaves until it is rolled forward or back.
+SNAPSHOT_META, SNAPSHOT_STATE, INSTALL_MARKER = "snapshot_meta", "snapshot_state", "install"
+BULK_KINDS = (SEGMENT, INDEX, CQ, SNAPSHOT_STATE)
+SMALL_KINDS = (CHECKPOINT, HARDSTATE, CQ_CHECKPOINT, SNAPSHOT_META)
+# Files the storage engine itself ignores or owns transiently: anything named
+# or inside something named ``*.tmp`` (a snapshot being written, a transfer
+# being staged under ``install.tmp/``) is not part of the replica yet.
+_IGNORED = re.compile(r"(^|/)LOCK$|\.tmp(/|$)|\.durable$")
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,7 @@ class FileInfo:
     path: str
     kind: str
     length: int
-    start: int = 0  # segment base position, first Raft index, or first queue slot
+    start: int = 0  # segment base position, first Raft index, first queue slot, snapshot index
     topic: str = ""
     queue_id: int = -1
 
@@ -159,6 +165,13 @@ def classify(rel: str) -> tuple[str, int, str, int]:
         return HARDSTATE, 0, "", -1
     if rel == "consumequeue/checkpoint":
         return CQ_CHECKPOINT, 0, "", -1
+    if rel == "INSTALL":
+        return INSTALL_MARKER, 0, "", -1
+    if len(parts) == 3 and parts[0] == "snapshots" and _NAME20.match(parts[1]):
+        if parts[2] == "meta":
+            return SNAPSHOT_META, int(parts[1]), "", -1
+        if parts[2] == "state":
+            return SNAPSHOT_STATE, int(parts[1]), "", -1
     if len(parts) == 2 and parts[0] == "commitlog" and _NAME20.match(parts[1]):
         return SEGMENT, int(parts[1]), "", -1
     if len(parts) == 2 and parts[0] == "index" and _NAME20.match(parts[1]):

@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from spark_audit import snapshots
 from spark_audit.audit import AuditResult
 from spark_audit.checks import CHECKS, INFO, VIOLATION
 
@@ -41,10 +42,18 @@ def replica_rows(res: AuditResult) -> list[dict[str, Any]]:
             if r.gid != st.gid:
                 continue
             m = st.replicas[r.rid]
+            snap = snapshots.newest_usable(m)
             rows.append({
                 "group": st.name, "replica": r.name, "root": r.root, "entries": m.entries,
+                # The retained range: what retention (or an install) left on disk.
                 "first_index": m.first_index, "last_index": m.last_index,
-                "last_term": m.last_term, "agree_end": m.agree_end,
+                "first_position": m.first_position, "last_position": m.last_position,
+                "end_position": m.end_position, "segments": len(m.segment_starts),
+                "prefix_removed": m.trimmed,
+                "snapshots": len(m.snapshots),
+                "snapshot_index": snap.index if snap else None,
+                "snapshot_end_position": snap.end_position if snap else None,
+                "last_term": m.last_term, "agree_start": m.agree_start, "agree_end": m.agree_end,
                 "first_divergent": m.first_divergent, "lag": top - m.last_index,
                 "commit_lag": max(0, st.committed - m.agree_end),
                 "hardstate_commit": m.hardstate.commit if m.hardstate else None,
@@ -90,6 +99,9 @@ def summarize(res: AuditResult, duration_s: float, engine: str, master: str) -> 
         "groups": [{"group": st.name, "committed_index": st.committed,
                     "claimed_commit": st.claimed_commit, "quorum_end": st.quorum_end,
                     "first_index": st.first_index, "segment_size": st.segment_size,
+                    "shared_first_index": st.shared_first, "shared_last_index": st.shared_last,
+                    "retained_first_index": st.retained_first,
+                    "retained_from_position": st.retained_from,
                     "replicas": len(st.replicas)} for st in res.groups.values()],
         "replicas": replica_rows(res),
         "timings_s": {k: round(v, 3) for k, v in res.timings.items()},
@@ -166,14 +178,20 @@ def write_html(summary: dict[str, Any], path: str) -> None:
                      f"{res}</td><td>{c['violations']}</td><td>{c['info']}</td>"
                      f"<td>{e(kinds)}</td></tr>")
     parts.append("</table><h2>Groups</h2><table><tr><th>group</th><th>committed</th>"
-                 "<th>max hardstate commit</th><th>quorum end</th><th>segment size</th></tr>")
+                 "<th>max hardstate commit</th><th>quorum end</th><th>segment size</th>"
+                 "<th>shared by every replica</th><th>retained from</th></tr>")
     for g in summary["groups"]:
+        shared = (f"{g['shared_first_index']}..{g['shared_last_index']}"
+                  if g["shared_first_index"] else "nothing")
         parts.append(f"<tr><td>{e(g['group'])}</td><td>{g['committed_index']}</td>"
                      f"<td>{g['claimed_commit']}</td><td>{g['quorum_end']}</td>"
-                     f"<td>{g['segment_size']}</td></tr>")
+                     f"<td>{g['segment_size']}</td><td>{shared}</td>"
+                     f"<td>index {g['retained_first_index']}, position "
+                     f"{g['retained_from_position']}</td></tr>")
     parts.append("</table><h2>Replicas</h2><table><tr>")
-    cols = ["group", "replica", "entries", "first_index", "last_index", "last_term",
-            "agree_end", "first_divergent", "lag", "hardstate_commit", "durable_index"]
+    cols = ["group", "replica", "entries", "first_index", "last_index", "first_position",
+            "end_position", "segments", "snapshot_index", "last_term", "agree_end",
+            "first_divergent", "lag", "hardstate_commit", "durable_index"]
     parts.append("".join(f"<th>{c}</th>" for c in cols) + "</tr>")
     for r in summary["replicas"]:
         parts.append("<tr>" + "".join(f"<td>{e(str(r[c]))}</td>" for c in cols) + "</tr>")

@@ -9,14 +9,16 @@ results are identical by construction.
 
 Modes:
 
-- ``scan``: a segment's entry headers and body CRCs;
+- ``scan``: a segment's entry headers and body CRCs, and the topic deletions
+  of its CONTROL entries (``control``);
 - ``scan_msgs``: the same plus every message record (the reference replica);
 - ``msgs``: the message records of given entries only (entries where a
   replica differs from every replica already decoded);
 - ``index``: a Raft-index file's records;
 - ``cq_hash``: a ConsumeQueue file's CRC, length and unit count (its units
   are only needed when it differs from the reference replica's file);
-- ``cq_units``: the same plus its units.
+- ``cq_units``: the same plus its units;
+- ``crc``: a file's CRC and length only (a snapshot's state file).
 """
 
 from __future__ import annotations
@@ -32,15 +34,16 @@ import numpy as np
 import pyarrow as pa
 import zstandard
 
-from spark_audit import fmt, inputs, parse
+from spark_audit import control, fmt, inputs, parse
 from spark_audit.inputs import FileInfo
 
-SCAN, SCAN_MSGS, MSGS, INDEX, CQ_HASH, CQ_UNITS = (
-    "scan", "scan_msgs", "msgs", "index", "cq_hash", "cq_units")
+SCAN, SCAN_MSGS, MSGS, INDEX, CQ_HASH, CQ_UNITS, CRC = (
+    "scan", "scan_msgs", "msgs", "index", "cq_hash", "cq_units", "crc")
 
 # Relative cost per byte of each mode, measured on 256 MiB segments of 1 KiB
 # messages (CRC ~11 GB/s, record decoding ~1.3 GB/s); used to balance partitions.
-_COST = {SCAN: 1.0, SCAN_MSGS: 6.0, MSGS: 5.0, INDEX: 0.5, CQ_HASH: 0.3, CQ_UNITS: 1.0}
+_COST = {SCAN: 1.0, SCAN_MSGS: 6.0, MSGS: 5.0, INDEX: 0.5, CQ_HASH: 0.3, CQ_UNITS: 1.0,
+         CRC: 0.1}
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class FileResult:
     units: np.ndarray | None = None  # UNIT_DTYPE
     problems: list[parse.Problem] = field(default_factory=list)
     msg_problems: list[tuple[int, int, str, str, int]] = field(default_factory=list)
+    deletions: list[control.Deletion] = field(default_factory=list)  # SCAN, SCAN_MSGS
     crc: int = 0
     length: int = 0
     count: int = 0  # non-empty ConsumeQueue units
@@ -97,6 +101,7 @@ def run_task(task: FileTask, buf: parse.Buffer, max_entry_size: int) -> FileResu
     if task.mode in (SCAN, SCAN_MSGS):
         scan = parse.scan_segment(buf, info.start, max_entry_size)
         res.entries, res.problems = scan.entries, scan.problems
+        res.deletions = control.topic_deletions(buf, scan.entries)
         if task.mode == SCAN_MSGS:
             _add_messages(res, parse.parse_messages(buf, info.start, scan.entries,
                                                     task.digests))
@@ -105,6 +110,8 @@ def run_task(task: FileTask, buf: parse.Buffer, max_entry_size: int) -> FileResu
         _add_messages(res, parse.parse_messages(buf, info.start, rows, task.digests))
     elif task.mode == INDEX:
         res.index, res.problems = parse.parse_index_file(buf, info.start)
+    elif task.mode == CRC:
+        res.crc = fmt.crc(memoryview(buf))
     elif task.mode in (CQ_HASH, CQ_UNITS):
         res.crc = fmt.crc(memoryview(buf))
         if task.mode == CQ_UNITS:
@@ -154,7 +161,7 @@ RESULT_SCHEMA = pa.schema([
     ("counts", pa.binary()),
     ("index", pa.binary()),
     ("units", pa.binary()),
-    ("meta", pa.binary()),  # msgpack: topics, problems, msg_problems
+    ("meta", pa.binary()),  # msgpack: topics, problems, msg_problems, deletions
     ("crc", pa.int64()),
     ("length", pa.int64()),
     ("count", pa.int64()),
@@ -213,7 +220,7 @@ def to_batch(res: FileResult) -> pa.RecordBatch:
     for name, _ in _ARRAYS:
         arr = getattr(res, name)
         cols.append(pa.array([None if arr is None else pack(arr)], pa.binary()))
-    meta = msgpack.packb([res.topics, res.problems, res.msg_problems])
+    meta = msgpack.packb([res.topics, res.problems, res.msg_problems, res.deletions])
     cols.append(pa.array([meta], pa.binary()))
     cols += [pa.array([res.crc], pa.int64()), pa.array([res.length], pa.int64()),
              pa.array([res.count], pa.int64()), pa.array([res.seconds], pa.float64()),
@@ -232,10 +239,12 @@ def from_table(table: pa.Table) -> list[FileResult]:
                 v = cols[name][i]
                 if v.is_valid:
                     setattr(res, name, unpack(v.as_buffer(), dtype))
-            topics, problems, msg_problems = msgpack.unpackb(cols["meta"][i].as_py())
+            topics, problems, msg_problems, deletions = msgpack.unpackb(
+                cols["meta"][i].as_py())
             res.topics = list(topics)
             res.problems = [tuple(p) for p in problems]
             res.msg_problems = [tuple(p) for p in msg_problems]
+            res.deletions = [(int(d), str(t)) for d, t in deletions]
             res.crc, res.length, res.count = (int(cols[k][i].as_py())
                                               for k in ("crc", "length", "count"))
             res.seconds = float(cols["seconds"][i].as_py())

@@ -2,7 +2,7 @@
 
 This is an independent, minimal writer of docs/storage-format.md: segments
 with the placement rule and rollover, Raft-index files, checkpoint,
-hardstate, ConsumeQueue files and the dispatch checkpoint. It knows nothing
+hardstate, ConsumeQueue files, the dispatch checkpoint and snapshots. It knows nothing
 about Raft; callers decide what each replica holds. The helpers at the bottom
 damage a written replica in the ways the audit must catch.
 """
@@ -115,12 +115,16 @@ def write_replica(root: str, entries: list[Entry], *, segment_size: int = 1 << 2
                   commit: int | None = None, term: int | None = None,
                   durable_index: int | None = None, index_file_records: int = 1024,
                   units_per_file: int = 1000, dispatched_index: int | None = None,
-                  first_position: int = 0) -> Layout:
+                  first_position: int = 0, skip_before: dict[str, int] | None = None
+                  ) -> Layout:
     """Write one replica's data directory holding ``entries`` (a contiguous run).
 
     ``commit`` goes to the hardstate (default: the last index) and bounds the
     ConsumeQueue dispatch; ``durable_index`` to the checkpoint (default: last).
+    ``skip_before``: topic -> entry index of its deletion; its messages in
+    earlier entries are not dispatched (as a broker that applied it does).
     """
+    skip = skip_before or {}
     os.makedirs(os.path.join(root, "commitlog"), exist_ok=True)
     os.makedirs(os.path.join(root, "index"), exist_ok=True)
     last = entries[-1].index if entries else 0
@@ -191,6 +195,8 @@ def write_replica(root: str, entries: list[Entry], *, segment_size: int = 1 << 2
             break
         disp_end = p.position + p.size
         for topic, qid, off, size, th in p.messages:
+            if p.index < skip.get(topic, 0):
+                continue
             q = units.setdefault((topic, qid), [])
             q.append((len(q), off))
             raw.setdefault((topic, qid), []).append(fmt.CQ_UNIT.pack(off, size, th))
@@ -206,6 +212,19 @@ def write_replica(root: str, entries: list[Entry], *, segment_size: int = 1 << 2
     with open(os.path.join(root, "consumequeue", "checkpoint"), "wb") as f:
         f.write(fmt.encode_dispatch_checkpoint(dc))
     return Layout(root, segment_size, placed, units)
+
+
+def write_snapshot(root: str, index: int, term: int, end_position: int, state: bytes,
+                   created_ms: int = 1_700_000_000_000) -> str:
+    """``snapshots/<index>/{state,meta}`` of a replica, by the format page; returns the dir."""
+    d = os.path.join(root, "snapshots", f"{index:020d}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "state"), "wb") as f:
+        f.write(state)
+    meta = fmt.SnapshotMeta(index, term, end_position, created_ms, len(state), fmt.crc(state))
+    with open(os.path.join(d, "meta"), "wb") as f:
+        f.write(fmt.encode_snapshot_meta(meta))
+    return d
 
 
 # ----------------------------------------------------------------- damage helpers

@@ -34,6 +34,42 @@ def test_small_files_round_trip_and_reject_damage():
         fmt.parse_checkpoint(bytes(bad))
 
 
+def test_snapshot_meta_round_trips_and_rejects_damage():
+    meta = fmt.SnapshotMeta(120, 3, 65536, 1_700_000_000_000, 42, 0xDEADBEEF)
+    raw = fmt.encode_snapshot_meta(meta)
+    assert raw[:4] == b"LMQS" and len(raw) == fmt.SNAPSHOT_META_SIZE
+    assert fmt.parse_snapshot_meta(raw) == meta
+    for at, match in ((9, "CRC"), (0, "magic")):
+        bad = bytearray(raw)
+        bad[at] ^= 1
+        with pytest.raises(fmt.FormatError, match=match):
+            fmt.parse_snapshot_meta(bytes(bad))
+    with pytest.raises(fmt.FormatError, match="bytes"):
+        fmt.parse_snapshot_meta(raw[:-1])
+    huge = fmt.encode_snapshot_meta(fmt.SnapshotMeta(1 << 63, 1, 1, 0, 0, 0))
+    with pytest.raises(fmt.ImplausibleValue, match="index"):
+        fmt.parse_snapshot_meta(huge)
+    zero = fmt.encode_snapshot_meta(fmt.SnapshotMeta(5, 0, 100, 0, 0, 0))
+    with pytest.raises(fmt.ImplausibleValue, match="at least 1"):
+        fmt.parse_snapshot_meta(zero)
+
+
+def test_snapshot_files_are_classified_and_staging_is_skipped(tmp_path):
+    scenarios.clean(str(tmp_path / "g"), 3)
+    node = tmp_path / "g" / "n1"
+    for rel in ("snapshots/00000000000000000002/meta", "snapshots/00000000000000000002/state",
+                "snapshots/00000000000000000003.tmp/meta", "install.tmp/commitlog/"
+                "00000000000000000000", "install.tmp/state", "INSTALL"):
+        (node / rel).parent.mkdir(parents=True, exist_ok=True)
+        (node / rel).write_bytes(b"x")
+    reps = inputs.parse_group_specs([str(tmp_path / "g")])
+    files = [f for f in inputs.inventory(reps) if f.rid == 0]
+    got = {(f.kind, f.start) for f in files
+           if f.kind in (inputs.SNAPSHOT_META, inputs.SNAPSHOT_STATE, inputs.INSTALL_MARKER)}
+    assert got == {("snapshot_meta", 2), ("snapshot_state", 2), ("install", 0)}
+    assert not [f for f in files if ".tmp" in f.path]
+
+
 def _parse(buf: bytes, start: int = 0):
     scan = parse.scan_segment(buf, start)
     return scan, parse.parse_messages(buf, start, scan.entries)
