@@ -18,6 +18,7 @@ frames of bounded size without re-encoding). Entry bodies stay `bytes`
                         first_index, state_crc, [name, size, name, size, ...]]
     SnapshotChunk      [9, src, dst, term, transfer, index, file, offset, data, crc, last]
     SnapshotAck        [10, src, dst, term, transfer, index, offset, ok, reason]
+    InstallSnapshot    [11, src, dst, term, index, snap_term, end_position]
 
 The last three are the runtime's snapshot transfer (`snapshot_transfer.py`),
 never stepped into the core. A chunk is checked here as far as it can be
@@ -55,6 +56,7 @@ from dledger.messages import (
     AppendResponse,
     Heartbeat,
     HeartbeatResponse,
+    InstallSnapshot,
     Message,
     TimeoutNow,
     VoteRequest,
@@ -84,6 +86,7 @@ _T_APPEND_RESP = 7
 _T_SNAPSHOT_OFFER = 8
 _T_SNAPSHOT_CHUNK = 9
 _T_SNAPSHOT_ACK = 10
+_T_INSTALL_SNAPSHOT = 11
 
 _MAX_U64 = 2**64 - 1
 _MAX_U32 = 2**32 - 1
@@ -155,6 +158,9 @@ def _encode_one(msg: Message) -> list[Any]:
             return [_T_VOTE_RESP, msg.src, msg.dst, msg.term, msg.granted, msg.pre_vote]
         case TimeoutNow():
             return [_T_TIMEOUT_NOW, msg.src, msg.dst, msg.term]
+        case InstallSnapshot():
+            return [_T_INSTALL_SNAPSHOT, msg.src, msg.dst, msg.term, msg.index, msg.snap_term,
+                    msg.end_position]
         case SnapshotChunk():
             return [_T_SNAPSHOT_CHUNK, msg.src, msg.dst, msg.term, msg.transfer, msg.index,
                     msg.file, msg.offset, msg.data, msg.crc, msg.last]
@@ -319,6 +325,11 @@ def _decode_one(obj: Any) -> Message:
     if t == _T_TIMEOUT_NOW:
         _fields(obj, 4, "TimeoutNow")
         return TimeoutNow(_uint(obj[1], "src"), _uint(obj[2], "dst"), _u63(obj[3], "term"))
+    if t == _T_INSTALL_SNAPSHOT:
+        _fields(obj, 7, "InstallSnapshot")
+        return InstallSnapshot(_uint(obj[1], "src"), _uint(obj[2], "dst"), _u63(obj[3], "term"),
+                               _u63(obj[4], "index"), _u63(obj[5], "snap_term"),
+                               _u63(obj[6], "end_position"))
     if t in (_T_SNAPSHOT_OFFER, _T_SNAPSHOT_CHUNK, _T_SNAPSHOT_ACK):
         return _decode_transfer(t, obj)
     raise CodecError(f"unknown message type {t}")

@@ -55,15 +55,17 @@ import itertools
 import os
 import re
 import shutil
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from crc32c import crc32c
 
-from commitlog import fileio
-from commitlog.disk import read_exact
+from commitlog import CommitLog, fileio
+from commitlog.disk import atomic_replace, read_exact, sync_directory, sync_fd
 from commitlog.file_queue import file_name
+from commitlog.snapshot import SnapshotInfo, adopt_snapshot, latest_snapshot
 from dledger.messages import CHANNEL_REPLICATION, Message
 
 # A chunk's payload as sent, and the most a follower accepts in one.
@@ -81,6 +83,7 @@ MANIFEST_FILES_MAX = 1 << 16
 REASON_MAX = 200
 
 STAGING_DIR = "install.tmp"
+MANIFEST_FILE = "manifest"
 STATE_FILE = "state"
 SEGMENT_DIR = "commitlog"
 _SEGMENT_NAME = re.compile(r"commitlog/[0-9]{20}")
@@ -581,25 +584,18 @@ class SnapshotReceiver:
             segments=tuple((segment_base(name), size) for name, size in o.files[1:]),
             total=o.total)
 
-    def sync(self) -> None:
-        """fsync every staged file and directory (blocking: run it on a
-        worker). The install renames them into place; a power cut after it
-        must find their bytes."""
-        cur = self._in
-        if cur is None:
-            return
-        for name, _ in cur.offer.files:
+    def seal(self, staged: StagedInstall) -> None:
+        """Make the staged files durable and record what they are (blocking:
+        run it on a worker). After it, a power cut during the install finds
+        the state file whole and `recover_staged` knows what to adopt."""
+        for name in [STATE_FILE] + [f"{SEGMENT_DIR}/{file_name(b)}" for b, _ in staged.segments]:
             fd = fileio.fs.open(self._path(name), os.O_RDONLY | os.O_CLOEXEC)
             try:
-                fileio.fs.fsync(fd)
+                sync_fd(fd)
             finally:
                 fileio.fs.close(fd)
-        for directory in (os.path.join(self.directory, SEGMENT_DIR), self.directory):
-            fd = fileio.fs.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                fileio.fs.fsync(fd)
-            finally:
-                fileio.fs.close(fd)
+        sync_directory(staged.commitlog_dir)
+        atomic_replace(os.path.join(self.directory, MANIFEST_FILE), encode_manifest(staged))
 
     def discard(self) -> None:
         """Drop the transfer in progress and everything staged."""
@@ -620,3 +616,81 @@ def _same_manifest(a: SnapshotOffer, b: SnapshotOffer) -> bool:
     return (a.index, a.snap_term, a.end_position, a.first_index, a.state_crc, a.files) == \
         (b.index, b.snap_term, b.end_position, b.first_index, b.state_crc, b.files)
 
+
+
+# ------------------------------------------------------------ crash recovery
+
+# The sealed manifest of a staged install: magic "LMQT", version, index,
+# term, end_position, first_index, state_bytes, state_crc, then crc32c.
+_MANIFEST = struct.Struct("<IIQQQQQI")
+_MANIFEST_CRC = struct.Struct("<I")
+MANIFEST_MAGIC = 0x54514D4C  # the bytes "LMQT"
+MANIFEST_VERSION = 1
+
+
+def encode_manifest(staged: StagedInstall) -> bytes:
+    head = _MANIFEST.pack(MANIFEST_MAGIC, MANIFEST_VERSION, staged.index, staged.snap_term,
+                          staged.end_position, staged.first_index, staged.state_bytes,
+                          staged.state_crc)
+    return head + _MANIFEST_CRC.pack(crc32c(head))
+
+
+@dataclass(frozen=True, slots=True)
+class SealedManifest:
+    """What a sealed staging directory holds (see `SnapshotReceiver.seal`)."""
+
+    index: int
+    snap_term: int
+    end_position: int
+    first_index: int
+    state_bytes: int
+    state_crc: int
+    state_path: str
+
+
+def read_manifest(data_dir: str) -> SealedManifest | None:
+    """The sealed manifest of `<data_dir>/install.tmp`, or None if there is
+    none or it does not verify (a transfer that never completed)."""
+    directory = os.path.join(data_dir, STAGING_DIR)
+    raw = fileio.fs.read_file(os.path.join(directory, MANIFEST_FILE))
+    if raw is None or len(raw) != _MANIFEST.size + _MANIFEST_CRC.size:
+        return None
+    if _MANIFEST_CRC.unpack_from(raw, _MANIFEST.size)[0] != crc32c(raw[:_MANIFEST.size]):
+        return None
+    magic, version, index, term, end, first, size, crc = _MANIFEST.unpack_from(raw)
+    if magic != MANIFEST_MAGIC or version != MANIFEST_VERSION:
+        return None
+    return SealedManifest(index, term, end, first, size, crc,
+                          os.path.join(directory, STATE_FILE))
+
+
+def remove_staging(data_dir: str) -> None:
+    directory = os.path.join(data_dir, STAGING_DIR)
+    if fileio.fs.isdir(directory):
+        fileio.fs.rmtree(directory)
+
+
+def finish_interrupted_install(log: CommitLog) -> SnapshotInfo | None:
+    """At open: complete an install a power cut interrupted, and clear staging.
+
+    The install replaces the log first and adopts the state second (see
+    `RaftGroupNode._install_snapshot`). If the log now is exactly what the
+    sealed manifest names (the replacement went through) and no snapshot at
+    or past its index exists, the state file waiting in staging is adopted,
+    after checking it is the one the manifest vouches for. Anything else in
+    staging (a transfer that never completed, an install rolled back) is
+    deleted. Returns the adopted snapshot, if any.
+    """
+    data_dir = log.data_dir
+    adopted = None
+    manifest = read_manifest(data_dir)
+    if manifest is not None and (log.first_index, log.last_index, log.last_term, log.end) == (
+            manifest.first_index, manifest.index, manifest.snap_term, manifest.end_position):
+        newest = latest_snapshot(data_dir, verify_state=False)
+        state = fileio.fs.read_file(manifest.state_path)
+        if (newest is None or newest.index < manifest.index) and state is not None \
+                and len(state) == manifest.state_bytes and crc32c(state) == manifest.state_crc:
+            adopted = adopt_snapshot(data_dir, manifest.state_path, manifest.index,
+                                     manifest.snap_term, manifest.end_position)
+    remove_staging(data_dir)
+    return adopted

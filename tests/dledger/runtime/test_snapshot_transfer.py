@@ -15,7 +15,7 @@ import pytest
 from crc32c import crc32c
 
 from commitlog.file_queue import file_name
-from dledger.messages import Message
+from dledger.messages import InstallSnapshot, Message
 from dledger.runtime.codec import CodecError, decode_batch, encode_message
 from dledger.runtime.snapshot_transfer import (
     CHUNK_BYTES_MAX,
@@ -328,6 +328,8 @@ def raw(*fields: object) -> bytes:
     raw(8, 1, 2, 5, 7, 100, 4, 10, 1, 0, ["state", 1, "commitlog/x"]),      # odd pairs
     raw(8, 1, 2, 5, 7, 100, 4, 10, 1, 2**32, ["state", 1]),                 # crc out of range
     raw(8, 1, 2, 5, 7, 100, 4, 10, 1, 0, ["state", 2**62, seg(0), 2**62]),  # total overflows
+    raw(11, 1, 2, 5, 100, 4),                                               # a field short
+    raw(11, 1, 2, 5, 100, 4, 2**63),                                        # end out of range
 ])
 def test_the_codec_refuses_malformed_transfer_messages(payload: bytes) -> None:
     with pytest.raises(CodecError):
@@ -341,5 +343,6 @@ def test_the_codec_round_trips_transfer_messages() -> None:
         chunk(seg(SEG), 3, b"abc", last=True),
         SnapshotAck(2, 1, 5, 7, 100, 13, True),
         SnapshotAck(2, 1, 5, 7, 100, 0, False, "refused"),
+        InstallSnapshot(1, 2, 5, 100, 4, SEG + 10),
     ]
     assert decode_batch(b"".join(encode_message(m) for m in msgs), 1 << 22) == msgs
