@@ -118,7 +118,10 @@ def check_acked(h: World, slot: Slot, index: int, term: int, what: str) -> None:
             held += 1  # cannot tell without reading its files: assume it does
             continue
         log = node.log
-        if index <= log.last_index and log.term_at(index) == term and durable(h, other, index):
+        if index < log.first_index:
+            held += 1  # deleted below a snapshot: committed and applied there
+        elif index <= log.last_index and log.term_at(index) == term \
+                and durable(h, other, index):
             held += 1
     if held < len(h.slots) // 2 + 1:
         h.fail(f"n{slot.nid} {what} entry {index} (term {term}), but it is durable on {held} "
@@ -138,7 +141,12 @@ def durable_last(h: World, slot: Slot) -> tuple[int, int]:
             lo = mid
         else:
             hi = mid - 1
-    return (log.term_at(lo) if lo >= log.first_index else 0), lo
+    if lo >= log.first_index:
+        return log.term_at(lo), lo
+    try:
+        return node.storage.term(lo), lo  # below the log: its snapshot's term
+    except LookupError:
+        return 0, lo
 
 
 def check_claim(h: World, slot: Slot, commit: int) -> None:
