@@ -55,6 +55,8 @@ class RecoveryReport:
     cuts: list[TailCut] = field(default_factory=list)
     index_rebuilt_from: int | None = None
     foreign_files: list[str] = field(default_factory=list)
+    # (first, last) index of an interrupted snapshot install finished at open.
+    install_finished: tuple[int, int] | None = None
     duration_s: float = 0.0
 
     def lines(self) -> list[str]:
@@ -65,6 +67,9 @@ class RecoveryReport:
         ]
         out += [f"cut torn tail at {c.path}:{c.offset} ({c.reason}), {c.bytes_dropped} bytes"
                 for c in self.cuts]
+        if self.install_finished is not None:
+            out.append(f"finished an interrupted snapshot install of indexes "
+                       f"{self.install_finished[0]}..{self.install_finished[1]}")
         if self.index_rebuilt_from is not None:
             out.append(f"index rebuilt from index {self.index_rebuilt_from}")
         out += [f"foreign file left in place: {p}" for p in self.foreign_files]
