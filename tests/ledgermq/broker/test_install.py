@@ -13,6 +13,7 @@ on and after the follower restarts from the installed snapshot.
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +134,9 @@ def retain(broker: Broker, keep_index: int) -> int:
     return deleted
 
 
+@pytest.mark.parametrize("wipe", [False, True], ids=["restarted", "wiped"])
 def test_a_follower_behind_retention_rejoins_by_install_and_sees_what_the_leader_sees(
-        tmp_path: Path) -> None:
+        tmp_path: Path, wipe: bool) -> None:
     async def main() -> None:
         group = Group(tmp_path)
         for node_id in (1, 2, 3):
@@ -151,6 +153,8 @@ def test_a_follower_behind_retention_rejoins_by_install_and_sees_what_the_leader
             lagger = next(n for n in (1, 2, 3) if n != leader)
             stopped_at = group.brokers[lagger].state.applied_index
             await group.stop(lagger)
+            if wipe:  # a new or repaired node: nothing at all on disk
+                shutil.rmtree(group.config(lagger).data_dir)
 
             for i in range(20, 300):
                 await send(group, leader, "t", i)
