@@ -15,6 +15,7 @@ got.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Sequence
@@ -310,16 +311,28 @@ class CommitLog:
         self.last_index, self.last_term, self.end = index, new_term, new_end
 
     def delete_before(self, position: int) -> int:
-        """Retention: delete segments wholly before `position` (never the last
-        one, never durable-unknown data). Returns how many were deleted."""
+        """Retention: delete segments wholly before `position`; returns how
+        many were deleted. Never the last segment, nothing not yet durable,
+        and never the segment holding the last durable entry (recovery
+        starts there).
+
+        Crash-safe in this order: segments removed (directory fsynced), index
+        files removed, checkpoint rewritten. Recovery takes the first index
+        from the first segment, so a crash anywhere in between reopens a
+        consistent log starting at whichever segment is first.
+        """
         self._check_usable()
-        limit = min(position, self.durable_end)
+        if self.durable_index < self.first_index:
+            return 0
+        limit = min(position, self.segments.base_of(self.durable_end - 1))
         removed = self.segments.delete_before(limit)
         if not removed:
             return 0
-        # The removals are durable before the checkpoint moves first_index.
         self.segments.sync_directory()
         head = decode_header(self.segments.read(self.segments.bases[0], HEADER_SIZE))
+        if head.problem is not None or head.position != self.segments.bases[0]:
+            raise CorruptionError(self.segments.path(self.segments.bases[0]), 0,
+                                  f"first entry after retention: {head.problem or 'position'}")
         self.first_index = head.index
         self.index.delete_before(self.first_index)
         self.index.sync()
@@ -387,6 +400,7 @@ class CommitLog:
             raise
         self.segments, self.index = segments, index
         self.recovery = recovery
+        recovery.foreign_files = self._foreign_files()
         if (state.first_index, state.last_index, state.last_term, state.end) != (
                 first_index, last_index, last_term, end):
             self.failed = CorruptionError(self.data_dir, end, "installed log reopened as "
@@ -485,7 +499,11 @@ class CommitLog:
         with self._state_files:
             if token.generation != self._generation:
                 return False
-            write_checkpoint(self.data_dir, token.checkpoint)
+            checkpoint = token.checkpoint
+            if checkpoint.first_index < self.first_index:
+                # Retention moved the start meanwhile (it wrote its own checkpoint).
+                checkpoint = dataclasses.replace(checkpoint, first_index=self.first_index)
+            write_checkpoint(self.data_dir, checkpoint)
             return True
 
     def checkpoint(self) -> Checkpoint:
