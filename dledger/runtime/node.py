@@ -546,6 +546,13 @@ class RaftGroupNode:
         return self._applied
 
     @property
+    def install_pending(self) -> bool:
+        """The core restored a leader's snapshot that the driver has not
+        installed yet: `commit_index` already counts it, `log` does not."""
+        core = self._core
+        return core is not None and (core.log.unstable_snapshot is not None or self._installing)
+
+    @property
     def last_index(self) -> int:
         return self._core.log.last_index if self._core else self.log.last_index
 
@@ -619,6 +626,12 @@ class RaftGroupNode:
             raise RuntimeError("node already started")
         self._started = True
         cfg = self.config
+        # What the state machine applied was committed, though the lazily
+        # saved commit index may be lower (a snapshot taken after the last
+        # save, restored at start): the core must know, or it would let a
+        # leader replace those entries (possible only under flush=async,
+        # after a quorum lost them) without noticing the divergence.
+        self.storage.commit_floor = min(applied_index, self.log.last_index)
         core_config = Config(
             node_id=cfg.node_id,
             voters=frozenset(cfg.peers),
@@ -635,7 +648,8 @@ class RaftGroupNode:
         self._hs_latest = HardState(self._initial_hard_state.term, self._initial_hard_state.vote,
                                     self._core.commit)
         if 0 < applied_index <= self.log.last_index:
-            self._applied_term = self.log.term_at(applied_index)
+            with contextlib.suppress(LookupError):  # below the log and no snapshot there
+                self._applied_term = self.storage.term(applied_index)
         await self._flusher.start()
         await self._transport.start()
         loop = asyncio.get_running_loop()

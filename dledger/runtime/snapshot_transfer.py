@@ -63,7 +63,7 @@ from typing import ClassVar
 from crc32c import crc32c
 
 from commitlog import CommitLog, fileio
-from commitlog.disk import atomic_replace, read_exact, sync_directory, sync_fd
+from commitlog.disk import atomic_replace, read_exact, sync_fd
 from commitlog.file_queue import file_name
 from commitlog.snapshot import SnapshotInfo, adopt_snapshot, latest_snapshot
 from dledger.messages import CHANNEL_REPLICATION, Message
@@ -585,16 +585,17 @@ class SnapshotReceiver:
             total=o.total)
 
     def seal(self, staged: StagedInstall) -> None:
-        """Make the staged files durable and record what they are (blocking:
-        run it on a worker). After it, a power cut during the install finds
-        the state file whole and `recover_staged` knows what to adopt."""
-        for name in [STATE_FILE] + [f"{SEGMENT_DIR}/{file_name(b)}" for b, _ in staged.segments]:
-            fd = fileio.fs.open(self._path(name), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                sync_fd(fd)
-            finally:
-                fileio.fs.close(fd)
-        sync_directory(staged.commitlog_dir)
+        """Make the staged state file durable and record what the staging
+        holds (blocking: run it on a worker). After it, a power cut between
+        the log's install and the state's adoption finds the state file
+        whole and `finish_interrupted_install` knows what to adopt. (The
+        segments are made durable by `CommitLog.install`, which verifies
+        them.)"""
+        fd = fileio.fs.open(staged.state_path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            sync_fd(fd)
+        finally:
+            fileio.fs.close(fd)
         atomic_replace(os.path.join(self.directory, MANIFEST_FILE), encode_manifest(staged))
 
     def discard(self) -> None:

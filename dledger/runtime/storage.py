@@ -44,6 +44,9 @@ class CommitLogStorage:
         self._cache_bytes = 0
         self.cache_hits = 0
         self.disk_reads = 0
+        # A commit index known from elsewhere (what the state machine applied,
+        # set by the runtime before the core starts); the saved one may be lower.
+        self.commit_floor = 0
         # The state file's CRC is checked when a snapshot is sent (by the
         # follower) or read (by the state machine), not on every start.
         self._snapshot: SnapshotInfo | None = latest_snapshot(log.data_dir, verify_state=False)
@@ -52,7 +55,7 @@ class CommitLogStorage:
 
     def initial_state(self) -> HardState:
         hs = self.log.load_hard_state()
-        return HardState(hs.term, hs.vote, hs.commit)
+        return HardState(hs.term, hs.vote, max(hs.commit, self.commit_floor))
 
     def first_index(self) -> int:
         return self.log.first_index

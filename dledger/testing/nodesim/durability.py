@@ -33,6 +33,7 @@ import os
 from collections.abc import Sequence
 
 from commitlog.checkpoint import HardState, decode_hard_state, read_checkpoint, read_hard_state
+from commitlog.install import MARKER as INSTALL_MARKER
 from dledger.entry import Entry, EntryKind
 from dledger.invariants import check_electable_complete
 from dledger.messages import (
@@ -193,8 +194,9 @@ def check_commits(h: World) -> None:
     seen = h.committed_terms
     for slot in h.slots.values():
         node = slot.node
-        if slot.state != "up" or node is None or node.failed is not None:
-            continue
+        if slot.state != "up" or node is None or node.failed is not None \
+                or node.install_pending:
+            continue  # (an install pending: its commit index is ahead of its files)
         check_claim(h, slot, node.commit_index)
         if h.violation:
             return
@@ -217,6 +219,11 @@ def observe_replace(h: World, path: str) -> None:
     if slot is None or slot.node is None or name not in ("checkpoint", "hardstate"):
         return  # a ConsumeQueue checkpoint, or a node still opening its log
     if name == "checkpoint":
+        if h.fs.volatile_slice(os.path.join(data_dir, INSTALL_MARKER), 0, 1) is not None:
+            # Written by `CommitLog.install` while it swaps the node's files
+            # (the log object is between two sets of segments): it vouches
+            # for the staged segments the install verified and fsynced.
+            return
         ck = read_checkpoint(data_dir)
         if ck is not None and ck.durable_index >= ck.first_index \
                 and not durable(h, slot, ck.durable_index):

@@ -505,5 +505,6 @@ class Harness:
         return out
 
 
-def replay_hint(seed: int, nodes: int) -> str:
-    return f"ledgermq sim --real-node --seed {seed} --nodes {nodes} --trace"
+def replay_hint(seed: int, nodes: int, compaction: bool = False) -> str:
+    extra = " --compaction" if compaction else ""
+    return f"ledgermq sim --real-node{extra} --seed {seed} --nodes {nodes} --trace"

@@ -291,3 +291,68 @@ def test_forged_transfer_messages_are_refused(tmp_path: Path) -> None:
             await cluster.stop_all()
 
     run(main())
+
+
+def test_a_crash_between_the_log_install_and_the_state_adoption_is_finished_at_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dledger.runtime import node as node_module
+
+    async def main() -> None:
+        cluster = new_cluster(tmp_path)
+        await cluster.start_all()
+        try:
+            lagger, leader, _ = await fall_behind(cluster)
+            snap = leader.storage.snapshot_info
+            assert snap is not None
+
+            def power_cut(*args: Any, **kwargs: Any) -> SnapshotInfo:
+                raise OSError(5, "power cut before the state was adopted")
+
+            monkeypatch.setattr(node_module, "adopt_snapshot", power_cut)
+            node = await cluster.start(lagger)
+            await wait_until(lambda: node.failed is not None, 20, "the cut-short install")
+            # The log is the leader's already; the state still waits in staging.
+            assert node.log.first_index == leader.log.first_index
+            assert latest_snapshot(node.config.data_dir) is None
+            assert os.path.isfile(os.path.join(node.config.data_dir, STAGING_DIR, "state"))
+            await cluster.stop(lagger)
+            monkeypatch.undo()
+
+            node = await cluster.start(lagger)  # constructing it finishes the install
+            info = latest_snapshot(node.config.data_dir)
+            assert info is not None and info.index == snap.index
+            assert read_state(info) == state_at(snap.index)
+            assert not os.path.exists(os.path.join(node.config.data_dir, STAGING_DIR))
+            await cluster.wait_converged()
+            assert segment_files(node) == segment_files(leader)
+            assert node.status().counters.installs_received == 0  # nothing sent again
+        finally:
+            await cluster.stop_all()
+
+    run(main())
+
+
+def test_leftover_staging_is_dropped_at_start(tmp_path: Path) -> None:
+    async def main() -> None:
+        cluster = new_cluster(tmp_path)
+        await cluster.start_all()
+        try:
+            leader = await cluster.wait_leader()
+            await write(leader, 0, 30)
+            await cluster.wait_converged()
+            follower_id = next(n for n in cluster.peers if n != leader.config.node_id)
+            await cluster.stop(follower_id)
+            data_dir = cluster.config(follower_id).data_dir
+            # A transfer cut short by a crash: some chunks, no manifest.
+            staged = Path(data_dir, STAGING_DIR, "commitlog")
+            staged.mkdir(parents=True)
+            Path(staged.parent, "state").write_bytes(b"half a state")
+            (staged / ("0" * 20)).write_bytes(b"half a segment")
+            node = await cluster.start(follower_id)
+            assert not os.path.exists(os.path.join(data_dir, STAGING_DIR))
+            assert latest_snapshot(data_dir) is None and node.log.first_index == 1
+            await cluster.wait_converged()
+        finally:
+            await cluster.stop_all()
+
+    run(main())
