@@ -38,6 +38,14 @@ from commitlog.message import (
     tag_hash,
 )
 from commitlog.recovery import RecoveryReport, TailCut
+from commitlog.snapshot import (
+    SnapshotInfo,
+    adopt_snapshot,
+    latest_snapshot,
+    list_snapshots,
+    read_state,
+    write_snapshot,
+)
 
 __all__ = [
     "HEADER_SIZE",
@@ -59,16 +67,22 @@ __all__ = [
     "MessageTooLargeError",
     "PositionMismatchError",
     "RecoveryReport",
+    "SnapshotInfo",
     "StorageError",
     "StoredMessage",
     "TailCut",
+    "adopt_snapshot",
     "decode_message_at",
     "decode_messages",
     "encode_entry",
     "encode_message",
     "encode_messages",
     "iter_records",
+    "latest_snapshot",
+    "list_snapshots",
     "offset_msg_id",
     "place",
+    "read_state",
     "tag_hash",
+    "write_snapshot",
 ]

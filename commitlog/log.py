@@ -47,7 +47,7 @@ from commitlog.segments import SegmentFiles
 
 # Names a data directory may hold; anything else is reported, never deleted.
 KNOWN_TOP_LEVEL = frozenset(("LOCK", "checkpoint", "hardstate", "commitlog", "index", "ROLLBACK",
-                             "consumequeue"))
+                             "consumequeue", "snapshots", "install.tmp", "INSTALL"))
 
 
 @dataclass

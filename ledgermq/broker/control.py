@@ -11,9 +11,16 @@ Schema (msgpack map, documented in docs/broker.md):
        | {"op": "acl.user.delete", "access_key": str}
        | {"op": "acl.grant",       "access_key": str, "topics": {name: perm}, "groups": {...}}
        | {"op": "acl.revoke",      "access_key": str, "topics": [name], "groups": [name]}
+       | {"op": "log.trim",        "position": int}
 
 The ACL operations (broker/acl.py, docs/security.md, "Authorisation: the ACL") carry users'
 secrets: a user put without "secret" keeps the user's current one.
+
+`topic.delete` deletes: the topic's configuration, queue counters and consumer
+offsets go, and its messages in earlier entries are never indexed again (a
+re-created topic starts at queue offset 0). `log.trim` raises the group's
+agreed retention point: every replica may delete CommitLog segments wholly
+below it (docs/broker.md, "Retention").
 
 Several operations share one entry so that concurrent offset commits cost one
 proposal (group commit). Unknown ops are skipped by the state machine, so a
@@ -41,6 +48,11 @@ def topic_put(topic: str, queues: int, perm: int = PERM_RW) -> dict[str, Any]:
 
 def topic_delete(topic: str) -> dict[str, Any]:
     return {"op": "topic.delete", "topic": topic}
+
+
+def log_trim(position: int) -> dict[str, Any]:
+    """Raise the agreed retention point to CommitLog position `position`."""
+    return {"op": "log.trim", "position": position}
 
 
 def offsets_commit(offsets: Sequence[tuple[str, str, int, int]]) -> dict[str, Any]:

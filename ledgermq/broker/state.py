@@ -1,12 +1,18 @@
 """The broker's replicated state machine: topics, consumer offsets, queue
-offsets, the idempotent-producer table and the ACL users, all derived from
-committed entries.
+offsets, the idempotent-producer table, the ACL users, the agreed retention
+point and the topic deletions, all derived from committed entries.
 
 Plain class, no I/O: `apply(entry)` is called for every committed entry in log
-order on every replica (and again over the whole log on recovery), so every
-replica reaches the same state. The ConsumeQueue files are fed separately by
-the broker; `queue_next` here counts the same thing (messages per queue) so a
-message's queue offset is known the moment its entry is applied.
+order on every replica (and on recovery, for the entries after the snapshot it
+starts from), so every replica reaches the same state. The ConsumeQueue files
+are fed separately by the broker; `queue_next` here counts the same thing
+(messages per queue) so a message's queue offset is known the moment its entry
+is applied.
+
+`to_snapshot()` / `from_snapshot()` serialise the whole state at its applied
+index (zstd-compressed msgpack, versioned: docs/storage-format.md, "Broker
+state snapshot"); `capture()` takes the copy on the owner's thread so the
+encoding can run on another.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, NamedTuple, cast, overload
 
+import msgpack
 import numpy as np
+import zstandard
 
 from commitlog import HEADER_SIZE, KIND_CONTROL, KIND_MESSAGES, Entry
 from commitlog.columns import RecordColumns, queue_groups, scan_body
@@ -106,6 +114,10 @@ class _Producer:
         self.high = -1  # highest sequence ever recorded
 
 
+# (producer id, highest sequence, remembered sequences oldest first, where each went)
+ProducerCapture = tuple[int, int, list[int], list["Stored | tuple[AppliedRecords, int]"]]
+
+
 class ProducerTable:
     """Last sequences of idempotent producers and where their messages went.
 
@@ -184,6 +196,25 @@ class ProducerTable:
             for _ in range(excess):
                 del recent[popleft()]
 
+    def capture(self) -> list[ProducerCapture]:
+        """(producer id, high, sequences oldest first, their locations) per
+        producer, least recently written first: a copy the table's later
+        changes do not touch (the locations themselves are immutable)."""
+        return [(pid, p.high, list(p.order), list(map(p.recent.__getitem__, p.order)))
+                for pid, p in self._producers.items()]
+
+    def restore(self, producers: list[tuple[int, int, list[tuple[int, Stored]]]]) -> None:
+        """Replace the table's content with (producer id, high, [(sequence,
+        location)] oldest first) per producer, least recently written first
+        (what `capture` took, resolved). This table's own bounds apply."""
+        self._producers.clear()
+        for producer_id, high, items in producers:
+            producer = self._touch(producer_id)
+            producer.recent.update(items)
+            producer.order.extend(seq for seq, _ in items)
+            producer.high = high
+            self._evict(producer)
+
     def high(self, producer_id: int) -> int:
         """The producer's highest recorded sequence; -1 if none is known."""
         producer = self._producers.get(producer_id)
@@ -223,6 +254,16 @@ class BrokerState:
         # ACL operations skipped as invalid (the handlers validate first, so
         # only a newer or broken proposer gets one into the log).
         self.bad_acl_ops = 0
+        # The agreed retention point (`log.trim`): a CommitLog position every
+        # replica may delete whole segments below (bounded locally by its own
+        # snapshot and ConsumeQueue checkpoint).
+        self.trim = 0
+        # topic -> index of the entry that deleted it: messages of the topic in
+        # entries below that index are dead (never indexed again, never served).
+        self.deleted_before: dict[str, int] = {}
+        # Topics deleted since the owner last asked (`take_deleted`): the
+        # broker drops their ConsumeQueue files.
+        self._deleted_pending: list[str] = []
 
     # ----------------------------------------------------------------- apply
 
@@ -294,8 +335,16 @@ class BrokerState:
             if kind == "topic.put":
                 self._put_topic(op)
             elif kind == "topic.delete":
-                if self.topics.pop(str(op.get("topic")), None) is not None:
-                    self.topics_version += 1
+                topic = op.get("topic")
+                if isinstance(topic, str):
+                    self._delete_topic(topic, entry.index)
+            elif kind == "log.trim":
+                position = op.get("position")
+                if isinstance(position, int) and not isinstance(position, bool) and position >= 0:
+                    self.trim = max(self.trim, position)
+                else:
+                    log.warning("entry %d: log.trim with position %r skipped", entry.index,
+                                position)
             elif kind == "offsets.commit":
                 self._commit_offsets(op.get("offsets"))
             elif kind == "offsets.reset":
@@ -341,6 +390,26 @@ class BrokerState:
             self.topics[topic] = TopicConfig(queues, perm)
             self.topics_version += 1
 
+    def _delete_topic(self, topic: str, index: int) -> None:
+        """Everything the state knows of `topic` goes: its configuration, its
+        queue counters (a re-created topic counts from 0 again) and the
+        consumer offsets in it. Its messages in entries below `index` are dead
+        (`deleted_before`): the ConsumeQueues skip them, now and in every
+        rebuild from the log."""
+        if self.topics.pop(topic, None) is not None:
+            self.topics_version += 1
+        for key in [k for k in self.queue_next if k[0] == topic]:
+            del self.queue_next[key]
+        for group_key in [k for k in self.offsets if k[1] == topic]:
+            del self.offsets[group_key]
+        self.deleted_before[topic] = index
+        self._deleted_pending.append(topic)
+
+    def take_deleted(self) -> list[str]:
+        """Topics deleted by the entries applied since the last call."""
+        deleted, self._deleted_pending = self._deleted_pending, []
+        return deleted
+
     def _commit_offsets(self, offsets: object, reset: bool = False) -> None:
         if not isinstance(offsets, list):
             return
@@ -361,3 +430,156 @@ class BrokerState:
     def offset_of(self, group: str, topic: str, queue_id: int) -> int:
         """The committed consumer offset, -1 if the group never committed one."""
         return self.offsets.get((group, topic, queue_id), -1)
+
+    # ------------------------------------------------------------- snapshots
+
+    def capture(self) -> StateCapture:
+        """A copy of the state at `applied_index`, cheap enough for the owner's
+        thread; `StateCapture.encode()` (the costly part) may run on another."""
+        return StateCapture(
+            self.applied_index, self.topics_version, self.trim, self.bad_control_entries,
+            self.bad_acl_ops, dict(self.topics), dict(self.offsets), dict(self.queue_next),
+            dict(self.deleted_before), dict(self.acl.users), self.producers.capture())
+
+    def to_snapshot(self) -> bytes:
+        """The whole state, serialised (see `from_snapshot`)."""
+        return self.capture().encode()
+
+    @classmethod
+    def from_snapshot(cls, data: bytes, dedup_window: int = 4096,
+                      dedup_producers_max: int = 100_000) -> BrokerState:
+        """The state `to_snapshot` serialised; SnapshotFormatError if `data`
+        is not a snapshot of a version this code reads."""
+        try:
+            doc = msgpack.unpackb(zstandard.ZstdDecompressor().decompress(data), raw=False,
+                                  strict_map_key=False)
+        except Exception as exc:  # zstd and msgpack each have their own errors
+            raise SnapshotFormatError(f"not a broker state snapshot: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("format") != SNAPSHOT_FORMAT:
+            raise SnapshotFormatError("not a broker state snapshot (no format marker)")
+        if doc.get("v") != SNAPSHOT_VERSION:
+            raise SnapshotFormatError(
+                f"broker state snapshot version {doc.get('v')!r}; this broker reads"
+                f" {SNAPSHOT_VERSION}")
+        state = cls(dedup_window, dedup_producers_max)
+        try:
+            state._restore(doc)
+        except (KeyError, TypeError, ValueError, AclError) as exc:
+            raise SnapshotFormatError(f"broker state snapshot is malformed: {exc!r}") from None
+        return state
+
+    def _restore(self, doc: dict[str, Any]) -> None:
+        self.applied_index = int(doc["applied_index"])
+        self.topics_version = int(doc["topics_version"])
+        self.trim = int(doc["trim"])
+        self.bad_control_entries = int(doc["bad_control_entries"])
+        self.bad_acl_ops = int(doc["bad_acl_ops"])
+        self.topics = {name: TopicConfig(queues, perm) for name, queues, perm in doc["topics"]}
+        self.offsets = {(g, t, q): o for g, t, q, o in doc["offsets"]}
+        self.queue_next = {(t, q): n for t, q, n in doc["queue_next"]}
+        self.deleted_before = {t: i for t, i in doc["deleted_before"]}
+        for record in doc["acl_users"]:
+            self.acl.put(User.from_record(record))
+        names = doc["producer_topics"]
+        producers = []
+        for pid, high, seqs, phys, tids, qids, qoffs in doc["producers"]:
+            topics = [names[t] for t in np.frombuffer(tids, _I4).tolist()]
+            locations = map(Stored, np.frombuffer(phys, _I8).tolist(), topics,
+                            np.frombuffer(qids, _I4).tolist(),
+                            np.frombuffer(qoffs, _I8).tolist())
+            producers.append((pid, high, list(zip(np.frombuffer(seqs, _I8).tolist(),
+                                                  locations, strict=True))))
+        self.producers.restore(producers)
+
+
+SNAPSHOT_FORMAT = "ledgermq.broker.state"
+SNAPSHOT_VERSION = 1
+_I8, _I4 = np.dtype("<i8"), np.dtype("<i4")
+_ZSTD_LEVEL = 3  # the state is small next to the log; speed over ratio
+
+
+class SnapshotFormatError(ValueError):
+    """Bytes that are not a broker state snapshot this code can read."""
+
+
+@dataclass(frozen=True)
+class StateCapture:
+    """The broker state at one applied index, copied (`BrokerState.capture`).
+    Shares nothing that the state mutates afterwards, so `encode` may run on
+    another thread while the state moves on."""
+
+    applied_index: int
+    topics_version: int
+    trim: int
+    bad_control_entries: int
+    bad_acl_ops: int
+    topics: dict[str, TopicConfig]
+    offsets: dict[tuple[str, str, int], int]
+    queue_next: dict[QueueKey, int]
+    deleted_before: dict[str, int]
+    users: dict[str, User]
+    producers: list[ProducerCapture]
+
+    def encode(self) -> bytes:
+        """zstd(msgpack(document)); docs/storage-format.md gives the document."""
+        names: dict[str, int] = {}
+        producers = [[pid, high, *_producer_columns(seqs, locations, names)]
+                     for pid, high, seqs, locations in self.producers]
+        doc = {
+            "format": SNAPSHOT_FORMAT, "v": SNAPSHOT_VERSION,
+            "applied_index": self.applied_index, "topics_version": self.topics_version,
+            "trim": self.trim, "bad_control_entries": self.bad_control_entries,
+            "bad_acl_ops": self.bad_acl_ops,
+            "topics": [[name, c.queues, c.perm] for name, c in self.topics.items()],
+            "offsets": [[g, t, q, o] for (g, t, q), o in self.offsets.items()],
+            "queue_next": [[t, q, n] for (t, q), n in self.queue_next.items()],
+            "deleted_before": [[t, i] for t, i in self.deleted_before.items()],
+            "acl_users": [user.to_record() for user in self.users.values()],
+            "producer_topics": list(names),
+            "producers": producers,
+        }
+        packed: bytes = msgpack.packb(doc, use_bin_type=True)
+        data: bytes = zstandard.ZstdCompressor(level=_ZSTD_LEVEL,
+                                               write_content_size=True).compress(packed)
+        return data
+
+
+def _producer_columns(seqs: list[int], locations: list[Stored | tuple[AppliedRecords, int]],
+                      names: dict[str, int]) -> list[bytes]:
+    """One producer's remembered sequences and their locations as five
+    little-endian columns (sequence, physical offset, topic number in `names`,
+    queue id, queue offset). Locations still held as (applied entry, record)
+    are resolved a run of one entry at a time, not record by record."""
+    n = len(seqs)
+    phys, qoffs = np.empty(n, _I8), np.empty(n, _I8)
+    tids, qids = np.empty(n, _I4), np.empty(n, _I4)
+    i = 0
+    while i < n:
+        location = locations[i]
+        if type(location) is tuple:
+            applied = cast(tuple[AppliedRecords, int], location)[0]
+            j = i + 1
+            while j < n and type(locations[j]) is tuple and locations[j][0] is applied:
+                j += 1
+            records = np.fromiter((cast(tuple[AppliedRecords, int], locations[m])[1]
+                                   for m in range(i, j)), np.int64, j - i)
+            ids = applied.topic_ids[records]
+            # Topics numbered in order of first use, as the one-by-one path
+            # below does, so the same state always encodes to the same bytes.
+            local = np.zeros(len(applied.topics), _I4)
+            used, first = np.unique(ids, return_index=True)
+            for t in used[np.argsort(first)].tolist():
+                local[t] = names.setdefault(applied.topics[t], len(names))
+            phys[i:j] = applied.base + applied.starts[records]
+            tids[i:j] = local[ids]
+            qids[i:j] = applied.queue_ids[records]
+            qoffs[i:j] = applied.queue_offsets[records]
+            i = j
+        else:
+            stored = cast(Stored, location)
+            phys[i], qids[i], qoffs[i] = stored.physical_offset, stored.queue_id, \
+                stored.queue_offset
+            tids[i] = names.setdefault(stored.topic, len(names))
+            i += 1
+    return [np.array(seqs, _I8).tobytes(), phys.tobytes(), tids.tobytes(), qids.tobytes(),
+            qoffs.tobytes()]
