@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from commitlog import KIND_MESSAGES, StorageError
-from commitlog.snapshot import latest_snapshot
+from commitlog.snapshot import SnapshotInfo, latest_snapshot
 from consumequeue.checkpoint import read_dispatch_checkpoint
 from ledgermq.base.clock import now_ms
 from ledgermq.base.errors import DiskFullError, InvalidRequestError, LedgerMQError
@@ -124,6 +124,7 @@ class Retention:
         self.refusing = False
         self.last_decision: TrimDecision | None = None
         self.last_bound: LocalBound | None = None
+        self._verified: SnapshotInfo | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._pass_lock = asyncio.Lock()
@@ -212,8 +213,17 @@ class Retention:
                 await self._propose(snapshot_end)
             return await self._delete_local()
 
+    async def snapshot(self) -> SnapshotInfo | None:
+        """The newest local snapshot whose state verifies. Its CRC is checked
+        once per snapshot, not at every pass: the state may be large."""
+        data_dir = self.config.data_dir
+        newest = await asyncio.to_thread(latest_snapshot, data_dir, False)
+        if newest is None or newest != self._verified:
+            self._verified = await asyncio.to_thread(latest_snapshot, data_dir, True)
+        return self._verified
+
     async def _snapshot_end(self) -> int | None:
-        info = await asyncio.to_thread(latest_snapshot, self.config.data_dir)
+        info = await self.snapshot()
         return info.end_position if info is not None else None
 
     def decide(self, snapshot_end: int | None) -> TrimDecision:
@@ -361,7 +371,7 @@ class Retention:
         b, cfg = self.b, self.config
         log_ = b.node.log
         disk = self.disk or await self.sample_disk()
-        info = await asyncio.to_thread(latest_snapshot, cfg.data_dir)
+        info = await self.snapshot()
         bound = await self.local_bound()
         infos = log_.segment_infos()
         decision = self.decide(info.end_position if info is not None else None)
