@@ -144,10 +144,15 @@ class IndexFiles:
         base = self.files.base_of(first)
         take = min(len(records), base + self.records_per_file - first)
         at = (first - base) * RECORD_SIZE
-        if at != self.files.lengths.get(base, 0):
+        length = self.files.lengths.get(base, 0)
+        if at < length:
             raise ValueError(
                 f"index record {first} is not the next slot of {self.files.path(base)}")
-        self.files.write(base, at, b"".join(records[:take]))
+        # A file that starts below the log's first index (retention, an
+        # install, a rebuild) gets "no entry" records up to it.
+        pad = bytes(at - length)
+        self.files.write(base, length, pad + b"".join(records[:take]) if pad
+                         else b"".join(records[:take]))
         return take
 
     def truncate_after(self, index: int) -> None:

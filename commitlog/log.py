@@ -302,6 +302,8 @@ class CommitLog:
         removed = self.segments.delete_before(limit)
         if not removed:
             return 0
+        # The removals are durable before the checkpoint moves first_index.
+        self.segments.sync_directory()
         head = decode_header(self.segments.read(self.segments.bases[0], HEADER_SIZE))
         self.first_index = head.index
         self.index.delete_before(self.first_index)

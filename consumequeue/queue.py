@@ -114,7 +114,8 @@ class ConsumeQueue:
         return result
 
     def all_units(self) -> np.ndarray:
-        """Every slot from 0 to max_offset (empty slots zero), as one array."""
+        """Every slot from 0 to max_offset (empty slots, and slots below
+        min_offset, zero), as one array."""
         parts = []
         for base in self.files.bases:
             if base >= self.max_offset:
@@ -125,6 +126,7 @@ class ConsumeQueue:
         for base, units in parts:
             n = min(len(units), self.max_offset - base)
             out[base : base + n] = units[:n]
+        out[: self.min_offset] = np.zeros(1, dtype=out.dtype)  # below min_offset: gone
         return out
 
     def truncate_to(self, offset: int) -> None:
@@ -146,7 +148,8 @@ class ConsumeQueue:
         return lo
 
     def delete_files_before(self, physical_offset: int) -> int:
-        """Retention: remove files whose every unit points before `physical_offset`."""
+        """Retention: remove files whose every unit points before
+        `physical_offset`, then `correct_min_offset`; the number removed."""
         removed = 0
         for base in list(self.files.bases):
             end = base + self.units_per_file
@@ -158,7 +161,30 @@ class ConsumeQueue:
             self.files.remove(base)
             removed += 1
             self.min_offset = max(self.min_offset, end)
+        self.correct_min_offset(physical_offset)
         return removed
+
+    def correct_min_offset(self, physical_offset: int) -> None:
+        """Raise min_offset past units that point before `physical_offset`
+        (the CommitLog's first retained position): the file holding them may
+        stay while the log no longer has their messages (RocketMQ's
+        correctMinOffset). Derived, never written: an open recomputes it."""
+        self.min_offset = self.first_offset_at_or_after(physical_offset)
+
+    def disk_bytes(self) -> int:
+        return sum(self.files.lengths.values())
+
+    def remove_files(self) -> int:
+        """Delete every file of this queue (topic deletion, a rebuild); the
+        bytes freed. The queue is closed afterwards."""
+        freed = self.disk_bytes()
+        # Last file first: a crash part way leaves a queue that ends early,
+        # which recovery sees (and rebuilds), never one whose start moved.
+        for base in reversed(list(self.files.bases)):
+            self.files.remove(base)
+        self.files.close()
+        self.min_offset = self.max_offset = 0
+        return freed
 
     def dirty_fds(self) -> list[DirtyFile]:
         return self.files.take_dirty()

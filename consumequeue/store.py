@@ -7,23 +7,32 @@ number of messages of its (topic, queue) committed before it.
 Recovery (in `__init__`): the dispatch checkpoint says up to which entry the
 queue files were fsynced. Units pointing at or past that entry's end are
 dropped (they may be torn or refer to entries a crash removed), queues whose
-files are missing or short are rebuilt from the CommitLog, and the owner then
-calls `dispatch_committed(commit_index)` to re-dispatch the rest.
+files are missing or short are rebuilt from the CommitLog, queues the
+checkpoint does not know yet hold units it covers are the remains of a
+`drop_topic` cut short (their files go), and the owner then calls
+`dispatch_committed(commit_index)` to re-dispatch the rest.
+
+Topic deletion: `skip_before[topic] = i` means messages of `topic` in entries
+below index i are never indexed again (the topic was deleted by entry i), by
+dispatch, by recovery's rebuild and by `rebuild`; so a re-created topic starts
+at queue offset 0 and its old messages stay invisible while the CommitLog
+still holds them.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from commitlog import HEADER_SIZE, KIND_MESSAGES, CommitLog, Entry, fileio, iter_records, tag_hash
 from commitlog.columns import RecordColumns, queue_groups, scan_body
-from commitlog.disk import DirtyFile, sync_and_close
+from commitlog.disk import DirtyFile, sync_and_close, sync_directory
 from consumequeue.checkpoint import (
     DispatchCheckpoint,
     read_dispatch_checkpoint,
@@ -40,6 +49,7 @@ class CheckpointToken:
 
     fds: list[DirtyFile]
     value: DispatchCheckpoint
+    generation: int = 0
 
 
 _TOPIC_DIR = re.compile(r"^[A-Za-z0-9_%|-]{1,127}$")
@@ -53,6 +63,13 @@ class DispatchRecovery:
     dispatched_index: int = 0
     units_dropped: int = 0
     queues_rebuilt: list[QueueKey] = field(default_factory=list)
+    # Queues of a dropped topic whose deletion a crash cut short, finished now.
+    queues_dropped: list[QueueKey] = field(default_factory=list)
+    # The log starts after what the queues were dispatched to (a snapshot
+    # install replaced it): entries in between are gone, so queue offsets
+    # cannot be continued; the owner must call `rebuild` with its state's
+    # next offsets.
+    needs_rebuild: bool = False
     foreign_files: list[str] = field(default_factory=list)
 
 
@@ -94,22 +111,39 @@ def units_of_entry(entry: Entry) -> Iterable[tuple[QueueKey, tuple[int, int, int
         yield (topic, fields[1]), (base + offset, fields[0], tag_hash(tags))
 
 
-class ConsumeQueueStore:
-    """The ConsumeQueues under `<data_dir>/consumequeue`, fed from one CommitLog."""
+def _skipped(skip_before: Mapping[str, int], topic: str, index: int) -> bool:
+    """Whether a message of `topic` in entry `index` belongs to a deleted topic."""
+    return index < skip_before.get(topic, 0)
 
-    def __init__(self, data_dir: str, log: CommitLog, units_per_file: int = 300_000) -> None:
+
+class ConsumeQueueStore:
+    """The ConsumeQueues under `<data_dir>/consumequeue`, fed from one CommitLog.
+
+    `skip_before` (topic -> entry index, see the module docstring) is the
+    default of every dispatch; give the deleted topics known at start so
+    recovery's rebuild skips them too.
+    """
+
+    def __init__(self, data_dir: str, log: CommitLog, units_per_file: int = 300_000,
+                 skip_before: Mapping[str, int] | None = None) -> None:
         self.directory = os.path.join(data_dir, "consumequeue")
         self.log = log
         self.units_per_file = units_per_file
         self.queues: dict[QueueKey, ConsumeQueue] = {}
+        self.skip_before: dict[str, int] = dict(skip_before or {})
+        # Bumped (under the lock) by whatever removes queues: a checkpoint
+        # captured before that, written on another thread after it, would
+        # claim the removed queues again; it drops itself instead.
+        self._generation = 0
+        self._checkpoint_lock = threading.Lock()
         fileio.fs.makedirs(self.directory, exist_ok=True)
         self.recovery = DispatchRecovery()
         self._recover()
 
     @classmethod
-    def open(cls, data_dir: str, log: CommitLog, units_per_file: int = 300_000
-             ) -> ConsumeQueueStore:
-        return cls(data_dir, log, units_per_file)
+    def open(cls, data_dir: str, log: CommitLog, units_per_file: int = 300_000,
+             skip_before: Mapping[str, int] | None = None) -> ConsumeQueueStore:
+        return cls(data_dir, log, units_per_file, skip_before)
 
     # --------------------------------------------------------------- recovery
 
@@ -124,12 +158,24 @@ class ConsumeQueueStore:
         limit_index = log.first_index - 1
         if checkpoint is not None:
             limit_index = max(limit_index, min(checkpoint.dispatched_index, log.last_index))
+        self.recovery.needs_rebuild = log.first_index > 1 and (
+            checkpoint is None or checkpoint.dispatched_index < log.first_index - 1)
         limit_end = self._entry_end(limit_index)
         self._open_existing()
-        for queue in self.queues.values():
+        for key, queue in list(self.queues.items()):
             before = queue.max_offset
             queue.truncate_to(queue.first_offset_at_or_after(limit_end))
             self.recovery.units_dropped += before - queue.max_offset
+            if checkpoint is not None and key not in checkpoint.queues:
+                # Every queue dispatched to is in every later checkpoint: one
+                # the checkpoint does not know either is newer than it (and is
+                # empty now; the re-dispatch makes it again) or holds units it
+                # covers, and then its topic was dropped and a crash came
+                # before its files went. Either way its files go.
+                if queue.max_offset > queue.min_offset:
+                    self.recovery.queues_dropped.append(key)
+                self._remove_queue(key)
+                continue
             if queue.max_offset == queue.min_offset:
                 # Nothing durable is left: the queue restarts where the log says
                 # (the rebuild below, when the checkpoint knows it), not at a
@@ -144,6 +190,10 @@ class ConsumeQueueStore:
                        if key not in self.queues or self.queues[key].max_offset != nxt}
             if damaged:
                 self._rebuild(damaged)
+        if log.segments.bases:
+            # Retention may have removed messages that queue files still point at.
+            for queue in self.queues.values():
+                queue.correct_min_offset(log.segments.bases[0])
         self.recovery.dispatched_index = self.dispatched_index
 
     def _open_existing(self) -> None:
@@ -154,7 +204,11 @@ class ConsumeQueueStore:
             if not (fileio.fs.isdir(topic_dir) and _TOPIC_DIR.match(topic)):
                 self.recovery.foreign_files.append(topic_dir)
                 continue
-            for queue_name in sorted(fileio.fs.listdir(topic_dir)):
+            names = sorted(fileio.fs.listdir(topic_dir))
+            if not names:
+                fileio.fs.rmtree(topic_dir)  # a drop_topic cut short at its last step
+                continue
+            for queue_name in names:
                 queue_dir = os.path.join(topic_dir, queue_name)
                 if not (queue_name.isdigit() and fileio.fs.isdir(queue_dir)):
                     self.recovery.foreign_files.append(queue_dir)
@@ -167,9 +221,10 @@ class ConsumeQueueStore:
         """Rebuild queues from the CommitLog up to dispatched_index; a queue's
         first offset is its expected next offset minus what the log still holds."""
         found: dict[QueueKey, list[tuple[int, int, int]]] = defaultdict(list)
+        skip = self.skip_before
         for entry in self._scan(self.log.first_index, self.dispatched_index):
             for key, unit in units_of_entry(entry):
-                if key in expected_next:
+                if key in expected_next and not _skipped(skip, key[0], entry.index):
                     found[key].append(unit)
         for key, nxt in expected_next.items():
             queue = self._queue(key)
@@ -196,9 +251,13 @@ class ConsumeQueueStore:
         return queue
 
     def dispatch(self, entries: Sequence[Entry],
-                 columns: Sequence[RecordColumns | None] | None = None) -> int:
+                 columns: Sequence[RecordColumns | None] | None = None,
+                 skip_before: Mapping[str, int] | None = None) -> int:
         """Index committed entries, which must directly follow dispatched_index.
-        `columns[i]`: entry i's `scan_body` when the caller already has it."""
+        `columns[i]`: entry i's `scan_body` when the caller already has it.
+        `skip_before` (default: the store's): messages of a topic in entries
+        below its index are not indexed (the topic was deleted)."""
+        skip = self.skip_before if skip_before is None else skip_before
         pending: dict[QueueKey, list[np.ndarray]] = defaultdict(list)
         index, end = self.dispatched_index, self.dispatched_end
         for i, entry in enumerate(entries):
@@ -207,7 +266,8 @@ class ConsumeQueueStore:
             if entry.kind == KIND_MESSAGES:
                 scanned = columns[i] if columns is not None else None
                 for key, units in units_by_queue(entry, scanned):
-                    pending[key].append(units)
+                    if not (skip and _skipped(skip, key[0], entry.index)):
+                        pending[key].append(units)
             index, end = entry.index, entry.end
         for key, parts in pending.items():
             units = parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -215,14 +275,96 @@ class ConsumeQueueStore:
         self.dispatched_index, self.dispatched_end = index, end
         return len(entries)
 
-    def dispatch_committed(self, commit_index: int, batch_bytes: int = 4 << 20) -> int:
+    def dispatch_committed(self, commit_index: int, batch_bytes: int = 4 << 20,
+                           skip_before: Mapping[str, int] | None = None) -> int:
         """Dispatch every entry up to `commit_index` not yet dispatched."""
         upto = min(commit_index, self.log.last_index)
         count = 0
         while self.dispatched_index < upto:
             entries = self.log.read_entries(self.dispatched_index + 1, upto + 1, batch_bytes)
-            count += self.dispatch(entries)
+            count += self.dispatch(entries, skip_before=skip_before)
         return count
+
+    # ------------------------------------------------- deletion and rebuilding
+
+    def _remove_queue(self, key: QueueKey) -> int:
+        """Delete a queue's files (and its directory once nothing else is in
+        it); the bytes freed."""
+        queue = self.queues.pop(key)
+        freed = queue.remove_files()
+        queue_dir = queue.directory
+        topic_dir = os.path.dirname(queue_dir)
+        for directory in (queue_dir, topic_dir):
+            if any(not name.endswith(".durable") for name in fileio.fs.listdir(directory)):
+                sync_directory(directory)  # foreign files stay, and so does their directory
+                break
+            fileio.fs.rmtree(directory)
+        sync_directory(self.directory)
+        return freed
+
+    def drop_topic(self, topic: str, skip_before: int | None = None) -> int:
+        """Delete every queue file of `topic` (topic deletion); the bytes
+        freed. With `skip_before` (the deleting entry's index), the topic's
+        older messages are never indexed again (see `skip_before`).
+
+        The checkpoint stops claiming the topic before its files go: a crash
+        in between leaves files that no checkpoint claims, and the next open
+        finishes the deletion.
+        """
+        if skip_before is not None:
+            self.skip_before[topic] = max(self.skip_before.get(topic, 0), skip_before)
+        keys = sorted(key for key in self.queues if key[0] == topic)
+        if not keys:
+            return 0
+        token = self.begin_checkpoint()
+        for key in keys:
+            del token.value.queues[key]
+        with self._checkpoint_lock:
+            self._generation += 1
+        token.generation = self._generation
+        self.run_checkpoint(token)
+        return sum(self._remove_queue(key) for key in keys)
+
+    def rebuild(self, first_index: int, last_index: int, expected_next: Mapping[QueueKey, int],
+                skip_before: Mapping[str, int] | None = None) -> None:
+        """Destroy every queue and rebuild them from the log's entries
+        [first_index, last_index] (after a snapshot install): a queue's first
+        offset is `expected_next` (the state machine's next offset at
+        last_index) minus the messages of that queue found in the range.
+        `skip_before` replaces the store's. Crash-safe: a checkpoint naming
+        every queue's first offset is written before the range is dispatched,
+        so an interrupted rebuild resumes as an ordinary recovery."""
+        log = self.log
+        if first_index != log.first_index or not first_index - 1 <= last_index <= log.last_index:
+            raise ValueError(f"rebuild of [{first_index}, {last_index}] but the log holds "
+                             f"[{log.first_index}, {log.last_index}]")
+        if skip_before is not None:
+            self.skip_before = dict(skip_before)
+        counts: dict[QueueKey, int] = defaultdict(int)
+        for entry in self._scan(first_index, last_index):
+            if entry.kind == KIND_MESSAGES:
+                for key, units in units_by_queue(entry):
+                    if not _skipped(self.skip_before, key[0], entry.index):
+                        counts[key] += len(units)
+        unknown = sorted(key for key, n in counts.items() if n > expected_next.get(key, 0))
+        if unknown:
+            raise ValueError(f"the log holds more messages than expected_next says for "
+                             f"{unknown[:5]}: the state does not match the log")
+        starts = {key: nxt - counts.get(key, 0) for key, nxt in expected_next.items() if nxt > 0}
+        with self._checkpoint_lock:
+            self._generation += 1
+            for key in list(self.queues):
+                self._remove_queue(key)
+            self.dispatched_index = first_index - 1
+            self.dispatched_end = self._entry_end(first_index - 1)
+            write_dispatch_checkpoint(self.directory, DispatchCheckpoint(
+                self.dispatched_index, self.dispatched_end, dict(starts)))
+        for key, start in sorted(starts.items()):
+            self._queue(key).start_at(start)
+        self.recovery.queues_rebuilt = sorted(starts)
+        self.recovery.needs_rebuild = False
+        self.dispatch_committed(last_index)
+        self.checkpoint()
 
     # ---------------------------------------------------------------- lookups
 
@@ -279,17 +421,29 @@ class ConsumeQueueStore:
             self.dispatched_index, self.dispatched_end,
             {key: q.max_offset for key, q in self.queues.items()},
         )
-        return CheckpointToken(fds, value)
+        return CheckpointToken(fds, value, self._generation)
 
-    def run_checkpoint(self, token: CheckpointToken) -> None:
+    def run_checkpoint(self, token: CheckpointToken) -> bool:
         """Fsync the token's queue files, then replace the checkpoint file.
-        Safe on another thread; one at a time per store."""
+        Safe on another thread; one at a time per store. Returns False,
+        writing nothing, when queues were dropped or rebuilt since the token
+        was taken (it could claim them again)."""
         sync_and_close(token.fds)
-        write_dispatch_checkpoint(self.directory, token.value)
+        with self._checkpoint_lock:
+            if token.generation != self._generation:
+                return False
+            write_dispatch_checkpoint(self.directory, token.value)
+            return True
 
     def delete_before(self, physical_offset: int) -> int:
-        """Retention: drop queue files wholly before a CommitLog position."""
+        """Retention: drop queue files wholly before a CommitLog position and
+        raise every queue's min_offset to its first unit at or after it; the
+        number of files removed."""
         return sum(q.delete_files_before(physical_offset) for q in self.queues.values())
+
+    def disk_bytes(self) -> int:
+        """Bytes of every queue file (not the checkpoint)."""
+        return sum(q.disk_bytes() for q in self.queues.values())
 
     def close(self) -> None:
         self.checkpoint()

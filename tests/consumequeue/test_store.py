@@ -175,7 +175,17 @@ def test_retention_removes_whole_queue_files_and_raises_min_offset(tmp_path) -> 
         boundary = decode_messages(first.body, first.position)[0].physical_offset
         removed = store.delete_before(boundary)
         low, high = store.offsets("A", 0)
-        assert removed > 0 and low > 0 and low % 4 == 0 and high == 40
+        # Whole files went, and min_offset is the first message the log still
+        # holds (one message per entry here), not the first file's start.
+        assert removed > 0 and high == 40
+        assert low == log.first_index - 1
+        (unit,) = store.read("A", 0, 0, 1)
+        assert unit.queue_offset == low and unit.physical_offset == boundary
+        assert log.read_message(unit.physical_offset, unit.size).message.queue_id == 0
+        store.close()
+        # An open derives the same min_offset from the log's first position.
+        store = ConsumeQueueStore.open(d, log, units_per_file=4)
+        assert store.offsets("A", 0) == (low, 40)
         assert store.read("A", 0, 0, 1)[0].queue_offset == low
         store.close()
 
