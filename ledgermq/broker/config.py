@@ -71,6 +71,12 @@ class BrokerConfig:
     dedup_window: int = 4096
     dedup_producers_max: int = 100_000
     cq_checkpoint_interval_ms: int = 1_000
+    # Broker-state snapshots (docs/broker.md, "Snapshots"): one is written
+    # after this many applied entries or this many bytes of log since the
+    # last, whichever comes first (0: that trigger off; both 0: none). A start
+    # replays only the log after the newest, so these bound start-up time.
+    snapshot_interval_entries: int = 20_000
+    snapshot_interval_bytes: int = 64 * MIB
     # Retention (broker/retention.py, docs/configuration.md "Retention"):
     # CommitLog segments older than `retention_hours` (by file mtime, as
     # RocketMQ's fileReservedTime; 0 = no age limit) or beyond
@@ -278,6 +284,8 @@ def validate(config: BrokerConfig) -> None:
     except ValueError as exc:
         raise BrokerConfigError(str(exc)) from None
     _check_int(config, "preferred_leader", 0)
+    _check_int(config, "snapshot_interval_entries", 0)
+    _check_int(config, "snapshot_interval_bytes", 0)
     _check_int(config, "long_poll_timeout_ms", 0)
     _check_int(config, "segment_size_bytes", 4096)
     if config.default_queues > 1024:

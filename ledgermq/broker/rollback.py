@@ -14,7 +14,9 @@ whose contract allows that loss) the broker then:
    hold it, the hard state and checkpoint, and the whole ConsumeQueue
    directory (moved, not copied) — never deleting a byte of it;
 3. cuts the CommitLog before the diverged index, lowers the saved commit
-   index to match, and removes the marker. The ConsumeQueues and the broker's
+   index to match, moves aside the broker-state snapshots taken at or after
+   the diverged index (they describe the diverged state), and removes the
+   marker. The ConsumeQueues and the broker's
    state are then rebuilt from the log by the normal start-up replay, and the
    node rejoins as a follower that the leader fills in from there.
 
@@ -33,6 +35,7 @@ from typing import Any
 
 from commitlog import CommitLog, CommitLogConfig, HardState
 from commitlog.disk import atomic_replace
+from commitlog.snapshot import SNAPSHOTS_DIR, snapshots_root
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +93,24 @@ def apply_pending(data_dir: str, config: CommitLogConfig) -> Rollback | None:
     queues = os.path.join(data_dir, "consumequeue")
     if os.path.isdir(queues):
         os.replace(queues, os.path.join(aside, "consumequeue"))
+    _move_snapshots(data_dir, first, aside)
     os.remove(os.path.join(data_dir, MARKER))
     done = Rollback(first, keep, aside, str(marker.get("reason", "")))
     log.warning("rolled back onto the group's log: entries from %d set aside in %s (%s)",
                 first, aside, done.reason)
     return done
+
+
+def _move_snapshots(data_dir: str, first: int, aside: str) -> None:
+    """Snapshots at index >= `first` go aside: they hold the diverged state,
+    and must be neither restored nor sent to a follower."""
+    root = snapshots_root(data_dir)
+    if not os.path.isdir(root):
+        return
+    for name in sorted(os.listdir(root)):
+        if name.isdigit() and int(name) >= first:
+            os.makedirs(os.path.join(aside, SNAPSHOTS_DIR), exist_ok=True)
+            os.replace(os.path.join(root, name), os.path.join(aside, SNAPSHOTS_DIR, name))
 
 
 def _copy_tail(commit_log: CommitLog, first: int, aside: str) -> None:

@@ -6,9 +6,12 @@ client protocol (`broker.handlers`). Everything a replica must agree on —
 messages, topics, consumer offsets, producer sequences — goes through the log;
 membership (client heartbeats) and long-poll waiters are local and soft.
 
-Start-up replays the committed log into the state machine and the
-ConsumeQueues *before* the node starts, so the node hands `apply` only what
-came after (`node.start(applied_index)`).
+Start-up restores the newest usable broker-state snapshot (`broker.snapshots`
+writes them), replays only the committed log after it into the state machine
+and brings the ConsumeQueues up to the same point *before* the node starts,
+so the node hands `apply` only what came after (`node.start(applied_index)`).
+A follower sent a snapshot by its leader resets its state and rebuilds its
+ConsumeQueues from it (`_on_install`).
 
 The runtime is reached through `broker.runtime.RaftRuntime`; the handlers,
 admin app and metrics see this broker as a `broker.view.BrokerView`. With an
@@ -20,13 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import struct
+import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from commitlog import HEADER_SIZE, KIND_CONTROL, KIND_MESSAGES, CommitLogConfig, Entry, StorageError
 from commitlog.columns import RecordColumns, queue_groups, scan_body
+from commitlog.snapshot import SnapshotInfo, list_snapshots, read_state
 from consumequeue import ConsumeQueueStore
 from dledger.log import CommittedDivergence
 from dledger.runtime.node import (
@@ -59,7 +65,8 @@ from ledgermq.broker.metrics import Instruments
 from ledgermq.broker.registrar import Registrar
 from ledgermq.broker.retention import Retention
 from ledgermq.broker.runtime import RaftRuntime, RuntimeFactory
-from ledgermq.broker.state import BrokerState, Stored
+from ledgermq.broker.snapshots import SnapshotSchedule
+from ledgermq.broker.state import BrokerState, SnapshotFormatError, Stored
 from ledgermq.broker.view import NO_BROKER_OBSERVER, BrokerObserver, ControlOp, SendAck
 from ledgermq.wire import RpcServer
 from ledgermq.wire.auth import KeyStore
@@ -92,6 +99,11 @@ async def _bounded(step: Coroutine[Any, Any, Any] | asyncio.Future[Any], seconds
         failures.append(exc)
 
 
+class NoUsableSnapshotError(StorageError):
+    """The CommitLog starts after entry 1 (retention or an install removed
+    its head) and no snapshot on disk can stand in for the missing entries."""
+
+
 class Broker:
     """One broker node. `runtime` builds its Raft replica (`RaftGroupNode`
     by default; tests may pass their own)."""
@@ -107,6 +119,10 @@ class Broker:
         self.members = Membership(config.member_expiry_ms)
         self._node: RaftRuntime | None = None
         self._cq: ConsumeQueueStore | None = None
+        self._snapshots: SnapshotSchedule | None = None
+        # What the last start did: the snapshot it restored, the entries it
+        # replayed after it and how long that took (status()["recovery"]).
+        self.recovery: dict[str, Any] = {}
         self.rpc: RpcServer | None = None
         # Metrics exist with the admin app that serves them; the runtime, its
         # Flusher and the send path report to them from the start.
@@ -124,7 +140,7 @@ class Broker:
         self._prescanned: dict[int, tuple[bytes, RecordColumns]] = {}
         self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._cq_checkpointing: asyncio.Future[None] | None = None
+        self._cq_checkpointing: asyncio.Future[bool] | None = None
         self._topics_version_seen = 0
         self._last_role: str | None = None
         self.sends: GroupCommitter[Records, SendAck] | None = None
@@ -159,6 +175,12 @@ class Broker:
         if self._cq is None:
             raise RuntimeError("broker not started")
         return self._cq
+
+    @property
+    def snapshots(self) -> SnapshotSchedule:
+        if self._snapshots is None:
+            raise RuntimeError("broker not started")
+        return self._snapshots
 
     # ------------------------------------------------------------- lifecycle
 
@@ -195,10 +217,13 @@ class Broker:
             self.rolled_back = done
         self._node = self.runtime(
             node_config, self._apply, on_soft_state=self._on_soft_state,
-            on_failure=self._on_node_failure, observer=self.observer)
+            on_failure=self._on_node_failure, observer=self.observer,
+            **self._install_hook())
         log_ = self._node.log
         self.entry_limit = log_.config.entry_size_limit
-        self._cq = ConsumeQueueStore(c.data_dir, log_)
+        self._snapshots = SnapshotSchedule(
+            c.data_dir, self._node, lambda: self.state, c.snapshot_interval_entries,
+            c.snapshot_interval_bytes)
         applied = self._recover()
         self.sends = GroupCommitter(self._flush_sends, max_count=c.batch_max_messages,
                                     max_bytes=min(c.batch_max_bytes, self.entry_limit - 64),
@@ -227,31 +252,161 @@ class Broker:
             log.info("admin listening on %s", self.admin.url)
         return self.address
 
+    def _install_hook(self) -> dict[str, Any]:
+        """`on_install=` for a runtime that can install snapshots sent by its
+        leader (a runtime without it never needs one)."""
+        try:
+            accepts = "on_install" in inspect.signature(self.runtime).parameters
+        except (TypeError, ValueError):
+            accepts = False
+        return {"on_install": self._on_install} if accepts else {}
+
     def _recover(self) -> int:
-        """Replay the committed log into the state machine and the ConsumeQueues."""
+        """Restore the newest usable snapshot, replay the committed log after
+        it into the state machine, then open the ConsumeQueues and bring them
+        to the same point. Returns the applied index the node starts from."""
+        started = time.perf_counter()
         log_ = self.node.log
-        applied = max(log_.load_hard_state().commit, self.cq.dispatched_index)
-        applied = min(applied, log_.last_index)
-        index = log_.first_index
-        while index <= applied:
-            entries = log_.read_entries(index, applied + 1, 8 << 20)
+        applied = min(log_.load_hard_state().commit, log_.last_index)
+        snapshot, rejected = self._restore_snapshot()
+        if snapshot is None and log_.first_index > 1:
+            raise NoUsableSnapshotError(
+                f"{self.config.data_dir}: the CommitLog starts at entry {log_.first_index}"
+                f" (earlier ones were deleted by retention or replaced by an install) and no"
+                f" usable snapshot covers them ({len(rejected)} rejected: {'; '.join(rejected)});"
+                " wipe the data directory to rejoin the group by snapshot install")
+        applied = max(applied, self.state.applied_index)
+        replayed = self._replay(self.state.applied_index + 1, applied)
+        # The queues open knowing the deleted topics, so whatever their own
+        # recovery rebuilds from the log skips the dead messages.
+        self._cq = ConsumeQueueStore(self.config.data_dir, log_,
+                                     skip_before=self.state.deleted_before)
+        cq_dispatched = self._cq.dispatched_index
+        if cq_dispatched > applied:  # dispatched entries were committed
+            replayed += self._replay(applied + 1, cq_dispatched)
+            applied = cq_dispatched
+        self.state.applied_index = max(applied, self.state.applied_index)
+        self._recover_queues(cq_dispatched, applied)
+        self._topics_version_seen = self.state.topics_version
+        # Without a snapshot the intervals count from the start of the log, so
+        # a long log (written before snapshots existed) gets one at once.
+        self.snapshots.start_from(snapshot)
+        self.recovery = {
+            "snapshot_index": snapshot.index if snapshot else 0,
+            "snapshots_rejected": rejected, "replayed_entries": replayed,
+            "applied_index": applied, "first_index": log_.first_index,
+            "seconds": round(time.perf_counter() - started, 4),
+        }
+        log.info("recovered: applied index %d from snapshot %d + %d replayed entries in %.3f s,"
+                 " %d topics, %d queues", applied, self.recovery["snapshot_index"], replayed,
+                 self.recovery["seconds"], len(self.state.topics), len(self._cq.queues))
+        return applied
+
+    def _restore_snapshot(self) -> tuple[SnapshotInfo | None, list[str]]:
+        """Load the newest snapshot the log can continue from into
+        `self.state`; older ones are the fallback when a newer one is damaged
+        or does not match this log. (the snapshot, why each newer one was rejected)"""
+        log_ = self.node.log
+        rejected: list[str] = []
+        for info in reversed(list_snapshots(self.config.data_dir)):
+            problem = None
+            if info.index < log_.first_index - 1:
+                problem = f"entries {info.index + 1}..{log_.first_index - 1} are gone"
+            elif info.index > log_.last_index:
+                problem = f"the log ends at {log_.last_index}"
+            elif info.index >= log_.first_index and (
+                    log_.term_at(info.index) != info.term
+                    or log_.entry_end(info.index) != info.end_position):
+                problem = "the log holds another entry at its index"
+            if problem is None:
+                try:
+                    self._adopt_state(BrokerState.from_snapshot(
+                        read_state(info), self.config.dedup_window,
+                        self.config.dedup_producers_max))
+                except (StorageError, SnapshotFormatError) as exc:
+                    problem = str(exc)
+                else:
+                    if self.state.applied_index != info.index:
+                        problem = f"its state is at index {self.state.applied_index}"
+            if problem is None:
+                return info, rejected
+            self._adopt_state(BrokerState(self.config.dedup_window,
+                                          self.config.dedup_producers_max))
+            log.warning("snapshot %s not used: %s", info.path, problem)
+            rejected.append(f"{info.index}: {problem}")
+        return None, rejected
+
+    def _adopt_state(self, state: BrokerState) -> None:
+        """Make `state` the broker's (at start-up or on an install)."""
+        self.state = state
+        if self.security.keys is not None:
+            self.security.keys.users = state.acl.lookup
+
+    def _replay(self, lo: int, hi: int) -> int:
+        """Apply committed entries [lo, hi] to the state; how many."""
+        log_ = self.node.log
+        index, count = lo, 0
+        while index <= hi:
+            entries = log_.read_entries(index, hi + 1, 8 << 20)
             for entry in entries:
                 self.state.apply(entry)
+            count += len(entries)
             index = entries[-1].index + 1
-        if applied > self.state.applied_index:
-            self.state.applied_index = applied
-        self.cq.dispatch_committed(applied)
-        # The two counts of messages per queue come from the same log; if the
-        # ConsumeQueue disagrees (a log whose head was removed), it is the truth.
-        for key, queue in self.cq.queues.items():
-            if self.state.queue_next.get(key, 0) != queue.max_offset:
-                log.warning("queue %s: log replay counts %d messages, ConsumeQueue %d",
-                            key, self.state.queue_next.get(key, 0), queue.max_offset)
-                self.state.queue_next[key] = queue.max_offset
-        self._topics_version_seen = self.state.topics_version
-        log.info("recovered: applied index %d, %d topics, %d queues", applied,
-                 len(self.state.topics), len(self.cq.queues))
-        return applied
+        return count
+
+    def _recover_queues(self, cq_dispatched: int, applied: int) -> None:
+        """Bring the ConsumeQueues to `applied`, agreeing with the state.
+
+        A topic deleted after the queues' checkpoint still has files holding
+        its dead messages: they go, and the re-dispatch skips dead messages.
+        A queue that still disagrees with the state's count (damaged files a
+        rebuild without the deletions refilled, a lost queue directory) is
+        rebuilt with the rest from the log: the state is the truth, since it
+        came whole from a snapshot and the log after it."""
+        state, cq, log_ = self.state, self.cq, self.node.log
+        state.take_deleted()
+        upto = min(applied, log_.last_index)
+        if cq.recovery.needs_rebuild:
+            # The log starts after what the queues hold (an install replaced
+            # it): only the state's counts can number the messages it has.
+            cq.rebuild(log_.first_index, upto, dict(state.queue_next), state.deleted_before)
+            return
+        for topic, index in state.deleted_before.items():
+            if index > cq_dispatched:
+                cq.drop_topic(topic, index)
+        while cq.dispatched_index < upto:
+            entries = log_.read_entries(cq.dispatched_index + 1, upto + 1, 4 << 20)
+            cq.dispatch(entries, None, skip_before=state.deleted_before)
+        wrong = sorted(key for key in set(state.queue_next) | set(cq.queues)
+                       if state.queue_next.get(key, 0) != cq.offsets(*key)[1])
+        if wrong:
+            log.warning("ConsumeQueues %s disagree with the replicated counts; rebuilding them"
+                        " from the log", wrong[:10])
+            cq.rebuild(log_.first_index, upto, dict(state.queue_next), state.deleted_before)
+
+    def _on_install(self, info: SnapshotInfo) -> None:
+        """The runtime installed a snapshot sent by the leader: the log now
+        holds [first_index, info.index] and the node resumes after it. The
+        state becomes the snapshot's, the ConsumeQueues are rebuilt from the
+        installed log with the snapshot's counts, and whatever belonged to
+        the old state (results kept for proposers, scans) is forgotten."""
+        started = time.perf_counter()
+        state = BrokerState.from_snapshot(read_state(info), self.config.dedup_window,
+                                          self.config.dedup_producers_max)
+        self._adopt_state(state)
+        log_ = self.node.log
+        self.cq.rebuild(log_.first_index, info.index, dict(state.queue_next),
+                        state.deleted_before)
+        self._results.clear()
+        self._prescanned.clear()
+        self.snapshots.start_from(info)
+        self.longpoll.notify_all()
+        self._topics_version_seen = state.topics_version
+        self.registrar.kick()
+        self._wake_apply_waiters()
+        log.info("installed the leader's snapshot at index %d (log %d..%d, %d topics) in %.3f s",
+                 info.index, log_.first_index, log_.last_index, len(state.topics),
+                 time.perf_counter() - started)
 
     async def stop(self) -> None:
         """Stop serving, then the node. Every step is bounded: a peer or client
@@ -274,6 +429,8 @@ class Broker:
         for committer in (self.sends, self.controls):
             if committer is not None:
                 await _bounded(committer.close(), 6.0, "group commit", failures)
+        if self._snapshots is not None:
+            await _bounded(self._snapshots.close(), 30.0, "snapshot write", failures)
         if self._cq is not None:
             try:
                 self._cq.close()
@@ -329,13 +486,14 @@ class Broker:
         keep = self._node is not None and self._node.role == "leader"
         # Each MESSAGES body is scanned once, for the state and the queues.
         scanned = [self._columns(e) if e.kind == KIND_MESSAGES else None for e in entries]
+        state = self.state
         for entry, columns in zip(entries, scanned, strict=True):
-            stored = self.state.apply(entry, columns)
+            stored = state.apply(entry, columns)
             if columns is not None:
                 touched.update(key for key, _ in queue_groups(columns))
                 if keep:
                     self._results[entry.index] = stored
-        self.cq.dispatch(entries, scanned)
+        self._dispatch(entries, scanned)
         if len(self._results) > _RESULTS_KEPT:
             for index in list(self._results)[: len(self._results) - _RESULTS_KEPT]:
                 del self._results[index]
@@ -344,6 +502,22 @@ class Broker:
         if self.state.topics_version != self._topics_version_seen:
             self._topics_version_seen = self.state.topics_version
             self.registrar.kick()
+        self._wake_apply_waiters()
+        self.snapshots.note_applied()
+
+    def _dispatch(self, entries: Sequence[Entry],
+                  scanned: Sequence[RecordColumns | None]) -> None:
+        """Index applied entries in the ConsumeQueues. A topic deleted by one
+        of them loses its queue files first; its messages in entries before
+        the deletion (in this batch too) are not indexed (`deleted_before`)."""
+        state = self.state
+        for topic in state.take_deleted():
+            freed = self.cq.drop_topic(topic, state.deleted_before[topic])
+            log.info("topic %r deleted at index %d: its ConsumeQueues dropped (%d bytes)",
+                     topic, state.deleted_before[topic], freed)
+        self.cq.dispatch(entries, scanned, skip_before=state.deleted_before)
+
+    def _wake_apply_waiters(self) -> None:
         if self._apply_waiters:
             applied = self.state.applied_index
             still = []
@@ -524,6 +698,17 @@ class Broker:
             "send_batches": self.sends.batches if self.sends else 0,
             "send_requests": self.sends.items if self.sends else 0,
             "admin_url": self.admin.url if self.admin is not None else None,
+            "recovery": self.recovery, "snapshots": self._snapshot_status(),
         })
         return {k: v for k, v in info.items() if isinstance(
             v, (str, int, float, bool, type(None), list, dict))}
+
+    def _snapshot_status(self) -> dict[str, Any]:
+        schedule = self._snapshots
+        if schedule is None:
+            return {}
+        latest = schedule.latest
+        return {**schedule.figures.to_json(),
+                "latest_index": latest.index if latest else 0,
+                "latest_end_position": latest.end_position if latest else 0,
+                "latest_created_ms": latest.created_ms if latest else 0}

@@ -75,3 +75,21 @@ def test_produce_bench_runs_a_cluster_and_reports_cpu_and_failover() -> None:
     assert failover["kills"] == 1 and len(failover["all_s"]) == 1
     assert 0 < failover["p50_s"] <= failover["max_s"]
     assert result["calibration_s_start"] > 0 and result["calibration_s_end"] > 0
+
+
+def test_startup_bench_starts_a_broker_from_a_snapshot_at_two_sizes(tmp_path: Path) -> None:
+    out = run_bench("bench/startup.py", "--sizes-mib", "3,6", "--tail-mib", "1",
+                    "--segment-mib", "1", "--rounds", "1", "--contrast", "--dir",
+                    str(tmp_path), timeout=300)
+    result = json.loads(out.splitlines()[-1])
+    assert result["bench"] == "startup" and [r["size_mib"] for r in result["runs"]] == [3, 6]
+    for figures in result["runs"]:
+        assert figures["restored_snapshot_index"] == figures["snapshot_index"] > 0
+        # Only the tail after the snapshot is replayed (plus the start's own no-op).
+        assert figures["replayed_entries"] <= figures["tail_entries"] + 1
+        assert figures["replayed_entries"] < figures["entries"] // 2
+        assert 0 < figures["start_s_median"] <= figures["ready_s_median"]
+    whole = result["runs"][0]["without_snapshot"]
+    assert whole["replayed_entries"] >= result["runs"][0]["entries"]
+    assert result["start_ratio_largest_to_smallest"] > 0
+    assert list(tmp_path.iterdir()) == []  # it removed what it built

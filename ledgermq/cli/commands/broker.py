@@ -25,6 +25,7 @@ def register(app: typer.Typer) -> None:
 
         from rich.console import Console
 
+        from commitlog import StorageError
         from ledgermq.base import loop
         from ledgermq.broker.config import BrokerConfigError, load_config
         from ledgermq.broker.main import serve
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
         except BrokerConfigError as exc:  # refused at start: secret files, running open
             console.print(f"[red]broker: {exc}[/red]")
             raise typer.Exit(2) from None
-        except OSError as exc:
+        except (OSError, StorageError) as exc:  # a data directory it cannot start from
             console.print(f"[red]broker: {exc}[/red]")
             raise typer.Exit(1) from None
         if restart:
