@@ -125,6 +125,7 @@ class Retention:
         self.last_decision: TrimDecision | None = None
         self.last_bound: LocalBound | None = None
         self._verified: SnapshotInfo | None = None
+        self._blocked_at: int | None = None  # the wanted point last logged as blocked
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._pass_lock = asyncio.Lock()
@@ -211,7 +212,7 @@ class Retention:
             snapshot_end = await self._snapshot_end()
             if self.b.node.leader_ready and self.b.node.failed is None:
                 await self._propose(snapshot_end)
-            return await self._delete_local()
+            return await self._delete_local(await self.local_bound(snapshot_end))
 
     async def snapshot(self) -> SnapshotInfo | None:
         """The newest local snapshot whose state verifies. Its CRC is checked
@@ -235,12 +236,17 @@ class Retention:
 
     async def _propose(self, snapshot_end: int | None) -> None:
         decision = self.decide(snapshot_end)
-        if decision.blocked_by == "snapshot":
+        if decision.blocked_by == "snapshot" and decision.wanted != self._blocked_at:
+            # Once per wanted point, not at every pass while it waits.
+            self._blocked_at = decision.wanted
             log.info("retention wants the log to start at %d (%s) but the newest snapshot"
                      " ends at %s: waiting for a newer snapshot", decision.wanted,
                      ",".join(decision.reasons), snapshot_end)
         if decision.deletes and decision.position > self.b.state.trim:
-            await self.propose_trim(decision.position, ",".join(decision.reasons))
+            try:
+                await self.propose_trim(decision.position, ",".join(decision.reasons))
+            except LedgerMQError as exc:  # lost the lead, a slow commit: the next pass retries
+                log.warning("log.trim at %d not proposed: %s", decision.position, exc)
 
     async def propose_trim(self, position: int, why: str) -> int:
         """Propose `log.trim` at `position` through the log; its entry index."""
@@ -251,9 +257,12 @@ class Retention:
         log.info("proposed log.trim at position %d (%s) in entry %d", position, why, index)
         return index
 
-    async def local_bound(self) -> LocalBound:
-        """min(agreed trim, newest local snapshot's end, ConsumeQueue checkpoint's end)."""
-        snapshot_end = await self._snapshot_end()
+    async def local_bound(self, snapshot_end: int | None = None) -> LocalBound:
+        """min(agreed trim, newest local snapshot's end, ConsumeQueue
+        checkpoint's end). `snapshot_end`: the caller's snapshot end, if it
+        just looked (else this looks)."""
+        if snapshot_end is None:
+            snapshot_end = await self._snapshot_end()
         checkpoint = await asyncio.to_thread(read_dispatch_checkpoint, self.b.cq.directory)
         cq_end = checkpoint.dispatched_end if checkpoint is not None else None
         trim = self.b.state.trim
@@ -263,8 +272,7 @@ class Retention:
         self.last_bound = bound
         return bound
 
-    async def _delete_local(self) -> int:
-        bound = await self.local_bound()
+    async def _delete_local(self, bound: LocalBound) -> int:
         log_ = self.b.node.log
         deleted = 0
         # One segment per step: each step unlinks a file and rewrites the
@@ -372,7 +380,7 @@ class Retention:
         log_ = b.node.log
         disk = self.disk or await self.sample_disk()
         info = await self.snapshot()
-        bound = await self.local_bound()
+        bound = await self.local_bound(info.end_position if info is not None else None)
         infos = log_.segment_infos()
         decision = self.decide(info.end_position if info is not None else None)
         applied = min(b.state.applied_index, log_.last_index)

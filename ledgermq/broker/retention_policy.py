@@ -127,7 +127,8 @@ def trim_point(segments: Sequence[SegmentLike], snapshot_end: int | None,
     # Age: the oldest contiguous run of segments last written before the cut.
     if settings.retention_ms > 0:
         cutoff = now - settings.retention_ms
-        keep_age = _first_kept(segments, lambda s, _gone: s.mtime_ms < cutoff)
+        # mtime 0: a file system that keeps no times; never "old".
+        keep_age = _first_kept(segments, lambda s, _gone: 0 < s.mtime_ms < cutoff)
     # Size: drop the oldest while the segments hold more than the limit.
     if settings.retention_bytes > 0:
         total = sum(s.length for s in segments)

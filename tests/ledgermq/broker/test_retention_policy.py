@@ -66,6 +66,12 @@ def test_age_takes_only_the_oldest_run() -> None:
     assert trim_point(segments, 4 * S, AGE_ONLY, NOW).position == S
 
 
+def test_an_unknown_mtime_is_never_old() -> None:
+    # A file system that keeps no modification times reports 0.
+    segments = [Seg(0, S, 1, 0), *log_of(100, 1, first=S)]
+    assert not trim_point(segments, 3 * S, AGE_ONLY, NOW).deletes
+
+
 def test_age_zero_means_no_age_limit() -> None:
     segments = log_of(1000, 900, 1)
     decision = trim_point(segments, 3 * S, RetentionSettings(retention_ms=0), NOW)
@@ -97,7 +103,7 @@ def test_the_segment_holding_entries_after_the_snapshot_stays() -> None:
 def test_a_short_segment_covered_by_the_snapshot_may_go() -> None:
     # Entries never straddle segments, so a segment can end early; the
     # snapshot ending where its bytes end covers it wholly.
-    segments = [Seg(0, 700, 1, 0), Seg(S, 900, 8, 0), Seg(2 * S, 100, 15, NOW)]
+    segments = [Seg(0, 700, 1, 1), Seg(S, 900, 8, 1), Seg(2 * S, 100, 15, NOW)]
     assert trim_point(segments, 700, AGE_ONLY, NOW).position == S
     assert trim_point(segments, 699, AGE_ONLY, NOW).position == 0
 
