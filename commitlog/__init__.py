@@ -38,6 +38,7 @@ from commitlog.message import (
     tag_hash,
 )
 from commitlog.recovery import RecoveryReport, TailCut
+from commitlog.segments import SegmentInfo
 from commitlog.snapshot import (
     SnapshotInfo,
     adopt_snapshot,
@@ -67,6 +68,7 @@ __all__ = [
     "MessageTooLargeError",
     "PositionMismatchError",
     "RecoveryReport",
+    "SegmentInfo",
     "SnapshotInfo",
     "StorageError",
     "StoredMessage",

@@ -124,6 +124,12 @@ def trace_cut(path: str, length: int | None) -> None:
         record_durable(path, length)
 
 
+def trace_durable(path: str, length: int) -> None:
+    """Tracing only: `path` holds `length` fsynced bytes (a file renamed into place)."""
+    if _trace:
+        record_durable(path, length)
+
+
 def is_trace_file(name: str) -> bool:
     """A trace or a trace's temporary (left behind by a kill before its rename)."""
     return name.endswith(TRACE_SUFFIX) or (TRACE_SUFFIX + "." in name and name.endswith(".tmp"))

@@ -79,6 +79,10 @@ def _rmtree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _mtime_ms(path: str) -> int:
+    return os.stat(path).st_mtime_ns // 1_000_000
+
+
 def _read_file(path: str) -> bytes | None:
     try:
         with open(path, "rb") as handle:
@@ -110,12 +114,22 @@ class OsFileSystem:
         self.rmtree = _rmtree
         self.lock = _lock
         self.read_file = _read_file
+        self.mtime_ms = _mtime_ms
 
 
 OS: FileSystem = OsFileSystem()
 
 # The backend every storage call goes through. Swapped only by `use`.
 fs: FileSystem = OS
+
+
+def mtime_ms(path: str) -> int:
+    """When `path` was last modified, in ms since the epoch; 0 when the
+    backend keeps no times. Optional for a backend (not in `FileSystem`): one
+    that has a `mtime_ms(path)` method (the simulator's, on its own clock)
+    answers it."""
+    getter = getattr(fs, "mtime_ms", None)
+    return 0 if getter is None else int(getter(path))
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ got.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from commitlog import fileio
+from commitlog import fileio, install
 from commitlog.checkpoint import (
     Checkpoint,
     HardState,
@@ -42,8 +43,8 @@ from commitlog.errors import (
 )
 from commitlog.index_file import IndexFiles, IndexRecord, encode_record
 from commitlog.message import StoredMessage, decode_message_at
-from commitlog.recovery import recover
-from commitlog.segments import SegmentFiles
+from commitlog.recovery import RecoveredState, RecoveryReport, recover
+from commitlog.segments import SegmentFiles, SegmentInfo
 
 # Names a data directory may hold; anything else is reported, never deleted.
 KNOWN_TOP_LEVEL = frozenset(("LOCK", "checkpoint", "hardstate", "commitlog", "index", "ROLLBACK",
@@ -79,24 +80,17 @@ class CommitLog:
         self._entry_size_limit = config.entry_size_limit  # the config is frozen
         fileio.fs.makedirs(data_dir, exist_ok=True)
         self._lock_fd = lock_directory(data_dir)
-        segments: SegmentFiles | None = None
-        index: IndexFiles | None = None
         try:
-            segments = SegmentFiles(os.path.join(data_dir, "commitlog"), config.segment_size_bytes)
-            index = IndexFiles(os.path.join(data_dir, "index"), config.index_file_records)
-            state, recovery = recover(
-                data_dir, segments, index, read_checkpoint(data_dir),
-                config.segment_size_bytes, config.entry_size_limit,
-                config.verify_on_open == "full",
-            )
+            # An install a crash interrupted is finished first (the marker
+            # means the old log is already being replaced).
+            installed = install.roll_forward(data_dir)
+            segments, index, state, recovery = self._open_files(
+                full=config.verify_on_open == "full")
         except BaseException:
-            # What opened is closed unsynced, as `abandon` would.
-            if segments is not None:
-                segments.close()
-            if index is not None:
-                index.close(write_pending=False)
-            self._release_lock()
+            self._release_lock()  # `_open_files` closed what it opened, unsynced
             raise
+        if installed is not None:
+            recovery.install_finished = (installed.first_index, installed.last_index)
         self.segments: SegmentFiles = segments
         self.index: IndexFiles = index
         self.recovery = recovery
@@ -131,6 +125,28 @@ class CommitLog:
     def open(cls, data_dir: str, config: CommitLogConfig | None = None) -> CommitLog:
         """Open (creating if needed) and recover the log in `data_dir`."""
         return cls(data_dir, config or CommitLogConfig())
+
+    def _open_files(self, full: bool
+                    ) -> tuple[SegmentFiles, IndexFiles, RecoveredState, RecoveryReport]:
+        """Open the segment and index files and recover them (closed again on failure)."""
+        config = self.config
+        segments = SegmentFiles(os.path.join(self.data_dir, "commitlog"),
+                                config.segment_size_bytes)
+        try:
+            index = IndexFiles(os.path.join(self.data_dir, "index"), config.index_file_records)
+        except BaseException:
+            segments.close()
+            raise
+        try:
+            state, recovery = recover(
+                self.data_dir, segments, index, read_checkpoint(self.data_dir),
+                config.segment_size_bytes, config.entry_size_limit, full,
+            )
+        except BaseException:
+            segments.close()
+            index.close(write_pending=False)
+            raise
+        return segments, index, state, recovery
 
     def _foreign_files(self) -> list[str]:
         found = list(self.segments.foreign) + list(self.index.foreign)
@@ -295,22 +311,124 @@ class CommitLog:
         self.last_index, self.last_term, self.end = index, new_term, new_end
 
     def delete_before(self, position: int) -> int:
-        """Retention: delete segments wholly before `position` (never the last
-        one, never durable-unknown data). Returns how many were deleted."""
+        """Retention: delete segments wholly before `position`; returns how
+        many were deleted. Never the last segment, nothing not yet durable,
+        and never the segment holding the last durable entry (recovery
+        starts there).
+
+        Crash-safe in this order: segments removed (directory fsynced), index
+        files removed, checkpoint rewritten. Recovery takes the first index
+        from the first segment, so a crash anywhere in between reopens a
+        consistent log starting at whichever segment is first.
+        """
         self._check_usable()
-        limit = min(position, self.durable_end)
+        if self.durable_index < self.first_index:
+            return 0
+        limit = min(position, self.segments.base_of(self.durable_end - 1))
         removed = self.segments.delete_before(limit)
         if not removed:
             return 0
-        # The removals are durable before the checkpoint moves first_index.
         self.segments.sync_directory()
         head = decode_header(self.segments.read(self.segments.bases[0], HEADER_SIZE))
+        if head.problem is not None or head.position != self.segments.bases[0]:
+            raise CorruptionError(self.segments.path(self.segments.bases[0]), 0,
+                                  f"first entry after retention: {head.problem or 'position'}")
         self.first_index = head.index
         self.index.delete_before(self.first_index)
         self.index.sync()
         with self._state_files:
             write_checkpoint(self.data_dir, self._checkpoint_value())
         return len(removed)
+
+    # --------------------------------------------------------------- install
+
+    def install(self, staged_commitlog_dir: str, first_index: int, last_index: int,
+                last_term: int, end: int) -> None:
+        """Replace every segment and index file with the staged segments (a
+        snapshot install): afterwards the log holds exactly [first_index,
+        last_index], durable, the last entry of term `last_term` ending at
+        position `end`.
+
+        `staged_commitlog_dir` holds segment files named by their start
+        positions, as on the leader, and must be inside the data directory
+        (e.g. `<data_dir>/install.tmp/commitlog`): they are moved, not copied.
+        They are verified in full first; anything wrong raises
+        CorruptionError (or ValueError for bad arguments) and changes
+        nothing. From the `INSTALL` marker on, a failure leaves the log
+        unusable (`failed`) and the next open finishes the install (see
+        `commitlog.install`).
+        """
+        self._check_usable()
+        config = self.config
+        staged = os.path.normpath(os.path.abspath(staged_commitlog_dir))
+        relative = os.path.relpath(staged, os.path.abspath(self.data_dir))
+        if relative.startswith("..") or relative in (".", "commitlog", "index"):
+            raise ValueError(f"staged segments must be in a directory of their own inside "
+                             f"{self.data_dir}, not {staged_commitlog_dir}")
+        if not 1 <= first_index <= last_index or last_term < 1:
+            raise ValueError(f"cannot install indexes {first_index}..{last_index} "
+                             f"(term {last_term})")
+        bases = install.staged_bases(staged, config.segment_size_bytes)
+        records, lengths = install.verify_segments(
+            staged, bases, config.segment_size_bytes, config.entry_size_limit,
+            first_index, last_index, last_term, end, sync=True)
+        sync_directory(staged)
+        marker = install.InstallMarker(first_index, last_index, last_term, end, relative,
+                                       tuple(lengths))
+        with self._state_files:
+            # A checkpoint or sync captured before now must not land after:
+            # it describes the log being replaced.
+            self._generation += 1
+            install.write_marker(self.data_dir, marker)
+        self._truncations.append((self._generation, min(self.last_index, first_index - 1)))
+        del self._truncations[:-64]
+        self.segments.close()
+        self.index.close(write_pending=False)
+        try:
+            install.move_in(self.data_dir, marker)
+            index = IndexFiles(os.path.join(self.data_dir, "index"), config.index_file_records)
+            try:
+                index.append(first_index, records)
+                index.sync()
+            finally:
+                index.close()
+            with self._state_files:
+                install.finish(self.data_dir, marker)
+            segments, index, state, recovery = self._open_files(full=False)
+        except BaseException as exc:
+            self.failed = exc
+            raise
+        self.segments, self.index = segments, index
+        self.recovery = recovery
+        if (state.first_index, state.last_index, state.last_term, state.end) != (
+                first_index, last_index, last_term, end):
+            self.failed = CorruptionError(self.data_dir, end, "installed log reopened as "
+                                          f"{state} after its install")
+            raise self.failed
+        self.first_index, self.last_index, self.last_term, self.end = (
+            first_index, last_index, last_term, end)
+        self.durable_index, self.durable_end, self.durable_term = last_index, end, last_term
+
+    # ------------------------------------------------------------------ sizes
+
+    def disk_bytes(self) -> int:
+        """Bytes of every segment and index file."""
+        self.index.write_pending()
+        return sum(self.segments.lengths.values()) + sum(self.index.files.lengths.values())
+
+    def segment_infos(self) -> list[SegmentInfo]:
+        """Every segment, oldest first, with its first entry's index and its
+        modification time (retention by age, as RocketMQ's fileReservedTime)."""
+        infos = []
+        for base in list(self.segments.bases):
+            head = self.segments.read(base, HEADER_SIZE)
+            header = decode_header(head) if len(head) == HEADER_SIZE else None
+            if header is None or header.problem or header.position != base:
+                why = "short file" if header is None else header.problem or "position mismatch"
+                raise CorruptionError(self.segments.path(base), 0, f"first entry: {why}")
+            infos.append(SegmentInfo(base, self.segments.lengths[base], header.index,
+                                     fileio.mtime_ms(self.segments.path(base))))
+        return infos
 
     # ------------------------------------------------------------ durability
 
@@ -380,7 +498,11 @@ class CommitLog:
         with self._state_files:
             if token.generation != self._generation:
                 return False
-            write_checkpoint(self.data_dir, token.checkpoint)
+            checkpoint = token.checkpoint
+            if checkpoint.first_index < self.first_index:
+                # Retention moved the start meanwhile (it wrote its own checkpoint).
+                checkpoint = dataclasses.replace(checkpoint, first_index=self.first_index)
+            write_checkpoint(self.data_dir, checkpoint)
             return True
 
     def checkpoint(self) -> Checkpoint:

@@ -55,6 +55,8 @@ class RecoveryReport:
     cuts: list[TailCut] = field(default_factory=list)
     index_rebuilt_from: int | None = None
     foreign_files: list[str] = field(default_factory=list)
+    # (first, last) index of an interrupted snapshot install finished at open.
+    install_finished: tuple[int, int] | None = None
     duration_s: float = 0.0
 
     def lines(self) -> list[str]:
@@ -65,6 +67,9 @@ class RecoveryReport:
         ]
         out += [f"cut torn tail at {c.path}:{c.offset} ({c.reason}), {c.bytes_dropped} bytes"
                 for c in self.cuts]
+        if self.install_finished is not None:
+            out.append(f"finished an interrupted snapshot install of indexes "
+                       f"{self.install_finished[0]}..{self.install_finished[1]}")
         if self.index_rebuilt_from is not None:
             out.append(f"index rebuilt from index {self.index_rebuilt_from}")
         out += [f"foreign file left in place: {p}" for p in self.foreign_files]
@@ -109,6 +114,20 @@ def _choose_start(segments: SegmentFiles, index: IndexFiles, ck: Checkpoint,
     return base, (before.index, before.term, before.end)
 
 
+def _first_index(segments: SegmentFiles, ck: Checkpoint) -> int:
+    """The index of the first segment's first entry. Retention deletes
+    segments before it writes the checkpoint, so after a crash in between
+    the checkpoint's first_index is behind; the segments are the truth. (A
+    damaged first header falls back to the checkpoint; reads report it.)"""
+    base = segments.bases[0]
+    head = segments.read(base, HEADER_SIZE)
+    if len(head) == HEADER_SIZE:
+        header = decode_header(head)
+        if header.problem is None and header.position == base:
+            return header.index
+    return ck.first_index
+
+
 def recover(data_dir: str, segments: SegmentFiles, index: IndexFiles,
             checkpoint: Checkpoint | None, segment_size: int, entry_size_limit: int,
             full: bool) -> tuple[RecoveredState, RecoveryReport]:
@@ -122,14 +141,20 @@ def recover(data_dir: str, segments: SegmentFiles, index: IndexFiles,
                                   f"no segments, but the checkpoint says index "
                                   f"{ck.durable_index} is durable")
         index.truncate_after(ck.first_index - 1)
+        index.delete_before(ck.first_index)
         report.first_index, report.last_index = ck.first_index, ck.first_index - 1
         report.scan_from_index = ck.first_index
-        return RecoveredState(ck.first_index, ck.first_index - 1, 0, 0), report
+        # Every entry was cut (after retention moved the start): the next
+        # one goes where the cut left the end, which the checkpoint kept.
+        end = ck.durable_end if ck.durable_index == ck.first_index - 1 else 0
+        return RecoveredState(ck.first_index, ck.first_index - 1, 0, end), report
 
     start_base, before = _choose_start(segments, index, ck, full, report)
     records: list[bytes] = []
     prev = before  # (index, term, end) of the last valid entry
-    first_index: int | None = None if start_base == segments.bases[0] else ck.first_index
+    first_index: int | None = None
+    if start_base != segments.bases[0]:
+        first_index = _first_index(segments, ck)
     scan_from: int | None = None
     stop: _Stop | None = None
     position = start_base
@@ -209,6 +234,7 @@ def recover(data_dir: str, segments: SegmentFiles, index: IndexFiles,
     index.truncate_after(scan_from - 1)
     if records:
         index.append(scan_from, records)
+    index.delete_before(first_index)  # left by a retention a crash interrupted
     report.first_index, report.last_index = first_index, last_index
     report.scan_from_index = scan_from
     report.duration_s = time.monotonic() - started

@@ -9,10 +9,21 @@ bytes and positions only; entries are `commitlog.entry`'s job.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from commitlog.disk import DirtyFile, sync_directory
 from commitlog.errors import ConfigError, PositionMismatchError
 from commitlog.file_queue import FileQueue, is_file_name
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """One segment as retention sees it."""
+
+    base: int  # start position (the file's name)
+    length: int  # bytes in the file
+    first_index: int  # Raft index of its first entry
+    mtime_ms: int  # last modification (0 when the file system keeps no times)
 
 
 class SegmentFiles:
