@@ -34,16 +34,20 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from commitlog import KIND_MESSAGES, StorageError
-from commitlog.snapshot import SnapshotInfo, latest_snapshot
+from commitlog.segments import SegmentInfo
+from commitlog.snapshot import SnapshotInfo, scan_snapshots
+from consumequeue import ConsumeQueueStore
 from consumequeue.checkpoint import read_dispatch_checkpoint
 from ledgermq.base.clock import now_ms
 from ledgermq.base.errors import DiskFullError, InvalidRequestError, LedgerMQError
 from ledgermq.base.message_record import MESSAGE_HEAD
 from ledgermq.base.tasks import cancel_and_wait
+from ledgermq.broker.config import BrokerConfig
 from ledgermq.broker.control import log_trim
+from ledgermq.broker.group_commit import GroupCommitter
 from ledgermq.broker.retention_policy import (
     DiskUsage,
     RetentionSettings,
@@ -52,9 +56,8 @@ from ledgermq.broker.retention_policy import (
     segment_floor,
     trim_point,
 )
-
-if TYPE_CHECKING:
-    from ledgermq.broker.view import BrokerView
+from ledgermq.broker.runtime import RaftRuntime
+from ledgermq.broker.state import BrokerState
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,27 @@ DISK_SAMPLE_SECONDS = 1.0
 # Entries looked at, from either end of the log, to find the store time of
 # the first and last retained message (GET /retention).
 _TIME_SCAN_ENTRIES = 256
+
+
+class RetentionHost(Protocol):
+    """What retention needs of a started broker (`broker.view.BrokerView`
+    has it all; a narrower Protocol keeps view -> retention acyclic)."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def state(self) -> BrokerState:
+        """The replicated state (replaced by a snapshot install: read it each time)."""
+
+    @property
+    def node(self) -> RaftRuntime: ...
+
+    @property
+    def cq(self) -> ConsumeQueueStore: ...
+
+    @property
+    def controls(self) -> GroupCommitter[dict[str, Any], int] | None: ...
 
 
 @dataclass
@@ -115,7 +139,7 @@ class Retention:
     trim point, then every replica deletes what its local bound allows.
     """
 
-    def __init__(self, broker: BrokerView) -> None:
+    def __init__(self, broker: RetentionHost) -> None:
         self.b = broker
         self.config = broker.config
         self.settings = RetentionSettings.from_config(broker.config)
@@ -126,6 +150,8 @@ class Retention:
         self.last_bound: LocalBound | None = None
         self._verified: SnapshotInfo | None = None
         self._blocked_at: int | None = None  # the wanted point last logged as blocked
+        # The last log.trim this node proposed: position, why, entry, when.
+        self.last_proposed: dict[str, Any] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._pass_lock = asyncio.Lock()
@@ -216,11 +242,15 @@ class Retention:
 
     async def snapshot(self) -> SnapshotInfo | None:
         """The newest local snapshot whose state verifies. Its CRC is checked
-        once per snapshot, not at every pass: the state may be large."""
+        once per snapshot, not at every pass (the state may be large). A
+        directory being written or pruned meanwhile is simply not usable
+        yet: the scan does not log it, as `latest_snapshot` at start-up does."""
         data_dir = self.config.data_dir
-        newest = await asyncio.to_thread(latest_snapshot, data_dir, False)
+        scan = await asyncio.to_thread(scan_snapshots, data_dir)
+        newest = scan.good[-1] if scan.good else None
         if newest is None or newest != self._verified:
-            self._verified = await asyncio.to_thread(latest_snapshot, data_dir, True)
+            verified = await asyncio.to_thread(scan_snapshots, data_dir, True)
+            self._verified = verified.good[-1] if verified.good else None
         return self._verified
 
     async def _snapshot_end(self) -> int | None:
@@ -254,6 +284,8 @@ class Retention:
         assert controls is not None, "the broker is started"
         index = await controls.submit(log_trim(position), 64)
         self.counters.trims_proposed += 1
+        self.last_proposed = {"position": position, "reasons": why.split(","),
+                              "entry": index, "ms": now_ms()}
         log.info("proposed log.trim at position %d (%s) in entry %d", position, why, index)
         return index
 
@@ -293,15 +325,25 @@ class Retention:
             self.counters.segments_deleted += 1
             self.counters.bytes_deleted += first.length
             self.counters.last_deleted_ms = now_ms()
+            # In the same step: no pull may find a queue unit pointing into
+            # the segment just deleted (min_offset moves past them now).
+            self._trim_queues()
             await asyncio.sleep(0)
-        infos = log_.segment_infos()
-        if infos:
-            self.counters.cq_files_deleted += self.b.cq.delete_before(infos[0].base)
+        infos = self._trim_queues()
         if deleted:
             log.info("retention deleted %d segment(s); the log now starts at index %d"
                      " (position %d)", deleted, log_.first_index,
                      infos[0].base if infos else 0)
         return deleted
+
+    def _trim_queues(self) -> list[SegmentInfo]:
+        """ConsumeQueue files below the log's first position go, and every
+        queue's min_offset moves to its first unit at or after it. The
+        segment infos, for the caller."""
+        infos = self.b.node.log.segment_infos()
+        if infos:
+            self.counters.cq_files_deleted += self.b.cq.delete_before(infos[0].base)
+        return infos
 
     # --------------------------------------------------------- manual trim
 
@@ -328,11 +370,14 @@ class Retention:
         assert value is not None
         if value < 0:
             raise InvalidRequestError("'index' and 'position' must not be negative")
-        ceiling = self.position_of_index(self.b.state.applied_index)
+        applied = self.b.state.applied_index
+        ceiling = self.position_of_index(applied)
         if index is not None:
             wanted = self.position_of_index(index)
+            clamped = index > applied
         else:
             wanted = segment_floor(value, self.config.segment_size_bytes)
+            clamped = wanted > ceiling
         target = min(wanted, ceiling)
         previous = self.b.state.trim
         infos = self.b.node.log.segment_infos()
@@ -342,7 +387,7 @@ class Retention:
             entry = await self.propose_trim(target, "manual")
         answer: dict[str, Any] = {
             "requested": {"index": index} if index is not None else {"position": position},
-            "position": target, "clamped": target < wanted, "previous_trim": previous,
+            "position": target, "clamped": clamped, "previous_trim": previous,
             "trim": max(previous, target) if not dry_run else previous, "dry_run": dry_run,
             "proposed_in_entry": entry, "segments": len(covered),
             "bytes": sum(s.length for s in covered)}
@@ -393,7 +438,7 @@ class Retention:
             first_ms = last_ms = None
         c = self.counters
         return {
-            "group": cfg.group, "node_id": cfg.node_id, "role": b.node.role,
+            "group": cfg.group, "node_id": f"n{cfg.node_id}", "role": b.node.role,
             "settings": {"retention_hours": cfg.retention_hours,
                          "retention_bytes": cfg.retention_bytes,
                          "disk_soft_ratio": cfg.disk_soft_ratio,
@@ -412,7 +457,7 @@ class Retention:
                 "index": info.index, "term": info.term, "end_position": info.end_position,
                 "created_ms": info.created_ms},
             "trim": {"agreed_position": b.state.trim, "local_bound": bound.to_json(),
-                     "policy": decision.to_json()},
+                     "policy": decision.to_json(), "last_proposed": self.last_proposed},
             "deleted": {"segments": c.segments_deleted, "bytes": c.bytes_deleted,
                         "consumequeue_files": c.cq_files_deleted,
                         "last_ms": c.last_deleted_ms or None},

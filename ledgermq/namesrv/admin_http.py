@@ -430,9 +430,9 @@ class NameServerAdmin:
                                             f"{API}/retention")
         except (aiohttp.ClientError, TimeoutError) as exc:
             return {**row, "error": {"code": "UNREACHABLE", "message": str(exc)}}
-        if status >= 400:
-            return {**row, **(data if isinstance(data, dict) else {})}
-        return {**row, **data}
+        if status >= 400 or not isinstance(data, dict):
+            return {**(data if isinstance(data, dict) else {}), **row}
+        return {**data, **row}
 
     async def retention(self, request: web.Request) -> web.Response:
         """Every node of every group (or of ?group=): retention is per replica."""

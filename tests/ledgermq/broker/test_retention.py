@@ -47,7 +47,9 @@ class Node:
             peers={1: Peer(f"127.0.0.1:{free_port()}", "127.0.0.1:0")},
             segment_size_bytes=SEGMENT, message_size_bytes_max=64 * 1024, tick_ms=10,
             namesrv_register_interval_ms=100, admin_listen="127.0.0.1:0",
-            retention_interval_ms=100, snapshot_interval_entries=20)
+            retention_interval_ms=100, snapshot_interval_entries=20,
+            # Whatever this machine's disk holds, only the rule under test deletes.
+            disk_soft_ratio=1.0, disk_hard_ratio=1.0)
         values.update(overrides)
         self.values = values
 
@@ -106,6 +108,20 @@ async def until(predicate: Any, timeout: float, what: str) -> Any:
         await asyncio.sleep(0.05)
 
 
+async def settle(node: Node) -> None:
+    """Until retention has nothing left to do: a pass deletes nothing and the
+    policy wants no more than the agreed point (nothing is being sent)."""
+    retention = node.broker.retention
+    assert retention is not None
+    quiet = 0
+    while quiet < 2:
+        deleted = await retention.run_once()
+        decision = retention.last_decision
+        wants_more = decision is not None and decision.position > node.broker.state.trim
+        quiet = 0 if deleted or wants_more else quiet + 1
+        await asyncio.sleep(0.05)
+
+
 def metric(text: str, name: str) -> float:
     for line in text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
@@ -126,12 +142,13 @@ def test_segments_go_and_consumers_continue_from_the_oldest_message(tmp_path) ->
             await node.req(RequestCode.COMMIT_OFFSETS, {"group": "slow", "offsets": [["T", 0, 0]]})
             await node.send(400)  # ~800 KB: ~13 segments
             log_ = node.broker.node.log
-            await until(lambda: len(log_.segment_infos()) <= 6 and log_.first_index > 1,
+            # The size rule, give or take the segment being written.
+            await until(lambda: sum(s.length for s in log_.segment_infos()) <= 5 * SEGMENT,
                         30, "retention to delete the oldest segments")
+            await settle(node)
             infos = log_.segment_infos()
+            assert log_.first_index > 1
             assert infos[0].base > 0 and infos[0].base % SEGMENT == 0
-            kept = sum(s.length for s in infos)
-            assert kept <= 4 * SEGMENT + SEGMENT  # the size rule, plus the last segment
             # No file below the first retained segment is left behind.
             names = sorted(os.listdir(os.path.join(node.broker.config.data_dir, "commitlog")))
             assert int(names[0]) == infos[0].base
@@ -232,7 +249,7 @@ def test_age_retention_and_a_restart_from_the_trimmed_log(tmp_path) -> None:
             await until(lambda: log_.first_index > 1, 30, "age retention")
             await node.send(5, start=200)
             _, view = await node.api("GET", "retention")
-            assert "age" in view["trim"]["policy"]["reasons"]
+            assert view["trim"]["last_proposed"]["reasons"] == ["age"]
             return log_.first_index, node.broker.cq.offsets("T", 0)[0]
 
     first_index, lo = loop.run(main())

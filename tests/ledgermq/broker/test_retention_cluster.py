@@ -28,18 +28,33 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 SEGMENT = 64 * 1024
 SETTINGS = {"segment_size_bytes": SEGMENT, "retention_bytes": 4 * SEGMENT,
-            "retention_interval_ms": 200, "snapshot_interval_entries": 40}
+            "retention_interval_ms": 200, "snapshot_interval_entries": 40,
+            # Whatever this machine's disk holds, only the size rule deletes.
+            "disk_soft_ratio": 1.0, "disk_hard_ratio": 1.0}
 
 
-def cli(*args: str) -> tuple[int, str]:
+def run_cli(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
     return result.exit_code, result.output
 
 
+async def cli(*args: str) -> tuple[int, str]:
+    """The command runs its own event loop: on a thread, off this one."""
+    return await asyncio.to_thread(run_cli, *args)
+
+
 def segment_files(data_dir: Path) -> dict[int, bytes]:
+    """Base -> bytes of a replica's segments (one retention may delete
+    meanwhile is left out)."""
     directory = data_dir / "commitlog"
-    return {int(name): (directory / name).read_bytes() for name in os.listdir(directory)
-            if name.isdigit()}
+    out = {}
+    for name in os.listdir(directory):
+        if name.isdigit():
+            try:
+                out[int(name)] = (directory / name).read_bytes()
+            except FileNotFoundError:
+                continue
+    return out
 
 
 def assert_identical_where_shared(cluster: OpsCluster) -> tuple[int, int]:
@@ -102,7 +117,8 @@ async def scenario(cluster: OpsCluster) -> None:
 
         async def one(i: int) -> None:
             async with sem:
-                await producer.send("R", b"%06d" % i + body, sharding_key=str(i % 2))
+                await producer.send("R", b"%06d" % i + body,
+                                    queue=MessageQueue("R", cluster.group, i % 2))
 
         await asyncio.gather(*(one(i) for i in range(1200)))  # ~1.3 MB: ~20 segments
 
@@ -116,9 +132,11 @@ async def scenario(cluster: OpsCluster) -> None:
             return nodes if done else None
 
         nodes = await until(all_trimmed, 60, "every replica to delete its oldest segments")
-        assert {n["trim"]["agreed_position"] for n in nodes} == {nodes[0]["trim"]["agreed_position"]}
         assert all(n["deleted"]["segments"] >= 10 for n in nodes)
         await quiet(cluster)
+        # Every replica applied the same log.trim entries: one agreed point.
+        agreed = {n["trim"]["agreed_position"] for n in await retention_view(api)}
+        assert len(agreed) == 1 and agreed.pop() > 0
         first, end = assert_identical_where_shared(cluster)
         assert first >= 10 * SEGMENT and end > first
 
@@ -150,9 +168,9 @@ async def scenario(cluster: OpsCluster) -> None:
         assert status is not None
         target = status["applied_index"]
         admin = ["--admin", cluster.namesrv_url]
-        code, out = cli("retention", "trim", "--index", str(target), "--dry-run", *admin)
+        code, out = await cli("retention", "trim", "--index", str(target), "--dry-run", *admin)
         assert code == 1 and "TOKEN_REQUIRED" in out  # writes need the admin token
-        code, out = cli("retention", "trim", "--index", str(target), "--token", TOKEN, "-o",
+        code, out = await cli("retention", "trim", "--index", str(target), "--token", TOKEN, "-o",
                         "json", *admin)
         assert code == 0, out
         answer = json.loads(out)
@@ -175,10 +193,10 @@ async def scenario(cluster: OpsCluster) -> None:
         first2, _ = assert_identical_where_shared(cluster)
         assert first2 == point
 
-        code, out = cli("retention", "show", *admin)
+        code, out = await cli("retention", "show", *admin)
         assert code == 0, out
         assert out.count(cluster.group) >= 3 and "ok" in out and "retention_hours=72" in out
-        code, out = cli("retention", "show", "-o", "json", *admin)
+        code, out = await cli("retention", "show", "-o", "json", *admin)
         shown = json.loads(out)["groups"][cluster.group]["nodes"]
         assert sorted(n["node_id"] for n in shown) == ["n1", "n2", "n3"]
 
