@@ -262,9 +262,11 @@ class BrokerCollector(Collector):
         yield one(GaugeMetricFamily("ledgermq_commitlog_first_index",
                                     "First index this replica's CommitLog still holds.",
                                     labels=labels), log_.first_index)
-        yield one(GaugeMetricFamily("ledgermq_commitlog_bytes",
-                                    "Bytes of CommitLog segments and index files.",
-                                    labels=labels), log_.disk_bytes())
+        log_bytes = retention.log_bytes()
+        if log_bytes is not None:
+            yield one(GaugeMetricFamily("ledgermq_commitlog_bytes",
+                                        "Bytes of CommitLog segments and index files.",
+                                        labels=labels), log_bytes)
         yield one(GaugeMetricFamily("ledgermq_retention_trim_position",
                                     "The group's agreed trim point (a CommitLog position).",
                                     labels=labels), self.b.state.trim)

@@ -234,9 +234,11 @@ class Retention:
         """One retention pass: the leader proposes its trim point, then this
         replica deletes what its bound allows. Returns segments deleted."""
         async with self._pass_lock:
+            if self.b.node.failed is not None:
+                return 0  # a failed replica touches no file until it is restarted
             self.counters.passes += 1
             snapshot_end = await self._snapshot_end()
-            if self.b.node.leader_ready and self.b.node.failed is None:
+            if self.b.node.leader_ready:
                 await self._propose(snapshot_end)
             return await self._delete_local(await self.local_bound(snapshot_end))
 
@@ -345,6 +347,16 @@ class Retention:
             self.counters.cq_files_deleted += self.b.cq.delete_before(infos[0].base)
         return infos
 
+    def log_bytes(self) -> int | None:
+        """Bytes of CommitLog segments and index files; None when the disk
+        refuses (counting flushes pending index records, which a full disk
+        fails): a status or a scrape must still answer then."""
+        try:
+            return self.b.node.log.disk_bytes()
+        except (OSError, StorageError) as exc:
+            log.warning("cannot count the CommitLog's bytes: %s", exc)
+            return None
+
     # --------------------------------------------------------- manual trim
 
     def position_of_index(self, index: int) -> int:
@@ -446,7 +458,7 @@ class Retention:
                          "retention_interval_ms": cfg.retention_interval_ms,
                          "segment_size_bytes": cfg.segment_size_bytes},
             "disk": {"path": cfg.data_dir, **disk.to_json(),
-                     "refusing_writes": self.refusing, "log_bytes": log_.disk_bytes(),
+                     "refusing_writes": self.refusing, "log_bytes": self.log_bytes(),
                      "segments": len(infos)},
             "retained": {"first_index": first, "last_index": log_.last_index,
                          "applied_index": applied,

@@ -276,12 +276,15 @@ const pages = {
         hard ${Math.round(settings.disk_hard_ratio * 100)}%` : "";
       const charts = g.nodes.filter((n) => !n.error).map((n) =>
         chart(`disk:${name}:${n.node_id}`, `${n.node_id} disk used %`, false)).join("");
+      const agreed = Math.max(0, ...g.nodes.filter((n) => !n.error).map(
+        (n) => n.trim.agreed_position));
       html += `<div class="card" data-retention-group="${esc(name)}">
-        <h2>group ${esc(name)} — retention</h2><p class="muted">${s}</p>
+        <h2>group ${esc(name)} — retention</h2><p class="muted">${s}; agreed trim point:
+          position ${esc(agreed)}</p>
         <table><thead><tr><th>node</th><th>role</th><th>disk</th><th>log</th>
           <th>first index</th><th>last index</th><th>oldest message</th>
           <th>newest message</th><th>snapshot</th><th>writes</th></tr></thead>
-        <tbody>${rows}</tbody></table>${charts}</div>`;
+        <tbody>${rows}</tbody></table><div class="grid">${charts}</div></div>`;
     }
     return html || "<p>No broker group is registered.</p>";
   },
