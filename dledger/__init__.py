@@ -23,6 +23,7 @@ from dledger.messages import (
     AppendResponse,
     Heartbeat,
     HeartbeatResponse,
+    InstallSnapshot,
     Message,
     TimeoutNow,
     VoteRequest,
@@ -31,7 +32,7 @@ from dledger.messages import (
 from dledger.progress import ProgressState
 from dledger.raw_node import FollowerStatus, NotLeader, Proposed, RaftNode, Status
 from dledger.ready import Ready, SoftState
-from dledger.storage import LogStorage, LogUnavailable, MemoryLogStorage
+from dledger.storage import LogStorage, LogUnavailable, MemoryLogStorage, SnapshotMeta
 
 __all__ = [
     "CHANNEL_CONTROL",
@@ -47,6 +48,7 @@ __all__ = [
     "HardState",
     "Heartbeat",
     "HeartbeatResponse",
+    "InstallSnapshot",
     "InvariantViolation",
     "LogStorage",
     "LogUnavailable",
@@ -58,6 +60,7 @@ __all__ = [
     "Proposed",
     "RaftNode",
     "Ready",
+    "SnapshotMeta",
     "SoftState",
     "Status",
     "TimeoutNow",

@@ -36,6 +36,11 @@ class Bugs:
     # Leader sends its full commit index in heartbeats instead of
     # min(commit, follower's match), so a follower with a stale suffix commits it.
     heartbeat_full_commit: bool = False
+    # Follower acknowledges an installed snapshot before it is durable.
+    ack_snapshot_before_persist: bool = False
+    # Follower takes InstallSnapshot(index, term) as already held whenever its
+    # log reaches `index`, whatever the term there: it commits its own entry.
+    snapshot_ignores_term: bool = False
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -70,6 +75,12 @@ class Config:
     # Preferred leader must be within this many entries of the leader's log
     # end to be handed leadership.
     preferred_lag_max: int = 0
+    # A follower in SNAPSHOT state (an InstallSnapshot sent, no answer yet) is
+    # probed again after this many ticks, which sends a new snapshot if it still
+    # needs one. A driver that streams snapshot data for longer keeps its
+    # transfer running and ignores the repeated InstallSnapshot for the same
+    # index (or reports a failed transfer with `RaftNode.report_snapshot`).
+    snapshot_timeout_ticks: int = 100
     bugs: Bugs = NO_BUGS
 
     def __post_init__(self) -> None:
@@ -79,3 +90,5 @@ class Config:
             raise ValueError("batch and window limits must be >= 1")
         if self.resend_ticks < 1:
             raise ValueError("resend_ticks must be >= 1")
+        if self.snapshot_timeout_ticks < 1:
+            raise ValueError("snapshot_timeout_ticks must be >= 1")

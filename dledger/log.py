@@ -14,12 +14,23 @@ Invariants:
   already handed to a Ready.
 - storage may hold a stale tail beyond offset - 1 (written before a
   truncation the driver has not persisted yet); it is never read.
+
+Snapshots and a moving first index
+----------------------------------
+Storage may start after a snapshot (`first_index() > 1`): entries below it
+were committed, applied and deleted by the driver. `snapshot` (the one the
+log starts after) answers the term at its index, so the boundary entry's
+term stays known. A follower too far behind restores a leader's snapshot
+(`restore`): every entry goes, offset = index + 1, and until the driver has
+installed it (`Ready.snapshot`, then `snapshot_persisted`) storage is stale
+and nothing below offset is read from it. Reads below the first available
+index raise `LogUnavailable`, which tells a leader to send a snapshot.
 """
 
 from __future__ import annotations
 
 from dledger.entry import Entry, PlaceFunction
-from dledger.storage import LogStorage
+from dledger.storage import LogStorage, LogUnavailable, SnapshotMeta
 
 # A `max_bytes` / `max_count` for `RaftLog.entries` that never binds: read the
 # whole range asked for (applying committed entries, reading one entry back).
@@ -68,6 +79,15 @@ class RaftLog:
         self.in_progress = self.offset - 1
         # Byte position just past the last entry; the next entry is placed from it.
         self.end_position = storage.end_position()
+        # The snapshot this log starts after, once its first index moved past 1
+        # (it answers the term at first_index - 1).
+        self.snapshot: SnapshotMeta | None = (
+            storage.snapshot() if storage.first_index() > 1 else None
+        )
+        # Restored from a leader's snapshot, not yet durable: storage is stale
+        # below offset until the driver installs it. Handed to one Ready only.
+        self.unstable_snapshot: SnapshotMeta | None = None
+        self._snapshot_handed_out = False
 
     @property
     def last_index(self) -> int:
@@ -76,10 +96,24 @@ class RaftLog:
     def last_term(self) -> int:
         return self.term(self.last_index)
 
+    def first_index(self) -> int:
+        """The first index whose entry this log can read (below it: a snapshot)."""
+        if self.unstable_snapshot is not None:
+            return self.offset
+        return min(self._storage.first_index(), self.offset)
+
     def term(self, index: int) -> int:
-        """Term of `index` (0 for index 0). Raises LookupError outside the log."""
+        """Term of `index` (0 for index 0). Raises LookupError outside the log
+        (`LogUnavailable` below the first available index)."""
+        if index == 0:
+            return 0
+        snap = self.unstable_snapshot or self.snapshot
+        if snap is not None and index == snap.index:
+            return snap.term
         if index >= self.offset:
             return self.unstable[index - self.offset].term
+        if self.unstable_snapshot is not None:
+            raise LogUnavailable(index)
         return self._storage.term(index)
 
     def term_or_none(self, index: int) -> int | None:
@@ -100,6 +134,8 @@ class RaftLog:
             return []
         out: list[Entry] = []
         if lo < self.offset:
+            if self.unstable_snapshot is not None:
+                raise LogUnavailable((lo, hi))
             out = self._storage.entries(lo, min(hi, self.offset), max_bytes)
             if len(out) < min(hi, self.offset) - lo:
                 return out  # byte limit reached inside storage
@@ -117,6 +153,8 @@ class RaftLog:
     def entry(self, index: int) -> Entry:
         if index >= self.offset:
             return self.unstable[index - self.offset]
+        if self.unstable_snapshot is not None:
+            raise LogUnavailable(index)
         return self._storage.entries(index, index + 1, UNLIMITED)[0]
 
     def next_position(self, size: int) -> int:
@@ -157,7 +195,12 @@ class RaftLog:
         self.end_position = prev_end
 
     def _end_of(self, index: int) -> int:
-        return 0 if index == 0 else self.entry(index).end_position
+        if index == 0:
+            return 0
+        snap = self.unstable_snapshot or self.snapshot
+        if snap is not None and index == snap.index:
+            return snap.end_position
+        return self.entry(index).end_position
 
     def take_unpersisted(self) -> tuple[Entry, ...]:
         """Entries not yet handed to a Ready; marks them as handed out."""
@@ -187,3 +230,41 @@ class RaftLog:
                 return index
             index -= 1
         return 0
+
+    # -- snapshots
+
+    def restore(self, meta: SnapshotMeta) -> None:
+        """Replace the whole log by the snapshot `meta` (a follower too far behind).
+
+        Every entry goes, the log ends at meta.index, the next entry is placed
+        after meta.end_position. The driver installs the snapshot from the next
+        Ready (`take_snapshot`) and reports it with `snapshot_persisted`.
+        """
+        self.unstable = []
+        self.offset = meta.index + 1
+        self.in_progress = meta.index
+        self.end_position = meta.end_position
+        self.unstable_snapshot = meta
+        self._snapshot_handed_out = False
+
+    def take_snapshot(self) -> SnapshotMeta | None:
+        """The restored snapshot if not yet handed to a Ready; marks it handed out."""
+        if self.unstable_snapshot is None or self._snapshot_handed_out:
+            return None
+        self._snapshot_handed_out = True
+        return self.unstable_snapshot
+
+    def has_unpersisted_snapshot(self) -> bool:
+        return self.unstable_snapshot is not None and not self._snapshot_handed_out
+
+    def snapshot_persisted(self, meta: SnapshotMeta) -> bool:
+        """The driver installed `meta`; False if a newer restore superseded it."""
+        if self.unstable_snapshot != meta:
+            return False
+        self.snapshot = meta
+        self.unstable_snapshot = None
+        return True
+
+    def snapshot_to_send(self) -> SnapshotMeta | None:
+        """The newest snapshot storage can send (a leader whose follower needs it)."""
+        return self._storage.snapshot()

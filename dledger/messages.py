@@ -1,7 +1,10 @@
 """Replication messages, plus re-exports of the election messages.
 
 `AppendRequest` is the only message on `CHANNEL_REPLICATION` with a body that
-can be large; everything else is small and time-critical.
+can be large; everything else is small and time-critical. `InstallSnapshot`
+names a snapshot only: the driver moves the snapshot's bytes itself (the
+runtime streams them before it delivers the message, see
+`dledger.runtime.snapshot_transfer`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ __all__ = [
     "AppendResponse",
     "Heartbeat",
     "HeartbeatResponse",
+    "InstallSnapshot",
     "Message",
     "TimeoutNow",
     "VoteRequest",
@@ -68,3 +72,23 @@ class AppendResponse(Message):
     hint_term: int = 0
 
     channel: ClassVar[str] = CHANNEL_REPLICATION
+
+
+@dataclass(frozen=True, slots=True)
+class InstallSnapshot(Message):
+    """The leader no longer holds the entries this follower needs: replace your log
+    by the snapshot of the state up to (index, snap_term), whose CommitLog bytes
+    end at `end_position`.
+
+    The follower answers with an `AppendResponse`: success with `index` once the
+    snapshot is durable (or at once with its commit index if that already
+    covers `index`). Delivered only when the driver has the snapshot's data
+    at hand; the core never sees the bytes.
+    """
+
+    index: int
+    snap_term: int
+    end_position: int
+
+    channel: ClassVar[str] = CHANNEL_REPLICATION
+    from_leader: ClassVar[bool] = True

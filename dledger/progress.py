@@ -1,14 +1,25 @@
-"""The leader's view of one follower: match/next index, probe/replicate state, in-flight window.
+"""The leader's view of one follower: match/next index, probe/replicate/snapshot state, window.
 
     +--------+  append accepted   +-----------+
     | PROBE  | -----------------> | REPLICATE |
     |        | <----------------- |           |
     +--------+  rejection, or no  +-----------+
-                progress within resend_ticks
+      |    ^    progress within         ^
+      |    |    resend_ticks            |
+      |    | snapshot_timeout_ticks,    | ack at or past
+      |    | report_snapshot(False)     | pending_snapshot
+      v    |                            |
+    +----------+                        |
+    | SNAPSHOT | -----------------------+
+    +----------+
 
 PROBE sends one append at a time (waiting for the answer) to find where the
 logs agree. REPLICATE streams: `next` moves optimistically past each batch
 sent, up to `inflight_max` unanswered batches (the pipelining window).
+SNAPSHOT: the entries the follower needs are gone from the leader's log, an
+`InstallSnapshot` of `pending_snapshot` is on its way; nothing else is sent
+until the follower acknowledges it, or the attempt times out or fails and the
+follower is probed again (which sends a new snapshot if still needed).
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from collections import deque
 class ProgressState(enum.IntEnum):
     PROBE = 0
     REPLICATE = 1
+    SNAPSHOT = 2
 
 
 class Progress:
@@ -30,8 +42,10 @@ class Progress:
         "inflight_max",
         "match",
         "next",
+        "pending_snapshot",
         "probe_sent",
         "recent_active",
+        "snapshot_ticks",
         "stall_ticks",
         "state",
     )
@@ -50,25 +64,42 @@ class Progress:
         # Ticks with batches in flight and no accepted answer: a lost batch
         # would otherwise stall a full window forever.
         self.stall_ticks = 0
+        # SNAPSHOT: index of the snapshot sent, and ticks since it was sent.
+        self.pending_snapshot = 0
+        self.snapshot_ticks = 0
 
     def paused(self) -> bool:
         if self.state is ProgressState.PROBE:
             return self.probe_sent
+        if self.state is ProgressState.SNAPSHOT:
+            return True
         return len(self.inflight) >= self.inflight_max
 
     def become_probe(self) -> None:
-        self.state = ProgressState.PROBE
+        self._reset(ProgressState.PROBE)
         self.next = self.match + 1
-        self.probe_sent = False
-        self.inflight.clear()
-        self.stall_ticks = 0
 
     def become_replicate(self) -> None:
-        self.state = ProgressState.REPLICATE
+        self._reset(ProgressState.REPLICATE)
         self.next = self.match + 1
+
+    def become_snapshot(self, index: int) -> None:
+        """An `InstallSnapshot` of `index` went out: pause until it is acknowledged."""
+        self._reset(ProgressState.SNAPSHOT)
+        self.pending_snapshot = index
+        self.next = max(self.match, index) + 1
+
+    def snapshot_done(self) -> bool:
+        """SNAPSHOT and the follower now matches at or past the snapshot."""
+        return self.state is ProgressState.SNAPSHOT and self.match >= self.pending_snapshot
+
+    def _reset(self, state: ProgressState) -> None:
+        self.state = state
         self.probe_sent = False
         self.inflight.clear()
         self.stall_ticks = 0
+        self.pending_snapshot = 0
+        self.snapshot_ticks = 0
 
     def sent(self, last_index: int) -> None:
         """An append ending at `last_index` went out."""
@@ -108,6 +139,8 @@ class Progress:
         a commit, never undo one). Ignoring it would probe at `match + 1`
         forever while the follower, whose log ends lower, rejects every time.
         """
+        if self.state is ProgressState.SNAPSHOT:
+            return False  # a rejected append sent before the snapshot: wait for its answer
         if self.state is ProgressState.REPLICATE:
             if rejected < self.match:
                 return False  # answer to a request older than the last ack

@@ -22,6 +22,16 @@ Rules
    applied entry survives a crash of this node.
 4. The leader assigns each new entry's CommitLog position with the injected
    placement rule; followers check it (`RaftLog.append`).
+5. Snapshots: when the entries (or the previous term) a follower needs are
+   no longer in the leader's storage (`LogUnavailable`), the leader sends
+   `InstallSnapshot` for `storage.snapshot()` and pauses that follower
+   (Progress SNAPSHOT) until it acknowledges at or past the snapshot, the
+   attempt times out (`snapshot_timeout_ticks`) or the driver reports it
+   failed (`report_snapshot`). A follower whose commit already covers the
+   snapshot acknowledges its commit; one whose log holds (index, term)
+   commits to it; any other restores it (`RaftLog.restore`: commit = applied
+   = index), hands it to the driver in `Ready.snapshot` and acknowledges only
+   once it is durable.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ from dledger.messages import (
     AppendResponse,
     Heartbeat,
     HeartbeatResponse,
+    InstallSnapshot,
     Message,
     TimeoutNow,
     VoteRequest,
@@ -52,7 +63,7 @@ from dledger.messages import (
 from dledger.progress import Progress, ProgressState
 from dledger.quorum import quorum_index
 from dledger.ready import Ready, SoftState
-from dledger.storage import LogStorage
+from dledger.storage import LogStorage, LogUnavailable, SnapshotMeta
 from election.elector import Elector, RandomSource, TickAction
 from election.roles import Role
 from election.votes import VoteOutcome
@@ -89,6 +100,8 @@ class FollowerStatus:
     next: int
     state: str
     inflight: int
+    # SNAPSHOT state: index of the snapshot sent (0 otherwise).
+    pending_snapshot: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +119,8 @@ class Status:
     last_term: int
     stable_index: int
     progress: dict[int, FollowerStatus]
+    # First index of the log still stored (1 until a prefix was deleted).
+    first_index: int = 1
 
 
 class RaftNode:
@@ -129,9 +144,12 @@ class RaftNode:
         self.log = RaftLog(storage, place or segment_placement())
         # Invariant: applied <= commit <= last_index. The stored commit is a
         # lower bound written lazily, so it can only be too low, never too high
-        # unless the log lost durable entries (clamped defensively).
-        self.commit = min(hard_state.commit, self.log.last_index)
-        self.applied = min(applied, self.commit)
+        # unless the log lost durable entries (clamped defensively). Entries
+        # below the first stored index are committed and applied by the
+        # storage contract (only applied entries are ever deleted).
+        floor = self.log.first_index() - 1
+        self.commit = max(min(hard_state.commit, self.log.last_index), floor)
+        self.applied = min(max(applied, floor), self.commit)
         # Highest index the driver reported durable (and still in our log).
         self.stable_index = self.log.last_index
         # Leader only: one Progress per peer.
@@ -143,6 +161,10 @@ class RaftNode:
         self._in_flight: Ready | None = None
         # Counters for the simulator and metrics.
         self.elections_won = 0
+        self.snapshots_sent = 0
+        self.snapshots_restored = 0
+        # The acknowledgement of a restored snapshot (bug injection sends it early).
+        self._snapshot_ack: AppendResponse | None = None
 
     # ------------------------------------------------------------ observation
 
@@ -171,9 +193,11 @@ class RaftNode:
             last_term=self.log.last_term(),
             stable_index=self.stable_index,
             progress={
-                peer: FollowerStatus(pr.match, pr.next, pr.state.name, len(pr.inflight))
+                peer: FollowerStatus(pr.match, pr.next, pr.state.name, len(pr.inflight),
+                                     pr.pending_snapshot)
                 for peer, pr in self.progress.items()
             },
+            first_index=self.log.first_index(),
         )
 
     # ----------------------------------------------------------------- inputs
@@ -247,6 +271,26 @@ class RaftNode:
             self._send_append(to)
         return True
 
+    def report_snapshot(self, peer: int, ok: bool) -> None:
+        """The driver's word on the snapshot transfer to `peer` (leader only).
+
+        ok=False: the transfer failed; `peer` goes back to PROBE and is sent a
+        new snapshot once it answers a heartbeat. ok=True: the InstallSnapshot
+        was delivered; replication resumes after the snapshot once `peer`
+        acknowledges it (or answers a heartbeat). Ignored unless `peer` waits
+        for a snapshot.
+        """
+        pr = self.progress.get(peer)
+        if self.role is not Role.LEADER or pr is None or pr.state is not ProgressState.SNAPSHOT:
+            return
+        pending = pr.pending_snapshot
+        pr.become_probe()
+        if ok:
+            pr.next = max(pr.next, pending + 1)
+        # Wait for a sign of life (an answer or a heartbeat response) before the
+        # next attempt: an immediate retry would spin on a follower that is down.
+        pr.probe_sent = True
+
     def step(self, msg: Message) -> None:
         """Feed one incoming message."""
         invariant(msg.dst == self.id, f"message for {msg.dst} stepped into {self.id}")
@@ -262,6 +306,8 @@ class RaftNode:
                 self._handle_append(msg)
             case AppendResponse():
                 self._handle_append_response(msg)
+            case InstallSnapshot():
+                self._handle_install_snapshot(msg)
             case Heartbeat():
                 self._handle_heartbeat(msg)
             case HeartbeatResponse():
@@ -283,6 +329,7 @@ class RaftNode:
             return False
         return bool(
             self._outbox
+            or self.log.has_unpersisted_snapshot()
             or self.log.has_unpersisted()
             or self._hard_state() != self._last_hard_state
             or self._soft_state() != self._last_soft_state
@@ -295,6 +342,7 @@ class RaftNode:
         hard = self._hard_state()
         last = self._last_hard_state
         term_or_vote_changed = (hard.term, hard.vote) != (last.term, last.vote)
+        snapshot = self.log.take_snapshot()
         entries = self.log.take_unpersisted()
         now: list[Message] = []
         after: list[Message] = []
@@ -304,6 +352,8 @@ class RaftNode:
                     # Acked before a newer leader may have cut those entries
                     # (the ack waited behind a slow fsync): drop, never mislead.
                     continue
+                case AppendResponse() if msg is self._snapshot_ack:
+                    wait = not self.bugs.ack_snapshot_before_persist
                 case AppendResponse():
                     wait = not self.bugs.ack_before_persist
                 case VoteResponse() if msg.granted and not msg.pre_vote:
@@ -312,17 +362,19 @@ class RaftNode:
                     wait = term_or_vote_changed
             (after if wait else now).append(msg)
         self._outbox = []
+        self._snapshot_ack = None
         limit = self._apply_limit()
         committed = tuple(self.log.entries(self.applied + 1, limit + 1, UNLIMITED, UNLIMITED))
         soft = self._soft_state()
         ready = Ready(
             hard_state=hard if hard != last else None,
-            must_sync=term_or_vote_changed or bool(entries),
+            must_sync=term_or_vote_changed or bool(entries) or snapshot is not None,
             entries=entries,
             messages=tuple(now),
             messages_after_persist=tuple(after),
             committed_entries=committed,
             soft_state=soft if soft != self._last_soft_state else None,
+            snapshot=snapshot,
         )
         self._last_hard_state = hard
         self._last_soft_state = soft
@@ -333,12 +385,15 @@ class RaftNode:
         """The driver persisted, sent and applied everything in `ready`."""
         invariant(ready is self._in_flight, "advance() with a Ready this node did not hand out")
         self._in_flight = None
+        if ready.snapshot is not None and self.log.snapshot_persisted(ready.snapshot):
+            self.stable_index = max(self.stable_index, ready.snapshot.index)
         if ready.entries:
             last = ready.entries[-1]
             if self.log.stable_to(last.index, last.term):
                 self.stable_index = max(self.stable_index, last.index)
         if ready.committed_entries:
-            self.applied = ready.committed_entries[-1].index
+            # max: a snapshot restored while this Ready was out moved applied past it.
+            self.applied = max(self.applied, ready.committed_entries[-1].index)
         if self.role is Role.LEADER and self._maybe_commit():
             self._broadcast_append()
 
@@ -425,14 +480,17 @@ class RaftNode:
             # Entries up to commit must already equal the leader's: check that
             # they do (every term the message names at or below our commit),
             # then keep only what lies beyond and re-anchor at our commit.
+            # Re-anchored, prev matches by definition, also where the entry
+            # is no longer stored (a snapshot covers it).
             self._check_committed_prefix(prev_index, prev_term, entries)
             skip = min(self.commit - prev_index, len(entries))
             entries = entries[skip:]
             prev_index = prev_index + skip
-            prev_term = self.log.term(prev_index)
-        if prev_index <= self.log.last_index and (
-            self.bugs.skip_consistency_check or self.log.match_term(prev_index, prev_term)
-        ):
+            matches = True
+        else:
+            matches = self.bugs.skip_consistency_check or self.log.match_term(
+                prev_index, prev_term)
+        if prev_index <= self.log.last_index and matches:
             self._accept_entries(prev_index, entries, msg.commit)
             last_new = prev_index + len(entries)
             self._outbox.append(AppendResponse(self.id, msg.src, self.term, True, last_new))
@@ -490,6 +548,28 @@ class RaftNode:
         self._outbox.append(HeartbeatResponse(self.id, msg.src, self.term,
                                               self.log.last_index if lost else -1))
 
+    def _handle_install_snapshot(self, msg: InstallSnapshot) -> None:
+        self._follow(msg.src)
+        if msg.index <= self.commit:
+            # Stale or duplicate: our committed prefix already covers it.
+            self._outbox.append(AppendResponse(self.id, msg.src, self.term, True, self.commit))
+            return
+        if self.bugs.snapshot_ignores_term:
+            holds = msg.index <= self.log.last_index
+        else:
+            holds = self.log.match_term(msg.index, msg.snap_term)
+        if holds:
+            # Log matching: our prefix up to it is the leader's; keep what follows.
+            self._commit_to(msg.index)
+            self._outbox.append(AppendResponse(self.id, msg.src, self.term, True, msg.index))
+            return
+        self.log.restore(SnapshotMeta(msg.index, msg.snap_term, msg.end_position))
+        self.commit = self.applied = self.stable_index = msg.index
+        self.snapshots_restored += 1
+        ack = AppendResponse(self.id, msg.src, self.term, True, msg.index)
+        self._snapshot_ack = ack
+        self._outbox.append(ack)
+
     # -- leader side
 
     def _broadcast_heartbeat(self) -> None:
@@ -507,17 +587,37 @@ class RaftNode:
         if pr.paused():
             return False
         last_index = self.log.last_index
-        entries = self.log.entries(
-            pr.next, last_index + 1, self.config.append_bytes_max, self.config.append_entries_max
-        )
         prev_index = pr.next - 1
+        try:
+            prev_term = self.log.term(prev_index)
+            entries = self.log.entries(
+                pr.next, last_index + 1, self.config.append_bytes_max,
+                self.config.append_entries_max,
+            )
+        except LogUnavailable:
+            self._send_snapshot(peer, pr)
+            return False
         msg = AppendRequest(
-            self.id, peer, self.term, prev_index, self.log.term(prev_index), tuple(entries),
-            self.commit,
+            self.id, peer, self.term, prev_index, prev_term, tuple(entries), self.commit,
         )
         pr.sent(entries[-1].index if entries else prev_index)
         self._outbox.append(msg)
         return bool(entries)
+
+    def _send_snapshot(self, peer: int, pr: Progress) -> None:
+        """The entries `peer` needs are gone: send the snapshot and pause it."""
+        meta = self.log.snapshot_to_send()
+        invariant(
+            meta is not None and meta.index >= pr.next - 1,
+            f"entries from {pr.next} are not stored and storage's snapshot {meta} does not "
+            "cover them: the driver deleted log entries no snapshot holds",
+        )
+        assert meta is not None  # for the type checker; invariant() raised otherwise
+        pr.become_snapshot(meta.index)
+        self.snapshots_sent += 1
+        self._outbox.append(
+            InstallSnapshot(self.id, peer, self.term, meta.index, meta.term, meta.end_position)
+        )
 
     def _fill_window(self, peer: int) -> None:
         """Pipelining: keep sending batches while the window has room and entries remain."""
@@ -541,7 +641,7 @@ class RaftNode:
             return
         if not pr.update(msg.index):
             return
-        if pr.state is ProgressState.PROBE:
+        if pr.state is ProgressState.PROBE or pr.snapshot_done():
             pr.become_replicate()
         if self._maybe_commit():
             self._broadcast_append()
@@ -575,7 +675,14 @@ class RaftNode:
 
     def _tick_resend(self) -> None:
         for peer, pr in self.progress.items():
-            if pr.state is ProgressState.REPLICATE and pr.inflight:
+            if pr.state is ProgressState.SNAPSHOT:
+                # A lost InstallSnapshot or acknowledgement: probe again (which
+                # sends a new snapshot if the follower still needs one).
+                pr.snapshot_ticks += 1
+                if pr.snapshot_ticks >= self.config.snapshot_timeout_ticks:
+                    pr.become_probe()
+                    self._send_append(peer)
+            elif pr.state is ProgressState.REPLICATE and pr.inflight:
                 pr.stall_ticks += 1
                 if pr.stall_ticks >= self.config.resend_ticks:
                     pr.become_probe()

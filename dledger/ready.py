@@ -2,6 +2,14 @@
 
 The contract (etcd's, in our words):
 
+0. If `snapshot` is not None, install it FIRST, before anything else of
+   this Ready: the node restored a leader's snapshot, so replace the whole
+   log by it (afterwards the log starts at snapshot.index + 1 and the next
+   entry is placed at snapshot.end_position) and reset the state machine to
+   the snapshot's state (it is applied up to snapshot.index). The hard state
+   of this Ready carries commit = snapshot.index. `must_sync` is True: the
+   install must be durable before `messages_after_persist` (its
+   acknowledgement) leave. `entries`, if any, follow snapshot.index.
 1. Write `entries` to the log (truncating the stored log after
    `entries[0].index - 1` first, since they may replace a suffix) and write
    `hard_state` if not None. If `must_sync`, make both durable (fsync) now.
@@ -18,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dledger.entry import Entry, HardState
+from dledger.storage import SnapshotMeta
 from election.messages import Message
 from election.roles import Role
 
@@ -51,10 +60,13 @@ class Ready:
     committed_entries: tuple[Entry, ...]
     # Role/leader/term if changed since the last Ready, else None.
     soft_state: SoftState | None
+    # A leader's snapshot this node restored: install it before anything else.
+    snapshot: SnapshotMeta | None = None
 
     def is_empty(self) -> bool:
         return not (
-            self.hard_state
+            self.snapshot
+            or self.hard_state
             or self.entries
             or self.messages
             or self.messages_after_persist

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import commitlog
+from commitlog.snapshot import SnapshotInfo
 from dledger.runtime.node import NodeConfig, RaftGroupNode, SoftStateInfo
 from ledgermq.base.ports import free_ports
 
@@ -27,7 +28,8 @@ async def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
 
 
 class Cluster:
-    """N nodes; `applied[n]` records every entry node n applied, in order."""
+    """N nodes; `applied[n]` records every entry node n applied, in order, and
+    `installs[n]` every snapshot it installed (then `on_install(n, info)`)."""
 
     def __init__(self, root: Path, n: int = 3, **knobs: Any) -> None:
         self.root = root
@@ -37,6 +39,8 @@ class Cluster:
         self.nodes: dict[int, RaftGroupNode] = {}
         self.applied: dict[int, list[commitlog.Entry]] = {}
         self.soft: dict[int, list[SoftStateInfo]] = {}
+        self.installs: dict[int, list[SnapshotInfo]] = {}
+        self.on_install: Callable[[int, SnapshotInfo], None] | None = None
 
     def config(self, node_id: int) -> NodeConfig:
         return NodeConfig(group="g1", node_id=node_id, peers=self.peers,
@@ -48,12 +52,19 @@ class Cluster:
         applied: list[commitlog.Entry] = []
         self.applied[node_id] = applied
         self.soft[node_id] = []
+        installs = self.installs.setdefault(node_id, [])
 
         def apply(entries: Sequence[commitlog.Entry]) -> None:
             applied.extend(entries)
 
+        def installed(info: SnapshotInfo) -> None:
+            installs.append(info)
+            if self.on_install is not None:
+                self.on_install(node_id, info)
+
         if node is None:
-            node = RaftGroupNode(self.config(node_id), apply, self.soft[node_id].append)
+            node = RaftGroupNode(self.config(node_id), apply, self.soft[node_id].append,
+                                 on_install=installed)
         else:
             node._apply_cb = apply
         await node.start(applied_index)

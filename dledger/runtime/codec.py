@@ -14,6 +14,18 @@ frames of bounded size without re-encoding). Entry bodies stay `bytes`
     AppendRequest      [6, src, dst, term, prev_index, prev_term, commit,
                         [term, kind, position, data, term, kind, position, data, ...]]
     AppendResponse     [7, src, dst, term, success, index, hint_index, hint_term]
+    SnapshotOffer      [8, src, dst, term, transfer, index, snap_term, end_position,
+                        first_index, state_crc, [name, size, name, size, ...]]
+    SnapshotChunk      [9, src, dst, term, transfer, index, file, offset, data, crc, last]
+    SnapshotAck        [10, src, dst, term, transfer, index, offset, ok, reason]
+    InstallSnapshot    [11, src, dst, term, index, snap_term, end_position]
+
+The last three are the runtime's snapshot transfer (`snapshot_transfer.py`),
+never stepped into the core. A chunk is checked here as far as it can be
+without context: its file name is the state file or a 20-digit segment name
+(nothing else can reach the staging directory), its data is non-empty, at
+most `CHUNK_BYTES_MAX` bytes and matches its crc32c; a forged or corrupted
+chunk is a `CodecError` like any other malformed message.
 
 The connection handshake (first frame of every peer connection) is a msgpack
 map, see `encode_hello` / `decode_hello`. In a group with a cluster secret
@@ -36,6 +48,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NotRequired, TypedDict
 
 import msgpack
+from crc32c import crc32c
 
 from dledger.entry import Entry
 from dledger.messages import (
@@ -43,10 +56,20 @@ from dledger.messages import (
     AppendResponse,
     Heartbeat,
     HeartbeatResponse,
+    InstallSnapshot,
     Message,
     TimeoutNow,
     VoteRequest,
     VoteResponse,
+)
+from dledger.runtime.snapshot_transfer import (
+    CHUNK_BYTES_MAX,
+    MANIFEST_FILES_MAX,
+    REASON_MAX,
+    SnapshotAck,
+    SnapshotChunk,
+    SnapshotOffer,
+    valid_file_name,
 )
 
 HELLO_MAGIC = "ledgermq-raft"
@@ -60,8 +83,13 @@ _T_HEARTBEAT_RESP = 4
 _T_TIMEOUT_NOW = 5
 _T_APPEND_REQ = 6
 _T_APPEND_RESP = 7
+_T_SNAPSHOT_OFFER = 8
+_T_SNAPSHOT_CHUNK = 9
+_T_SNAPSHOT_ACK = 10
+_T_INSTALL_SNAPSHOT = 11
 
 _MAX_U64 = 2**64 - 1
+_MAX_U32 = 2**32 - 1
 # Largest term / index / position accepted off the wire (see the module doc):
 # the i64 range, which leaves 2**63 increments of headroom below u64 overflow.
 MAX_TERM_OR_INDEX = 2**63 - 1
@@ -130,6 +158,21 @@ def _encode_one(msg: Message) -> list[Any]:
             return [_T_VOTE_RESP, msg.src, msg.dst, msg.term, msg.granted, msg.pre_vote]
         case TimeoutNow():
             return [_T_TIMEOUT_NOW, msg.src, msg.dst, msg.term]
+        case InstallSnapshot():
+            return [_T_INSTALL_SNAPSHOT, msg.src, msg.dst, msg.term, msg.index, msg.snap_term,
+                    msg.end_position]
+        case SnapshotChunk():
+            return [_T_SNAPSHOT_CHUNK, msg.src, msg.dst, msg.term, msg.transfer, msg.index,
+                    msg.file, msg.offset, msg.data, msg.crc, msg.last]
+        case SnapshotAck():
+            return [_T_SNAPSHOT_ACK, msg.src, msg.dst, msg.term, msg.transfer, msg.index,
+                    msg.offset, msg.ok, msg.reason]
+        case SnapshotOffer():
+            files: list[Any] = []
+            for name, size in msg.files:
+                files += (name, size)
+            return [_T_SNAPSHOT_OFFER, msg.src, msg.dst, msg.term, msg.transfer, msg.index,
+                    msg.snap_term, msg.end_position, msg.first_index, msg.state_crc, files]
     raise TypeError(f"cannot encode {type(msg).__name__}")
 
 
@@ -197,6 +240,18 @@ def _u63(value: Any, what: str) -> int:
     if type(value) is not int or not 0 <= value <= MAX_TERM_OR_INDEX:
         raise CodecError(f"{what} must be an integer in [0, 2**63 - 1], got "
                          f"{type(value).__name__}")
+    return value
+
+
+def _u32(value: Any, what: str) -> int:
+    if type(value) is not int or not 0 <= value <= _MAX_U32:
+        raise CodecError(f"{what} must be an integer in [0, 2**32 - 1]")
+    return value
+
+
+def _file_name(value: Any) -> str:
+    if type(value) is not str or not valid_file_name(value):
+        raise CodecError(f"snapshot file name {value!r:.60} is neither the state nor a segment")
     return value
 
 
@@ -270,7 +325,57 @@ def _decode_one(obj: Any) -> Message:
     if t == _T_TIMEOUT_NOW:
         _fields(obj, 4, "TimeoutNow")
         return TimeoutNow(_uint(obj[1], "src"), _uint(obj[2], "dst"), _u63(obj[3], "term"))
+    if t == _T_INSTALL_SNAPSHOT:
+        _fields(obj, 7, "InstallSnapshot")
+        return InstallSnapshot(_uint(obj[1], "src"), _uint(obj[2], "dst"), _u63(obj[3], "term"),
+                               _u63(obj[4], "index"), _u63(obj[5], "snap_term"),
+                               _u63(obj[6], "end_position"))
+    if t in (_T_SNAPSHOT_OFFER, _T_SNAPSHOT_CHUNK, _T_SNAPSHOT_ACK):
+        return _decode_transfer(t, obj)
     raise CodecError(f"unknown message type {t}")
+
+
+_TRANSFER_FIELDS = {_T_SNAPSHOT_OFFER: (11, "SnapshotOffer"),
+                    _T_SNAPSHOT_CHUNK: (11, "SnapshotChunk"),
+                    _T_SNAPSHOT_ACK: (9, "SnapshotAck")}
+
+
+def _decode_transfer(t: int, obj: list[Any]) -> Message:
+    _fields(obj, *_TRANSFER_FIELDS[t])
+    src, dst = _uint(obj[1], "src"), _uint(obj[2], "dst")
+    if t == _T_SNAPSHOT_CHUNK:
+        file, offset, data = _file_name(obj[6]), _u63(obj[7], "chunk offset"), obj[8]
+        if type(data) is not bytes or not 0 < len(data) <= CHUNK_BYTES_MAX:
+            raise CodecError(f"chunk data must be 1..{CHUNK_BYTES_MAX} bytes")
+        if offset + len(data) > MAX_TERM_OR_INDEX:
+            raise CodecError("chunk would pass byte 2**63 - 1")
+        crc = _u32(obj[9], "chunk crc")
+        if crc32c(data) != crc:
+            raise CodecError(f"chunk of {file} at {offset}: CRC mismatch")
+        return SnapshotChunk(src, dst, _u63(obj[3], "term"), _uint(obj[4], "transfer"),
+                             _u63(obj[5], "index"), file, offset, data, crc,
+                             _bool(obj[10], "last"))
+    if t == _T_SNAPSHOT_ACK:
+        ok, reason = _bool(obj[7], "ok"), obj[8]
+        if type(reason) is not str or len(reason) > REASON_MAX or (ok and reason):
+            raise CodecError("ack reason must be a short string, empty when ok")
+        return SnapshotAck(src, dst, _u63(obj[3], "term"), _uint(obj[4], "transfer"),
+                           _u63(obj[5], "index"), _u63(obj[6], "ack offset"), ok, reason)
+    flat = obj[10]
+    if type(flat) is not list or len(flat) % 2 or len(flat) > 2 * MANIFEST_FILES_MAX:
+        raise CodecError(f"offer files must be at most {MANIFEST_FILES_MAX} (name, size) pairs")
+    files = []
+    total = 0
+    for k in range(0, len(flat), 2):
+        size = _u63(flat[k + 1], "file size")
+        total += size
+        files.append((_file_name(flat[k]), size))
+    if total > MAX_TERM_OR_INDEX or len({name for name, _ in files}) != len(files):
+        raise CodecError("offer files must be distinct and total below 2**63")
+    return SnapshotOffer(src, dst, _u63(obj[3], "term"), _uint(obj[4], "transfer"),
+                         _u63(obj[5], "index"), _u63(obj[6], "snap_term"),
+                         _u63(obj[7], "end_position"), _u63(obj[8], "first_index"),
+                         _u32(obj[9], "state_crc"), tuple(files))
 
 
 def decode_batch(payload: bytes, max_bin_len: int) -> list[Message]:

@@ -34,14 +34,26 @@ the I/O, all on one event loop (uvloop when `ledgermq.base.loop` installs it):
   once a second while it moves, and at `stop()`), so a restarted broker can
   replay up to it before `start()`.
 
-See docs/raft.md, "Runtime", for the knobs and why the defaults give
-sub-second failover on loopback.
+- *Snapshots.* A follower whose next entries retention deleted gets the
+  leader's snapshot: the core emits `InstallSnapshot`, the runtime streams
+  the snapshot's state file and the segments under it first
+  (`snapshot_transfer.py`) and sends the core's message only once the
+  follower staged every byte; the follower steps it into its core then, and
+  carries out the `Ready.snapshot` that follows before anything else of that
+  Ready: the staged segments replace its log (`CommitLog.install`), the
+  state file becomes its newest snapshot (`adopt_snapshot`), the commit
+  index is saved, and `on_install(info)` resets the state machine.
+
+See docs/raft.md, "Runtime" and "Snapshot transfer", for the knobs and why
+the defaults give sub-second failover on loopback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import itertools
 import logging
 import os
 import random
@@ -55,14 +67,32 @@ import commitlog
 from commitlog import CommitLog, CommitLogConfig, Flusher
 from commitlog.errors import StorageError
 from commitlog.flush import FlushObserver, Worker
+from commitlog.snapshot import SnapshotInfo, adopt_snapshot, list_snapshots
 from commitlog.sync_thread import SyncThread
 from dledger.config import NO_BUGS, Bugs, Config
 from dledger.entry import HardState, segment_placement
-from dledger.log import CommittedDivergence, InvariantViolation
-from dledger.messages import AppendResponse, Message
+from dledger.log import CommittedDivergence, InvariantViolation, invariant
+from dledger.messages import AppendResponse, InstallSnapshot, Message
 from dledger.raw_node import NotLeader, RaftNode
 from dledger.ready import Ready, SoftState
 from dledger.runtime.codec import CodecError
+from dledger.runtime.snapshot_transfer import (
+    CHUNK_BYTES,
+    CHUNK_BYTES_MAX,
+    REASON_MAX,
+    STALL_S,
+    TRANSFER_MESSAGES,
+    WINDOW_BYTES,
+    SnapshotAck,
+    SnapshotChunk,
+    SnapshotOffer,
+    SnapshotReceiver,
+    SnapshotSender,
+    SourceUnavailable,
+    finish_interrupted_install,
+    open_sources,
+    remove_staging,
+)
 from dledger.runtime.storage import CommitLogStorage
 from dledger.runtime.transport import PeerTransport
 from election.config import ElectionConfig
@@ -132,6 +162,13 @@ class NodeConfig:
     cluster_secret: bytes = field(default=b"", repr=False)
     tls_server: ssl.SSLContext | None = field(default=None, repr=False)
     tls_client: ssl.SSLContext | None = field(default=None, repr=False)
+    # Snapshot transfer (docs/raft.md, "Snapshot transfer"): chunk size,
+    # un-acked bytes in flight, how long without progress before a transfer
+    # is abandoned (and retried), and the most bytes a follower stages.
+    snapshot_chunk_bytes: int = CHUNK_BYTES
+    snapshot_window_bytes: int = WINDOW_BYTES
+    snapshot_stall_s: float = STALL_S
+    install_max_bytes: int = 1 << 40
 
     def __post_init__(self) -> None:
         if self.node_id not in self.peers:
@@ -150,6 +187,12 @@ class NodeConfig:
             raise ValueError(f"the cluster secret is at least {SECRET_BYTES_MIN} bytes")
         if (self.tls_server is None) != (self.tls_client is None):
             raise ValueError("TLS on the Raft port needs both tls_server and tls_client")
+        if not 0 < self.snapshot_chunk_bytes <= CHUNK_BYTES_MAX:
+            raise ValueError(f"snapshot_chunk_bytes must be in 1..{CHUNK_BYTES_MAX}")
+        if self.snapshot_window_bytes < self.snapshot_chunk_bytes:
+            raise ValueError("snapshot_window_bytes must hold at least one chunk")
+        if self.snapshot_stall_s <= 0 or self.install_max_bytes <= 0:
+            raise ValueError("snapshot_stall_s and install_max_bytes must be positive")
         # Validates the tick counts (>= 2, heartbeat below the timeout).
         self.election_config()
 
@@ -260,6 +303,16 @@ class NodeCounters:
     # Peer connections refused before their handshake completed, by reason
     # (bad_proof, no_proof, unknown_peer, connection_limit, ..., see transport.py).
     auth_failures: dict[str, int] = field(default_factory=dict)
+    # Snapshot transfers (docs/raft.md, "Snapshot transfer").
+    installs_sent: int = 0          # leader: transfers completed, InstallSnapshot sent
+    installs_received: int = 0      # follower: snapshots installed
+    install_failures: int = 0       # leader: transfers abandoned or impossible
+    install_bytes_sent: int = 0     # leader: chunk bytes sent, resends included
+    install_bytes_received: int = 0  # follower: chunk bytes staged
+    transfer_seconds: float = 0.0   # leader: offer to the last ack, summed
+    install_seconds: float = 0.0    # follower: staged files to installed log + state
+    # Follower: transfer messages refused or not written, by reason.
+    transfer_refusals: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,6 +360,10 @@ class NodeStatus:
     fsync_handoff_seconds: float
     entries_per_fsync: float
     pending_proposals: int
+    first_index: int
+    snapshot_index: int  # the newest snapshot's (0: none)
+    # Outgoing transfers in progress: peer -> index, acked/total bytes.
+    transfers: dict[int, dict[str, int]]
     counters: NodeCounters
     core: LeaderStatus | None  # None before start()
 
@@ -379,8 +436,14 @@ class RaftGroupNode:
         io: NodeIO | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
         observer: NodeObserver = NO_OBSERVER,
+        on_install: Callable[[SnapshotInfo], None] | None = None,
     ) -> None:
+        """`on_install(info)` is called (on the loop) after this replica
+        installed a leader's snapshot: its log now starts below `info.index`
+        and ends there, and the state machine must reset itself to
+        `read_state(info)`; entries after it follow through `apply`."""
         self.config = config
+        self._on_install = on_install
         self._observer = observer
         self._apply_cb = apply
         self._on_soft_state = on_soft_state
@@ -389,6 +452,13 @@ class RaftGroupNode:
         self._bugs = io.bugs
         # Opened (and recovered) now so the broker can replay before start().
         self.log: CommitLog = CommitLog.open(config.data_dir, config.commitlog_config())
+        try:
+            # A power cut between replacing the log and adopting the state
+            # of an install: adopt it now (or drop a partial transfer).
+            finish_interrupted_install(self.log)
+        except BaseException:
+            self.log.close()
+            raise
         self.storage = CommitLogStorage(self.log)
         self._initial_hard_state = self.storage.initial_state()
         if self._initial_hard_state.commit > self.log.last_index:
@@ -437,6 +507,12 @@ class RaftGroupNode:
         # Hard state as handed out by the core (latest) and as on disk.
         self._hs_latest = self._initial_hard_state
         self._hs_saved = self._initial_hard_state
+        # Snapshot transfer: outgoing per peer (leader), incoming (follower).
+        self._senders: dict[int, SnapshotSender] = {}
+        self._transfer_ids = itertools.count(1)
+        self._receiver = SnapshotReceiver(config.data_dir, self.log.config.segment_size_bytes,
+                                          config.install_max_bytes)
+        self._installing = False
 
     # ------------------------------------------------------------ observation
 
@@ -470,6 +546,13 @@ class RaftGroupNode:
         return self._applied
 
     @property
+    def install_pending(self) -> bool:
+        """The core restored a leader's snapshot that the driver has not
+        installed yet: `commit_index` already counts it, `log` does not."""
+        core = self._core
+        return core is not None and (core.log.unstable_snapshot is not None or self._installing)
+
+    @property
     def last_index(self) -> int:
         return self._core.log.last_index if self._core else self.log.last_index
 
@@ -484,9 +567,16 @@ class RaftGroupNode:
     async def wait_leader_ready(self, timeout: float) -> bool:
         return await self._wait_for(lambda: self.leader_ready, timeout)
 
+    def note_snapshot(self, info: SnapshotInfo) -> None:
+        """A snapshot of the state machine was written (the broker calls this
+        after `write_snapshot`): it is what a follower that needs entries
+        deleted below it will be sent."""
+        self.storage.note_snapshot(info)
+
     def status(self) -> NodeStatus:
         core = self._core
         flusher = self._flusher
+        snap = self.storage.snapshot_info
         leading = None
         if core is not None:
             st = core.status()
@@ -518,7 +608,12 @@ class RaftGroupNode:
             entries_per_fsync=(flusher.synced_entries / flusher.syncs
                                if flusher.syncs else 0.0),
             pending_proposals=len(self._pending) + len(self._queue),
-            counters=replace(self.counters, auth_failures=dict(self.counters.auth_failures)),
+            first_index=self.log.first_index,
+            snapshot_index=snap.index if snap is not None else 0,
+            transfers={peer: {"index": t.index, "acked": t.acked, "total": t.total}
+                       for peer, t in self._senders.items()},
+            counters=replace(self.counters, auth_failures=dict(self.counters.auth_failures),
+                             transfer_refusals=dict(self._receiver.refused)),
             core=leading,
         )
 
@@ -531,6 +626,12 @@ class RaftGroupNode:
             raise RuntimeError("node already started")
         self._started = True
         cfg = self.config
+        # What the state machine applied was committed, though the lazily
+        # saved commit index may be lower (a snapshot taken after the last
+        # save, restored at start): the core must know, or it would let a
+        # leader replace those entries (possible only under flush=async,
+        # after a quorum lost them) without noticing the divergence.
+        self.storage.commit_floor = min(applied_index, self.log.last_index)
         core_config = Config(
             node_id=cfg.node_id,
             voters=frozenset(cfg.peers),
@@ -547,7 +648,8 @@ class RaftGroupNode:
         self._hs_latest = HardState(self._initial_hard_state.term, self._initial_hard_state.vote,
                                     self._core.commit)
         if 0 < applied_index <= self.log.last_index:
-            self._applied_term = self.log.term_at(applied_index)
+            with contextlib.suppress(LookupError):  # below the log and no snapshot there
+                self._applied_term = self.storage.term(applied_index)
         await self._flusher.start()
         await self._transport.start()
         loop = asyncio.get_running_loop()
@@ -589,6 +691,8 @@ class RaftGroupNode:
             await self._step(failures, "driver", cancel_and_wait([self._driver]))
         self._fail_proposals("node stopped")
         await self._step(failures, "transport", self._transport.close())
+        self._drop_transfers()
+        self._receiver.forget()
         # Background saves and closes run to their end (a hard-state write cut
         # short would leave the state worker busy at shutdown).
         background = list(self._bg)
@@ -720,7 +824,14 @@ class RaftGroupNode:
             return
         try:
             for msg in messages:
-                core.step(msg)
+                if isinstance(msg, TRANSFER_MESSAGES):
+                    self._on_transfer(msg)
+                elif isinstance(msg, InstallSnapshot) and not self._may_install(msg):
+                    # Its files are not (or no longer) staged here: the leader
+                    # times out and streams them again.
+                    self._refusal("install_not_staged")
+                else:
+                    core.step(msg)
         except CommittedDivergence as exc:
             # Not the peer's fault: this replica lost data it had committed.
             self._fail(exc)
@@ -753,6 +864,8 @@ class RaftGroupNode:
             if self.failed is not None:
                 return
             core.tick()
+            if self._senders:
+                self._poll_transfers()
             self._wake.set()
             n += 1
             if n % commit_every == 0 and min(self._hs_latest.commit, self.log.durable_index) \
@@ -782,8 +895,18 @@ class RaftGroupNode:
 
     async def _handle_ready(self, rd: Ready) -> None:
         self.counters.readies += 1
+        if rd.snapshot is not None:
+            # First, before anything else of this Ready (dledger/ready.py).
+            await self._install_snapshot(rd)
         if rd.messages:
-            self._transport.send(rd.messages)
+            messages: Sequence[Message] = rd.messages
+            if any(isinstance(m, InstallSnapshot) for m in messages):
+                # Not sent as is: its files go first (see _begin_transfer).
+                for msg in messages:
+                    if isinstance(msg, InstallSnapshot):
+                        self._begin_transfer(msg)
+                messages = [m for m in messages if not isinstance(m, InstallSnapshot)]
+            self._transport.send(messages)
         waits = []
         if rd.entries:
             # Only entries above the last commit handed out may be replaced.
@@ -865,6 +988,7 @@ class RaftGroupNode:
             self.counters.leader_changes += 1
         if ss.role is not Role.LEADER:
             self._fail_proposals(f"node {self.config.node_id} lost leadership (term {ss.term})")
+            self._drop_transfers()
         log.info("raft %s/%d: %s term %d leader %d", self.config.group, self.config.node_id,
                  ROLE_NAMES[ss.role], ss.term, ss.leader_id)
         if self._on_soft_state is not None:
@@ -926,6 +1050,211 @@ class RaftGroupNode:
                 self._on_failure(exc)
             except Exception:
                 log.exception("on_failure callback failed")
+
+    # -------------------------------------------------------- snapshot transfer
+
+    def _refusal(self, reason: str) -> None:
+        refused = self._receiver.refused
+        refused[reason] = refused.get(reason, 0) + 1
+
+    def _begin_transfer(self, msg: InstallSnapshot) -> None:
+        """Leader: the core wants `msg.dst` to install a snapshot; stream its
+        files first. One transfer per follower: while one runs, the core's
+        repeated InstallSnapshot (its snapshot timeout) changes nothing."""
+        current = self._senders.get(msg.dst)
+        if current is not None:
+            if current.term == msg.term:
+                return
+            self._end_transfer(current, ok=False, report=False)
+        log_ = self.log
+        try:
+            info = self._snapshot_at(msg.index)
+            if info is None or (info.term, info.end_position) != (msg.snap_term,
+                                                                  msg.end_position):
+                raise SourceUnavailable(f"no snapshot ({msg.index}, {msg.snap_term}) on disk")
+            if not (log_.first_index <= msg.index <= log_.last_index
+                    and log_.term_at(msg.index) == msg.snap_term
+                    and log_.entry_end(msg.index) == msg.end_position):
+                raise SourceUnavailable(
+                    f"the log ({log_.first_index}..{log_.last_index}) does not hold the "
+                    f"snapshot's entry {msg.index} of term {msg.snap_term}")
+            sources = open_sources(info.state_path, log_.segments.directory,
+                                   log_.segments.bases, log_.config.segment_size_bytes,
+                                   msg.end_position)
+        except (SourceUnavailable, OSError, StorageError) as exc:
+            self.counters.install_failures += 1
+            log.error("raft %s/%d: cannot send snapshot %d to node %d: %s", self.config.group,
+                      self.config.node_id, msg.index, msg.dst, exc)
+            self._require_core().report_snapshot(msg.dst, False)
+            return
+        cfg = self.config
+        sender = SnapshotSender(
+            cfg.node_id, msg.dst, msg.term, next(self._transfer_ids), msg.index, msg.snap_term,
+            msg.end_position, log_.first_index, info.state_crc, sources, self._clock(),
+            chunk_bytes=cfg.snapshot_chunk_bytes, window_bytes=cfg.snapshot_window_bytes,
+            stall_s=cfg.snapshot_stall_s, retransmit_s=min(2.0, cfg.snapshot_stall_s / 4))
+        self._senders[msg.dst] = sender
+        log.info("raft %s/%d: sending snapshot %d (%d bytes, log from %d) to node %d",
+                 cfg.group, cfg.node_id, msg.index, sender.total, log_.first_index, msg.dst)
+        self._transport.send([sender.start()])
+
+    def _snapshot_at(self, index: int) -> SnapshotInfo | None:
+        info = self.storage.snapshot_info
+        if info is not None and info.index == index:
+            return info
+        return next((i for i in list_snapshots(self.config.data_dir) if i.index == index), None)
+
+    def _poll_transfers(self) -> None:
+        core = self._require_core()
+        now = self._clock()
+        for sender in list(self._senders.values()):
+            if core.role is not Role.LEADER or core.term != sender.term:
+                self._end_transfer(sender, ok=False, report=False)
+                continue
+            self._sender_step(sender, functools.partial(sender.poll, now))
+
+    def _sender_step(self, sender: SnapshotSender,
+                     step: Callable[[], list[Message]]) -> None:
+        """Run one step of a sender; send what it gives; finish it when done or failed."""
+        try:
+            out = step()
+        except (SourceUnavailable, OSError) as exc:
+            sender.failed = f"reading the snapshot's files failed: {exc}"
+            out = []
+        if out:
+            self._transport.send(out)
+        if sender.failed is not None:
+            log.warning("raft %s/%d: snapshot %d to node %d abandoned: %s", self.config.group,
+                        self.config.node_id, sender.index, sender.dst, sender.failed)
+            self._end_transfer(sender, ok=False)
+        elif sender.done:
+            core = self._require_core()
+            if core.role is Role.LEADER and core.term == sender.term:
+                self._transport.send([InstallSnapshot(
+                    self.config.node_id, sender.dst, core.term, sender.index,
+                    sender.snap_term, sender.end_position)])
+                self.counters.installs_sent += 1
+                self.counters.transfer_seconds += self._clock() - sender.started_at
+                log.info("raft %s/%d: snapshot %d streamed to node %d (%d bytes, %d resent)",
+                         self.config.group, self.config.node_id, sender.index, sender.dst,
+                         sender.total - sender.resumed_from, sender.resends)
+            self._end_transfer(sender, ok=True)
+
+    def _end_transfer(self, sender: SnapshotSender, ok: bool, report: bool = True) -> None:
+        sender.close()
+        if self._senders.get(sender.dst) is sender:
+            del self._senders[sender.dst]
+        self.counters.install_bytes_sent += sender.bytes_sent
+        core = self._core
+        if not report or core is None:
+            return
+        if not ok:
+            self.counters.install_failures += 1
+        # ok: the InstallSnapshot went out; the follower's answer, or a probe
+        # after it, resumes replication past the snapshot.
+        core.report_snapshot(sender.dst, ok)
+        self._wake.set()
+
+    def _drop_transfers(self) -> None:
+        for sender in list(self._senders.values()):
+            self._end_transfer(sender, ok=False, report=False)
+
+    def _on_transfer(self, msg: SnapshotOffer | SnapshotChunk | SnapshotAck) -> None:
+        """A transfer message from a peer: acks to our senders, offers and
+        chunks to our receiver."""
+        if isinstance(msg, SnapshotAck):
+            sender = self._senders.get(msg.src)
+            if sender is not None and msg.term == sender.term:
+                now = self._clock()
+                self._sender_step(sender, functools.partial(sender.on_ack, msg, now))
+            return
+        core = self._require_core()
+        if msg.term < core.term or self._installing:
+            # From a deposed leader; or an install is running (the sender
+            # retransmits once it is over).
+            return
+        receiver = self._receiver
+        ack: SnapshotAck | None
+        if isinstance(msg, SnapshotOffer) and self._holds(msg.index, msg.snap_term):
+            # Already covered (an answer to an earlier install was lost):
+            # nothing to stage, the InstallSnapshot will be acked at once.
+            ack = SnapshotAck(msg.dst, msg.src, msg.term, msg.transfer, msg.index, msg.total,
+                              True)
+        else:
+            before = receiver.bytes_received
+            try:
+                ack = receiver.on_offer(msg) if isinstance(msg, SnapshotOffer) \
+                    else receiver.on_chunk(msg)
+            except OSError as exc:
+                # A full or failing disk: this transfer cannot be staged.
+                log.error("raft %s/%d: staging a snapshot failed: %r", self.config.group,
+                          self.config.node_id, exc)
+                with contextlib.suppress(OSError):
+                    receiver.discard()
+                self._refusal("disk_error")
+                ack = SnapshotAck(msg.dst, msg.src, msg.term, msg.transfer, msg.index, 0, False,
+                                  f"staging failed: {exc}"[:REASON_MAX])
+            self.counters.install_bytes_received += receiver.bytes_received - before
+        if ack is not None:
+            self._transport.send([ack])
+
+    def _holds(self, index: int, term: int) -> bool:
+        core = self._require_core()
+        return index <= core.commit or core.log.term_or_none(index) == term
+
+    def _may_install(self, msg: InstallSnapshot) -> bool:
+        """Step this InstallSnapshot into the core? Only if the core will not
+        restore it (stale, or the log holds it) or its files are staged."""
+        core = self._require_core()
+        if msg.term < core.term or self._holds(msg.index, msg.snap_term):
+            return True
+        return not self._installing and self._receiver.staged(
+            msg.index, msg.snap_term, msg.end_position) is not None
+
+    async def _install_snapshot(self, rd: Ready) -> None:
+        """Follower: the core restored a leader's snapshot; make the disk match.
+
+        Order (crash-safe, see finish_interrupted_install): the staged files
+        are fsynced and their manifest written; the log is replaced (the
+        CommitLog's own INSTALL marker rolls a cut-short install back or
+        forward); the state file is adopted as the newest snapshot; the
+        commit index is saved. A power cut between the last two finds the
+        manifest and adopts the state at the next start.
+        """
+        meta = rd.snapshot
+        assert meta is not None
+        started = self._clock()
+        staged = self._receiver.staged(meta.index, meta.term, meta.end_position)
+        invariant(staged is not None, f"the core restored snapshot {meta} but its files are "
+                                      "not staged")
+        assert staged is not None
+        self._installing = True
+        try:
+            await self._state_worker.submit(self._receiver.seal, staged)
+            self.log.install(staged.commitlog_dir, staged.first_index, meta.index, meta.term,
+                             meta.end_position)
+            self.storage.reset()
+            info = adopt_snapshot(self.config.data_dir, staged.state_path, meta.index,
+                                  meta.term, meta.end_position)
+            self._receiver.forget()
+            remove_staging(self.config.data_dir)
+        finally:
+            self._installing = False
+        self.storage.note_snapshot(info)
+        hs = rd.hard_state or self._hs_latest
+        self._hs_latest = HardState(hs.term, hs.vote, max(hs.commit, meta.index))
+        await self._save_hard_state()
+        self._applied = meta.index
+        self._applied_term = meta.term
+        self.counters.installs_received += 1
+        self.counters.install_seconds += self._clock() - started
+        log.info("raft %s/%d: installed snapshot %d (term %d): log %d..%d, %d bytes",
+                 self.config.group, self.config.node_id, meta.index, meta.term,
+                 self.log.first_index, self.log.last_index, staged.total)
+        if self._on_install is not None:
+            # Not caught: a state machine that cannot reset leaves this
+            # replica unusable, and the driver fails it (restart to recover).
+            self._on_install(info)
 
     # ---------------------------------------------------------------- waiting
 

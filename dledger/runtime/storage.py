@@ -10,6 +10,12 @@ The tail cache holds the most recently written entries (bounded in bytes) as
 `dledger.Entry` objects, so the leader's replication reads of fresh entries
 and the follower's term lookups never touch the disk or re-check CRCs; only a
 follower that fell further behind than the cache is served from the files.
+
+Snapshots: `snapshot()` is the newest state snapshot on disk
+(`commitlog.snapshot.latest_snapshot`, read once and cached); whoever
+writes or installs one tells the adapter with `note_snapshot`. The term of
+the entry just below `first_index` is known only when a snapshot covers it,
+as the core's storage contract asks.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import commitlog
+from commitlog.snapshot import SnapshotInfo, latest_snapshot
 from dledger.entry import Entry, HardState
 from dledger.log import invariant
-from dledger.storage import LogUnavailable
+from dledger.storage import LogUnavailable, SnapshotMeta
 
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 
@@ -37,12 +44,18 @@ class CommitLogStorage:
         self._cache_bytes = 0
         self.cache_hits = 0
         self.disk_reads = 0
+        # A commit index known from elsewhere (what the state machine applied,
+        # set by the runtime before the core starts); the saved one may be lower.
+        self.commit_floor = 0
+        # The state file's CRC is checked when a snapshot is sent (by the
+        # follower) or read (by the state machine), not on every start.
+        self._snapshot: SnapshotInfo | None = latest_snapshot(log.data_dir, verify_state=False)
 
     # ------------------------------------------------------------ LogStorage
 
     def initial_state(self) -> HardState:
         hs = self.log.load_hard_state()
-        return HardState(hs.term, hs.vote, hs.commit)
+        return HardState(hs.term, hs.vote, max(hs.commit, self.commit_floor))
 
     def first_index(self) -> int:
         return self.log.first_index
@@ -53,6 +66,9 @@ class CommitLogStorage:
     def term(self, index: int) -> int:
         if index == 0:
             return 0
+        snap = self._snapshot
+        if snap is not None and index == snap.index and index < self.log.first_index:
+            return snap.term
         if not self.log.first_index <= index <= self.log.last_index:
             raise LogUnavailable(index)
         k = index - self._cache_first
@@ -83,6 +99,28 @@ class CommitLogStorage:
 
     def end_position(self) -> int:
         return self.log.end
+
+    def snapshot(self) -> SnapshotMeta | None:
+        snap = self._snapshot
+        return SnapshotMeta(snap.index, snap.term, snap.end_position) if snap else None
+
+    # ------------------------------------------------------------- snapshots
+
+    @property
+    def snapshot_info(self) -> SnapshotInfo | None:
+        """The newest snapshot known (what `snapshot()` describes)."""
+        return self._snapshot
+
+    def note_snapshot(self, info: SnapshotInfo) -> None:
+        """A snapshot was written or installed; an older one never replaces a newer."""
+        if self._snapshot is None or info.index >= self._snapshot.index:
+            self._snapshot = info
+
+    def reset(self) -> None:
+        """The log was replaced under the adapter (an install): forget the cache."""
+        self._cache = []
+        self._cache_bytes = 0
+        self._cache_first = self.log.last_index + 1
 
     # --------------------------------------------------------------- writer
 

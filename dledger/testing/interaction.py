@@ -17,7 +17,10 @@ the latter.
 Commands (`deliver-msgs [ids] [from=ids] [drop=ids]` filters by recipient and
 sender, or drops): add-nodes, campaign, tick, propose, process-ready, deliver-msgs,
 stabilize, isolate, partition, heal, crash, restart, transfer-leadership,
-status, log.
+status, log, compact (`compact 1 5`: node 1's storage drops entries <= 5, or
+<= its applied index without a number) and report-snapshot (`report-snapshot
+1 3 ok|fail`: the leader hears how the transfer to 3 went). A Ready's
+snapshot is installed into the node's storage before its entries.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dledger.messages import (
     AppendResponse,
     Heartbeat,
     HeartbeatResponse,
+    InstallSnapshot,
     Message,
     TimeoutNow,
     VoteRequest,
@@ -83,6 +87,9 @@ def format_message(msg: Message) -> str:
         return f"{head} HeartbeatResp term={msg.term}"
     if isinstance(msg, TimeoutNow):
         return f"{head} TimeoutNow term={msg.term}"
+    if isinstance(msg, InstallSnapshot):
+        return (f"{head} InstallSnapshot term={msg.term} "
+                f"snap={msg.index}/{msg.snap_term}@{msg.end_position}")
     return f"{head} {msg!r}"
 
 
@@ -116,6 +123,8 @@ class InteractionEnv:
             "transfer-leadership": self._transfer,
             "status": self._status,
             "log": self._log,
+            "compact": self._compact,
+            "report-snapshot": self._report_snapshot,
         }
 
     # ------------------------------------------------------------- dispatch
@@ -206,6 +215,8 @@ class InteractionEnv:
         for line in self._describe_ready(ready):
             self._print("  " + line)
         storage = self.storages[n]
+        if ready.snapshot is not None:
+            storage.install(ready.snapshot)
         storage.append(ready.entries)
         if ready.hard_state is not None:
             storage.set_hard_state(ready.hard_state)
@@ -218,6 +229,9 @@ class InteractionEnv:
     @staticmethod
     def _describe_ready(ready: Ready) -> list[str]:
         lines = []
+        if ready.snapshot is not None:
+            snap = ready.snapshot
+            lines.append(f"Snapshot: {snap.index}/{snap.term}@{snap.end_position}")
         if ready.soft_state is not None:
             s = ready.soft_state
             lines.append(f"Role: {s.role.name} term={s.term} leader={s.leader_id}")
@@ -307,14 +321,30 @@ class InteractionEnv:
                 f"last={s.last_index}/{s.last_term} commit={s.commit_index} "
                 f"applied={s.applied_index}"
             )
+            if s.first_index > 1:
+                line += f" first={s.first_index}"
             for peer, pr in s.progress.items():
                 line += f" | {peer}:{pr.state} match={pr.match} next={pr.next}"
+                if pr.pending_snapshot:
+                    line += f" snap={pr.pending_snapshot}"
             self._print(line)
 
     def _log(self, args: list[str], kwargs: dict[str, str]) -> None:
         node = self._node(args[0])
-        entries = node.log.entries(1, node.log.last_index + 1, UNLIMITED, UNLIMITED)
-        self._print("\n".join(format_entry(e) for e in entries) or "(empty)")
+        first = node.log.first_index()
+        entries = node.log.entries(first, node.log.last_index + 1, UNLIMITED, UNLIMITED)
+        lines = [f"snapshot {first - 1}/{node.log.term(first - 1)}"] if first > 1 else []
+        lines += [format_entry(e) for e in entries]
+        self._print("\n".join(lines) or "(empty)")
+
+    def _compact(self, args: list[str], kwargs: dict[str, str]) -> None:
+        n = int(args[0])
+        index = int(args[1]) if len(args) > 1 else self._node(n).applied
+        meta = self.storages[n].compact(index)
+        self._print(f"{n} compacted to {meta.index}/{meta.term}@{meta.end_position}")
+
+    def _report_snapshot(self, args: list[str], kwargs: dict[str, str]) -> None:
+        self._node(args[0]).report_snapshot(int(args[1]), args[2] == "ok")
 
 
 def parse_transcript(text: str) -> list[tuple[list[str], str, str]]:

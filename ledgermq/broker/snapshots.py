@@ -124,9 +124,12 @@ class SnapshotSchedule:
             data = await asyncio.to_thread(capture.encode)
             info = await asyncio.to_thread(write_snapshot, self.data_dir, index, term, end,
                                            data, self.keep)
-        except (OSError, StorageError) as exc:
+        except Exception as exc:  # a failed snapshot must not stop the broker
+            # The log still holds everything after the previous snapshot
+            # (retention never passes it), so nothing is lost: retry later.
             self.figures.failed += 1
-            log.error("snapshot at index %d failed: %r", index, exc)
+            level = logging.ERROR if isinstance(exc, (OSError, StorageError)) else logging.CRITICAL
+            log.log(level, "snapshot at index %d failed: %r", index, exc, exc_info=True)
             return None
         seconds = time.perf_counter() - started
         figures = self.figures

@@ -4,7 +4,9 @@ After the liveness phase every node that is not stopped on a (flush=async)
 committed divergence is up, caught up and applied to the leader's commit
 index. Then:
 
-- every node's committed log equals the leader's (index, term, body);
+- every node's committed log equals the leader's (index, term, body), over
+  what each still holds (with compaction a log starts past 1; the entries
+  deleted below the leader's first index are taken from `World.compacted`);
 - no client proposal is in the final log twice;
 - flush=sync: every acknowledged proposal is in the final log at the index and
   term it was acknowledged with;
@@ -28,12 +30,15 @@ def final_checks(h: World) -> str | None:
     if leader is None or leader.node is None:
         return "no leader at the end"
     commit = leader.node.commit_index
-    final = {e.index: (e.term, digest(e.body))
-             for e in read_committed(leader.node.log, 1, commit)}
+    lead_log = leader.node.log
+    final = {i: v for i, v in h.compacted.items() if i < lead_log.first_index}
+    final.update((e.index, (e.term, digest(e.body)))
+                 for e in read_committed(lead_log, lead_log.first_index, commit))
     live = [s for s in h.slots.values() if s.state == "up" and s.node is not None]
     for slot in live:
         assert slot.node is not None
-        for e in read_committed(slot.node.log, 1, slot.node.commit_index):
+        for e in read_committed(slot.node.log, slot.node.log.first_index,
+                                slot.node.commit_index):
             if final.get(e.index) != (e.term, digest(e.body)):
                 return (f"n{slot.nid} committed entry {e.index} (term {e.term}) differs from "
                         f"the leader n{leader.nid}'s {final.get(e.index)}")

@@ -33,6 +33,7 @@ import os
 from collections.abc import Sequence
 
 from commitlog.checkpoint import HardState, decode_hard_state, read_checkpoint, read_hard_state
+from commitlog.install import MARKER as INSTALL_MARKER
 from dledger.entry import Entry, EntryKind
 from dledger.invariants import check_electable_complete
 from dledger.messages import (
@@ -118,7 +119,10 @@ def check_acked(h: World, slot: Slot, index: int, term: int, what: str) -> None:
             held += 1  # cannot tell without reading its files: assume it does
             continue
         log = node.log
-        if index <= log.last_index and log.term_at(index) == term and durable(h, other, index):
+        if index < log.first_index:
+            held += 1  # deleted below a snapshot: committed and applied there
+        elif index <= log.last_index and log.term_at(index) == term \
+                and durable(h, other, index):
             held += 1
     if held < len(h.slots) // 2 + 1:
         h.fail(f"n{slot.nid} {what} entry {index} (term {term}), but it is durable on {held} "
@@ -138,7 +142,12 @@ def durable_last(h: World, slot: Slot) -> tuple[int, int]:
             lo = mid
         else:
             hi = mid - 1
-    return (log.term_at(lo) if lo >= log.first_index else 0), lo
+    if lo >= log.first_index:
+        return log.term_at(lo), lo
+    try:
+        return node.storage.term(lo), lo  # below the log: its snapshot's term
+    except LookupError:
+        return 0, lo
 
 
 def check_claim(h: World, slot: Slot, commit: int) -> None:
@@ -185,8 +194,9 @@ def check_commits(h: World) -> None:
     seen = h.committed_terms
     for slot in h.slots.values():
         node = slot.node
-        if slot.state != "up" or node is None or node.failed is not None:
-            continue
+        if slot.state != "up" or node is None or node.failed is not None \
+                or node.install_pending:
+            continue  # (an install pending: its commit index is ahead of its files)
         check_claim(h, slot, node.commit_index)
         if h.violation:
             return
@@ -209,6 +219,11 @@ def observe_replace(h: World, path: str) -> None:
     if slot is None or slot.node is None or name not in ("checkpoint", "hardstate"):
         return  # a ConsumeQueue checkpoint, or a node still opening its log
     if name == "checkpoint":
+        if h.fs.volatile_slice(os.path.join(data_dir, INSTALL_MARKER), 0, 1) is not None:
+            # Written by `CommitLog.install` while it swaps the node's files
+            # (the log object is between two sets of segments): it vouches
+            # for the staged segments the install verified and fsynced.
+            return
         ck = read_checkpoint(data_dir)
         if ck is not None and ck.durable_index >= ck.first_index \
                 and not durable(h, slot, ck.durable_index):

@@ -13,6 +13,10 @@ Flusher and checkpoint code, and the applier's state machine) on its own
    down is restarted; the group must converge (one ready leader, every node
    caught up and applied) and commit a new proposal.
 
+With `compaction`, the state machine is snapshotted now and then during the
+faults and the log below the snapshot deleted (`compaction.py`), so a node
+cut off or down for long enough catches up by snapshot install.
+
 `run.py` drives the phases; then `checks.py` compares what every node
 applied, the final logs and the client's acknowledged proposals. Everything random comes from
 `random.Random(seed)`, so a run is a pure function of (seed, options).
@@ -27,11 +31,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import commitlog
+from commitlog.snapshot import SnapshotInfo
 from dledger.config import NO_BUGS, Bugs
 from dledger.log import UNLIMITED, CommittedDivergence
 from dledger.messages import AppendRequest, Message
 from dledger.runtime.node import NodeConfig, NodeIO, NotLeaderError, ProposalUnknown, RaftGroupNode
-from dledger.testing.nodesim.apply import Applier, ApplierFactory, RecordingApplier, digest
+from dledger.testing.nodesim.apply import (
+    Applier,
+    ApplierFactory,
+    RecordingApplier,
+    SnapshotApplier,
+    digest,
+)
 from dledger.testing.nodesim.durability import (
     check_acked,
     check_commits,
@@ -62,6 +73,8 @@ class NodeSimOptions:
     heal_s: float = 20.0
     applier: ApplierFactory | None = None
     segment_size: int = 16 * 1024
+    # Snapshots and log deletion below them (needs a `SnapshotApplier`).
+    compaction: bool = False
 
 
 @dataclass
@@ -118,7 +131,8 @@ class Harness:
         self.violation: str | None = None
         self.counts: dict[str, int] = dict.fromkeys(
             ("crashes", "restarts", "pauses", "partitions", "node_failures", "divergences",
-             "restart_faults", "stale_appends"), 0)
+             "restart_faults", "stale_appends", "snapshots", "compactions",
+             "segments_deleted", "installs", "lags"), 0)
         self.healing = False
         self.leader_killer = False
         # Share of a leader's AppendRequests followed by a stale one (nemesis).
@@ -134,6 +148,13 @@ class Harness:
         self.commit_checked: dict[int, int] = {}
         # (node, incarnation) -> highest commit index claimed and checked
         self.claimed: dict[tuple[int, int], int] = {}
+        # index -> (term, body digest) of committed entries some node deleted
+        # (compaction): the final checks' view of the log below the leader's
+        # first index.
+        self.compacted: dict[int, tuple[int, str]] = {}
+        # Its own stream (never drawn from `rng`): runs without compaction
+        # replay exactly as before it existed.
+        self.compact_rng = random.Random(f"compaction/{seed}")
 
     # -------------------------------------------------------------- tracing
 
@@ -157,7 +178,11 @@ class Harness:
             tick_ms=TICK_MS, election_timeout_ticks=ELECTION_TICKS,
             commitlog=commitlog.CommitLogConfig(
                 segment_size_bytes=self.options.segment_size, index_file_records=64,
-                flush_interval_ms=100, flush_bytes=8192, checkpoint_interval_ms=300))
+                flush_interval_ms=100, flush_bytes=8192, checkpoint_interval_ms=300),
+            # Small chunks and window: a transfer is many chunks, exposed to
+            # loss, duplication and reordering; a stall is seen within a
+            # couple of election timeouts.
+            snapshot_chunk_bytes=1024, snapshot_window_bytes=4096, snapshot_stall_s=1.5)
 
     def disk_latency(self, slot: Slot) -> Callable[[], float]:
         rng = self.disk_rng
@@ -194,6 +219,13 @@ class Harness:
             return SimTransport(self.net, node_id, loop, deliver,
                                 self._observe_send, self.stale_appends)
 
+        def installed(info: SnapshotInfo) -> None:
+            self.counts["installs"] += 1
+            self.trace(f"n{slot.nid} installed snapshot {info.index} (term {info.term})")
+            applier = holder[0]
+            assert isinstance(applier, SnapshotApplier), "install without a snapshot applier"
+            applier.install(info)
+
         io = NodeIO(transport=transport, rng=random.Random(self.rng.getrandbits(64)),
                     fsync_worker=SimWorker(loop, self.disk_latency(slot)),
                     state_worker=SimWorker(loop, self.disk_latency(slot)),
@@ -203,7 +235,8 @@ class Harness:
         slot.failure_seen = False
         try:
             node = loop.run_sync(lambda: RaftGroupNode(
-                self.node_config(slot), lambda entries: holder[0].apply(entries), io=io))
+                self.node_config(slot), lambda entries: holder[0].apply(entries), io=io,
+                on_install=installed))
             factory = self.options.applier or RecordingApplier
             applier = factory(node.log, slot.data_dir, record)
             holder.append(applier)
@@ -472,5 +505,6 @@ class Harness:
         return out
 
 
-def replay_hint(seed: int, nodes: int) -> str:
-    return f"ledgermq sim --real-node --seed {seed} --nodes {nodes} --trace"
+def replay_hint(seed: int, nodes: int, compaction: bool = False) -> str:
+    extra = " --compaction" if compaction else ""
+    return f"ledgermq sim --real-node{extra} --seed {seed} --nodes {nodes} --trace"

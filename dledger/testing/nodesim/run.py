@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 from commitlog import fileio
 from dledger.testing.nodesim.checks import final_checks
+from dledger.testing.nodesim.compaction import compactor
 from dledger.testing.nodesim.harness import Harness, NodeSimOptions, NodeSimResult
 from dledger.testing.nodesim.nemesis import nemesis
 from dledger.testing.nodesim.runtime_bugs import planted
@@ -32,6 +33,8 @@ def run_seed(seed: int, options: NodeSimOptions | None = None,
                 h.start(slot)
             h.client_loop.create_task(h.client())
             h.client_loop.create_task(nemesis(h, options.fault_s))
+            if options.compaction:
+                h.client_loop.create_task(compactor(h, options.fault_s))
             stop = lambda: h.violation is not None or h.done  # noqa: E731
             h.scheduler.run_until(options.fault_s, stop)
             if h.violation is None:

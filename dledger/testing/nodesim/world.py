@@ -77,6 +77,10 @@ class World(Protocol):
     committed_terms: dict[int, int]
     commit_checked: dict[int, int]
     claimed: dict[tuple[int, int], int]
+    # Compaction (compaction.py): its random stream, and the committed
+    # entries some node deleted, index -> (term, body digest).
+    compact_rng: random.Random
+    compacted: dict[int, tuple[int, str]]
 
     def trace(self, text: str) -> None: ...
 

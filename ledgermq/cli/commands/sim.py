@@ -32,6 +32,10 @@ def register(app: typer.Typer) -> None:
         ),
         real_node: bool = typer.Option(
             False, "--real-node", help="Simulate the real node (runtime, storage, apply path)."),
+        compaction: bool = typer.Option(
+            False, "--compaction", help="With --real-node: snapshot state machines, delete "
+                                        "the log below the snapshots, install snapshots on "
+                                        "nodes that fall behind."),
     ) -> None:
         """Run the deterministic Raft simulator over a range of seeds."""
         import json
@@ -51,7 +55,7 @@ def register(app: typer.Typer) -> None:
             from ledgermq.cli.commands import sim_real_node
 
             sim_real_node.run([seed] if seed is not None else list(range(start, start + seeds)),
-                              nodes, flush or "mix", trace, json_output, bug)
+                              nodes, flush or "mix", trace, json_output, bug, compaction)
         flush = flush or "sync"
         try:
             bugs = Bugs.only(bug) if bug else Bugs()

@@ -48,34 +48,35 @@ async def check_everything_is_there(node: Node, count: int, topic: str = "t") ->
 
 @pytest.mark.parametrize("trigger", ["entries", "bytes"])
 def test_a_start_replays_only_the_log_after_the_newest_snapshot(tmp_path, trigger) -> None:
-    # ~40 entries between snapshots either way (an entry here is ~140 bytes).
+    # About 40 entries between snapshots either way.
     interval = {"snapshot_interval_entries": 40, "snapshot_interval_bytes": 0} \
         if trigger == "entries" else {"snapshot_interval_entries": 0,
-                                      "snapshot_interval_bytes": 40 * 140}
+                                      "snapshot_interval_bytes": 40 * 150}
     node = Node(tmp_path, **interval)
     count = 400
 
-    async def first() -> int:
+    async def first() -> tuple[int, float]:
         async with node:
             await fill(node, count)
             figures = node.broker.status()["snapshots"]
             assert figures["written"] >= 5 and figures["failed"] == 0
-            return node.broker.node.log.last_index
+            log_ = node.broker.node.log
+            per_entry = 40 if trigger == "entries" else 40 * 150 / (log_.end / log_.last_index)
+            return log_.last_index, per_entry
 
-    async def second(last: int) -> None:
+    async def second(last: int, per_entry: float) -> None:
         async with node:
             recovery = node.recovery()
             snapshot = recovery["snapshot_index"]
-            assert snapshot > last - 80
-            # Bounded by the interval (plus what was applied while the last
-            # write was in flight), not by the log: 400+ entries.
             assert recovery["replayed_entries"] == recovery["applied_index"] - snapshot
-            assert recovery["replayed_entries"] < 80 and last > count
+            # Bounded by the interval (plus what was applied while the last
+            # write was in flight, on a loaded machine), not by the log's
+            # 400-odd entries.
+            assert recovery["replayed_entries"] <= 3 * per_entry < last / 2
             assert recovery["snapshots_rejected"] == []
             await check_everything_is_there(node, count)
 
-    last = loop.run(first())
-    loop.run(second(last))
+    loop.run(second(*loop.run(first())))
 
 
 def test_a_damaged_newest_snapshot_falls_back_to_the_older_one(tmp_path) -> None:
@@ -159,3 +160,30 @@ def test_snapshot_interval_keys_are_read_and_checked(tmp_path) -> None:
         load_config(str(path))
     defaults = BrokerConfig(group="g", node_id=1, data_dir="d", peers={1: Peer("h:1", "h:2")})
     assert defaults.snapshot_interval_entries > 0 and defaults.snapshot_interval_bytes > 0
+
+
+def test_a_failed_snapshot_write_is_counted_and_retried(tmp_path, monkeypatch) -> None:
+    from ledgermq.broker import snapshots
+
+    real = snapshots.write_snapshot
+    failures = []
+
+    def flaky(*args: object, **kwargs: object) -> object:
+        if not failures:
+            failures.append(args[1])
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(snapshots, "write_snapshot", flaky)
+    node = Node(tmp_path, snapshot_interval_entries=10, snapshot_interval_bytes=0)
+
+    async def main() -> None:
+        async with node:
+            await fill(node, 40)
+            figures = node.broker.status()["snapshots"]
+            assert figures["failed"] == 1 and figures["written"] >= 2
+            # The broker went on serving, and the later snapshots cover the failed one.
+            assert figures["latest_index"] > failures[0]
+            await check_everything_is_there(node, 40)
+
+    loop.run(main())
