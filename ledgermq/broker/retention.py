@@ -36,7 +36,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from commitlog import KIND_MESSAGES, StorageError
+from commitlog import HEADER_SIZE, KIND_MESSAGES, StorageError
 from commitlog.segments import SegmentInfo
 from commitlog.snapshot import SnapshotInfo, scan_snapshots
 from consumequeue import ConsumeQueueStore
@@ -414,20 +414,20 @@ class Retention:
     # ------------------------------------------------------------- describe
 
     def _message_time(self, lo: int, hi: int, newest: bool) -> int | None:
-        """Store time of the first (or last) MESSAGES entry in [lo, hi]."""
+        """Store time of the first (or last) MESSAGES entry in [lo, hi],
+        looking at most _TIME_SCAN_ENTRIES entries from that end: per entry
+        its index record, then only the first record's head is read (every
+        record of an entry carries the leader's store time)."""
         log_ = self.b.node.log
-        if hi < lo:
-            return None
-        if newest:
-            start = max(lo, hi - _TIME_SCAN_ENTRIES + 1)
-            entries = reversed(log_.read_entries(start, hi + 1, 16 << 20))
-        else:
-            entries = iter(log_.read_entries(lo, min(hi, lo + _TIME_SCAN_ENTRIES - 1) + 1,
-                                             16 << 20))
-        for entry in entries:
-            if entry.kind == KIND_MESSAGES and len(entry.body) >= MESSAGE_HEAD.size:
-                # Every record of an entry carries the leader's store time.
-                stamp: int = MESSAGE_HEAD.unpack_from(entry.body, 0)[5]
+        scan = (range(hi, max(lo, hi - _TIME_SCAN_ENTRIES + 1) - 1, -1) if newest
+                else range(lo, min(hi, lo + _TIME_SCAN_ENTRIES - 1) + 1))
+        for index in scan:
+            record = log_.index.read(index)
+            if record is None or record.kind != KIND_MESSAGES:
+                continue
+            head = log_.read_bytes(record.position + HEADER_SIZE, MESSAGE_HEAD.size)
+            if len(head) == MESSAGE_HEAD.size:
+                stamp: int = MESSAGE_HEAD.unpack_from(head, 0)[5]
                 return stamp
         return None
 
