@@ -138,8 +138,10 @@ def test_segments_go_and_consumers_continue_from_the_oldest_message(tmp_path) ->
     async def main() -> None:
         async with Node(tmp_path, retention_bytes=4 * SEGMENT) as node:
             await node.req(RequestCode.CREATE_TOPIC, {"topic": "T", "queues": 1})
-            # A group that committed offset 0 before anything was deleted.
-            await node.req(RequestCode.COMMIT_OFFSETS, {"group": "slow", "offsets": [["T", 0, 0]]})
+            # Groups that committed offset 0 before anything was deleted.
+            for group in ("slow", "strict"):
+                await node.req(RequestCode.COMMIT_OFFSETS, {"group": group,
+                                                            "offsets": [["T", 0, 0]]})
             await node.send(400)  # ~800 KB: ~13 segments
             log_ = node.broker.node.log
             # The size rule, give or take the segment being written.
@@ -194,6 +196,22 @@ def test_segments_go_and_consumers_continue_from_the_oldest_message(tmp_path) ->
             assert got[0] == lo and got == list(range(lo, 400))
             assert push.offsets_moved >= 1
             assert node.broker.state.offsets[("slow", "T", 0)] == 400
+
+            # With "error" the push consumer stops that queue instead: nothing
+            # delivered, the error kept, the committed offset left alone.
+            strict_got: list[int] = []
+            stopper = PushConsumer([node.ns], "strict", "T",
+                                   lambda m: strict_got.append(m.queue_offset),
+                                   long_poll_ms=200, on_offset_moved="error")
+            await stopper.start()
+            try:
+                await until(lambda: stopper.failures, 20, "the strict consumer to stop")
+                await asyncio.sleep(0.5)
+            finally:
+                await stopper.stop()
+            (failed_mq, error), = stopper.failures.items()
+            assert failed_mq == mq and error.min_offset == lo and error.requested == 0
+            assert strict_got == [] and node.broker.state.offsets[("strict", "T", 0)] == 0
 
             # The admin API and the metrics say the same.
             status, view = await node.api("GET", "retention")
