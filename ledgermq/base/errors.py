@@ -38,6 +38,9 @@ class ErrorCode(IntEnum):
     OFFSET_OUT_OF_RANGE = 13
     NO_PERMISSION = 14
     UNKNOWN_BROKER = 15
+    # A pull below the queue's first retained offset: retention deleted those
+    # messages. Body {"min_offset", "max_offset", "requested"}: continue there.
+    OFFSET_MOVED = 16
 
     # Availability.
     TIMEOUT = 20
@@ -132,6 +135,23 @@ class OffsetOutOfRangeError(LedgerMQError):
     default_code = ErrorCode.OFFSET_OUT_OF_RANGE
 
 
+class OffsetMovedError(LedgerMQError):
+    """The requested offset is below the oldest message the queue still holds
+    (retention deleted the rest); `min_offset` is where to continue."""
+
+    default_code = ErrorCode.OFFSET_MOVED
+
+    @property
+    def min_offset(self) -> int | None:
+        value = self.data.get("min_offset") if isinstance(self.data, dict) else None
+        return value if isinstance(value, int) else None
+
+    @property
+    def requested(self) -> int | None:
+        value = self.data.get("requested") if isinstance(self.data, dict) else None
+        return value if isinstance(value, int) else None
+
+
 class NoPermissionError(LedgerMQError):
     default_code = ErrorCode.NO_PERMISSION
 
@@ -155,6 +175,10 @@ class ServiceUnavailableError(LedgerMQError):
 
 
 class DiskFullError(LedgerMQError):
+    """The broker refuses new messages: its disk is above `disk_hard_ratio`
+    (broker/retention.py). Body {"usage_ratio", "hard_ratio", "path"}. A retry
+    succeeds once retention has freed space."""
+
     default_code = ErrorCode.DISK_FULL
 
 
@@ -191,6 +215,7 @@ _BY_CODE: dict[int, type[LedgerMQError]] = {
         UnknownTopicError,
         MessageTooLargeError,
         OffsetOutOfRangeError,
+        OffsetMovedError,
         NoPermissionError,
         UnknownBrokerError,
         RequestTimeoutError,

@@ -100,6 +100,7 @@ class BrokerAdmin:
             "consumer_groups": self.consumer_groups, "consumer_group": self.consumer_group,
             "reset_offsets": self.reset_offsets, "messages_by_key": self.messages_by_key,
             "message_by_id": self.message_by_id, "transfer_leadership": self.transfer_leadership,
+            "retention": self.retention, "retention_trim": self.retention_trim,
         })
 
     async def start(self) -> str:
@@ -420,6 +421,32 @@ class BrokerAdmin:
         return json_response({"topic": topic, "key": key, "messages": found[:limit],
                               "scanned": scanned, "complete": complete and len(found) < limit,
                               "group": self.b.config.group})
+
+    # --------------------------------------------------------------- retention
+
+    def _retention(self) -> Any:
+        retention = self.b.retention
+        if retention is None:
+            raise ApiError(503, "SERVICE_UNAVAILABLE", "the broker is not started")
+        return retention
+
+    async def retention(self, request: web.Request) -> web.Response:
+        return json_response(await self._retention().describe())
+
+    async def retention_trim(self, request: web.Request) -> web.Response:
+        """An operator's "delete up to" (broker/retention.py `manual_trim`)."""
+        body = await read_json(request)
+        index = field(body, "index", int) if "index" in body else None
+        position = field(body, "position", int) if "position" in body else None
+        dry_run = field(body, "dry_run", bool, False)
+        if (index is None) == (position is None):
+            raise ApiError(400, "INVALID_REQUEST", "give exactly one of 'index' and 'position'")
+        if (index if index is not None else position or 0) < 0:
+            raise ApiError(400, "INVALID_REQUEST", "'index' and 'position' must not be negative")
+        await self._require_leader()
+        answer = await self._retention().manual_trim(index=index, position=position,
+                                                     dry_run=dry_run)
+        return json_response({"group": self.b.config.group, **answer})
 
     # -------------------------------------------------------------- leadership
 

@@ -77,6 +77,18 @@ class BrokerConfig:
     # replays only the log after the newest, so these bound start-up time.
     snapshot_interval_entries: int = 20_000
     snapshot_interval_bytes: int = 64 * MIB
+    # Retention (broker/retention.py, docs/configuration.md "Retention"):
+    # CommitLog segments older than `retention_hours` (by file mtime, as
+    # RocketMQ's fileReservedTime; 0 = no age limit) or beyond
+    # `retention_bytes` of segments (0 = no size limit) are deleted, oldest
+    # first, once a snapshot covers them; above `disk_soft_ratio` of the disk
+    # the oldest go early, above `disk_hard_ratio` new messages are refused
+    # (DISK_FULL). The leader checks every `retention_interval_ms`.
+    retention_hours: float = 72
+    retention_bytes: int = 0
+    disk_soft_ratio: float = 0.75
+    disk_hard_ratio: float = 0.85
+    retention_interval_ms: int = 10_000
     log_level: str = "INFO"
     # HTTP admin app (/metrics, /api/v1, dashboard); "" = not started.
     admin_listen: str = ""
@@ -224,6 +236,25 @@ def _check_int(config: BrokerConfig, name: str, lo: int) -> None:
         raise BrokerConfigError(f"{name} must be an integer >= {lo}, got {value!r}")
 
 
+def _check_number(config: BrokerConfig, name: str, lo: float, hi: float) -> float:
+    value = getattr(config, name)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not lo <= value <= hi:
+        raise BrokerConfigError(f"{name} must be a number in [{lo:g}, {hi:g}], got {value!r}")
+    return float(value)
+
+
+def _check_retention(config: BrokerConfig) -> None:
+    _check_number(config, "retention_hours", 0, 1e6)
+    _check_int(config, "retention_bytes", 0)
+    soft = _check_number(config, "disk_soft_ratio", 0.01, 1.0)
+    hard = _check_number(config, "disk_hard_ratio", 0.01, 1.0)
+    if soft > hard:
+        # Early deletion must start before writes are refused, or a disk
+        # between the two would refuse writes without freeing anything.
+        raise BrokerConfigError(
+            f"disk_soft_ratio ({soft:g}) must not exceed disk_hard_ratio ({hard:g})")
+
+
 def validate(config: BrokerConfig) -> None:
     if not isinstance(config.group, str) or not config.group:
         raise BrokerConfigError("group must be a non-empty string")
@@ -243,8 +274,9 @@ def validate(config: BrokerConfig) -> None:
                  "propose_timeout_ms", "namesrv_register_interval_ms", "member_expiry_ms",
                  "dedup_window", "dedup_producers_max", "cq_checkpoint_interval_ms",
                  "flush_interval_ms", "flush_bytes", "frame_read_timeout_ms", "idle_timeout_ms",
-                 "max_connections", "max_connections_per_address"):
+                 "max_connections", "max_connections_per_address", "retention_interval_ms"):
         _check_int(config, name, 1)
+    _check_retention(config)
     _check_int(config, "max_frame_bytes", 64 * 1024)
     _check_int(config, "frame_memory_budget_bytes", 1)
     try:
@@ -299,6 +331,8 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, float):
+        return repr(value)  # finite floats only: validate() bounds every float key
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, (list, tuple)):

@@ -24,6 +24,7 @@ from ledgermq.base.errors import (
     InvalidRequestError,
     MessageTooLargeError,
     NoPermissionError,
+    OffsetMovedError,
     OffsetOutOfRangeError,
     UnknownTopicError,
 )
@@ -142,6 +143,14 @@ class Handlers:
 
     # ------------------------------------------------------------- topics
 
+    def _require_space(self) -> None:
+        """New messages are refused while the disk is above disk_hard_ratio
+        (DISK_FULL); control operations are not: they are tiny, and trims and
+        offset commits are how a full broker recovers."""
+        retention = self.b.retention
+        if retention is not None:
+            retention.require_space()
+
     def _topic(self, topic: str) -> TopicConfig:
         config = self.b.state.topics.get(topic)
         if config is None:
@@ -243,6 +252,7 @@ class Handlers:
         if not isinstance(raw, list) or not raw:
             raise InvalidRequestError("field 'messages' must be a non-empty list")
         self.b.require_writable()
+        self._require_space()
         limit = self.b.config.message_size_bytes_max
         messages = []
         for i, m in enumerate(raw):
@@ -286,6 +296,7 @@ class Handlers:
         for name in scanned.topics:
             self._allow(conn, Action.PUB, name.decode())
         self.b.require_writable()
+        self._require_space()
         for name, top in scanned.topics.items():
             topic = name.decode()
             config = await self._topic_for_write(topic)
@@ -469,7 +480,14 @@ class Handlers:
         # must not make a consumer rewind to its own end (a redelivery storm)
         # or skip ahead, so it answers "nothing yet" at the consumer's offset.
         authoritative = self.b.node.leader_ready
-        if offset < lo or (offset > hi and authoritative):
+        if offset < lo:
+            # Retention deleted it (or the topic was re-created): say where the
+            # queue starts now, so the consumer can continue there.
+            raise OffsetMovedError(
+                f"offset {offset} of queue {topic}/{queue_id} is no longer stored (retention);"
+                f" the oldest retained message is at offset {lo}",
+                data={"min_offset": lo, "max_offset": hi, "requested": offset})
+        if offset > hi and authoritative:
             raise OffsetOutOfRangeError(
                 f"offset {offset} is outside queue {topic}/{queue_id}'s range [{lo}, {hi}]",
                 data={"min_offset": lo, "max_offset": hi})

@@ -209,6 +209,7 @@ class BrokerCollector(Collector):
             c.add_metric(ids, float(committer.items))
             yield c
         yield from self._queues(labels, ids)
+        yield from self._retention(labels, ids)
         yield gauge("ledgermq_longpoll_waiting_queues",
                     "Queues with at least one long-polling pull waiting.", b.longpoll.waiting)
         yield gauge("ledgermq_client_connections", "Open client connections.",
@@ -226,6 +227,59 @@ class BrokerCollector(Collector):
                                 labels=labels)
         c.add_metric(ids, float(b.state.bad_control_entries))
         yield c
+
+    def _retention(self, labels: list[str], ids: list[str]) -> Iterator[Any]:
+        """Disk usage, the watermarks' refusals and what retention deleted."""
+        retention = self.b.retention
+        if retention is None:
+            return
+        log_ = self.b.node.log
+        c = retention.counters
+
+        def one(family: GaugeMetricFamily | CounterMetricFamily, value: float
+                ) -> GaugeMetricFamily | CounterMetricFamily:
+            family.add_metric(ids, value)
+            return family
+
+        if retention.disk is not None:
+            yield one(GaugeMetricFamily(
+                "ledgermq_disk_usage_ratio", "Used fraction of the data directory's file"
+                " system (df's Use%); above disk_hard_ratio new messages are refused.",
+                labels=labels), retention.disk.ratio)
+            yield one(GaugeMetricFamily(
+                "ledgermq_disk_free_bytes", "Bytes available on the data directory's file"
+                " system.", labels=labels), retention.disk.free_bytes)
+        yield one(GaugeMetricFamily(
+            "ledgermq_disk_refusing_writes", "1 while the disk is above disk_hard_ratio and"
+            " SEND_MESSAGES is answered DISK_FULL.", labels=labels),
+            1.0 if retention.refusing else 0.0)
+        refused = CounterMetricFamily(
+            "ledgermq_writes_refused_total", "Send requests refused to protect the disk,"
+            " by reason (disk_full: above disk_hard_ratio).", labels=[*labels, "reason"])
+        for reason in sorted({"disk_full", *c.writes_refused}):
+            refused.add_metric([*ids, reason], float(c.writes_refused.get(reason, 0)))
+        yield refused
+        yield one(GaugeMetricFamily("ledgermq_commitlog_first_index",
+                                    "First index this replica's CommitLog still holds.",
+                                    labels=labels), log_.first_index)
+        log_bytes = retention.log_bytes()
+        if log_bytes is not None:
+            yield one(GaugeMetricFamily("ledgermq_commitlog_bytes",
+                                        "Bytes of CommitLog segments and index files.",
+                                        labels=labels), log_bytes)
+        yield one(GaugeMetricFamily("ledgermq_retention_trim_position",
+                                    "The group's agreed trim point (a CommitLog position).",
+                                    labels=labels), self.b.state.trim)
+        for name, doc, value in (
+                ("segments_deleted", "CommitLog segments deleted by retention.",
+                 c.segments_deleted),
+                ("bytes_deleted", "CommitLog segment bytes deleted by retention.",
+                 c.bytes_deleted),
+                ("trims_proposed", "log.trim operations this node proposed as leader.",
+                 c.trims_proposed),
+                ("failures", "Retention passes or deletions that failed.", c.failures)):
+            yield one(CounterMetricFamily(f"ledgermq_retention_{name}_total", doc,
+                                          labels=labels), float(value))
 
     def _queues(self, labels: list[str], ids: list[str]) -> Iterator[Any]:
         b = self.b

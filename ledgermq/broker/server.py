@@ -63,6 +63,7 @@ from ledgermq.broker.longpoll import LongPoll
 from ledgermq.broker.members import Membership
 from ledgermq.broker.metrics import Instruments
 from ledgermq.broker.registrar import Registrar
+from ledgermq.broker.retention import Retention
 from ledgermq.broker.runtime import RaftRuntime, RuntimeFactory
 from ledgermq.broker.snapshots import SnapshotSchedule
 from ledgermq.broker.state import BrokerState, SnapshotFormatError, Stored
@@ -146,6 +147,7 @@ class Broker:
         self.controls: GroupCommitter[ControlOp, int] | None = None
         self.entry_limit = 0
         self.admin: BrokerAdmin | None = None  # when admin_listen is set
+        self.retention: Retention | None = None  # from start()
         # Whose proofs and signatures the client port and the admin app accept
         # (None: authentication off): the cluster key, the bootstrap admin and
         # the users of the replicated ACL.
@@ -242,6 +244,8 @@ class Broker:
             self.advertised = f"{host}:{self.address[1]}"
         self.registrar.start()
         self._tasks.append(asyncio.create_task(self._checkpoint_loop()))
+        self.retention = Retention(self)
+        self.retention.start()
         if self.instruments is not None:
             self.admin = BrokerAdmin(self, self.instruments)
             await self.admin.start()
@@ -412,6 +416,8 @@ class Broker:
         step is raised after the last step."""
         failures: list[Exception] = []
         await _bounded(cancel_and_wait(self._tasks), 10.0, "background tasks", failures)
+        if self.retention is not None:
+            await _bounded(self.retention.stop(), 10.0, "retention", failures)
         if self._cq_checkpointing is not None:
             await _bounded(asyncio.shield(self._cq_checkpointing), 10.0,
                            "ConsumeQueue checkpoint", failures)

@@ -24,6 +24,7 @@ from ledgermq.broker.config import BrokerConfig
 from ledgermq.broker.group_commit import GroupCommitter
 from ledgermq.broker.longpoll import LongPoll
 from ledgermq.broker.members import Membership
+from ledgermq.broker.retention import Retention
 from ledgermq.broker.runtime import RaftRuntime
 from ledgermq.broker.state import BrokerState, Stored
 from ledgermq.wire import RpcServer
@@ -97,6 +98,10 @@ class BrokerView(Protocol):
 
     @property
     def longpoll(self) -> LongPoll: ...
+
+    @property
+    def retention(self) -> Retention | None:
+        """Retention and the disk watermarks (None before `start`)."""
 
     @property
     def members(self) -> Membership: ...

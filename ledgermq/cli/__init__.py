@@ -54,6 +54,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "message",
     "leader",
     "acl",
+    "retention",
 )
 
 for _name in COMMAND_MODULES:

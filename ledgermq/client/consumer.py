@@ -13,6 +13,13 @@ Clustering mode shares the topic's queues among the group's live members
 (heartbeats to every node of every group serving the topic; allocation by
 sorted member ids, `client.allocate`), re-checked every `rebalance_interval`.
 Broadcasting mode gives every member every queue with offsets in a local file.
+
+A pull below the first message a queue still holds (retention deleted the
+rest) is answered OFFSET_MOVED. With `on_offset_moved="earliest"` (the
+default) the consumer logs it, counts it (`offsets_moved`) and continues from
+the oldest retained message; with `"error"` the pull raises OffsetMovedError
+(a PushConsumer stops consuming that queue and keeps the error in
+`failures`), for applications that must not skip messages silently.
 """
 
 from __future__ import annotations
@@ -25,12 +32,14 @@ import os
 import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import (
     LedgerMQError,
     NotLeaderError,
+    OffsetMovedError,
     OffsetOutOfRangeError,
     OutcomeUnknownError,
     ServiceUnavailableError,
@@ -45,6 +54,20 @@ from ledgermq.wire.auth import Credentials
 log = logging.getLogger(__name__)
 
 Callback = Callable[[ReceivedMessage], Awaitable[None] | None]
+ON_OFFSET_MOVED = ("earliest", "error")
+
+
+def _moved(exc: OffsetOutOfRangeError | OffsetMovedError, offset: int
+           ) -> OffsetMovedError | None:
+    """The OffsetMovedError an answer means, or None. Brokers before
+    OFFSET_MOVED answered a pull below the range OFFSET_OUT_OF_RANGE."""
+    if isinstance(exc, OffsetMovedError):
+        return exc
+    data = exc.data if isinstance(exc.data, dict) else {}
+    lo = data.get("min_offset")
+    if isinstance(lo, int) and offset < lo:
+        return OffsetMovedError(exc.message, data={**data, "requested": offset})
+    return None
 
 
 class PullConsumer:
@@ -52,9 +75,18 @@ class PullConsumer:
 
     def __init__(self, namesrv: Sequence[str], group: str, *, timeout: float = 5.0,
                  name: str = "consumer", credentials: Credentials | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
-        """`credentials`, `tls`: as for Producer (docs/security.md)."""
+                 tls: ssl.SSLContext | None = None,
+                 on_offset_moved: str = "earliest") -> None:
+        """`credentials`, `tls`: as for Producer (docs/security.md).
+        `on_offset_moved`: what a pull below the queue's first retained
+        message does: "earliest" continues from it, "error" raises
+        OffsetMovedError (see the module's docstring)."""
+        if on_offset_moved not in ON_OFFSET_MOVED:
+            raise ValueError(f"on_offset_moved must be one of {ON_OFFSET_MOVED}")
         self.group = group
+        self.name = name
+        self.on_offset_moved = on_offset_moved
+        self.offsets_moved = 0  # pulls that found their offset deleted by retention
         self.cluster = Cluster(tuple(namesrv), name=name, timeout=timeout,
                                credentials=credentials, tls=tls)
 
@@ -95,6 +127,36 @@ class PullConsumer:
 
     async def pull(self, mq: MessageQueue, offset: int, max_messages: int = 32,
                    tags: list[str] | None = None, wait_ms: int = 0) -> PullResult:
+        """Messages of `mq` from `offset`. An offset deleted by retention
+        continues from the oldest retained message (the result's `moved_from`
+        says so) or raises OffsetMovedError, as `on_offset_moved` says."""
+        asked = offset
+        for _ in range(8):  # retention may move the start again meanwhile
+            try:
+                result = await self._pull_once(mq, offset, max_messages, tags, wait_ms)
+            except (OffsetMovedError, OffsetOutOfRangeError) as exc:
+                moved = _moved(exc, offset)
+                if moved is None:
+                    raise
+                self.offsets_moved += 1
+                lo = moved.min_offset
+                if self.on_offset_moved == "error" or lo is None or lo <= offset:
+                    log.error("%s: offset %d of %s was deleted by retention (oldest"
+                              " retained: %s)", self.name, offset, mq, lo)
+                    raise moved from None
+                log.warning("%s: offset %d of %s was deleted by retention; continuing from"
+                            " the oldest retained message, offset %d (%d skipped)",
+                            self.name, offset, mq, lo, lo - offset)
+                offset = lo
+                continue
+            if offset != asked:
+                return replace(result, moved_from=asked)
+            return result
+        raise OffsetMovedError(f"the start of {mq} kept moving past the pulls", data={
+            "requested": asked, "min_offset": offset})
+
+    async def _pull_once(self, mq: MessageQueue, offset: int, max_messages: int,
+                         tags: list[str] | None, wait_ms: int) -> PullResult:
         # "group": the consumer group, whose SUB grant the broker's ACL checks.
         body = {"topic": mq.topic, "queue_id": mq.queue_id, "offset": offset,
                 "max_messages": max_messages, "tags": tags, "wait_ms": wait_ms,
@@ -106,7 +168,7 @@ class PullConsumer:
         except OffsetOutOfRangeError as exc:
             data = exc.data if isinstance(exc.data, dict) else {}
             if offset <= data.get("max_offset", offset):
-                raise  # below the range (retention): no node can do better
+                raise  # below the range (an older broker's answer): no node can do better
             # Beyond this node's end: a follower that has not caught up yet
             # (after a failover, say). The leader has every committed message,
             # so only its answer may move the consumer's offset.
@@ -162,6 +224,7 @@ class PushConsumer:
         on_give_up: Callable[[ReceivedMessage, BaseException], None] | None = None,
         credentials: Credentials | None = None,
         tls: ssl.SSLContext | None = None,
+        on_offset_moved: str = "earliest",
     ) -> None:
         if mode not in ("clustering", "broadcasting"):
             raise ValueError("mode must be 'clustering' or 'broadcasting'")
@@ -181,7 +244,8 @@ class PushConsumer:
         self.max_reconsume_times = max_reconsume_times
         self.on_give_up = on_give_up
         self.puller = PullConsumer(namesrv, group, name=f"consumer {self.client_id}",
-                                   credentials=credentials, tls=tls)
+                                   credentials=credentials, tls=tls,
+                                   on_offset_moved=on_offset_moved)
         if mode == "broadcasting":
             path = offsets_path or os.path.join(
                 os.path.expanduser("~"), ".ledgermq", f"{group}-{self.client_id}.offsets.json")
@@ -197,6 +261,14 @@ class PushConsumer:
         self.consumed = 0
         self.given_up = 0
         self.rebalances = 0
+        # Queues stopped by OffsetMovedError (on_offset_moved="error"): they
+        # stay stopped, and assigned to this member, until it is restarted.
+        self.failures: dict[MessageQueue, OffsetMovedError] = {}
+
+    @property
+    def offsets_moved(self) -> int:
+        """Pulls whose offset had been deleted by retention."""
+        return self.puller.offsets_moved
 
     # ------------------------------------------------------------- lifecycle
 
@@ -314,16 +386,21 @@ class PushConsumer:
                     self._committed[mq] = offset
                 result = await self.puller.pull(mq, offset, self.batch_size, self.tags,
                                                 self.long_poll_ms)
+            except OffsetMovedError as exc:
+                # on_offset_moved="error" (the pull continues by itself
+                # otherwise): stop this queue rather than skip silently.
+                self.failures[mq] = exc
+                log.error("%s: stopped consuming %s: %s", self.client_id, mq, exc)
+                return
             except OffsetOutOfRangeError as exc:
-                data = exc.data if isinstance(exc.data, dict) else {}
-                lo, hi = data.get("min_offset", 0), data.get("max_offset", 0)
-                # Below the range: retention removed those messages, start at
-                # the oldest. Beyond it (the leader says so): committed messages
+                # Beyond the range (the leader says so): committed messages
                 # were lost (e.g. flush=async and a power cut on a majority); go
                 # to the end so new messages in those slots are not skipped.
-                log.warning("%s: offset %s of %s out of range [%s, %s]; resetting",
-                            self.client_id, offset, mq, lo, hi)
-                offset = lo if offset is not None and offset < lo else hi
+                data = exc.data if isinstance(exc.data, dict) else {}
+                hi = data.get("max_offset", 0)
+                log.warning("%s: offset %s of %s beyond the queue's end %s; resetting",
+                            self.client_id, offset, mq, hi)
+                offset = hi
                 continue
             except asyncio.CancelledError:
                 raise

@@ -129,3 +129,7 @@ class PullResult:
     next_offset: int
     min_offset: int
     max_offset: int
+    # Set when the offset asked for had been deleted by retention and the
+    # pull continued from the oldest retained message instead
+    # (`on_offset_moved="earliest"`): the offset that was asked for.
+    moved_from: int | None = None

@@ -135,7 +135,8 @@ class NameServerAdmin:
             "delete_topic": self.change_topic, "consumer_groups": self.consumer_groups,
             "consumer_group": self.consumer_group, "reset_offsets": self.reset_offsets,
             "messages_by_key": self.messages_by_key, "message_by_id": self.message_by_id,
-            "transfer_leadership": self.transfer_leadership,
+            "transfer_leadership": self.transfer_leadership, "retention": self.retention,
+            "retention_trim": self.retention_trim,
         })
 
     async def start(self) -> str:
@@ -412,5 +413,58 @@ class NameServerAdmin:
         to = field(body, "to", int)
         answers = await self._to_each(request, "POST", f"{API}/leadership/transfer",
                                       {"to": to}, leader_only=True, only=group)
+        status, data = answers[group]
+        return json_response(data, status)
+
+    # --------------------------------------------------------------- retention
+
+    async def _node_retention(self, request: web.Request, node: dict[str, Any]
+                              ) -> dict[str, Any]:
+        """One node's GET /retention (each replica has its own disk and files)."""
+        row = {"node_id": node["node_id"], "address": node["address"]}
+        if not node.get("reachable") or not node.get("admin_url"):
+            return {**row, "error": {"code": "UNREACHABLE",
+                                     "message": "no status or no admin app"}}
+        try:
+            status, data = await self._call(request, node["admin_url"], "GET",
+                                            f"{API}/retention")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return {**row, "error": {"code": "UNREACHABLE", "message": str(exc)}}
+        if status >= 400 or not isinstance(data, dict):
+            return {**(data if isinstance(data, dict) else {}), **row}
+        return {**data, **row}
+
+    async def retention(self, request: web.Request) -> web.Response:
+        """Every node of every group (or of ?group=): retention is per replica."""
+        only = request.query.get("group")
+        groups = await self._groups()
+        if only is not None:
+            checked_name(only, "group")
+            if only not in groups:
+                raise ApiError(404, "UNKNOWN_GROUP", f"broker group {only!r} is not registered",
+                               {"group": only})
+            groups = {only: groups[only]}
+        out: dict[str, Any] = {}
+        for name, group in sorted(groups.items()):
+            nodes = await asyncio.gather(*(self._node_retention(request, n)
+                                           for n in group["nodes"]))
+            out[name] = {"leader": group.get("leader"), "nodes": list(nodes)}
+        return json_response({"groups": out})
+
+    async def retention_trim(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        group = body.pop("group", None)
+        if group is None:
+            names = sorted(await self._groups())
+            if len(names) != 1:
+                raise ApiError(400, "INVALID_REQUEST",
+                               "say which broker group with 'group' (registered: "
+                               f"{', '.join(names) or 'none'})")
+            group = names[0]
+        if not isinstance(group, str):
+            raise ApiError(400, "INVALID_REQUEST", "field 'group' must be str")
+        checked_name(group, "group")
+        answers = await self._to_each(request, "POST", f"{API}/retention/trim", body,
+                                      leader_only=True, only=group)
         status, data = answers[group]
         return json_response(data, status)

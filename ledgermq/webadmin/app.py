@@ -64,6 +64,7 @@ WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 _HTTP_STATUS: dict[int, int] = {
     ErrorCode.INVALID_REQUEST: 400,
     ErrorCode.OFFSET_OUT_OF_RANGE: 400,
+    ErrorCode.OFFSET_MOVED: 400,
     ErrorCode.MESSAGE_TOO_LARGE: 413,
     ErrorCode.NO_PERMISSION: 403,
     ErrorCode.UNKNOWN_TOPIC: 404,

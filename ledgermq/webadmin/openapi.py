@@ -97,6 +97,25 @@ OPERATIONS: list[Operation] = [
                   "group": {"type": "string", "description": "NameServer only: the group"}}},
               {200: "new leader", 400: "unknown node", 409: "not the leader",
                503: "transfer failed"}),
+    Operation("get", "/api/v1/retention", "retention",
+              "Retention settings, disk usage, the retained log range (first/last index and"
+              " time), the newest snapshot and the trim points; the NameServer lists every"
+              " node of every group (or of ?group=).", "both", None,
+              {200: "retention (NameServer: {groups: {name: {nodes: [...]}}})"}),
+    Operation("post", "/api/v1/retention/trim", "retention_trim",
+              "Delete up to an index or position: propose the group's trim point (whole"
+              " segments go on each replica once a local snapshot covers them).",
+              "both", {"type": "object", "properties": {
+                  "index": {"type": "integer", "minimum": 0,
+                            "description": "entries below this index may go"},
+                  "position": {"type": "integer", "minimum": 0,
+                               "description": "or: CommitLog bytes below this position"},
+                  "dry_run": {"type": "boolean",
+                              "description": "answer the same, propose nothing"},
+                  "group": {"type": "string",
+                            "description": "NameServer only: the broker group (default:"
+                                           " the only one registered)"}}},
+              {200: "the trim point proposed", 400: "bad input", 409: "not the leader"}),
     Operation("get", "/api/v1/reports", "reports",
               "Chaos and audit reports found in the reports directory.",
               "both", None, {200: "reports"}),

@@ -240,6 +240,55 @@ const pages = {
     return form + result + "</div></div>";
   },
 
+  async retention() {
+    const data = await get("retention");
+    // The NameServer lists every node of every group; a broker answers for itself.
+    const groups = data.groups || { [data.group]: { nodes: [data] } };
+    const now = Date.now();
+    let html = "";
+    for (const [name, g] of Object.entries(groups)) {
+      let settings = null;
+      const rows = g.nodes.map((n) => {
+        if (n.error) {
+          return `<tr data-node="${esc(n.node_id)}"><td>${esc(n.node_id)}</td>
+            <td colspan=9 class="error">${esc(n.error.code)}: ${esc(n.error.message)}</td></tr>`;
+        }
+        settings = settings || n.settings;
+        const d = n.disk, r = n.retained, snap = n.snapshot;
+        const pct = Math.round(d.usage_ratio * 1000) / 10;
+        record(`disk:${name}:${n.node_id}`, pct);
+        const level = d.usage_ratio > n.settings.disk_hard_ratio ? "lag-high" :
+          d.usage_ratio > n.settings.disk_soft_ratio ? "warn" : "";
+        return `<tr data-node="${esc(n.node_id)}" data-first-index="${esc(r.first_index)}"
+          data-refusing="${d.refusing_writes ? 1 : 0}">
+          <td>${esc(n.node_id)}</td><td>${esc(n.role)}</td>
+          <td class="${level}">${pct}% of ${size(d.total_bytes)}</td>
+          <td>${size(d.log_bytes)} (${esc(d.segments)} seg)</td>
+          <td>${esc(r.first_index)}</td><td>${esc(r.last_index)}</td>
+          <td>${when(r.first_time_ms, now)}</td><td>${when(r.last_time_ms, now)}</td>
+          <td>${snap ? esc(snap.index) : "none"}</td>
+          <td>${d.refusing_writes ? '<span class="badge role-unreachable">DISK_FULL</span>' :
+            "ok"}</td></tr>`;
+      }).join("");
+      const s = settings ? `retention ${esc(settings.retention_hours)} h,
+        ${settings.retention_bytes ? size(settings.retention_bytes) : "no size limit"},
+        soft ${Math.round(settings.disk_soft_ratio * 100)}%,
+        hard ${Math.round(settings.disk_hard_ratio * 100)}%` : "";
+      const charts = g.nodes.filter((n) => !n.error).map((n) =>
+        chart(`disk:${name}:${n.node_id}`, `${n.node_id} disk used %`, false)).join("");
+      const agreed = Math.max(0, ...g.nodes.filter((n) => !n.error).map(
+        (n) => n.trim.agreed_position));
+      html += `<div class="card" data-retention-group="${esc(name)}">
+        <h2>group ${esc(name)} — retention</h2><p class="muted">${s}; agreed trim point:
+          position ${esc(agreed)}</p>
+        <table><thead><tr><th>node</th><th>role</th><th>disk</th><th>log</th>
+          <th>first index</th><th>last index</th><th>oldest message</th>
+          <th>newest message</th><th>snapshot</th><th>writes</th></tr></thead>
+        <tbody>${rows}</tbody></table><div class="grid">${charts}</div></div>`;
+    }
+    return html || "<p>No broker group is registered.</p>";
+  },
+
   async reports() {
     const data = await get("reports");
     if (!data.directory) return `<div class="card"><h2>Reports</h2><p>No reports directory is
@@ -252,6 +301,23 @@ const pages = {
       <tbody>${rows || "<tr><td colspan=4>none</td></tr>"}</tbody></table></div>`;
   },
 };
+
+function size(n) {
+  if (n == null) return "?";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let v = n, i = 0;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+  return `${i ? v.toFixed(1) : v} ${units[i]}`;
+}
+
+function when(ms, now) {
+  // How long ago, in the largest unit that fits; the exact time on hover.
+  if (ms == null) return "-";
+  const s = Math.max(0, Math.round((now - ms) / 1000));
+  const ago = s >= 86400 ? `${Math.floor(s / 86400)} d` : s >= 3600 ?
+    `${Math.floor(s / 3600)} h` : s >= 60 ? `${Math.floor(s / 60)} min` : `${s} s`;
+  return `<span title="${esc(new Date(ms).toISOString())}">${ago} ago</span>`;
+}
 
 function renderMessages(list) {
   if (!list.length) return "<p>No message found.</p>";
@@ -270,7 +336,7 @@ function route() {
   const [path, query] = hash.split("?");
   const [name, arg] = path.split("/");
   const known = { "": "overview", topics: "topics", topic: "topic", groups: "groups",
-    group: "group", messages: "messages", reports: "reports" };
+    group: "group", messages: "messages", reports: "reports", retention: "retention" };
   const key = known[name] || "overview";
   return { key, arg: arg ? decodeURIComponent(arg) : query, live: key !== "messages" &&
     key !== "reports" };
