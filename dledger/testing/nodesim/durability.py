@@ -5,7 +5,8 @@ checks ask the `SimFileSystem` what a power cut *now* would keep:
 
 - *acks*: with flush=sync a follower's successful AppendResponse for index i
   leaves only once entry i is durable on that follower (checked as the
-  transport sends it);
+  transport sends it), and none leaves between the core's restore of a
+  leader's snapshot and the end of its install;
 - *checkpoints*: a checkpoint file, when it is replaced, vouches only for
   entries that are durable (recovery trusts it);
 - *hard state*: the commit index saved never names an entry that is not
@@ -98,7 +99,13 @@ def observe_send(h: World, node_id: int, messages: Sequence[Message]) -> None:
                    f"the vote was durable (durable: term {hs.term} vote {hs.vote})")
     if h.flush != "sync":
         return
+    pending = slot.node.install_pending
     for msg in messages:
+        if pending and isinstance(msg, AppendResponse) and msg.success:
+            # The core restored a snapshot the runtime has not installed: the
+            # old log's entry at that index is not the one acknowledged.
+            h.fail(f"n{node_id} acknowledged entry {msg.index} to n{msg.dst} before the "
+                   "snapshot it restored was installed")
         if isinstance(msg, (AppendRequest, Heartbeat)):
             check_claim(h, slot, msg.commit)
         if isinstance(msg, AppendResponse) and msg.success and msg.index \
