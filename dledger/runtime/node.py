@@ -513,6 +513,7 @@ class RaftGroupNode:
         self._transfer_ids = itertools.count(1)
         self._receiver = SnapshotReceiver(config.data_dir, self.log.config.segment_size_bytes,
                                           config.install_max_bytes)
+        self._receiver.refused = self.counters.transfer_refusals  # one live dict
         self._installing = False
         self._installed: SnapshotMeta | None = None  # the last snapshot installed
 
@@ -618,7 +619,7 @@ class RaftGroupNode:
             transfers={peer: {"index": t.index, "acked": t.acked, "total": t.total}
                        for peer, t in self._senders.items()},
             counters=replace(self.counters, auth_failures=dict(self.counters.auth_failures),
-                             transfer_refusals=dict(self._receiver.refused)),
+                             transfer_refusals=dict(self.counters.transfer_refusals)),
             core=leading,
         )
 
