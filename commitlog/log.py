@@ -400,6 +400,7 @@ class CommitLog:
             raise
         self.segments, self.index = segments, index
         self.recovery = recovery
+        recovery.foreign_files = self._foreign_files()
         if (state.first_index, state.last_index, state.last_term, state.end) != (
                 first_index, last_index, last_term, end):
             self.failed = CorruptionError(self.data_dir, end, "installed log reopened as "
