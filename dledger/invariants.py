@@ -32,6 +32,19 @@ flush=async may lose acknowledged writes by contract:
   every crash;
 - every write acknowledged as committed is in the final log exactly once
   (under flush=async: at most once).
+
+Through snapshots (logs whose first index moved, `dledger.testing.statemachine`):
+- snapshot matching: two snapshots taken at the same (index, term) hold the
+  same state;
+- state-machine safety: every node whose state machine reaches index i,
+  by applying entries or by installing a snapshot, has the same state there;
+  at the end, every running node's state equals the final log's prefix;
+- the checks above that read a node's log (leader completeness, commit
+  claims, durability) read a compacted entry through the node's snapshot.
+Under flush=async a differing state or snapshot is counted
+(`state_divergences`), not raised: the contract lets a quorum's power loss
+replace committed entries, and a node that applied one of them is checked
+at the end instead.
 """
 
 from __future__ import annotations
@@ -215,6 +228,40 @@ def check_applied_match(
     return None
 
 
+def check_snapshot_matching(
+    snapshots: Mapping[tuple[int, int], int], index: int, term: int, digest: int
+) -> str | None:
+    """Snapshots at the same (index, term) hold the same state (log matching, summarised)."""
+    known = snapshots.get((index, term))
+    if known is not None and known != digest:
+        return (f"snapshot matching: two snapshots at {index}/{term} hold different states "
+                f"({known:#x} and {digest:#x})")
+    return None
+
+
+def check_state_matches(
+    states: Mapping[int, tuple[int, int]], node_id: int, index: int, digest: int
+) -> str | None:
+    """State-machine safety: `node_id`'s state at `index` equals every other node's there.
+    `states[index]` is (digest, node) of the first state seen at that index."""
+    known = states.get(index)
+    if known is not None and known[0] != digest:
+        return (f"state-machine safety: node {node_id}'s state at index {index} ({digest:#x}) "
+                f"differs from node {known[1]}'s ({known[0]:#x})")
+    return None
+
+
+def check_final_state(node_id: int, index: int, digest: int, expected: int | None) -> str | None:
+    """A running node's state machine at `index` equals the group's final log up to it
+    (`expected`: the digest of that prefix, None if the final log is shorter)."""
+    if expected is None:
+        return f"node {node_id}'s state machine is at {index}, past the group's log"
+    if digest != expected:
+        return (f"node {node_id}'s state at {index} ({digest:#x}) is not the group's log "
+                f"up to there ({expected:#x}) and the node carried on")
+    return None
+
+
 def _anything_durable(index: int) -> int | None:
     return 0
 
@@ -241,6 +288,11 @@ class SafetyChecker:
         # Term in which each committed index was first seen committed.
         self.committed_in: dict[int, int] = {}
         self.committed_lost = 0
+        # Snapshots: (index, term) -> state digest; index -> (digest, node) of
+        # the first state machine seen at that index.
+        self.snapshots: dict[tuple[int, int], int] = {}
+        self.states: dict[int, tuple[int, int]] = {}
+        self.state_divergences = 0
 
     @staticmethod
     def _raise(problem: str | None) -> None:
@@ -290,6 +342,26 @@ class SafetyChecker:
         # flush=async acknowledges written, unsynced entries by design.
         term_at = _anything_durable if self.flush_async else durable_term_at
         self._raise(check_message_durable(msg, durable, term_at))
+
+    def observe_snapshot(self, index: int, term: int, digest: int) -> None:
+        """A node took or installed a snapshot of state `digest` at (index, term)."""
+        problem = check_snapshot_matching(self.snapshots, index, term, digest)
+        if problem is not None:
+            if not self.flush_async:
+                raise SafetyViolation(problem)
+            self.state_divergences += 1
+        self.snapshots[(index, term)] = digest
+
+    def observe_state(self, node_id: int, index: int, digest: int) -> None:
+        """`node_id`'s state machine reached `index` with state `digest`."""
+        problem = check_state_matches(self.states, node_id, index, digest)
+        if problem is None:
+            self.states.setdefault(index, (digest, node_id))
+            return
+        if not self.flush_async:
+            raise SafetyViolation(problem)
+        self.state_divergences += 1
+        self.states[index] = (digest, node_id)
 
     def latest_committed(self) -> Entry | None:
         return self.committed[max(self.committed)] if self.committed else None

@@ -52,14 +52,22 @@ class CommittedDivergence(Exception):
     as etcd-raft panics. Repairing the replica is an operator's decision.
     """
 
-    def __init__(self, index: int, ours: int, leaders: int) -> None:
+    def __init__(self, index: int, ours: int, leaders: int, anchor: int = 0) -> None:
+        if anchor:
+            # `index` lies in a snapshot here: its term is unknown, but terms
+            # never decrease along a log, so it is at most `ours` (anchor's).
+            what = (f"entry {index} has term {leaders} at the leader, later than the term "
+                    f"{ours} of committed entry {anchor} here (a snapshot)")
+        else:
+            what = f"committed entry {index} has term {ours} here but term {leaders} at the leader"
         super().__init__(
-            f"committed entry {index} has term {ours} here but term {leaders} at the leader: "
+            f"{what}: "
             "this replica's committed log diverged from the group (acknowledged data was lost); "
             "it stops (the broker's on_divergence decides: roll back or wait for repair)")
         self.index = index
         self.ours = ours
         self.leaders = leaders
+        self.anchor = anchor
 
 
 def invariant(condition: bool, message: str) -> None:
@@ -200,6 +208,11 @@ class RaftLog:
         snap = self.unstable_snapshot or self.snapshot
         if snap is not None and index == snap.index:
             return snap.end_position
+        if self.unstable_snapshot is None and index < self._storage.first_index():
+            # The driver compacted storage since this log started: ask its snapshot.
+            stored = self._storage.snapshot()
+            if stored is not None and index == stored.index:
+                return stored.end_position
         return self.entry(index).end_position
 
     def take_unpersisted(self) -> tuple[Entry, ...]:
@@ -264,6 +277,14 @@ class RaftLog:
         self.snapshot = meta
         self.unstable_snapshot = None
         return True
+
+    def snapshot_covering(self, index: int) -> SnapshotMeta | None:
+        """A snapshot of this node (so committed) that covers `index`, if it knows one."""
+        stored = self._storage.snapshot() if index < self._storage.first_index() else None
+        for meta in (self.unstable_snapshot, self.snapshot, stored):
+            if meta is not None and meta.index >= index:
+                return meta
+        return None
 
     def snapshot_to_send(self) -> SnapshotMeta | None:
         """The newest snapshot storage can send (a leader whose follower needs it)."""

@@ -505,16 +505,23 @@ class RaftNode:
     def _check_committed_prefix(self, prev_index: int, prev_term: int,
                                 entries: tuple[Entry, ...]) -> None:
         """Raise `CommittedDivergence` if the leader's (prev, entries) disagree
-        with a term of our committed prefix (indexes no longer stored locally
-        cannot be compared and are skipped)."""
+        with a term of our committed prefix. An index no longer stored here
+        (compacted into a snapshot) is compared with the snapshot: terms never
+        decrease along a log, so a leader's term there above the snapshot's
+        term means the leader lacks our committed entry at the snapshot."""
         claims = [(prev_index, prev_term)] + [(e.index, e.term) for e in entries
                                               if e.index <= self.commit]
         for index, term in claims:
             if index == 0:
                 continue
             ours = self.log.term_or_none(index)
-            if ours is not None and ours != term:
-                raise CommittedDivergence(index, ours, term)
+            if ours is not None:
+                if ours != term:
+                    raise CommittedDivergence(index, ours, term)
+                continue
+            snap = self.log.snapshot_covering(index)
+            if snap is not None and term > snap.term:
+                raise CommittedDivergence(index, snap.term, term, anchor=snap.index)
 
     def _accept_entries(self, prev_index: int, entries: tuple[Entry, ...], commit: int) -> None:
         new_entries: tuple[Entry, ...] = ()
@@ -551,7 +558,9 @@ class RaftNode:
     def _handle_install_snapshot(self, msg: InstallSnapshot) -> None:
         self._follow(msg.src)
         if msg.index <= self.commit:
-            # Stale or duplicate: our committed prefix already covers it.
+            # Stale or duplicate: our committed prefix already covers it (and
+            # must agree with it: a lost committed entry shows here too).
+            self._check_committed_prefix(msg.index, msg.snap_term, ())
             self._outbox.append(AppendResponse(self.id, msg.src, self.term, True, self.commit))
             return
         if self.bugs.snapshot_ignores_term:

@@ -95,6 +95,7 @@ from dledger.runtime.snapshot_transfer import (
 )
 from dledger.runtime.storage import CommitLogStorage
 from dledger.runtime.transport import PeerTransport
+from dledger.storage import SnapshotMeta
 from election.config import ElectionConfig
 from election.roles import Role
 from ledgermq.base.errors import NotLeaderError as WireNotLeaderError
@@ -512,7 +513,9 @@ class RaftGroupNode:
         self._transfer_ids = itertools.count(1)
         self._receiver = SnapshotReceiver(config.data_dir, self.log.config.segment_size_bytes,
                                           config.install_max_bytes)
+        self._receiver.refused = self.counters.transfer_refusals  # one live dict
         self._installing = False
+        self._installed: SnapshotMeta | None = None  # the last snapshot installed
 
     # ------------------------------------------------------------ observation
 
@@ -550,7 +553,10 @@ class RaftGroupNode:
         """The core restored a leader's snapshot that the driver has not
         installed yet: `commit_index` already counts it, `log` does not."""
         core = self._core
-        return core is not None and (core.log.unstable_snapshot is not None or self._installing)
+        if core is None:
+            return False
+        restored = core.log.unstable_snapshot  # until the core's advance
+        return self._installing or (restored is not None and restored != self._installed)
 
     @property
     def last_index(self) -> int:
@@ -613,7 +619,7 @@ class RaftGroupNode:
             transfers={peer: {"index": t.index, "acked": t.acked, "total": t.total}
                        for peer, t in self._senders.items()},
             counters=replace(self.counters, auth_failures=dict(self.counters.auth_failures),
-                             transfer_refusals=dict(self._receiver.refused)),
+                             transfer_refusals=dict(self.counters.transfer_refusals)),
             core=leading,
         )
 
@@ -1238,23 +1244,24 @@ class RaftGroupNode:
                                   meta.term, meta.end_position)
             self._receiver.forget()
             remove_staging(self.config.data_dir)
+            self.storage.note_snapshot(info)
+            hs = rd.hard_state or self._hs_latest
+            self._hs_latest = HardState(hs.term, hs.vote, max(hs.commit, meta.index))
+            await self._save_hard_state()
+            self._applied = meta.index
+            self._applied_term = meta.term
+            self.counters.installs_received += 1
+            self.counters.install_seconds += self._clock() - started
+            log.info("raft %s/%d: installed snapshot %d (term %d): log %d..%d, %d bytes",
+                     self.config.group, self.config.node_id, meta.index, meta.term,
+                     self.log.first_index, self.log.last_index, staged.total)
+            if self._on_install is not None:
+                # Not caught: a state machine that cannot reset leaves this
+                # replica unusable, and the driver fails it (restart to recover).
+                self._on_install(info)
+            self._installed = meta
         finally:
             self._installing = False
-        self.storage.note_snapshot(info)
-        hs = rd.hard_state or self._hs_latest
-        self._hs_latest = HardState(hs.term, hs.vote, max(hs.commit, meta.index))
-        await self._save_hard_state()
-        self._applied = meta.index
-        self._applied_term = meta.term
-        self.counters.installs_received += 1
-        self.counters.install_seconds += self._clock() - started
-        log.info("raft %s/%d: installed snapshot %d (term %d): log %d..%d, %d bytes",
-                 self.config.group, self.config.node_id, meta.index, meta.term,
-                 self.log.first_index, self.log.last_index, staged.total)
-        if self._on_install is not None:
-            # Not caught: a state machine that cannot reset leaves this
-            # replica unusable, and the driver fails it (restart to recover).
-            self._on_install(info)
 
     # ---------------------------------------------------------------- waiting
 

@@ -65,7 +65,7 @@ from crc32c import crc32c
 from commitlog import CommitLog, fileio
 from commitlog.disk import atomic_replace, read_exact, sync_fd
 from commitlog.file_queue import file_name
-from commitlog.snapshot import SnapshotInfo, adopt_snapshot, latest_snapshot
+from commitlog.snapshot import SnapshotInfo, adopt_snapshot, latest_snapshot, snapshot_path
 from dledger.messages import CHANNEL_REPLICATION, Message
 
 # A chunk's payload as sent, and the most a follower accepts in one.
@@ -497,7 +497,8 @@ class SnapshotReceiver:
 
     def on_chunk(self, chunk: SnapshotChunk) -> SnapshotAck | None:
         cur = self._in
-        if cur is None or cur.offer.transfer != chunk.transfer or cur.offer.src != chunk.src:
+        if cur is None or (cur.offer.src, cur.offer.term, cur.offer.transfer) != (
+                chunk.src, chunk.term, chunk.transfer):
             # Not the transfer in progress (an old attempt's leftovers, or
             # staging was discarded): tell the sender so it stops.
             return self._refuse(chunk, "no such transfer in progress", "unknown_transfer")
@@ -684,14 +685,23 @@ def finish_interrupted_install(log: CommitLog) -> SnapshotInfo | None:
     """
     data_dir = log.data_dir
     adopted = None
-    manifest = read_manifest(data_dir)
-    if manifest is not None and (log.first_index, log.last_index, log.last_term, log.end) == (
-            manifest.first_index, manifest.index, manifest.snap_term, manifest.end_position):
+    m = read_manifest(data_dir)
+    if m is not None and (log.first_index, log.last_index, log.last_term, log.end) == (
+            m.first_index, m.index, m.snap_term, m.end_position):
         newest = latest_snapshot(data_dir, verify_state=False)
-        state = fileio.fs.read_file(manifest.state_path)
-        if (newest is None or newest.index < manifest.index) and state is not None \
-                and len(state) == manifest.state_bytes and crc32c(state) == manifest.state_crc:
-            adopted = adopt_snapshot(data_dir, manifest.state_path, manifest.index,
-                                     manifest.snap_term, manifest.end_position)
+        if newest is None or newest.index < m.index:
+            # The adoption may have moved the state file into the snapshot's
+            # directory before its meta was written: take it back first.
+            moved = os.path.join(snapshot_path(data_dir, m.index), STATE_FILE)
+            if not _holds_state(m.state_path, m) and _holds_state(moved, m):
+                fileio.fs.replace(moved, m.state_path)
+            if _holds_state(m.state_path, m):
+                adopted = adopt_snapshot(data_dir, m.state_path, m.index, m.snap_term,
+                                         m.end_position)
     remove_staging(data_dir)
     return adopted
+
+
+def _holds_state(path: str, m: SealedManifest) -> bool:
+    state = fileio.fs.read_file(path)
+    return state is not None and len(state) == m.state_bytes and crc32c(state) == m.state_crc

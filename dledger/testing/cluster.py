@@ -28,6 +28,13 @@ acknowledged entries, which the contract allows. A node that finds its
 committed prefix contradicted by the leader raises `CommittedDivergence`: in
 async mode it stops for good (recorded in `stopped`), in sync mode that is a
 violation.
+
+Each node applies committed entries to a `SimStateMachine`; with compaction
+on (`dledger.testing.compaction`), nodes snapshot it and delete log prefixes,
+and followers too far behind install a leader's snapshot (Ready.snapshot,
+installed before the Ready's entries). A node restarts from its durable
+snapshot plus the log after it. The checks read a compacted entry through
+the node's snapshot (`term_at`, `entries_of`).
 """
 
 from __future__ import annotations
@@ -42,12 +49,15 @@ from dledger.config import Bugs, Config
 from dledger.entry import Entry, segment_placement
 from dledger.invariants import SafetyChecker, SafetyViolation
 from dledger.log import UNLIMITED, CommittedDivergence
-from dledger.messages import AppendRequest, Message
+from dledger.messages import AppendRequest, InstallSnapshot, Message
 from dledger.raw_node import NotLeader, RaftNode
 from dledger.ready import Ready
+from dledger.storage import LogUnavailable
+from dledger.testing.compaction import SnapshotSim
 from dledger.testing.disk import SimDisk
 from dledger.testing.faults import CLASSIC, FaultProfile
 from dledger.testing.network import SimNetwork
+from dledger.testing.statemachine import SimStateMachine
 from election.config import ElectionConfig
 from election.roles import Role
 
@@ -114,6 +124,12 @@ class SimStats:
     writes_lost: int = 0
     pauses: int = 0
     stale_appends: int = 0
+    compactions: int = 0
+    installs: int = 0
+    snapshots_sent: int = 0
+    transfer_failures: int = 0
+    # Restarts of a node whose durable log starts after a snapshot.
+    snapshot_restarts: int = 0
     trace: deque[str] = field(default_factory=lambda: deque(maxlen=60))
 
 
@@ -132,8 +148,16 @@ class SimCluster:
         profile: FaultProfile = CLASSIC,
         flush_async: bool = False,
         rng: random.Random | None = None,
+        compaction: bool = False,
+        compaction_rng: random.Random | None = None,
+        install_mutant: str | None = None,
     ) -> None:
         self.rng = rng or random.Random(seed)
+        # Compaction draws come from their own rng (see dledger.testing.compaction).
+        self.snapshots = SnapshotSim(
+            self, compaction_rng or random.Random(f"compaction:{seed}"), compaction,
+            install_mutant,
+        )
         self.profile = profile
         self.flush_async = flush_async
         self.node_ids = list(range(1, node_count + 1))
@@ -192,6 +216,8 @@ class SimCluster:
         self._claimed = dict.fromkeys(self.node_ids, 0)
         # Entries each running incarnation handed to its state machine.
         self.applied_logs: dict[int, dict[int, Entry]] = {n: {} for n in self.node_ids}
+        # Each running incarnation's state machine (from its durable snapshot on restart).
+        self.machines: dict[int, SimStateMachine] = {}
         # Scenario hooks: called with (node id) when a node first leads a term.
         self.on_new_leader: Callable[[int], None] | None = None
         # A running scenario holds off the random nemesis and the leader killer.
@@ -199,6 +225,7 @@ class SimCluster:
         for n in self.node_ids:
             self._start(n)
             self._schedule(self.rng.randint(1, self.tick_period[n]), _Tick(n))
+        self.snapshots.start()
 
     # ---------------------------------------------------------------- events
 
@@ -261,10 +288,18 @@ class SimCluster:
             append_bytes_max=2048,
             inflight_max=self.inflight_max,
             resend_ticks=4,
+            snapshot_timeout_ticks=self.snapshots.snapshot_timeout_ticks,
             bugs=self.bugs,
         )
         rng = random.Random(self.rng.getrandbits(64))
-        self.nodes[n] = RaftNode(config, self.disks[n].volatile, rng, self.place)
+        disk = self.disks[n]
+        machine = SimStateMachine(disk.volatile_snapshot)
+        self.machines[n] = machine
+        self.nodes[n] = RaftNode(config, disk.volatile, rng, self.place, applied=machine.index)
+        if disk.volatile_snapshot is not None:
+            # The restarted state is the durable snapshot's: the same as every
+            # other state seen at its index.
+            self.checker.observe_state(n, machine.index, machine.digest)
 
     def crash(self, n: int) -> None:
         if self.nodes[n] is None:
@@ -276,6 +311,7 @@ class SimCluster:
         self._flushing[n] = False
         self._claimed[n] = 0
         self.applied_logs[n] = {}
+        self.machines.pop(n, None)
         lost = self.disks[n].crash(self.rng)
         self.stats.crashes += 1
         self.stats.writes_lost += lost
@@ -324,7 +360,11 @@ class SimCluster:
         self._start(n)
         node = self.nodes[n]
         assert node is not None
-        self.log(f"restart {n} term={node.term} last={node.log.last_index} commit={node.commit}")
+        first = node.log.first_index()
+        if first > 1:
+            self.stats.snapshot_restarts += 1
+        self.log(f"restart {n} term={node.term} first={first} last={node.log.last_index} "
+                 f"commit={node.commit}")
         self._schedule(self.now + self.rng.randint(1, self.tick_period[n]), _Tick(n))
         self._drain(n)
 
@@ -382,12 +422,16 @@ class SimCluster:
             return
         self._after_step(msg.dst)
 
+    def after_step(self, n: int) -> None:
+        """Handle what an input to node `n` produced (Readies, checks)."""
+        self._after_step(n)
+
     def _after_step(self, n: int) -> None:
         node = self.nodes[n]
         assert node is not None
         if node.role is Role.LEADER:
             before = self.checker.leaders.get(node.term)
-            self.checker.observe_leader(n, node.term, node.log.term_or_none)
+            self.checker.observe_leader(n, node.term, lambda i: self.term_at(n, i))
             if before is None:
                 self.stats.elections += 1
                 self.log(f"leader {n} term={node.term} last={node.log.last_index}")
@@ -413,7 +457,7 @@ class SimCluster:
         low, self._claimed[n] = self._claimed[n], node.commit
         if self.flush_async:
             return
-        entries = node.log.entries(low + 1, node.commit + 1, UNLIMITED, UNLIMITED)
+        entries = self.entries_of(n, low + 1, node.commit + 1)
         self.checker.observe_committed(entries, node.term)
         last = entries[-1]
         self.checker.observe_claim(
@@ -426,7 +470,11 @@ class SimCluster:
         stale_p = self.profile.stale_append_probability if self.faults_active else 0.0
         for msg in messages:
             self.checker.observe_sent(msg, disk.durable_hard_state, disk.durable_term)
-            for at in self.network.arrivals(msg, self.now):
+            if isinstance(msg, InstallSnapshot):
+                arrivals = self.snapshots.transfer(n, msg)
+            else:
+                arrivals = self.network.arrivals(msg, self.now)
+            for at in arrivals:
                 self._schedule(at, msg)
             if stale_p and isinstance(msg, AppendRequest) and self.rng.random() < stale_p:
                 self._stale_append(n, msg)
@@ -442,12 +490,19 @@ class SimCluster:
         # Mostly a little below (a probe that backs off further than needed),
         # sometimes anywhere down to the start of the log.
         low = 0 if self.rng.random() < 0.2 else max(0, msg.prev_index - 8)
+        # Never below what the leader still holds (a real leader would send a snapshot).
+        low = max(low, node.log.first_index() - 1)
+        if low > msg.prev_index:
+            return
         prev = self.rng.randint(low, msg.prev_index)
         count = self.rng.randint(0, self.append_entries_max)
-        entries = node.log.entries(prev + 1, prev + 1 + count, UNLIMITED, count) if count else []
-        stale = AppendRequest(
-            n, msg.dst, msg.term, prev, node.log.term(prev), tuple(entries), node.commit
-        )
+        try:
+            entries = (node.log.entries(prev + 1, prev + 1 + count, UNLIMITED, count)
+                       if count else [])
+            prev_term = node.log.term(prev)
+        except LogUnavailable:
+            return
+        stale = AppendRequest(n, msg.dst, msg.term, prev, prev_term, tuple(entries), node.commit)
         self.stats.stale_appends += 1
         disk = self.disks[n]
         self.checker.observe_sent(stale, disk.durable_hard_state, disk.durable_term)
@@ -460,6 +515,9 @@ class SimCluster:
         while node is not None and self.syncing[n] is None and node.has_ready():
             ready = node.ready()
             disk = self.disks[n]
+            if ready.snapshot is not None:
+                # Install first: the entries of this Ready follow the snapshot.
+                self.snapshots.install(n, ready.snapshot)
             if ready.entries:
                 first = ready.entries[0].index
                 prev_term = node.log.term_or_none(first - 1)
@@ -470,9 +528,11 @@ class SimCluster:
             self._send(n, ready.messages)
             wait = ready.must_sync
             if self.flush_async:
-                # Only a new term or vote waits, for the hard-state file alone.
+                # Only a new term or vote waits, for the hard-state file alone,
+                # and an install, which is synchronous in every flush mode.
                 hs = ready.hard_state
                 wait = hs is not None and (hs.term, hs.vote) != (durable.term, durable.vote)
+                wait = wait or ready.snapshot is not None
             if wait:
                 self.syncing[n] = ready
                 delay = self.profile.fsync_delay(self.rng)
@@ -486,7 +546,7 @@ class SimCluster:
         if generation != self.generation[n] or ready is None:
             return  # the node crashed while this fsync was pending
         self.syncing[n] = None
-        if self.flush_async:
+        if self.flush_async and ready.snapshot is None:
             self.disks[n].sync_hard_state()
         else:
             self.disks[n].sync()
@@ -511,14 +571,13 @@ class SimCluster:
         voters: dict[int, tuple[int, int]] = {}
         for n in self.node_ids:
             disk = self.disks[n]
-            durable = disk.durable_entries
-            voters[n] = (durable[-1].term, durable[-1].index) if durable else (0, 0)
+            voters[n] = disk.durable_last()
             node = self.nodes[n]
             if node is None:
                 holds = disk.durable_term_any(latest.index) == latest.term
                 candidates[n] = (holds, voters[n][0], voters[n][1])
             else:
-                holds = node.log.term_or_none(latest.index) == latest.term
+                holds = self.term_at(n, latest.index) == latest.term
                 candidates[n] = (holds, node.log.last_term(), node.log.last_index)
         self.checker.observe_electable(candidates, voters)
 
@@ -527,11 +586,44 @@ class SimCluster:
         self.checker.observe_committed(entries, node.term if node is not None else None)
         self._check_electable()
         applied = self.applied_logs[n]
+        machine = self.machines[n]
         for entry in entries:
+            try:
+                digest = machine.apply(entry)
+            except ValueError as exc:
+                raise SafetyViolation(f"node {n}: {exc}") from exc
+            self.checker.observe_state(n, entry.index, digest)
             applied[entry.index] = entry
             proposal = self._by_position.get((entry.index, entry.term))
             if proposal is not None and proposal.node == n and proposal.data == entry.data:
                 proposal.acked = True
+
+    # ------------------------------------------------------------ log views
+
+    def term_at(self, n: int, index: int) -> int | None:
+        """Term of entry `index` in node `n`'s log, read through its snapshot if compacted."""
+        node = self.nodes[n]
+        if node is None:
+            return self.disks[n].durable_term_any(index)
+        term = node.log.term_or_none(index)
+        if term is not None or index > node.log.last_index:
+            return term
+        snap = self.snapshots.snapshot_of(n)
+        return snap.term_at(index) if snap is not None else None
+
+    def entries_of(self, n: int, lo: int, hi: int) -> list[Entry]:
+        """Entries [lo, hi) of node `n`'s log, the compacted ones from its snapshot."""
+        node = self.nodes[n]
+        assert node is not None
+        first = node.log.first_index()
+        out: list[Entry] = []
+        if lo < first:
+            snap = self.snapshots.snapshot_of(n)
+            assert snap is not None, f"node {n}'s log starts at {first} without a snapshot"
+            out = list(snap.entries[lo - 1 : min(hi, first) - 1])
+        if hi > first:
+            out += node.log.entries(max(lo, first), hi, UNLIMITED, UNLIMITED)
+        return out
 
     # ----------------------------------------------------------------- client
 

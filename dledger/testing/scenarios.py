@@ -20,11 +20,16 @@ Each step waits for its election up to a deadline; a step that times out
 (the cluster took another path) heals the network and ends the scenario, so
 it never wedges a run. The random nemesis and the leader killer hold off
 while a scenario runs. Every choice comes from the cluster's seeded rng.
+
+`FarBehind` (runs with compaction only) cuts a follower off, lets the others
+write and compact past its log end, then heals: the follower can only catch
+up by installing a snapshot.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from dledger.testing.cluster import SimCluster
 from election.roles import Role
@@ -137,3 +142,86 @@ class Figure8:
                 self.cluster.call_at(self.cluster.now + POLL_UNITS, poll)
 
         self.cluster.call_at(self.cluster.now + POLL_UNITS, poll)
+
+
+class FarBehind:
+    """A follower falls behind the others' compacted logs and must install a snapshot.
+
+    1. once there is a leader L, one follower F is cut off alone;
+    2. L gets a few client writes, which commit on the rest;
+    3. every node but F compacts right up to what it applied, so nothing
+       after F's log end is left in any log but F's;
+    4. the network heals: L can only catch F up with a snapshot.
+
+    Like `Figure8` it holds off the random nemesis while it runs and ends
+    (healing the network) when a step times out. Its choices come from the
+    compaction rng (`dledger.testing.compaction`).
+    """
+
+    def __init__(self, cluster: SimCluster) -> None:
+        self.cluster = cluster
+        self.rng = cluster.snapshots.rng
+        self.victim = 0
+        self.writes = 0
+
+    def start(self) -> None:
+        cluster = self.cluster
+        if cluster.scenario_active or not cluster.faults_active:
+            return
+        cluster.scenario_active = True
+        cluster.network.heal()
+        for n in cluster.running_ids():
+            cluster.restart(n)
+        cluster.log("scenario far-behind: begin")
+        _poll(cluster, self._leader, self._cut_off, self._end)
+
+    def _leader(self) -> int | None:
+        leaders = [n.id for n in self.cluster.alive() if n.role is Role.LEADER]
+        return leaders[0] if len(leaders) == 1 else None
+
+    def _cut_off(self, leader: int) -> None:
+        cluster = self.cluster
+        self.victim = self.rng.choice([n for n in cluster.node_ids if n != leader])
+        cluster.network.split({self.victim})
+        cluster.log(f"scenario far-behind: cut off {self.victim}")
+        for k in range(self.rng.randint(2, 8)):
+            self.writes += 1
+            data = f"fb-{self.writes}".encode()
+            cluster.call_at(cluster.now + 10 * (k + 1), partial(cluster.propose, data, leader))
+        cluster.call_at(cluster.now + self.rng.randint(150, 400), self._compact_and_heal)
+
+    def _compact_and_heal(self) -> None:
+        cluster = self.cluster
+        for n in cluster.node_ids:
+            if n != self.victim:
+                cluster.snapshots.compact(n, to_applied=True)
+        cluster.network.heal()
+        cluster.log(f"scenario far-behind: others compacted, {self.victim} rejoins")
+        cluster.call_at(cluster.now + self.rng.randint(200, 500), self._end)
+
+    def _end(self) -> None:
+        cluster = self.cluster
+        cluster.network.heal()
+        cluster.scenario_active = False
+        cluster.log("scenario far-behind: end")
+
+
+def _poll(cluster: SimCluster, ready: Callable[[], int | None], then: Callable[[int], None],
+          give_up: Callable[[], None]) -> None:
+    """Call `then(found)` once `ready()` finds something, or `give_up()` at the deadline."""
+    deadline = cluster.now + STEP_DEADLINE_UNITS
+
+    def poll() -> None:
+        if not cluster.faults_active:
+            give_up()
+            return
+        found = ready()
+        if found:
+            then(found)
+        elif cluster.now >= deadline:
+            cluster.log("scenario: step timed out")
+            give_up()
+        else:
+            cluster.call_at(cluster.now + POLL_UNITS, poll)
+
+    cluster.call_at(cluster.now + POLL_UNITS, poll)

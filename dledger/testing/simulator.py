@@ -13,6 +13,15 @@ flush=async a node that detects lost committed data stops for good; the
 run then needs only the remaining nodes to converge, and reports the
 stopped nodes (`RunResult.stopped`). If a quorum stops, the group cannot
 serve by design: the run ends there, reported, not a violation.
+
+Compaction (`SimOptions.compaction`: the share of seeds with it) is drawn
+from a second rng derived from the seed, so seeds without it replay exactly
+as they did before it existed. With it, nodes snapshot their state machines
+and delete log prefixes at random points, followers far behind install
+snapshots (a `FarBehind` scenario in `far_behind_probability` of those
+seeds makes sure of one), and the final checks compare whole logs, the
+snapshot-covered prefix included, and every state machine against the
+final log. `RunResult` counts compactions, installs and snapshot transfers.
 """
 
 from __future__ import annotations
@@ -27,12 +36,15 @@ from dledger.invariants import (
     SafetyViolation,
     check_acked_exactly_once,
     check_applied_match,
+    check_final_state,
     check_prefixes_identical,
 )
 from dledger.log import InvariantViolation
 from dledger.testing.cluster import Proposal, SimCluster
+from dledger.testing.compaction import INSTALL_MUTANTS
 from dledger.testing.faults import CLASSIC, draw_profile, profile_named
-from dledger.testing.scenarios import Figure8
+from dledger.testing.scenarios import FarBehind, Figure8
+from dledger.testing.statemachine import digest_of
 from election.roles import Role
 
 NO_BUGS = Bugs()
@@ -59,10 +71,21 @@ class SimOptions:
     flush: str = "sync"
     # Chance per seed of one Figure-8 scenario during the fault phase.
     figure8_probability: float = 0.3
+    # Share of seeds with compaction and snapshot install (drawn from the
+    # compaction rng: 0.0 replays every seed as before compaction existed).
+    compaction: float = 0.5
+    # Chance per compaction seed of one FarBehind scenario (an install for sure).
+    far_behind_probability: float = 0.5
+    # Deliberately broken install in the simulated driver (see compaction.py).
+    install_mutant: str | None = None
 
     def __post_init__(self) -> None:
         if self.flush not in FLUSH_MODES:
             raise ValueError(f"flush must be one of {FLUSH_MODES}, not {self.flush!r}")
+        if not 0.0 <= self.compaction <= 1.0:
+            raise ValueError("compaction is a share of seeds, 0.0 to 1.0")
+        if self.install_mutant is not None and self.install_mutant not in INSTALL_MUTANTS:
+            raise ValueError(f"install_mutant must be one of {INSTALL_MUTANTS}")
         if self.profile is not None:
             profile_named(self.profile)  # raises on an unknown name
 
@@ -89,6 +112,16 @@ class RunResult:
     stopped: dict[int, str] = field(default_factory=dict)
     # flush=async: committed indexes whose entry was later replaced (allowed loss).
     committed_lost: int = 0
+    # Snapshots: whether this seed compacted, and what happened.
+    compaction: bool = False
+    far_behind: bool = False
+    compactions: int = 0
+    installs: int = 0
+    snapshots_sent: int = 0
+    transfer_failures: int = 0
+    snapshot_restarts: int = 0
+    # flush=async: states or snapshots that differed at an index (allowed loss).
+    state_divergences: int = 0
 
     @property
     def ok(self) -> bool:
@@ -108,11 +141,22 @@ def run_seed(
     if flush == "mix":
         flush = "async" if rng.random() < ASYNC_SHARE else "sync"
     figure8 = rng.random() < options.figure8_probability
+    compaction_rng = random.Random(f"compaction:{seed}")
+    compaction = compaction_rng.random() < options.compaction
+    far_behind = compaction and compaction_rng.random() < options.far_behind_probability
     cluster = SimCluster(
         seed, options.nodes, options.bugs, segment_size_bytes=options.segment_size_bytes,
         trace=trace, profile=profile, flush_async=flush == "async", rng=rng,
+        compaction=compaction, compaction_rng=compaction_rng,
+        install_mutant=options.install_mutant,
     )
-    cluster.log(f"profile {profile.name} flush={flush} figure8={figure8}")
+    cluster.log(f"profile {profile.name} flush={flush} figure8={figure8}"
+                + (f" compaction far_behind={far_behind}" if compaction else ""))
+    if far_behind:
+        # Late enough for a log to compact, early enough to finish in the phase.
+        at = compaction_rng.randint(options.fault_phase_units // 5,
+                                    options.fault_phase_units * 2 // 3)
+        cluster.call_at(at, FarBehind(cluster).start)
     violation: str | None = None
     try:
         _fault_phase(cluster, options, figure8)
@@ -145,6 +189,14 @@ def run_seed(
         stale_appends=cluster.stats.stale_appends,
         stopped=dict(cluster.stopped),
         committed_lost=cluster.checker.committed_lost,
+        compaction=compaction,
+        far_behind=far_behind,
+        compactions=cluster.stats.compactions,
+        installs=cluster.stats.installs,
+        snapshots_sent=cluster.stats.snapshots_sent,
+        transfer_failures=cluster.stats.transfer_failures,
+        snapshot_restarts=cluster.stats.snapshot_restarts,
+        state_divergences=cluster.checker.state_divergences,
     )
 
 
@@ -291,7 +343,8 @@ def _describe(cluster: SimCluster) -> str:
     for node in cluster.alive():
         parts.append(
             f"{node.id}:{node.role.name} t{node.term} lead{node.leader_id} "
-            f"last{node.log.last_index} commit{node.commit} applied{node.applied}"
+            f"first{node.log.first_index()} last{node.log.last_index} commit{node.commit} "
+            f"applied{node.applied}"
         )
     return "; ".join(parts)
 
@@ -301,7 +354,8 @@ def _final_checks(cluster: SimCluster) -> str | None:
     if not leaders:
         return None  # a quorum stopped (flush=async): nothing left to compare
     leader = leaders[0]
-    logs = {n: cluster.disks[n].volatile.all_entries() for n in cluster.running_ids()}
+    # Whole logs: the entries a node's snapshot covers, then those it stores.
+    logs = {n: cluster.disks[n].full_log() for n in cluster.running_ids()}
     problem = check_prefixes_identical(logs, leader.commit)
     if problem:
         return problem
@@ -315,6 +369,13 @@ def _final_checks(cluster: SimCluster) -> str | None:
         problem = check_applied_match(n, cluster.applied_logs[n], final_log)
         if problem:
             return problem
+        machine = cluster.machines.get(n)
+        if machine is not None:
+            index = machine.index
+            expected = digest_of(final_log[:index]) if index <= len(final_log) else None
+            problem = check_final_state(n, index, machine.digest, expected)
+            if problem:
+                return problem
     # Every write is decided: committed at its (index, term) or gone for good.
     for p in cluster.proposals:
         if p.index and p.index <= len(final_log):
@@ -324,8 +385,12 @@ def _final_checks(cluster: SimCluster) -> str | None:
     return None
 
 
-def replay_hint(seed: int, nodes: int, flush: str = "sync") -> str:
-    return f"replay with: ledgermq sim --seed {seed} --nodes {nodes} --flush {flush} --trace"
+def replay_hint(seed: int, nodes: int, flush: str = "sync", compaction: float | None = None) -> str:
+    """The command that replays a seed (`compaction`: a share other than the default)."""
+    extra = ""
+    if compaction is not None and compaction != SimOptions.compaction:
+        extra = f" --compaction {compaction}"
+    return f"replay with: ledgermq sim --seed {seed} --nodes {nodes} --flush {flush}{extra} --trace"
 
 
 def fresh_seeds(count: int, source: random.Random | None = None) -> list[int]:

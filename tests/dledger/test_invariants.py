@@ -10,11 +10,14 @@ from dledger.invariants import (
     SafetyViolation,
     check_acked_exactly_once,
     check_electable_complete,
+    check_final_state,
     check_leader_complete,
     check_leader_unique,
     check_log_matching,
     check_message_durable,
     check_prefixes_identical,
+    check_snapshot_matching,
+    check_state_matches,
 )
 
 
@@ -92,3 +95,31 @@ def test_async_checker_counts_lost_commits_instead_of_failing() -> None:
     checker.observe_committed([e(1, 1)])
     checker.observe_committed([e(1, 2)])
     assert checker.committed_lost == 1 and checker.committed[1] == e(1, 2)
+
+
+def test_snapshot_matching_and_state_safety() -> None:
+    assert check_snapshot_matching({(5, 2): 0xAB}, 5, 2, 0xAB) is None
+    assert check_snapshot_matching({(5, 2): 0xAB}, 5, 3, 0xCD) is None  # another term
+    assert check_snapshot_matching({(5, 2): 0xAB}, 5, 2, 0xCD) is not None
+    assert check_state_matches({7: (0x1, 2)}, 3, 7, 0x1) is None
+    assert check_state_matches({7: (0x1, 2)}, 3, 8, 0x2) is None
+    assert check_state_matches({7: (0x1, 2)}, 3, 7, 0x2) is not None
+    assert check_final_state(1, 4, 0x9, 0x9) is None
+    assert check_final_state(1, 4, 0x9, 0x8) is not None
+    assert check_final_state(1, 4, 0x9, None) is not None
+
+
+def test_checker_raises_on_state_divergence_under_sync_and_counts_it_under_async() -> None:
+    sync = SafetyChecker()
+    sync.observe_state(1, 3, 0x10)
+    sync.observe_snapshot(3, 1, 0x10)
+    with pytest.raises(SafetyViolation):
+        sync.observe_state(2, 3, 0x11)
+    with pytest.raises(SafetyViolation):
+        sync.observe_snapshot(3, 1, 0x11)
+    relaxed = SafetyChecker(flush_async=True)
+    relaxed.observe_state(1, 3, 0x10)
+    relaxed.observe_state(2, 3, 0x11)
+    relaxed.observe_snapshot(3, 1, 0x10)
+    relaxed.observe_snapshot(3, 1, 0x11)
+    assert relaxed.state_divergences == 2

@@ -54,8 +54,22 @@ def test_a_seed_replays_exactly() -> None:
     assert first.counts["crashes"] + first.counts["node_failures"] > 0
 
 
+# Snapshot switches, which need compaction and a stale suffix past a
+# snapshot: caught by a scripted scenario instead of the seed budget.
+CAUGHT_BY_SCENARIO = {
+    "snapshot_ignores_term":
+        "test_nodesim_snapshots.py::test_taking_a_snapshot_as_held_by_index_alone_is_caught",
+}
+# Switches the real runtime cannot express: it installs a Ready's snapshot
+# before it sends any message of that Ready (dledger/ready.py, rule 0), so the
+# acknowledgement the switch moves early still leaves after the install
+# (shown by test_nodesim_snapshots.py::test_an_early_snapshot_ack_still_leaves_after_the_install).
+MASKED_BY_THE_RUNTIME = {"ack_snapshot_before_persist"}
+
+
 def test_every_switch_is_pinned() -> None:
-    assert set(CAUGHT) == set(Bugs.names()) | set(RUNTIME_BUGS)
+    assert set(CAUGHT) | set(CAUGHT_BY_SCENARIO) | MASKED_BY_THE_RUNTIME == \
+        set(Bugs.names()) | set(RUNTIME_BUGS)
 
 
 @pytest.mark.parametrize(("bug", "nodes", "first"),

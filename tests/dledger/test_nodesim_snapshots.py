@@ -7,7 +7,14 @@ import json
 
 from typer.testing import CliRunner
 
+from commitlog import fileio
+from dledger.config import Bugs
 from dledger.testing.nodesim import NodeSimOptions, run_seed
+from dledger.testing.nodesim.checks import final_checks
+from dledger.testing.nodesim.compaction import compact
+from dledger.testing.nodesim.durability import check_commits
+from dledger.testing.nodesim.harness import Harness
+from dledger.testing.nodesim.world import Slot
 from ledgermq.cli import app
 
 COMPACTION = NodeSimOptions(nodes=3, compaction=True, segment_size=4096)
@@ -47,11 +54,81 @@ def test_runs_without_compaction_do_not_compact() -> None:
 
 
 def test_the_cli_reports_compactions_and_installs() -> None:
-    result = CliRunner().invoke(app, ["sim", "--real-node", "--compaction", "--seeds", "6",
+    result = CliRunner().invoke(app, ["sim", "--real-node", "--compaction", "1", "--seeds", "6",
                                       "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
-    assert summary["violations"] == 0 and summary["compaction"] is True
+    assert summary["violations"] == 0 and summary["compaction_runs"] == 6
     for key in ("snapshots", "compactions", "segments_deleted", "installs"):
         assert key in summary
     assert summary["compactions"] > 0
+
+
+def _stale_leader_meets_a_compacted_group(bugs: Bugs) -> tuple[Harness, Slot, Slot]:
+    """A leader cut off appends a long suffix nobody commits; the others elect
+    a leader, write past several segments and compact; then the old leader
+    comes back. Its log reaches past the snapshot, with other terms: it must
+    restore the snapshot, not take it as held."""
+    h = Harness(3, NodeSimOptions(nodes=3, flush="sync", segment_size=4096, bugs=bugs), None)
+    with fileio.use(h.fs):
+        for slot in h.slots.values():
+            h.start(slot)
+        h.scheduler.run_until(5.0, lambda: (s := h.leader()) is not None
+                              and s.node is not None and s.node.leader_ready)
+        stale = h.leader()
+        assert stale is not None
+        for _ in range(20):
+            h.propose(stale)
+        h.scheduler.run_until(h.clock.now + 0.5)
+        others = [n for n in h.slots if n != stale.nid]
+        for n in others:
+            h.net.blocked |= {(stale.nid, n), (n, stale.nid)}
+        for _ in range(150):
+            h.propose(stale)  # appended, never committed
+        h.scheduler.run_until(h.clock.now + 5.0, lambda: (s := h.leader()) is not None
+                              and s.nid != stale.nid and s.node is not None
+                              and s.node.leader_ready)
+        leader = h.leader()
+        assert leader is not None and leader.nid != stale.nid
+        for _ in range(4):
+            for _ in range(20):
+                h.propose(leader)
+            h.scheduler.run_until(h.clock.now + 0.3)
+        for n in others:
+            compact(h, h.slots[n])
+        assert stale.node is not None and leader.node is not None
+        assert leader.node.log.first_index > 21
+        assert stale.node.last_index > leader.node.storage.snapshot_info.index  # type: ignore[union-attr]
+        h.net.blocked.clear()
+        h.scheduler.run_until(h.clock.now + 5.0, lambda: stale.node is not None
+                              and stale.node.commit_index >= leader.node.commit_index  # type: ignore[union-attr]
+                              and not stale.node.install_pending)
+        check_commits(h)
+        if h.violation is None:
+            problem = final_checks(h)
+            if problem:
+                h.fail(problem)
+        for loop in [*h.dead_loops, *h.scheduler.loops]:
+            loop.bury()
+    return h, stale, leader
+
+
+def test_a_stale_suffix_past_the_snapshot_is_replaced_by_the_install() -> None:
+    h, stale, leader = _stale_leader_meets_a_compacted_group(Bugs())
+    assert h.violation is None, h.violation
+    assert h.counts["installs"] == 1
+    assert stale.node is not None and leader.node is not None
+    assert stale.node.log.first_index == leader.node.log.first_index
+
+
+def test_taking_a_snapshot_as_held_by_index_alone_is_caught() -> None:
+    h, _, _ = _stale_leader_meets_a_compacted_group(Bugs.only("snapshot_ignores_term"))
+    assert h.violation is not None and "committed entry" in h.violation, h.violation
+
+
+def test_an_early_snapshot_ack_still_leaves_after_the_install() -> None:
+    # The core moves the ack to `messages` (sent before the write); the
+    # runtime installs the snapshot before it sends anything of that Ready.
+    h, _, _ = _stale_leader_meets_a_compacted_group(Bugs.only("ack_snapshot_before_persist"))
+    assert h.violation is None, h.violation
+    assert h.counts["installs"] == 1

@@ -3,7 +3,9 @@
 Fresh seeds are printed (run pytest with -s or look at the failure message)
 so a failure can be replayed with `ledgermq sim --seed S --nodes N --flush F --trace`.
 Seeds run with flush="mix": each seed draws its fault profile and, in about
-30% of seeds, flush=async (`dledger.testing.simulator.ASYNC_SHARE`).
+30% of seeds, flush=async (`dledger.testing.simulator.ASYNC_SHARE`), and in
+about half of them compaction and snapshot install (`SimOptions.compaction`;
+tests/dledger/test_sim_snapshots.py runs every seed with it).
 Budget measured on the 2-core CI machine: see docs/raft.md.
 """
 

@@ -32,7 +32,7 @@ from dledger import (
     SnapshotMeta,
     segment_placement,
 )
-from dledger.log import RaftLog
+from dledger.log import CommittedDivergence, RaftLog
 from election.config import ElectionConfig
 from election.roles import Role
 
@@ -551,3 +551,23 @@ def test_stale_append_below_a_compacted_commit_is_reanchored() -> None:
     acks = [m for m in ready.messages_after_persist if isinstance(m, AppendResponse)]
     assert acks and acks[0].success
     follower.advance(ready)
+
+
+def test_leader_lacking_an_entry_of_our_snapshot_is_a_committed_divergence() -> None:
+    """flush=async may lose a committed entry on a quorum; a replica whose snapshot
+    holds it must notice even though the entry's own term is compacted away."""
+    storage = MemoryLogStorage(HardState(4, 0, 9), snapshot=SnapshotMeta(9, 2, 900))
+    node = RaftNode(Config(3, frozenset({1, 2, 3})), storage, random.Random(3), PLACE)
+    assert node.commit == 9
+    # The leader of term 5 ends at 8 with its NOOP: it cannot hold our 9 of term 2.
+    with pytest.raises(CommittedDivergence) as caught:
+        node.step(AppendRequest(1, 3, 5, 8, 5, (), 8))
+    assert caught.value.anchor == 9 and caught.value.index == 8
+    node = RaftNode(Config(3, frozenset({1, 2, 3})), storage, random.Random(3), PLACE)
+    with pytest.raises(CommittedDivergence):
+        node.step(InstallSnapshot(1, 3, 5, 8, 5, 800))
+    # Terms at or below the snapshot's say nothing: accepted as before.
+    node = RaftNode(Config(3, frozenset({1, 2, 3})), storage, random.Random(3), PLACE)
+    node.step(AppendRequest(1, 3, 5, 7, 2, (), 9))
+    node.step(InstallSnapshot(1, 3, 5, 9, 2, 900))
+    assert node.commit == 9

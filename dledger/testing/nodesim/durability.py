@@ -5,7 +5,8 @@ checks ask the `SimFileSystem` what a power cut *now* would keep:
 
 - *acks*: with flush=sync a follower's successful AppendResponse for index i
   leaves only once entry i is durable on that follower (checked as the
-  transport sends it);
+  transport sends it), and none leaves between the core's restore of a
+  leader's snapshot and the end of its install;
 - *checkpoints*: a checkpoint file, when it is replaced, vouches only for
   entries that are durable (recovery trusts it);
 - *hard state*: the commit index saved never names an entry that is not
@@ -98,7 +99,18 @@ def observe_send(h: World, node_id: int, messages: Sequence[Message]) -> None:
                    f"the vote was durable (durable: term {hs.term} vote {hs.vote})")
     if h.flush != "sync":
         return
+    core = slot.node.core
+    restored = core.log.unstable_snapshot if core is not None else None
+    pending = restored is not None and slot.node.install_pending
     for msg in messages:
+        if pending and isinstance(msg, AppendResponse) and msg.success \
+                and restored is not None and msg.index >= restored.index:
+            # The core restored a snapshot the runtime has not installed: its
+            # files do not hold that entry yet. (An ack below it answers an
+            # earlier append, durable in the log being replaced, and held by
+            # the installed one or covered by its snapshot.)
+            h.fail(f"n{node_id} acknowledged entry {msg.index} to n{msg.dst} before the "
+                   f"snapshot {restored.index} it restored was installed")
         if isinstance(msg, (AppendRequest, Heartbeat)):
             check_claim(h, slot, msg.commit)
         if isinstance(msg, AppendResponse) and msg.success and msg.index \

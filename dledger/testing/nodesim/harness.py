@@ -505,6 +505,6 @@ class Harness:
         return out
 
 
-def replay_hint(seed: int, nodes: int, compaction: bool = False) -> str:
-    extra = " --compaction" if compaction else ""
+def replay_hint(seed: int, nodes: int, compaction: float = 0.0) -> str:
+    extra = " --compaction 1" if compaction else ""
     return f"ledgermq sim --real-node{extra} --seed {seed} --nodes {nodes} --trace"

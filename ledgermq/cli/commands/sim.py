@@ -6,7 +6,12 @@ violation. `ledgermq sim --seed S --trace` replays one seed and prints its
 event trace (leaders, crashes, partitions, the violation if any).
 `--flush sync|async|mix` picks the durability model (mix: async in about 30%
 of seeds) and `--profile NAME` pins one fault profile instead of drawing
-one per seed (dledger/testing/faults.py).
+one per seed (dledger/testing/faults.py). `--compaction SHARE` sets the share
+of seeds where nodes compact their logs and followers install snapshots
+(default 0.5; with `--real-node` default 0, see `sim_real_node`; the summary
+counts compactions, installs, snapshot transfers and restarts from a
+snapshot); `--install-mutant stale_state` breaks the simulated install on
+purpose.
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ def register(app: typer.Typer) -> None:
         ),
         real_node: bool = typer.Option(
             False, "--real-node", help="Simulate the real node (runtime, storage, apply path)."),
-        compaction: bool = typer.Option(
-            False, "--compaction", help="With --real-node: snapshot state machines, delete "
-                                        "the log below the snapshots, install snapshots on "
-                                        "nodes that fall behind."),
+        compaction: float | None = typer.Option(
+            None, min=0.0, max=1.0,
+            help="Share of seeds with log compaction and snapshot install (default 0.5 for the "
+                 "core simulator, 0 for --real-node)."),
+        install_mutant: str | None = typer.Option(
+            None, help="Break the simulated snapshot install on purpose: stale_state."),
     ) -> None:
         """Run the deterministic Raft simulator over a range of seeds."""
         import json
@@ -55,7 +62,7 @@ def register(app: typer.Typer) -> None:
             from ledgermq.cli.commands import sim_real_node
 
             sim_real_node.run([seed] if seed is not None else list(range(start, start + seeds)),
-                              nodes, flush or "mix", trace, json_output, bug, compaction)
+                              nodes, flush or "mix", trace, json_output, bug, compaction or 0.0)
         flush = flush or "sync"
         try:
             bugs = Bugs.only(bug) if bug else Bugs()
@@ -63,13 +70,16 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(exc)) from exc
         console = Console()
         try:
-            options = SimOptions(nodes=nodes, bugs=bugs, flush=flush, profile=profile)
+            options = SimOptions(nodes=nodes, bugs=bugs, flush=flush, profile=profile,
+                                 compaction=0.5 if compaction is None else compaction,
+                                 install_mutant=install_mutant)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
         seed_list = [seed] if seed is not None else list(range(start, start + seeds))
-        totals = dict.fromkeys(
-            ("runs", "steps", "elections", "proposals", "committed", "acked", "crashes"), 0
-        )
+        counted = ("steps", "elections", "proposals", "committed", "acked", "crashes",
+                   "compactions", "installs", "snapshots_sent", "transfer_failures",
+                   "snapshot_restarts")
+        totals = dict.fromkeys(("runs", *counted, "compaction_runs", "runs_with_install"), 0)
         failures = []
         modes: Counter[str] = Counter()
         profiles: Counter[str] = Counter()
@@ -81,15 +91,18 @@ def register(app: typer.Typer) -> None:
                 printer = lambda line, s=s: console.print(f"seed={s} {line}", markup=False)  # noqa: E731
             result = run_seed(s, options, trace=printer)
             totals["runs"] += 1
-            for key in ("steps", "elections", "proposals", "committed", "acked", "crashes"):
+            for key in counted:
                 totals[key] += getattr(result, key)
+            totals["compaction_runs"] += result.compaction
+            totals["runs_with_install"] += result.installs > 0
             modes[result.flush] += 1
             profiles[result.profile] += 1
             stopped_runs += bool(result.stopped)
             if not result.ok:
                 failures.append(result)
                 if not json_output:
-                    print_failure(console, result, nodes, trace, replay_hint(s, nodes, flush))
+                    print_failure(console, result, nodes, trace,
+                                  replay_hint(s, nodes, flush, compaction))
         elapsed = time.perf_counter() - began
         summary = {
             "nodes": nodes,

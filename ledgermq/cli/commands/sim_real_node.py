@@ -7,15 +7,18 @@ trace tail and the replay command, then a summary (with the counts of
 snapshots, compactions, deleted segments and snapshot installs); exit status
 1 on any violation.
 
-`--compaction` turns on compaction (dledger/testing/nodesim/compaction.py)
-with 4 KiB segments; its state machine must be snapshottable: the broker's
-applier is used when it is (`SnapshotApplier`), else the simulator's own
-`RecordingApplier` (a hash chain over the applied entries).
+`--compaction SHARE` turns compaction (dledger/testing/nodesim/compaction.py,
+4 KiB segments) on in that share of the seeds (drawn per seed from the seed
+alone, so a seed replays alike; 1 = every seed, default 0). Those seeds need
+a snapshottable state machine: the broker's applier when it is one
+(`SnapshotApplier`), else the simulator's own `RecordingApplier` (a hash
+chain over the applied entries); the others run the broker's applier.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections import Counter
 from dataclasses import replace
@@ -25,13 +28,19 @@ import typer
 COMPACTION_SEGMENT_BYTES = 4096
 
 
+def compacts(seed: int, share: float) -> bool:
+    """Whether `seed` runs with compaction at this share (a function of the seed)."""
+    return share >= 1.0 or (share > 0.0 and random.Random(f"compaction-share/{seed}").random()
+                            < share)
+
+
 def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: bool,
-        bug: str | None, compaction: bool = False) -> None:
+        bug: str | None, compaction: float = 0.0) -> None:
     from rich.console import Console
 
     from dledger.config import Bugs
     from dledger.testing.nodesim import RUNTIME_BUGS, NodeSimOptions, replay_hint, run_seed
-    from dledger.testing.nodesim.apply import ApplierFactory, RecordingApplier, SnapshotApplier
+    from dledger.testing.nodesim.apply import RecordingApplier, SnapshotApplier
     from ledgermq.broker.nodesim_apply import BrokerApplier
     from ledgermq.cli.commands.sim_output import print_failure
 
@@ -47,13 +56,12 @@ def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: 
         except ValueError as exc:
             raise typer.BadParameter(f"{exc}; runtime bugs: {', '.join(RUNTIME_BUGS)}") \
                 from exc
-    applier: ApplierFactory = BrokerApplier
-    if compaction and not issubclass(BrokerApplier, SnapshotApplier):
-        applier = RecordingApplier
     options = NodeSimOptions(nodes=nodes, flush=flush, bugs=bugs, runtime_bug=runtime_bug,
-                             applier=applier, compaction=compaction)
-    if compaction:
-        options = replace(options, segment_size=COMPACTION_SEGMENT_BYTES)
+                             applier=BrokerApplier)
+    snapshot_applier = BrokerApplier if issubclass(BrokerApplier, SnapshotApplier) \
+        else RecordingApplier
+    compacting = replace(options, compaction=True, segment_size=COMPACTION_SEGMENT_BYTES,
+                         applier=snapshot_applier)
     console = Console()
     totals: Counter[str] = Counter()
     modes: Counter[str] = Counter()
@@ -63,18 +71,21 @@ def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: 
         printer = None
         if trace:
             printer = lambda line, s=s: console.print(f"seed={s} {line}", markup=False)  # noqa: E731
-        result = run_seed(s, options, trace=printer)
+        on = compacts(s, compaction)
+        result = run_seed(s, compacting if on else options, trace=printer)
+        totals["compaction_runs"] += on
         modes[result.flush] += 1
         totals["steps"] += result.steps
         totals.update(result.counts)
         if not result.ok:
             failures.append(result)
             if not json_output:
-                print_failure(console, result, nodes, trace, replay_hint(s, nodes, compaction))
+                print_failure(console, result, nodes, trace,
+                              replay_hint(s, nodes, 1.0 if on else 0.0))
     elapsed = time.perf_counter() - began
     summary = {
         "simulator": "real-node", "nodes": nodes, "first_seed": seed_list[0],
-        "compaction": compaction, "applier": applier.__name__,
+        "compaction": compaction, "compaction_applier": snapshot_applier.__name__,
         "runs": len(seed_list), "flush_sync": modes["sync"], "flush_async": modes["async"],
         "violations": len(failures), "failed_seeds": [r.seed for r in failures],
         "seconds": round(elapsed, 2),

@@ -293,8 +293,10 @@ def test_forged_transfer_messages_are_refused(tmp_path: Path) -> None:
     run(main())
 
 
+@pytest.mark.parametrize("cut", ["before the adoption", "with the state moved, no meta"])
 def test_a_crash_between_the_log_install_and_the_state_adoption_is_finished_at_start(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cut: str) -> None:
+    import commitlog.snapshot as snapshot_module
     from dledger.runtime import node as node_module
 
     async def main() -> None:
@@ -308,13 +310,17 @@ def test_a_crash_between_the_log_install_and_the_state_adoption_is_finished_at_s
             def power_cut(*args: Any, **kwargs: Any) -> SnapshotInfo:
                 raise OSError(5, "power cut before the state was adopted")
 
-            monkeypatch.setattr(node_module, "adopt_snapshot", power_cut)
+            if cut == "before the adoption":
+                monkeypatch.setattr(node_module, "adopt_snapshot", power_cut)
+            else:
+                monkeypatch.setattr(snapshot_module, "_commit_meta", power_cut)
             node = await cluster.start(lagger)
             await wait_until(lambda: node.failed is not None, 20, "the cut-short install")
-            # The log is the leader's already; the state still waits in staging.
+            # The log is the leader's already; the state is not a snapshot yet.
             assert node.log.first_index == leader.log.first_index
             assert latest_snapshot(node.config.data_dir) is None
-            assert os.path.isfile(os.path.join(node.config.data_dir, STAGING_DIR, "state"))
+            staged_state = os.path.join(node.config.data_dir, STAGING_DIR, "state")
+            assert os.path.isfile(staged_state) == (cut == "before the adoption")
             await cluster.stop(lagger)
             monkeypatch.undo()
 

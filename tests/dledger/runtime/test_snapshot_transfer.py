@@ -214,8 +214,8 @@ def test_a_first_index_beyond_the_snapshot_is_refused(tmp_path: Path) -> None:
 
 
 def chunk(file: str, offset: int, data: bytes, last: bool = False, crc: int | None = None,
-          transfer: int = 7) -> SnapshotChunk:
-    return SnapshotChunk(1, 2, 5, transfer, 100, file, offset, data,
+          transfer: int = 7, term: int = 5) -> SnapshotChunk:
+    return SnapshotChunk(1, 2, term, transfer, 100, file, offset, data,
                          crc32c(data) if crc is None else crc, last)
 
 
@@ -255,8 +255,11 @@ def test_out_of_order_chunks_are_not_written(staging: SnapshotReceiver) -> None:
     assert staging.staged(100, 4, SEG + 100) is None  # not complete
 
 
-def test_a_chunk_of_another_transfer_is_refused(staging: SnapshotReceiver) -> None:
-    ack = staging.on_chunk(chunk("state", 0, b"SSSS", transfer=8))
+@pytest.mark.parametrize("other", [{"transfer": 8}, {"term": 4}],
+                         ids=["another transfer id", "an earlier leader's"])
+def test_a_chunk_of_another_transfer_is_refused(staging: SnapshotReceiver,
+                                                other: dict[str, int]) -> None:
+    ack = staging.on_chunk(chunk("state", 0, b"SSSS", **other))  # type: ignore[arg-type]
     assert ack is not None and not ack.ok and "no such transfer" in ack.reason
     assert staging.active is not None  # the transfer in progress is kept
 
