@@ -97,6 +97,12 @@ def _choose_start(segments: SegmentFiles, index: IndexFiles, ck: Checkpoint,
     if full or ck.durable_index < ck.first_index or ck.durable_end == 0:
         return first_base, None
     base = segments.base_of(ck.durable_end - 1)
+    if base < first_base:
+        # Retention deleted the segment holding the durable point, and the
+        # crash (or a failed write) came before the checkpoint moved past it:
+        # everything kept lies after it, so scan from the first kept segment.
+        report.index_rebuilt_from = ck.first_index
+        return first_base, None
     if base not in segments.lengths:
         raise CorruptionError(segments.path(base), 0,
                               f"segment holding durable index {ck.durable_index} is missing")

@@ -131,6 +131,34 @@ def test_a_crash_after_the_segments_went_reopens_at_the_first_kept_segment(
         assert read_checkpoint(node).first_index == first
 
 
+def test_a_failed_checkpoint_after_deleting_the_durable_segment_reopens(
+        tmp_path, monkeypatch) -> None:
+    """The checkpoint still names a durable index inside a segment retention
+    already deleted (its rewrite failed, or power went before it): the log
+    reopens from the first kept segment instead of calling itself corrupt."""
+    node = str(tmp_path / "node")
+    log = _filled(node)
+    fill(log, 20)
+    log.flush()  # durable, but the checkpoint still says 60
+    entries = log.read_entries(1, 81)
+
+    def fail(*_args: object, **_kwargs: object) -> None:
+        raise OSError(5, "EIO")
+
+    monkeypatch.setattr(log_module, "write_checkpoint", fail)
+    with pytest.raises(OSError):
+        log.delete_before(log.segments.bases[-1])
+    log.abandon()
+    monkeypatch.undo()
+    ck = read_checkpoint(node)
+    assert ck.durable_end - 1 < min(int(n) for n in os.listdir(os.path.join(node, "commitlog")))
+    with CommitLog.open(node, SMALL) as reopened:
+        first = reopened.first_index
+        assert first > ck.durable_index
+        assert reopened.last_index == 80
+        assert reopened.read_entries(first, 81) == entries[first - 1:]
+
+
 def test_a_checkpoint_captured_before_a_deletion_keeps_the_new_first_index(tmp_path) -> None:
     node = str(tmp_path / "node")
     log = _filled(node)
