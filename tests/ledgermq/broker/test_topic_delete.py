@@ -94,3 +94,38 @@ def test_a_deleted_topic_never_comes_back(tmp_path: Path, recreate: str) -> None
     # still holds the old messages, and must skip them.
     shutil.rmtree(Path(node.config.data_dir) / "consumequeue")
     loop.run(after_restart(rebuilt=True))
+
+
+def test_a_deleted_topics_space_is_reclaimed_once_retention_passes_it(tmp_path: Path) -> None:
+    """Deleting a topic frees its ConsumeQueue files at once; its CommitLog
+    bytes go when retention passes the segments that hold them, and nothing
+    of it is served in between or after."""
+    from tests.ledgermq.broker.test_retention import SEGMENT, until
+    from tests.ledgermq.broker.test_retention import Node as RetentionNode
+
+    async def main() -> None:
+        # Retention keeps ~4 segments; snapshots often enough to allow it.
+        async with RetentionNode(tmp_path, retention_bytes=4 * SEGMENT,
+                                 snapshot_interval_entries=10) as node:
+            await node.req(RequestCode.CREATE_TOPIC, {"topic": "gone", "queues": 1})
+            await node.req(RequestCode.CREATE_TOPIC, {"topic": "T", "queues": 1})
+            await node.send(100, topic="gone")  # ~3 segments of the doomed topic
+            log_ = node.broker.node.log
+            last_gone = log_.end
+            cq_dir = Path(node.broker.config.data_dir) / "consumequeue" / "gone"
+            assert cq_dir.exists()
+            await node.req(RequestCode.DELETE_TOPIC, {"topic": "gone"})
+            assert not cq_dir.exists()  # its queue files go with the deletion
+            assert log_.first_index == 1  # its log bytes are still inside retention
+            await node.send(300, topic="T")  # pushes the deleted topic's segments out
+            # Retention brings the segments to its budget plus the one being
+            # written (once a snapshot and the ConsumeQueue checkpoint allow)...
+            await until(lambda: sum(i.length for i in log_.segment_infos()) <= 5 * SEGMENT,
+                        30, "retention to its budget")
+            # ... which passes every segment wholly the deleted topic's.
+            assert log_.segment_infos()[0].base >= last_gone - SEGMENT
+            await node.req(RequestCode.CREATE_TOPIC, {"topic": "gone", "queues": 1})
+            assert await node.req(RequestCode.GET_QUEUE_OFFSETS, {
+                "topic": "gone", "queue_id": 0}) == {"min_offset": 0, "max_offset": 0}
+
+    loop.run(main())
