@@ -124,10 +124,6 @@ class SimStats:
     writes_lost: int = 0
     pauses: int = 0
     stale_appends: int = 0
-    compactions: int = 0
-    installs: int = 0
-    snapshots_sent: int = 0
-    transfer_failures: int = 0
     # Restarts of a node whose durable log starts after a snapshot.
     snapshot_restarts: int = 0
     trace: deque[str] = field(default_factory=lambda: deque(maxlen=60))

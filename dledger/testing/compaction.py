@@ -23,19 +23,43 @@ installs an older state under the snapshot's index) to prove the checks bite.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from dledger.invariants import SafetyViolation
+from dledger.entry import Entry
+from dledger.invariants import SafetyChecker, SafetyViolation
 from dledger.messages import InstallSnapshot
+from dledger.raw_node import RaftNode
 from dledger.storage import SnapshotMeta
+from dledger.testing.disk import SimDisk
+from dledger.testing.network import SimNetwork
 from dledger.testing.statemachine import SimSnapshot, SimStateMachine
 from election.roles import Role
 
-if TYPE_CHECKING:
-    from dledger.testing.cluster import SimCluster
-
 INSTALL_MUTANTS = ("stale_state",)
+
+
+class SnapshotHost(Protocol):
+    """What `SnapshotSim` needs of its cluster (`dledger.testing.cluster.SimCluster`)."""
+
+    node_ids: list[int]
+    nodes: dict[int, RaftNode | None]
+    machines: dict[int, SimStateMachine]
+    applied_logs: dict[int, dict[int, Entry]]
+    disks: dict[int, SimDisk]
+    checker: SafetyChecker
+    network: SimNetwork
+    now: int
+    faults_active: bool
+    paused_until: dict[int, int]
+    generation: dict[int, int]
+
+    def log(self, text: str) -> None: ...
+
+    def call_at(self, at: int, action: Callable[[], None]) -> None: ...
+
+    def after_step(self, n: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +92,7 @@ class SnapshotSim:
 
     def __init__(
         self,
-        cluster: SimCluster,
+        cluster: SnapshotHost,
         rng: random.Random,
         enabled: bool,
         install_mutant: str | None = None,
@@ -82,6 +106,10 @@ class SnapshotSim:
         self.install_mutant = install_mutant
         # Every snapshot taken, by (index, term): what a transfer carries.
         self.store: dict[tuple[int, int], SimSnapshot] = {}
+        self.compactions = 0
+        self.installs = 0
+        self.snapshots_sent = 0
+        self.transfer_failures = 0
 
     @property
     def snapshot_timeout_ticks(self) -> int:
@@ -128,7 +156,7 @@ class SnapshotSim:
         self.store.setdefault((index, snap.meta.term), snap)
         if not disk.compact(snap):
             return False
-        cluster.stats.compactions += 1
+        self.compactions += 1
         cluster.log(f"compact {n} to {index}/{snap.meta.term}")
         return True
 
@@ -138,12 +166,12 @@ class SnapshotSim:
         """Arrival times of an InstallSnapshot (after its data), [] if the transfer fails."""
         cluster = self.cluster
         plan = self.plan
-        cluster.stats.snapshots_sent += 1
+        self.snapshots_sent += 1
         if plan is None:
             return cluster.network.arrivals(msg, cluster.now)
         delay = self.rng.randint(*plan.transfer_units)
         if cluster.faults_active and self.rng.random() < plan.transfer_failure:
-            cluster.stats.transfer_failures += 1
+            self.transfer_failures += 1
             cluster.log(f"snapshot transfer {n}->{msg.dst} of {msg.index} failed")
             self._report_later(n, msg, False, cluster.now + delay)
             return []
@@ -181,7 +209,13 @@ class SnapshotSim:
             snap = self._stale(snap)
         cluster.disks[n].install(snap)
         cluster.machines[n] = SimStateMachine(snap)
-        cluster.stats.installs += 1
+        # The state machine was replaced, with the history of what it applied
+        # (as on a restart). Under flush=sync the two agree anyway (checked
+        # below); under async this is how a replica that applied a committed
+        # entry the group lost gets back in step (the final checks compare its
+        # state with the group's log).
+        cluster.applied_logs[n] = {}
+        self.installs += 1
         cluster.log(f"install {n} snapshot {meta.index}/{meta.term}")
         cluster.checker.observe_snapshot(meta.index, meta.term, snap.digest)
         cluster.checker.observe_state(n, meta.index, snap.digest)

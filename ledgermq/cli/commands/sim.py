@@ -101,8 +101,10 @@ def register(app: typer.Typer) -> None:
             if not result.ok:
                 failures.append(result)
                 if not json_output:
-                    print_failure(console, result, nodes, trace,
-                                  replay_hint(s, nodes, flush, compaction))
+                    hint = replay_hint(s, nodes, flush, compaction)
+                    if install_mutant:
+                        hint += f" --install-mutant {install_mutant}"
+                    print_failure(console, result, nodes, trace, hint)
         elapsed = time.perf_counter() - began
         summary = {
             "nodes": nodes,
