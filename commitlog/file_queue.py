@@ -15,7 +15,14 @@ from __future__ import annotations
 import os
 
 from commitlog import fileio
-from commitlog.disk import DirtyFile, open_append, read_exact, trace_cut, write_at_end
+from commitlog.disk import (
+    DirtyFile,
+    atomic_replace,
+    open_append,
+    read_exact,
+    trace_cut,
+    write_at_end,
+)
 
 NAME_DIGITS = 20
 
@@ -120,6 +127,20 @@ class FileQueue:
             self.lengths[base] = keep
             self._dirty.add(base)
 
+    def install(self, base: int, data: bytes) -> None:
+        """Durably make `data` the whole file at `base`: written under a
+        temporary name, fsynced, renamed over any file there, the directory
+        fsynced (`disk.atomic_replace`). A crash leaves the old file or all of
+        the new one, never a torn mix."""
+        fd = self._fds.pop(base, None)
+        if fd is not None:
+            fileio.fs.close(fd)
+            del self.lengths[base]
+            self.bases.remove(base)
+            self._dirty.discard(base)
+        atomic_replace(self.path(base), data)
+        self._open(base)
+
     def remove(self, base: int) -> None:
         fileio.fs.close(self._fds.pop(base))
         del self.lengths[base]
@@ -147,6 +168,12 @@ class FileQueue:
         for base in removed:
             self.remove(base)
         return removed
+
+    def mark_dirty(self, base: int) -> None:
+        """Have the next `take_dirty` include the file at `base` (one found
+        on disk whose bytes are not known to be durable)."""
+        if base in self._fds:
+            self._dirty.add(base)
 
     def take_dirty(self) -> list[DirtyFile]:
         """Files written since the last call (duplicated fd, path, length).

@@ -23,6 +23,12 @@ class DispatchCheckpoint:
     dispatched_end: int = 0
     # (topic, queue id) -> next queue offset at dispatched_index
     queues: dict[tuple[str, int], int] = field(default_factory=dict)
+    # Every queue file's slots below its next offset were fsynced before this
+    # was written and none was rewritten since: recovery may check those
+    # files by length instead of reading them. False in a checkpoint of an
+    # older version (the key is absent) and in one recovery rewrites before it
+    # changes slots below the claims, until the next checkpoint.
+    files_synced: bool = True
 
 
 def read_dispatch_checkpoint(directory: str) -> DispatchCheckpoint | None:
@@ -38,6 +44,7 @@ def read_dispatch_checkpoint(directory: str) -> DispatchCheckpoint | None:
     return DispatchCheckpoint(
         value["dispatched_index"], value["dispatched_end"],
         {(topic, queue_id): nxt for topic, queue_id, nxt in value["queues"]},
+        value.get("files_synced", False) is True,
     )
 
 
@@ -47,6 +54,7 @@ def write_dispatch_checkpoint(directory: str, checkpoint: DispatchCheckpoint) ->
         "dispatched_index": checkpoint.dispatched_index,
         "dispatched_end": checkpoint.dispatched_end,
         "queues": [[t, q, n] for (t, q), n in sorted(checkpoint.queues.items())],
+        "files_synced": checkpoint.files_synced,
     })
     atomic_replace(os.path.join(directory, "checkpoint"),
                    payload + struct.pack("<I", crc32c(payload)))

@@ -7,10 +7,13 @@ number of messages of its (topic, queue) committed before it.
 Recovery (in `__init__`): the dispatch checkpoint says up to which entry the
 queue files were fsynced. Units pointing at or past that entry's end are
 dropped (they may be torn or refer to entries a crash removed), queues whose
-files are missing or short are rebuilt from the CommitLog, queues the
-checkpoint does not know yet hold units it covers are the remains of a
-`drop_topic` cut short (their files go), and the owner then calls
-`dispatch_committed(commit_index)` to re-dispatch the rest.
+files are missing or short are rebuilt from the CommitLog (durably, file by
+file), queues the checkpoint does not know yet hold units it covers are the
+remains of a `drop_topic` cut short (their files go), and the owner then
+calls `dispatch_committed(commit_index)` to re-dispatch the rest. Opening a
+queue costs the tail written after the checkpoint, not the queue's length:
+the files below each queue's checkpointed next offset are checked by length
+(`DispatchCheckpoint.files_synced`, docs/storage-format.md).
 
 Topic deletion: `skip_before[topic] = i` means messages of `topic` in entries
 below index i are never indexed again (the topic was deleted by entry i), by
@@ -26,7 +29,7 @@ import re
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -39,7 +42,7 @@ from consumequeue.checkpoint import (
     write_dispatch_checkpoint,
 )
 from consumequeue.queue import ConsumeQueue, Unit
-from consumequeue.unit import UNIT_DTYPE
+from consumequeue.unit import UNIT_DTYPE, encode_units
 from ledgermq.base.message_record import MESSAGE_HEAD_SIZE
 
 
@@ -136,6 +139,10 @@ class ConsumeQueueStore:
         # claim the removed queues again; it drops itself instead.
         self._generation = 0
         self._checkpoint_lock = threading.Lock()
+        # Set when a checkpoint's fsync failed: the kernel may have dropped
+        # the pages, so later checkpoints stop vouching for the files below
+        # their claims (see DispatchCheckpoint.files_synced).
+        self._sync_failed = False
         fileio.fs.makedirs(self.directory, exist_ok=True)
         self.recovery = DispatchRecovery()
         self._recover()
@@ -161,7 +168,9 @@ class ConsumeQueueStore:
         self.recovery.needs_rebuild = log.first_index > 1 and (
             checkpoint is None or checkpoint.dispatched_index < log.first_index - 1)
         limit_end = self._entry_end(limit_index)
-        self._open_existing()
+        # A checkpoint whose files were synced vouches for each queue's slots
+        # below its next offset: those files are checked by length only.
+        self._open_existing(checkpoint.queues if checkpoint and checkpoint.files_synced else {})
         for key, queue in list(self.queues.items()):
             before = queue.max_offset
             queue.truncate_to(queue.first_offset_at_or_after(limit_end))
@@ -183,6 +192,13 @@ class ConsumeQueueStore:
                 queue.truncate_to(0)
                 queue.start_at(0)
         self.dispatched_index, self.dispatched_end = limit_index, limit_end
+        if checkpoint is not None and checkpoint.files_synced and any(
+                key not in self.queues or self.queues[key].max_offset < nxt
+                for key, nxt in checkpoint.queues.items()):
+            # What comes next (the rebuild below, the owner's re-dispatch)
+            # writes slots the checkpoint vouches for, unsynced: it stops
+            # vouching first, until the next checkpoint has synced them.
+            write_dispatch_checkpoint(self.directory, replace(checkpoint, files_synced=False))
         # The checkpoint's per-queue counts describe exactly `limit_index` only
         # when the log still holds everything the checkpoint covered.
         if checkpoint is not None and checkpoint.dispatched_index == limit_index:
@@ -196,7 +212,7 @@ class ConsumeQueueStore:
                 queue.correct_min_offset(log.segments.bases[0])
         self.recovery.dispatched_index = self.dispatched_index
 
-    def _open_existing(self) -> None:
+    def _open_existing(self, trusted_next: Mapping[QueueKey, int]) -> None:
         for topic in sorted(fileio.fs.listdir(self.directory)):
             topic_dir = os.path.join(self.directory, topic)
             if topic == "checkpoint" or topic.endswith((".tmp", ".durable")):
@@ -213,9 +229,11 @@ class ConsumeQueueStore:
                 if not (queue_name.isdigit() and fileio.fs.isdir(queue_dir)):
                     self.recovery.foreign_files.append(queue_dir)
                     continue
-                queue = ConsumeQueue(queue_dir, topic, int(queue_name), self.units_per_file)
+                key = (topic, int(queue_name))
+                queue = ConsumeQueue(queue_dir, topic, key[1], self.units_per_file,
+                                     trusted_next.get(key))
                 self.recovery.foreign_files += queue.foreign
-                self.queues[(topic, int(queue_name))] = queue
+                self.queues[key] = queue
 
     def _rebuild(self, expected_next: dict[QueueKey, int]) -> None:
         """Rebuild queues from the CommitLog up to dispatched_index; a queue's
@@ -227,10 +245,11 @@ class ConsumeQueueStore:
                 if key in expected_next and not _skipped(skip, key[0], entry.index):
                     found[key].append(unit)
         for key, nxt in expected_next.items():
-            queue = self._queue(key)
-            queue.truncate_to(0)
-            queue.start_at(max(0, nxt - len(found[key])))
-            queue.append(found[key])
+            units = found[key]
+            # Durably, file by file: these are slots the checkpoint claims;
+            # torn by a power cut before a checkpoint synced them, a first
+            # page of zeros would pass for empty leading slots.
+            self._queue(key).rewrite(max(0, nxt - len(units)), encode_units(units), len(units))
             self.recovery.queues_rebuilt.append(key)
 
     def _scan(self, lo: int, hi: int, batch_bytes: int = 8 << 20) -> Iterable[Entry]:
@@ -420,6 +439,7 @@ class ConsumeQueueStore:
         value = DispatchCheckpoint(
             self.dispatched_index, self.dispatched_end,
             {key: q.max_offset for key, q in self.queues.items()},
+            files_synced=not self._sync_failed,
         )
         return CheckpointToken(fds, value, self._generation)
 
@@ -428,7 +448,11 @@ class ConsumeQueueStore:
         Safe on another thread; one at a time per store. Returns False,
         writing nothing, when queues were dropped or rebuilt since the token
         was taken (it could claim them again)."""
-        sync_and_close(token.fds)
+        try:
+            sync_and_close(token.fds)
+        except BaseException:
+            self._sync_failed = True
+            raise
         with self._checkpoint_lock:
             if token.generation != self._generation:
                 return False
