@@ -17,6 +17,24 @@ Three parts, one per question:
   indexed durably by the ConsumeQueues, so their recovery never needs a
   deleted entry. ConsumeQueue files wholly below the new first position go
   with them.
+- **How far ahead must it look?** Deletion is by passes, so a node's disk
+  peaks just before one. To keep `retention_bytes` a ceiling rather than a
+  level the log overshoots by what arrives between passes, every pass
+  measures how much the log grew from the previous pass's decision to its
+  own deletions, and the policy cuts the most of the recent such growths
+  below `retention_bytes` (`TrimDecision.headroom`).
+
+Passes run every `retention_interval_ms`, and also whenever one can delete
+more (`note_applied`, after every applied batch): on the leader when its log
+starts a new segment while a size limit is set (the size rule's answer only
+changes then, so the log overshoots by about one segment, not by an
+interval's writes at full speed); on every replica when a `log.trim` raises
+the agreed point (a follower deletes with its leader, not at its own next
+interval). When a replica's own snapshot is what holds deletion back (the
+policy's limit on the leader, the local bound on any replica) it writes one
+at once rather than waiting for the snapshot schedule; when its ConsumeQueue
+checkpoint is (the server writes one every `cq_checkpoint_interval_ms`), it
+looks again one checkpoint interval later rather than a retention interval.
 - **May this broker take more messages?** Above `disk_hard_ratio` the leader
   refuses SEND_MESSAGES with DISK_FULL (control operations, offset commits
   and trims still pass: they free space or are tiny), counts the refusal and
@@ -33,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -57,6 +76,7 @@ from ledgermq.broker.retention_policy import (
     trim_point,
 )
 from ledgermq.broker.runtime import RaftRuntime
+from ledgermq.broker.snapshots import SnapshotSchedule
 from ledgermq.broker.state import BrokerState
 
 log = logging.getLogger(__name__)
@@ -67,6 +87,10 @@ DISK_SAMPLE_SECONDS = 1.0
 # Entries looked at, from either end of the log, to find the store time of
 # the first and last retained message (GET /retention).
 _TIME_SCAN_ENTRIES = 256
+# Growths remembered for the headroom (the most of them is used): long enough
+# to ride out a pass that happened to see a lull, short enough that a
+# producer slowing down gives the disk back within a few intervals.
+_GROWTH_WINDOW = 16
 
 
 class RetentionHost(Protocol):
@@ -89,6 +113,9 @@ class RetentionHost(Protocol):
     @property
     def controls(self) -> GroupCommitter[dict[str, Any], int] | None: ...
 
+    @property
+    def snapshots(self) -> SnapshotSchedule: ...
+
 
 @dataclass
 class RetentionCounters:
@@ -100,6 +127,8 @@ class RetentionCounters:
     trims_proposed: int = 0
     passes: int = 0
     failures: int = 0
+    # Snapshots retention asked for because one was all deletion waited on.
+    snapshots_requested: int = 0
     last_deleted_ms: int = 0
     writes_refused: dict[str, int] = field(default_factory=dict)
 
@@ -155,6 +184,15 @@ class Retention:
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._pass_lock = asyncio.Lock()
+        # The headroom's measurements: the log's end when the previous pass
+        # decided, and what it grew by from one decision to the next pass's
+        # deletions (bytes, the newest last).
+        self._decided_end: int | None = None
+        self._decided_state: BrokerState | None = None
+        self.growths: deque[int] = deque(maxlen=_GROWTH_WINDOW)
+        self._trim_seen = broker.state.trim
+        self._segment_seen = -1  # the segment the leader's log ended in at the last wake
+        self._recheck: asyncio.TimerHandle | None = None  # after the next CQ checkpoint
 
     # ------------------------------------------------------------- lifecycle
 
@@ -163,6 +201,8 @@ class Retention:
                        asyncio.create_task(self._retention_loop())]
 
     async def stop(self) -> None:
+        if self._recheck is not None:
+            self._recheck.cancel()
         await cancel_and_wait(self._tasks)
         self._tasks = []
 
@@ -230,6 +270,31 @@ class Retention:
 
     # ------------------------------------------------------------- one pass
 
+    def note_applied(self) -> None:
+        """After an applied batch: start a pass now if one could delete more
+        than the last. A `log.trim` that raised the agreed point: every
+        replica deletes with the leader rather than up to an interval later
+        (on the leader the pass that proposed it deletes anyway; the extra
+        pass finds little to do). A new segment on the leader under a size
+        limit: the size rule may now drop the oldest one."""
+        trim = self.b.state.trim
+        if trim > self._trim_seen:
+            self._trim_seen = trim
+            self._wake.set()
+        if self.settings.retention_bytes > 0 and self.b.node.leader_ready:
+            # Segment bases are multiples of the segment size.
+            segment = self.b.node.log.end // self.config.segment_size_bytes
+            if segment != self._segment_seen:
+                self._segment_seen = segment
+                self._wake.set()
+
+    @property
+    def headroom(self) -> int:
+        """Bytes the size rule keeps free below `retention_bytes`: the most
+        the log grew between a decision and the next pass's deletions,
+        over the last passes (0 before two passes were seen)."""
+        return max(self.growths, default=0)
+
     async def run_once(self) -> int:
         """One retention pass: the leader proposes its trim point, then this
         replica deletes what its bound allows. Returns segments deleted."""
@@ -237,10 +302,70 @@ class Retention:
             if self.b.node.failed is not None:
                 return 0  # a failed replica touches no file until it is restarted
             self.counters.passes += 1
+            log_ = self.b.node.log
+            decided_end, state = log_.end, self.b.state
             snapshot_end = await self._snapshot_end()
             if self.b.node.leader_ready:
-                await self._propose(snapshot_end)
-            return await self._delete_local(await self.local_bound(snapshot_end))
+                snapshot_end = await self._propose(snapshot_end)
+            bound = await self.local_bound(snapshot_end)
+            if self._snapshot_would_free(bound):
+                # This replica's snapshot is all that keeps the agreed
+                # segments: one at the applied index (past the trim entry,
+                # so past the point) frees them now.
+                snapshot_end = await self._snapshot_now()
+                bound = await self.local_bound(snapshot_end)
+            deleted = await self._delete_local(bound)
+            self._note_growth(decided_end, state)
+            if bound.held_by == "consumequeue_checkpoint" and self._frees_a_segment(bound.trim):
+                self._recheck_after_checkpoint()
+            return deleted
+
+    def _recheck_after_checkpoint(self) -> None:
+        """Run a pass again once the server's next ConsumeQueue checkpoint
+        (every `cq_checkpoint_interval_ms`) may have moved past the point."""
+        if self._recheck is not None:
+            self._recheck.cancel()
+        delay = self.config.cq_checkpoint_interval_ms / 1000
+        self._recheck = asyncio.get_running_loop().call_later(delay, self._wake.set)
+
+    def _frees_a_segment(self, position: int) -> bool:
+        """Whether this replica holds a whole segment below `position`."""
+        infos = self.b.node.log.segment_infos()
+        return len(infos) >= 2 and infos[1].base <= position
+
+    def _note_growth(self, decided_end: int, state: BrokerState) -> None:
+        """Record how far the log grew from the previous pass's decision to
+        now (this pass's deletions are done): the peak the next interval
+        must leave room for. Not across an install (the state object was
+        replaced and the log's end jumped rather than grew)."""
+        previous, same = self._decided_end, self._decided_state is self.b.state
+        if previous is not None and same:
+            self.growths.append(max(0, self.b.node.log.end - previous))
+        self._decided_end, self._decided_state = decided_end, state
+
+    def _snapshot_would_free(self, bound: LocalBound) -> bool:
+        """Whether the local bound stops short of the agreed point because of
+        this replica's snapshot, and a snapshot now would free a segment."""
+        if bound.held_by != "snapshot" or not self._frees_a_segment(bound.trim):
+            return False
+        return self._snapshot_would_move()
+
+    def _snapshot_would_move(self) -> bool:
+        """Whether a snapshot now would cover more than the newest one (and
+        snapshots are on: a broker configured without them deletes nothing)."""
+        schedule = self.b.snapshots
+        latest = schedule.latest
+        return schedule.enabled and (latest is None
+                                     or latest.index < self.b.state.applied_index)
+
+    async def _snapshot_now(self) -> int | None:
+        """Write a snapshot at the applied index now; the newest end after it."""
+        self.counters.snapshots_requested += 1
+        try:
+            await self.b.snapshots.snapshot_now()
+        except Exception as exc:  # snapshot_now logs its own failures; be safe
+            log.error("snapshot for retention failed: %r", exc)
+        return await self._snapshot_end()
 
     async def snapshot(self) -> SnapshotInfo | None:
         """The newest local snapshot whose state verifies. Its CRC is checked
@@ -262,12 +387,20 @@ class Retention:
     def decide(self, snapshot_end: int | None) -> TrimDecision:
         """The policy's answer for this node's log now."""
         decision = trim_point(self.b.node.log.segment_infos(), snapshot_end, self.settings,
-                              now_ms(), self.disk)
+                              now_ms(), self.disk, self.headroom)
         self.last_decision = decision
         return decision
 
-    async def _propose(self, snapshot_end: int | None) -> None:
+    async def _propose(self, snapshot_end: int | None) -> int | None:
+        """Decide and propose the trim point; the snapshot end used (a newer
+        one when the snapshot held the policy back and one was written)."""
         decision = self.decide(snapshot_end)
+        if decision.blocked_by == "snapshot" and self._snapshot_would_move():
+            # The snapshot schedule counts entries and bytes, not what
+            # retention waits for: write one now rather than let the disk
+            # grow until the schedule's next one.
+            snapshot_end = await self._snapshot_now()
+            decision = self.decide(snapshot_end)
         if decision.blocked_by == "snapshot" and decision.wanted != self._blocked_at:
             # Once per wanted point, not at every pass while it waits.
             self._blocked_at = decision.wanted
@@ -279,6 +412,7 @@ class Retention:
                 await self.propose_trim(decision.position, ",".join(decision.reasons))
             except LedgerMQError as exc:  # lost the lead, a slow commit: the next pass retries
                 log.warning("log.trim at %d not proposed: %s", decision.position, exc)
+        return snapshot_end
 
     async def propose_trim(self, position: int, why: str) -> int:
         """Propose `log.trim` at `position` through the log; its entry index."""
@@ -474,4 +608,5 @@ class Retention:
                         "consumequeue_files": c.cq_files_deleted,
                         "last_ms": c.last_deleted_ms or None},
             "writes_refused": dict(c.writes_refused),
+            "snapshots_requested": c.snapshots_requested,
         }

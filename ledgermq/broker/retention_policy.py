@@ -9,6 +9,14 @@ the segment holding anything past the newest snapshot (those entries rebuild
 the state after it) and never the last segment. Only a prefix ever goes:
 the answer is a segment base, and every segment wholly below it may be
 deleted. Nothing here does I/O but `disk_usage`.
+
+`retention_bytes` is a ceiling, not a target: the log keeps growing until
+the next pass, so the size rule cuts `headroom_bytes` below it (the caller
+passes what the log grew by between passes, measured), and the segments
+reach `retention_bytes` only just before the next deletion. The headroom
+never exceeds half of `retention_bytes`: a log that grows by more than that
+between two passes (a limit of a few segments) still keeps half its limit
+after a cut, and then overshoots the limit rather than keeping nothing.
 """
 
 from __future__ import annotations
@@ -86,7 +94,9 @@ class TrimDecision:
     `position` is a segment base: every segment wholly below it may go.
     `wanted` is where the rules alone would start it; `limit` is the furthest
     the safety rules allow (the snapshot's segment, the last segment), and
-    `blocked_by` names the one that held `wanted` back, if any.
+    `blocked_by` names the one that held `wanted` back, if any. `headroom`
+    is how far below `retention_bytes` the size rule cut (the growth
+    expected before the next pass).
     """
 
     first: int  # the first segment's base now
@@ -95,6 +105,7 @@ class TrimDecision:
     limit: int
     reasons: tuple[str, ...] = ()
     blocked_by: str | None = None
+    headroom: int = 0
 
     @property
     def deletes(self) -> bool:
@@ -104,12 +115,12 @@ class TrimDecision:
     def to_json(self) -> dict[str, Any]:
         return {"first": self.first, "position": self.position, "wanted": self.wanted,
                 "limit": self.limit, "reasons": list(self.reasons),
-                "blocked_by": self.blocked_by}
+                "blocked_by": self.blocked_by, "headroom": self.headroom}
 
 
 def trim_point(segments: Sequence[SegmentLike], snapshot_end: int | None,
-               settings: RetentionSettings, now: int, disk: DiskUsage | None = None
-               ) -> TrimDecision:
+               settings: RetentionSettings, now: int, disk: DiskUsage | None = None,
+               headroom_bytes: int = 0) -> TrimDecision:
     """The leader's trim point over `segments` (oldest first).
 
     Each rule gives the base of the first segment it keeps; the decision is
@@ -117,10 +128,14 @@ def trim_point(segments: Sequence[SegmentLike], snapshot_end: int | None,
     holding anything past `snapshot_end` (None: no snapshot, nothing may go)
     and the last segment. Only a prefix of segments ever goes: a younger
     segment below an old one (which cannot happen with mtimes, but can with
-    clocks) stops the age rule rather than leaving a hole.
+    clocks) stops the age rule rather than leaving a hole. The size rule
+    keeps at most `retention_bytes - headroom_bytes`, the headroom taken up
+    to half of `retention_bytes`: room for what the log will take before the
+    next pass deletes again.
     """
+    headroom = min(max(headroom_bytes, 0), settings.retention_bytes // 2)
     if not segments:
-        return TrimDecision(0, 0, 0, 0)
+        return TrimDecision(0, 0, 0, 0, headroom=headroom)
     first = segments[0].base
     keep_age = keep_size = keep_disk = first
     reasons: list[str] = []
@@ -132,8 +147,8 @@ def trim_point(segments: Sequence[SegmentLike], snapshot_end: int | None,
     # Size: drop the oldest while the segments hold more than the limit.
     if settings.retention_bytes > 0:
         total = sum(s.length for s in segments)
-        keep_size = _first_kept(
-            segments, lambda _s, gone: total - gone > settings.retention_bytes)
+        target = settings.retention_bytes - headroom
+        keep_size = _first_kept(segments, lambda _s, gone: total - gone > target)
     # Soft watermark: free what brings the disk back under the ratio.
     if disk is not None and disk.ratio > settings.soft_ratio:
         target = int(settings.soft_ratio * (disk.used_bytes + disk.free_bytes))
@@ -153,7 +168,8 @@ def trim_point(segments: Sequence[SegmentLike], snapshot_end: int | None,
     blocked_by = None
     if wanted > limit:
         blocked_by = "snapshot" if snapshot_limit < last_limit else "last_segment"
-    return TrimDecision(first, min(wanted, limit), wanted, limit, tuple(reasons), blocked_by)
+    return TrimDecision(first, min(wanted, limit), wanted, limit, tuple(reasons), blocked_by,
+                        headroom)
 
 
 def _first_kept(segments: Sequence[SegmentLike],

@@ -504,6 +504,8 @@ class Broker:
             self.registrar.kick()
         self._wake_apply_waiters()
         self.snapshots.note_applied()
+        if self.retention is not None:  # a raised trim point: delete now
+            self.retention.note_applied()
 
     def _dispatch(self, entries: Sequence[Entry],
                   scanned: Sequence[RecordColumns | None]) -> None:

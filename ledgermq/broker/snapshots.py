@@ -77,6 +77,12 @@ class SnapshotSchedule:
             index, end = info.index, info.end_position
         self._base_index, self._base_end = index, end
 
+    @property
+    def enabled(self) -> bool:
+        """Whether this broker writes snapshots at all (both intervals 0: never,
+        and nothing asks for one: retention then deletes nothing)."""
+        return bool(self.interval_entries or self.interval_bytes)
+
     def due(self) -> bool:
         applied = self.state().applied_index
         if self.interval_entries and applied - self._base_index >= self.interval_entries:
@@ -87,7 +93,7 @@ class SnapshotSchedule:
     def note_applied(self) -> None:
         """After an applied batch: start a snapshot if one is due and none is
         being written."""
-        if (self.interval_entries or self.interval_bytes) and self.due() and not self.busy:
+        if self.enabled and self.due() and not self.busy:
             self._writing = asyncio.ensure_future(self._write())
 
     @property

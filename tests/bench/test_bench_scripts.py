@@ -93,3 +93,36 @@ def test_startup_bench_starts_a_broker_from_a_snapshot_at_two_sizes(tmp_path: Pa
     assert whole["replayed_entries"] >= result["runs"][0]["entries"]
     assert result["start_ratio_largest_to_smallest"] > 0
     assert list(tmp_path.iterdir()) == []  # it removed what it built
+
+
+def test_retention_soak_bench_stays_in_budget_moves_a_consumer_and_rejoins_by_install(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    plot, samples = tmp_path / "soak.png", tmp_path / "samples.json"
+    out = run_bench("bench/retention_soak.py", "--total-gb", "0.08", "--disk-limit-gb", "0.05",
+                    "--segment-mb", "1", "--body-kb", "8", "--snapshot-max-kb", "256",
+                    "--settle-s", "1", "--dir", str(data), "--plot", str(plot),
+                    "--samples-out", str(samples), timeout=300)
+    result = json.loads(out)
+    plan = result["budget"]
+    # The limit is split, not padded: segments plus every other part.
+    assert plan["retention_bytes"] + plan["overhead"] == plan["limit"]
+    assert result["retention_bytes"] == plan["retention_bytes"] > 4 * result["segment_bytes"]
+    assert result["produced_bytes"] >= result["total_bytes"]
+    assert result["leader_first_index"] > 1  # retention deleted the log's head
+    peaks = result["peak_while_producing"]
+    assert sorted(peaks) == ["n1", "n2", "n3"]
+    for parts in peaks.values():
+        assert parts["commitlog"] > 0 and parts["data_dir"] >= parts["commitlog"]
+    assert isinstance(result["within_limit"], bool)
+    assert set(result["bounds_held"]) == {"index", "consumequeue", "snapshots", "other"}
+    assert all(r["segments_deleted"] > 0 for r in result["retention"].values())
+    consumer = result["slow_consumer"]
+    assert consumer["moved_forward"] >= 1 and consumer["skipped_messages"] > 0
+    rejoin = result["rejoin"]
+    assert rejoin["installs_received"] == 1 and rejoin["caught_up"]
+    assert rejoin["install_bytes"] > 0 and rejoin["install_seconds"] > 0
+    assert plot.stat().st_size > 0
+    assert len(json.loads(samples.read_text())) == result["samples"] > 0
+    assert list(data.iterdir()) == []  # it removed the nodes' data

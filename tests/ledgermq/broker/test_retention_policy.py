@@ -133,6 +133,39 @@ def test_size_counts_what_segments_hold_not_their_capacity() -> None:
     assert trim_point(segments, 3 * S, settings_, NOW).position == S
 
 
+def test_the_size_rule_leaves_the_headroom_free_below_the_limit() -> None:
+    """retention_bytes is a ceiling: the cut leaves room for what the log
+    will take before the next pass (the caller's measured growth)."""
+    segments = log_of(1, 1, 1, 1, 1)  # 5000 bytes
+    by_size = RetentionSettings(retention_ms=0, retention_bytes=4000)
+    assert trim_point(segments, 5 * S, by_size, NOW).position == S
+    decision = trim_point(segments, 5 * S, by_size, NOW, headroom_bytes=1500)
+    # At most 2500 may stay: whole segments, so 2000.
+    assert decision.position == 3 * S and decision.reasons == ("size",)
+    assert decision.headroom == 1500 and decision.to_json()["headroom"] == 1500
+    # A headroom of a whole segment moves the cut by exactly one segment.
+    assert trim_point(segments, 5 * S, by_size, NOW, headroom_bytes=S).position == 2 * S
+
+
+def test_the_headroom_takes_at_most_half_the_limit() -> None:
+    """A log growing faster than half its limit between passes keeps half
+    the limit after a cut (and overshoots), rather than nothing."""
+    segments = log_of(1, 1, 1, 1, 1, 1)  # 6000 bytes
+    by_size = RetentionSettings(retention_ms=0, retention_bytes=4000)
+    decision = trim_point(segments, 6 * S, by_size, NOW, headroom_bytes=10 * S)
+    assert decision.headroom == 2000
+    assert decision.position == 4 * S and decision.blocked_by is None
+    # Held back by the snapshot like any other cut.
+    held = trim_point(segments, 2 * S + 10, by_size, NOW, headroom_bytes=10 * S)
+    assert held.position == 2 * S and held.blocked_by == "snapshot"
+
+
+def test_headroom_does_nothing_without_a_size_limit() -> None:
+    segments = log_of(1, 1, 1)
+    decision = trim_point(segments, 3 * S, AGE_ONLY, NOW, headroom_bytes=5 * S)
+    assert not decision.deletes and decision.headroom == 0
+
+
 def test_soft_watermark_frees_what_brings_the_disk_back_under() -> None:
     segments = log_of(1, 1, 1, 1, 1)
     young = RetentionSettings(retention_ms=72 * HOUR_MS, soft_ratio=0.75)
@@ -192,14 +225,15 @@ def logs(draw):
     config = RetentionSettings(retention_ms=draw(st.sampled_from([0, HOUR_MS, 72 * HOUR_MS])),
                                retention_bytes=draw(st.integers(0, 8 * S)),
                                soft_ratio=draw(st.sampled_from([0.5, 0.75, 1.0])))
-    return segments, snapshot, disk, config
+    headroom = draw(st.integers(0, 4 * S))
+    return segments, snapshot, disk, config, headroom
 
 
 @settings(max_examples=400, deadline=None)
 @given(logs())
 def test_the_decision_never_breaks_a_safety_rule(case) -> None:
-    segments, snapshot, disk, config = case
-    decision = trim_point(segments, snapshot, config, NOW, disk)
+    segments, snapshot, disk, config, headroom = case
+    decision = trim_point(segments, snapshot, config, NOW, disk, headroom)
     bases = [s.base for s in segments]
     # A segment base, at or after the first, never past the last segment.
     assert decision.position in bases
@@ -214,10 +248,12 @@ def test_the_decision_never_breaks_a_safety_rule(case) -> None:
     if config.retention_ms == 0 and config.retention_bytes == 0 and (
             disk is None or disk.ratio <= config.soft_ratio):
         assert not decision.deletes
-    # What the size rule keeps fits the limit, unless a safety rule held it back.
+    # What the size rule keeps fits the limit less the headroom, unless a
+    # safety rule held it back.
     if "size" in decision.reasons and decision.blocked_by is None:
         kept = sum(s.length for s in segments if s.base >= decision.position)
-        assert kept <= config.retention_bytes or decision.wanted > decision.position
+        room = config.retention_bytes - min(headroom, config.retention_bytes // 2)
+        assert kept <= room or decision.wanted > decision.position
 
 
 # ------------------------------------------------------------- configuration
