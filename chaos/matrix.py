@@ -158,7 +158,8 @@ def retention_row(results: dict[str, Any]) -> dict[str, Any]:
     if kept is None:
         return {}
     counts = results["checker"]["counts"]
-    return {"expired": counts["expired"], "expired_unknown": counts["expired_unknown"],
+    return {"lost": counts["lost"], "expired": counts["expired"],
+            "expired_unknown": counts["expired_unknown"],
             "expired_read_live": results["checker"]["retention"]["expired_read_live"],
             "moved_forward": counts["moved_forward"],
             "segments_deleted": kept["segments_deleted"],
