@@ -48,9 +48,30 @@ Categories (counts and the first examples of each are in the result):
   served bytes nobody sent under that identity.
 - `unknown`: sends whose outcome is unknown; never counted as lost.
 
+Retention (a run with `retention=True`): a reader that asks for an offset
+retention has deleted is answered "moved forward" and continues at the
+queue's first retained offset; the workload records each such jump as a
+`moved` op (chaos.moved). Nothing is excused silently:
+
+- `expired` (info, counted and listed): acknowledged, not read by the final
+  drain, and the drain was told its offset had been deleted (outside
+  retention when read). Judged by chaos.moved.expiry; `lost` remains
+  every acknowledged message that was still inside retention when read
+  (its offset at or above where the drain was moved to) and is missing.
+- `expired_unknown` (info, counted apart): an acknowledged message with no
+  known offset whose possible offsets (bounded by the history's real-time
+  order) were partly deleted: the checker cannot tell expired from lost.
+- `moved_forward` (info): the jumps recorded. A reader's forward step
+  across a range it was told was deleted (between the two reads) is not
+  `skipped_offsets`, and neither is an offset nobody read that some reader
+  was told was deleted.
+- `moved_without_retention`: a moved answer in a run without retention
+  (nothing may be deleted there). A violation; nothing is excused then.
+
 valid = no lost, unexpected, phantom, duplicated, inconsistent, skipped,
 order, misplaced_ack or body_mismatch anomaly (Jepsen's total-queue validity
-plus the offset, placement and body checks).
+plus the offset, placement and body checks, and no moved answer in a run
+without retention).
 """
 
 from __future__ import annotations
@@ -61,12 +82,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from chaos.history import Op, pairs
+from chaos.moved import Ack, Move, MovedRanges, OffsetBounds, expiry, moves_of
 
 EXAMPLES = 10
 VIOLATIONS = ("lost", "unexpected", "phantom", "duplicated", "inconsistent_offsets",
-              "skipped_offsets", "order", "misplaced_ack", "body_mismatch")
+              "skipped_offsets", "order", "misplaced_ack", "body_mismatch",
+              "moved_without_retention")
 INFO = ("lost_after_consumed", "backward_offsets", "recovered", "redelivered",
-        "retry_duplicated", "rebalance_resets", "unknown")
+        "retry_duplicated", "rebalance_resets", "unknown", "expired", "expired_unknown",
+        "moved_forward")
 
 QueueKey = tuple[str, str, int]  # (group, topic, queue)
 
@@ -84,6 +108,7 @@ class Seen:
     drain: bool
     identity: tuple[int, int] | None = None  # (producer_id, sequence) the record carries
     body: tuple[int | None, int | None] = (None, None)  # (CRC32C, length) of the body read
+    index: int = -1  # the poll op's place in the history
 
 
 def _queue_key(v: dict[str, Any]) -> QueueKey | None:
@@ -111,8 +136,12 @@ class _Anomalies:
             self.examples[kind].append(example)
 
 
-def check(ops: Sequence[Op], *, strict_idempotence: bool = False) -> dict[str, Any]:
-    """Run every check; returns a JSON-ready dict with `valid` and per-kind results."""
+def check(ops: Sequence[Op], *, strict_idempotence: bool = False,
+          retention: bool = False) -> dict[str, Any]:
+    """Run every check; returns a JSON-ready dict with `valid` and per-kind results.
+
+    `retention`: the run had retention on, so moved-forward answers may
+    excuse unread messages as `expired` (see the module docstring)."""
     out = _Anomalies()
     client_ops = [op for op in ops if not op.is_nemesis]
 
@@ -123,6 +152,7 @@ def check(ops: Sequence[Op], *, strict_idempotence: bool = False) -> dict[str, A
     acked_order: dict[tuple[Any, QueueKey], list[tuple[int, int]]] = defaultdict(list)
     slot_values: dict[tuple[QueueKey, int], set[int]] = defaultdict(set)
     acked_at: dict[int, tuple[QueueKey, int]] = {}  # value -> where its ack said it landed
+    acks: dict[int, tuple[QueueKey | None, int, int]] = {}  # value -> (queue, invoke, done)
     by_identity: dict[tuple[int, int], dict[str, Any]] = {}  # (producer, sequence) -> send
     for invoke, done in pairs(op for op in client_ops if op.f == "send"):
         value = _value(invoke.value["value"])
@@ -137,6 +167,7 @@ def check(ops: Sequence[Op], *, strict_idempotence: bool = False) -> dict[str, A
             retried.add(value)
         if done is not None and kind == "ok":
             key = _queue_key(done_value)
+            acks[value] = (key, invoke.index, done.index)
             if key is not None and done_value.get("offset") is not None:
                 slot_values[(key, int(done_value["offset"]))].add(value)
                 acked_at[value] = (key, int(done_value["offset"]))
@@ -157,7 +188,7 @@ def check(ops: Sequence[Op], *, strict_idempotence: bool = False) -> dict[str, A
             if key is None or m.get("offset") is None:
                 continue
             batch.append(Seen(_value(m["value"]), key, int(m["offset"]), op.process, op.time_ns,
-                              epoch, drain, _identity(m), _body(m)))
+                              epoch, drain, _identity(m), _body(m), op.index))
         seen.extend(batch)
 
     seen_values: dict[int, set[tuple[QueueKey, int]]] = defaultdict(set)
@@ -168,16 +199,24 @@ def check(ops: Sequence[Op], *, strict_idempotence: bool = False) -> dict[str, A
         if not s.drain:  # the drain re-reads everything by design
             slot_reads[(s.queue, s.offset)] += 1
 
+    # Moved-forward answers: excuses only in a run with retention.
+    moves = moves_of(client_ops)
+    for move in moves:
+        jump = {"queue": list(move.queue), "from": move.start, "to": move.to,
+                "process": move.process}
+        out.add("moved_forward", {**jump, "drain": move.drain})
+        if not retention:
+            out.add("moved_without_retention", jump)
+    excuses = moves if retention else []
+
     # lost: judged by the drain when there was one (a message consumed live and
     # then dropped by a failover or a power cut is lost too), else by all reads.
     drained = {s.value for s in seen if s.drain}
-    final = drained if drained else set(seen_values)
-    for value, kind in outcome.items():
-        if kind == "ok" and value not in final:
-            out.add("lost", {"value": value, "consumed_before_loss": value in seen_values,
-                             **_brief(attempted[value])})
-            if value in seen_values:
-                out.add("lost_after_consumed", {"value": value})
+    has_drain = bool(drained) or any(m.drain for m in moves)
+    final = drained if has_drain else set(seen_values)
+    judging = MovedRanges(m for m in excuses if m.drain or not has_drain)
+    expired = _judge_unread(outcome, final, acks, acked_at, seen, judging, attempted,
+                            seen_values, out)
     for value, slots in seen_values.items():
         where = [[*q, o] for q, o in sorted(slots)][:3]
         if value not in attempted:
@@ -214,8 +253,8 @@ def check(ops: Sequence[Op], *, strict_idempotence: bool = False) -> dict[str, A
             out.add("misplaced_ack", {"value": value, "acked_at": [*q, o],
                                       "read_at": [[*sq, so] for sq, so in sorted(read_at)][:3]})
     _check_bodies(seen, by_identity, out)
-    _check_coverage(seen, out)
-    _check_consumer_order(seen, out)
+    _check_coverage(seen, out, MovedRanges(excuses))
+    _check_consumer_order(seen, out, excuses)
     final_offset = _final_offsets(seen)
     _check_send_order(acked_order, final_offset, out)
 
@@ -236,7 +275,53 @@ def check(ops: Sequence[Op], *, strict_idempotence: bool = False) -> dict[str, A
                   "unknown_seen": sum(1 for v in unknown if v in seen_values)},
         "reads": {"messages": len(seen), "distinct_values": len(seen_values),
                   "drain": sum(1 for s in seen if s.drain)},
+        "retention": {"checked_with_retention": retention, "moves": len(moves),
+                      "drain_moves": sum(1 for m in moves if m.drain),
+                      "expired": counts["expired"], "expired_read_live": expired,
+                      "expired_unknown": counts["expired_unknown"],
+                      "drain_floor": {"/".join(map(str, q)): judging.floor(q)
+                                      for q in judging.queues()}},
     }
+
+
+def _judge_unread(outcome: dict[int, str], final: set[int],
+                  acks: dict[int, tuple[QueueKey | None, int, int]],
+                  acked_at: dict[int, tuple[QueueKey, int]], seen: Sequence[Seen],
+                  judging: MovedRanges, attempted: dict[int, dict[str, Any]],
+                  seen_values: dict[int, set[tuple[QueueKey, int]]], out: _Anomalies) -> int:
+    """`lost`, `expired` or `expired_unknown` for every acknowledged message the
+    judging reads did not return; returns how many expired ones a consumer had read."""
+    read_at: dict[int, tuple[QueueKey, int]] = {}
+    for s in seen:  # the lowest offset a value was read at, in its ack's queue
+        queue = acks.get(s.value, (None, 0, 0))[0]
+        if s.queue == queue and (s.value not in read_at or s.offset < read_at[s.value][1]):
+            read_at[s.value] = (s.queue, s.offset)
+    known: list[Ack] = []
+    missing: list[Ack] = []
+    for value, kind in outcome.items():
+        if kind != "ok" or value not in acks:
+            continue
+        queue, invoked, done = acks[value]
+        where = acked_at.get(value) or read_at.get(value)
+        ack = Ack(value, str(attempted[value].get("topic") or ""), queue,
+                  where[1] if where is not None else None, invoked, done)
+        known.append(ack)
+        if value not in final:
+            missing.append(ack)
+    bounds = OffsetBounds(known) if missing else OffsetBounds(())
+    read_live = 0
+    for ack in missing:
+        verdict, place = expiry(ack, judging, bounds)
+        consumed = ack.value in seen_values
+        example = {"value": ack.value, **place, **_brief(attempted[ack.value])}
+        if verdict == "lost":
+            out.add("lost", {**example, "consumed_before_loss": consumed})
+            if consumed:
+                out.add("lost_after_consumed", {"value": ack.value})
+        else:
+            out.add(verdict, {**example, "read_live": consumed})
+            read_live += verdict == "expired" and consumed
+    return read_live
 
 
 def _value(raw: Any) -> Any:
@@ -299,20 +384,27 @@ def _brief(invoke_value: dict[str, Any]) -> dict[str, Any]:
             if k in invoke_value}
 
 
-def _check_coverage(seen: Iterable[Seen], out: _Anomalies) -> None:
-    """Every offset from 0 to the highest read of a queue must have been read."""
+def _check_coverage(seen: Iterable[Seen], out: _Anomalies, moved: MovedRanges) -> None:
+    """Every offset from 0 to the highest read of a queue must have been read,
+    or some reader told it had been deleted (`moved`)."""
     offsets: dict[QueueKey, set[int]] = defaultdict(set)
     for s in seen:
         offsets[s.queue].add(s.offset)
     for q, got in sorted(offsets.items()):
-        missing = [o for o in range(max(got) + 1) if o not in got]
+        missing = [o for o in range(max(got) + 1) if o not in got and not moved.covers(q, o)]
         if missing:
             out.add("skipped_offsets", {"queue": list(q), "never_read": missing[:20],
                                         "count": len(missing)}, count=len(missing))
 
 
-def _check_consumer_order(seen: Iterable[Seen], out: _Anomalies) -> None:
-    """Per consumer and queue, offsets advance by one between reads of one assignment."""
+def _check_consumer_order(seen: Iterable[Seen], out: _Anomalies,
+                          moves: Sequence[Move] = ()) -> None:
+    """Per consumer and queue, offsets advance by one between reads of one
+    assignment, or across what this reader was told had been deleted in
+    between (`moves`)."""
+    by_reader: dict[tuple[int | str, QueueKey], list[Move]] = defaultdict(list)
+    for m in moves:
+        by_reader[(m.process, m.queue)].append(m)
     last: dict[tuple[int | str, QueueKey], Seen] = {}
     for s in seen:
         key = (s.process, s.queue)
@@ -326,6 +418,10 @@ def _check_consumer_order(seen: Iterable[Seen], out: _Anomalies) -> None:
         elif s.offset <= prev.offset:
             out.add("backward_offsets", {"queue": list(s.queue), "process": s.process,
                                          "from": prev.offset, "to": s.offset})
+        elif MovedRanges(m for m in by_reader.get(key, ())
+                         if prev.index < m.index < s.index).covers_all(
+                             s.queue, prev.offset + 1, s.offset):
+            continue  # told those offsets were deleted, between the two reads
         else:
             out.add("skipped_offsets", {"queue": list(s.queue), "process": s.process,
                                         "from": prev.offset, "to": s.offset})

@@ -1,7 +1,7 @@
 """The long evidence matrix: every nemesis, 3 and 5 nodes, plus the bite runs.
 
     python -m chaos.matrix --out chaos-matrix [--time-limit 60] [--only NAME,...]
-                           [--security open|secure|open,secure] [--secure]
+                           [--security open|secure|open,secure] [--secure] [--retention]
 
 Part 1 (must be valid): flush=sync, replicate=sync, every nemesis alone and
 the power-loss composites, on 3 and 5 nodes, `--time-limit` seconds each.
@@ -15,6 +15,20 @@ runs every cell above with authentication and TLS on every port and the
 workload as an ACL user (chaos.security), named `secure-<cell>`, with the
 same expectations: a sync cell must stay valid, a bite cell must still bite.
 `--security open,secure` runs both.
+
+Retention is another (`--retention`): instead of the cells above, the
+flush=sync, replicate=sync cells (every nemesis alone, the composites and
+the power loss of every node), named `retention-<cell>`, run with
+chaos.retention's small segments, small `retention_bytes` and frequent
+snapshots, so segments are deleted while the faults run and a node down
+for a fault period rejoins by snapshot install. Each must be valid (0 lost
+among the acknowledged messages still inside retention when the drain
+read) and must show deletions (a run where no node deleted a segment is
+not valid). One bite runs with them: replicate=async with the leader cut
+off must still report lost acknowledged messages with retention on (the
+expired ones never hide a loss). The rows add `expired`,
+`expired_unknown`, segments deleted, the highest first index and the
+installs per cell.
 
 Writes one run directory per cell and `matrix.json` (one summary row per
 run, with the nodes that did not come back); exits 1 if a sync cell is
@@ -30,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.nemesis import REGISTRY
+from chaos.retention import RetentionSpec
 from chaos.runner import RunConfig, main_log, run
 from chaos.schedule import Schedule
 
@@ -82,6 +97,18 @@ def cells(nodes: list[int], securities: tuple[str, ...] = ("open",)) -> list[dic
     return out
 
 
+def retention_cells(nodes: list[int]) -> list[dict[str, Any]]:
+    """The retention dimension: every sync cell of `nodes` and the
+    replicate=async partition-leader bite, renamed `retention-<name>`,
+    with `retention: True`."""
+    every = _cells(nodes)
+    base = [c for c in every if c["name"].startswith("sync-")
+            or c["name"].startswith("flush-sync-power-loss")]
+    bite = next(c for c in every if c["name"] == "async-partition-leader")
+    return [dict(c, name=f"retention-{c['name']}", retention=True, secure=False)
+            for c in (*base, bite)]
+
+
 def _cells(nodes: list[int]) -> list[dict[str, Any]]:
     out = []
     for n in nodes:
@@ -111,15 +138,35 @@ def _cells(nodes: list[int]) -> list[dict[str, Any]]:
 
 def cell_passed(expect: str, results: dict[str, Any]) -> bool:
     """A run's verdict for its cell: "valid" must be valid (checker, run,
-    nodes, convergence), "lost" must lose acknowledged messages (the checker
-    bites) with every node back and caught up afterwards, "report" passes."""
+    nodes, convergence; with retention, segments deleted), "lost" must lose
+    acknowledged messages (the checker bites) with every node back and caught
+    up afterwards (with retention: and segments deleted), "report" passes."""
     if expect == "valid":
         return bool(results["valid"])
     if expect == "lost":
         convergence = results["phases"].get("convergence") or {}
+        exercised = not results.get("retention") or bool(
+            results["retention"]["nodes_with_deletions"])
         return (results["checker"]["counts"]["lost"] > 0 and bool(results["nodes"]["ok"])
-                and bool(convergence.get("converged")))
+                and bool(convergence.get("converged")) and exercised)
     return True
+
+
+def retention_row(results: dict[str, Any]) -> dict[str, Any]:
+    """A retention run's figures for its matrix row (nothing for other runs)."""
+    kept = results.get("retention")
+    if kept is None:
+        return {}
+    counts = results["checker"]["counts"]
+    return {"lost": counts["lost"], "expired": counts["expired"],
+            "expired_unknown": counts["expired_unknown"],
+            "expired_read_live": results["checker"]["retention"]["expired_read_live"],
+            "moved_forward": counts["moved_forward"],
+            "segments_deleted": kept["segments_deleted"],
+            "segments_gone_per_node": {n: v["disk"].get("segments_gone")
+                                       for n, v in kept["nodes"].items()},
+            "first_index_max": kept["first_index_max"], "installs": kept["installs"],
+            "nodes_installed": kept["nodes_installed"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--security", default="open",
                         help="comma-separated: open, secure (auth + TLS + an ACL user)")
     parser.add_argument("--secure", action="store_true", help="same as --security secure")
+    parser.add_argument("--retention", action="store_true",
+                        help="the retention cells instead (small segments, small "
+                             "retention_bytes, frequent snapshots; see chaos.retention)")
+    parser.add_argument("--retention-bytes", type=int, default=RetentionSpec.retention_bytes)
+    parser.add_argument("--segment-size-bytes", type=int,
+                        default=RetentionSpec.segment_size_bytes)
     args = parser.parse_args(argv)
     securities = ("secure",) if args.secure else tuple(s for s in args.security.split(",") if s)
     base = Path(args.out)
@@ -142,7 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     ok = True
     try:
-        planned = cells([int(n) for n in args.nodes.split(",")], securities)
+        node_counts = [int(n) for n in args.nodes.split(",")]
+        planned = (retention_cells(node_counts) if args.retention
+                   else cells(node_counts, securities))
+        retention = RetentionSpec(retention_bytes=args.retention_bytes,
+                                  segment_size_bytes=args.segment_size_bytes,
+                                  snapshot_interval_bytes=args.segment_size_bytes // 2)
     except ValueError as exc:
         parser.error(str(exc))
     for cell in planned:
@@ -154,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                            replicate=cell["replicate"], seed=args.seed,
                            schedule=Schedule("fixed", 10, 10), log_level="WARNING",
                            broker_config=cell.get("broker_config", {}),
-                           secure=cell["secure"])
+                           secure=cell["secure"],
+                           retention=retention if cell.get("retention") else None)
         try:
             results = run(config, log=main_log)
         except Exception as exc:
@@ -171,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                      "converged": (results["phases"].get("convergence") or {}).get("converged"),
                      "restart_failures": len(nodes["restart_failures"]),
                      "down_at_end": nodes["down_at_end"], "allowed_down": nodes["allowed_down"],
-                     "invalid_because": results["invalid_because"]})
+                     "invalid_because": results["invalid_because"],
+                     **retention_row(results)})
         (base / "matrix.json").write_text(json.dumps(rows, indent=1) + "\n")
         main_log(f"matrix: {cell['name']}: {'PASS' if passed else 'FAIL'} {rows[-1]}")
     (base / "matrix.json").write_text(json.dumps(rows, indent=1) + "\n")

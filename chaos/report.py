@@ -104,6 +104,7 @@ def write_index(results: dict[str, Any], out: str | Path) -> Path:
     colour = "#2a9d8f" if valid else "#e63946"
     because = "".join(f"<li>{html.escape(r)}</li>" for r in results.get("invalid_because", []))
     nodes = _nodes_section(results.get("nodes", {}))
+    retention = _retention_section(results.get("retention"), check.get("retention", {}))
     rows = "".join(
         f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>"
         for k, v in check.get("counts", {}).items())
@@ -140,6 +141,7 @@ pre{{background:#f6f6f6;padding:8px;overflow:auto}}</style></head><body>
 <h2>Anomalies</h2><table><tr><th>kind</th><th>count</th></tr>{rows}</table>
 <p>Violations: {html.escape(", ".join(check.get("bad_kinds", [])) or "none")}</p>
 {nodes}
+{retention}
 <h2>Faults and unavailability</h2>
 <table><tr><th>nemesis</th><th>start (s)</th><th>end (s)</th>
 <th>longest gap without acks (s)</th></tr>
@@ -177,6 +179,30 @@ def _nodes_section(nodes: dict[str, Any]) -> str:
                      f"{html.escape(str(f.get('exit_status')))}</p>"
                      f"<pre>{html.escape(chr(10).join(f.get('log_tail', [])))}</pre>")
     return "\n".join(parts)
+
+
+def _retention_section(kept: dict[str, Any] | None, checked: dict[str, Any]) -> str:
+    """Retention runs: the settings, what each node deleted and installed, and
+    what the checker counted as expired (never as read)."""
+    if not kept:
+        return ""
+    rows = "".join(
+        f"<tr><td>n{html.escape(n)}</td><td>{v.get('first_index_first')}</td>"
+        f"<td>{v.get('first_index_last')}</td><td>{v.get('first_index_moves', 0)}</td>"
+        f"<td>{v['disk'].get('segments_gone')}</td><td>{v['disk'].get('segments')}</td>"
+        f"<td>{v.get('snapshots_written', 0)}</td><td>{v.get('installs_received', 0)}</td>"
+        f"<td>{v.get('installs_sent', 0)}</td></tr>"
+        for n, v in kept["nodes"].items())
+    settings = html.escape(json.dumps(kept["settings"]))
+    return f"""<h2>Retention</h2><p>Settings: {settings}</p>
+<table><tr><th>node</th><th>first index (first sample)</th><th>first index (last)</th>
+<th>times it moved</th><th>segments gone</th><th>segments left</th>
+<th>snapshots written</th><th>installs received</th><th>installs sent</th></tr>
+{rows}</table>
+<p>Expired (the drain was told they were deleted): {checked.get('expired', 0)}, of which
+read live before: {checked.get('expired_read_live', 0)}; cannot tell expired from lost:
+{checked.get('expired_unknown', 0)}; where the drain was moved to:
+{html.escape(json.dumps(checked.get('drain_floor', {})))}</p>"""
 
 
 def write_report(ops: Sequence[Op], results: dict[str, Any], out: str | Path) -> None:

@@ -17,6 +17,16 @@ With `secure`, the cluster runs with authentication and TLS on every port
 and the workload as an ACL user (chaos.security); everything else, the
 nemeses and the verdicts included, is the same.
 
+With `retention` (chaos.retention), every node runs with small segments, a
+small `retention_bytes` and frequent snapshots, so retention deletes
+segments while the faults run; every node's BROKER_STATUS is sampled once a
+second (first index, snapshots, installs) and each data directory's
+remaining segments are listed after the run: `results.json`'s `retention`
+section. The checker then counts unread acknowledged messages the drain was
+told were deleted as `expired`, never as valid reads, and every other one
+as lost; a retention run in which no node deleted a segment is not valid
+(it did not test what it was asked to).
+
 A run is valid only when the checker finds nothing, the run finished, every
 node that is up caught up, and every node came back (chaos.node_report;
 `may_stay_down=1` on a nemesis is the explicit way to accept a node that
@@ -52,6 +62,13 @@ from chaos.convergence import check_converged
 from chaos.history import History
 from chaos.node_report import node_report
 from chaos.report import write_report
+from chaos.retention import (
+    RetentionMonitor,
+    RetentionSpec,
+    disk_evidence,
+    retention_problems,
+    summarize,
+)
 from chaos.schedule import Schedule, run_schedule
 from chaos.stats import latencies, latency_summary, unavailability
 from chaos.workload import Workload, WorkloadSpec, find_leader, node_status, wait_leader
@@ -84,6 +101,9 @@ class RunConfig:
     # Authentication and TLS on every port, the workload as an ACL user
     # (chaos.security).
     secure: bool = False
+    # Retention small enough to delete segments during the run (chaos.retention);
+    # None: the brokers' defaults (72 h, no size limit: nothing is deleted).
+    retention: RetentionSpec | None = None
 
 
 @dataclass
@@ -94,6 +114,8 @@ class NodeState:
     restarts: list[dict[str, Any]] = field(default_factory=list)
     # Each node's state after the final heal; None if the run did not get there.
     final: dict[int, dict[str, Any]] | None = None
+    # Retention runs: what the status monitor saw of each node.
+    retention: dict[str, dict[str, Any]] | None = None
 
 
 def make_backend(config: RunConfig, spec: ClusterSpec, log: Callable[[str], None],
@@ -115,10 +137,15 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
     rng = random.Random(seed)
     nemeses = nemesis_lib.parse(config.nemesis)
     wanted = nemesis_lib.needs(nemeses)
+    extra = dict(config.broker_config)
+    segment_size = ClusterSpec.segment_size_bytes
+    if config.retention is not None:
+        extra.update(config.retention.broker_config())
+        segment_size = config.retention.segment_size_bytes
     spec = ClusterSpec(nodes=config.nodes, flush=config.flush, replicate=config.replicate,
                        proxied="delay" in wanted, faketime="clock" in wanted,
-                       log_level=config.log_level, extra=dict(config.broker_config),
-                       secure=config.secure)
+                       log_level=config.log_level, extra=extra, secure=config.secure,
+                       segment_size_bytes=segment_size)
     out = Path(config.out)
     if (out / "history.jsonl").exists() or (out / "data").exists():
         # An earlier run's data directories would be started as this run's
@@ -127,6 +154,7 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
     out.mkdir(parents=True, exist_ok=True)
     history = History(out / "history.jsonl")
     params = {**asdict(config), "out": str(out), "seed": seed,
+              "retention": config.retention.to_json() if config.retention else None,
               "schedule": asdict(config.schedule), "nemeses": [n.name for n in nemeses]}
     log(f"chaos: run {json.dumps(params, default=str)}")
     backend = make_backend(config, spec, log, seed)
@@ -152,7 +180,7 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
         "valid": None,
         "invalid_because": [],
         "run": params,
-        "checker": check(ops),
+        "checker": check(ops, retention=config.retention is not None),
         "nodes": node_report(node_state.restarts, node_state.final),
         "availability": unavailability(ops),
         "latency": latency_summary(latencies(ops)),
@@ -160,6 +188,11 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
         "capabilities": backend.capabilities(),
         "collected": collected,
     }
+    if config.retention is not None:
+        results["retention"] = summarize(
+            config.retention, node_state.retention,
+            disk_evidence({n: backend.data_dir(n) for n in backend.node_ids},
+                          config.retention.segment_size_bytes))
     reasons = verdict_reasons(results)
     results["valid"] = not reasons
     results["invalid_because"] = reasons
@@ -178,6 +211,8 @@ def verdict_reasons(results: dict[str, Any]) -> list[str]:
     if results["phases"].get("error"):
         reasons.append(f"the run did not finish: {results['phases']['error']}")
     reasons += results["nodes"]["problems"]
+    if results.get("retention") is not None:
+        reasons += retention_problems(results["retention"])
     convergence = results["phases"].get("convergence")
     if convergence is not None and not convergence["converged"]:
         reasons.append(f"nodes {convergence['behind']} did not catch up with the leader's "
@@ -252,6 +287,31 @@ async def _clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_li
                                      producers=config.producers, consumers=config.consumers),
                         backend.namesrv_address, history, security, list(addresses.values()))
     await workload.setup()
+    monitor = None
+    if config.retention is not None:
+        monitor = RetentionMonitor(addresses, status_of)
+        monitor.start()
+    try:
+        await _exercise(config, backend, nemeses, history, rng, outcome, node_state, log,
+                        loop, workload, phase)
+    finally:
+        if monitor is not None:
+            # Also when the run fails half-way: what retention did so far.
+            await monitor.stop()
+            node_state.retention = monitor.to_json()
+            outcome["moved_forward"] = workload.moves
+    phase("done")
+
+
+async def _exercise(config: RunConfig, backend: Backend, nemeses: list[nemesis_lib.Nemesis],
+                    history: History, rng: random.Random, outcome: dict[str, Any],
+                    node_state: NodeState, log: Callable[[str], None],
+                    loop: asyncio.AbstractEventLoop, workload: Workload,
+                    phase: Callable[[str], None]) -> None:
+    """The workload under the nemeses, the final heal, the drain, convergence."""
+    addresses = {n: backend.client_address(n) for n in backend.node_ids}
+    security = backend.client_security
+    status_of = functools.partial(node_status, security=security)
     if security.secure:
         outcome["security"] = {"auth": True, "tls": security.tls is not None,
                                "workload_user": workload.acl_user}
@@ -286,7 +346,6 @@ async def _clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_li
     if not outcome["convergence"]["converged"]:
         log(f"chaos: nodes {outcome['convergence']['behind']} did not catch up with the "
             f"leader's commit {outcome['convergence']['target_commit']}")
-    phase("done")
 
 
 async def _check_nodes(backend: Backend, timeout: float,

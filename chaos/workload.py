@@ -23,6 +23,21 @@ consumer's rebalance count, so the checker can tell a rebalance reset from a
 backwards step. The drain, after the faults are healed, reads every queue
 from offset 0 with a fresh `PullConsumer` until nothing new arrives.
 
+With retention on, a read below a queue's first retained message is
+answered "moved forward" (OFFSET_MOVED). Every such jump a reader makes is a
+`moved` ok op: `{"topic", "group", "queue", "from", "to", "min_offset",
+"drain"}`, recorded when the reader learns it (so with its time), meaning
+"offsets [from, to) of this queue were answered as deleted". The drain runs
+with `on_offset_moved="error"` and continues itself, so its `to` is exactly
+the `min_offset` the broker answered. The consumers keep the client's
+default ("earliest": the client continues by itself and only says
+`moved_from` in the pull's result); the workload wraps each consumer's
+pulls to record it, with `to` = the first offset that pull returned (or its
+`next_offset` when it returned nothing), the offset the client continued
+from. The checker (chaos.checker) counts an acknowledged message that was
+not read as `expired` only when the reads that passed its offset were such
+jumps.
+
 In a secured run (chaos.security) the producers, consumers and the drain
 authenticate over TLS as the run's ACL user, which may publish and subscribe
 to the run's topic and its two groups and nothing else; the topic and the
@@ -50,10 +65,11 @@ from ledgermq.base.errors import (
     InvalidRequestError,
     MessageTooLargeError,
     NoPermissionError,
+    OffsetMovedError,
     UnknownTopicError,
 )
 from ledgermq.client import Producer, PullConsumer, PushConsumer
-from ledgermq.client.model import MessageQueue, ReceivedMessage
+from ledgermq.client.model import MessageQueue, PullResult, ReceivedMessage
 from ledgermq.wire import RpcClient
 
 DEFINITE_FAILURES = (UnknownTopicError, MessageTooLargeError, NoPermissionError,
@@ -160,6 +176,7 @@ class Workload:
         self._tasks: list[asyncio.Task[None]] = []
         self._consumers: list[PushConsumer] = []
         self.acked = 0
+        self.moves = 0  # "moved forward" jumps recorded (consumers and drain)
         self.acl_user: dict[str, Any] | None = None  # secured runs: the workload's user
 
     async def setup(self, timeout: float = 60.0) -> None:
@@ -259,6 +276,7 @@ class Workload:
         consumer = PushConsumer([self.namesrv], self.spec.group, self.spec.topic, on_message,
                                 client_id=f"chaos-consumer-{index}", long_poll_ms=500,
                                 batch_size=64, **self.security.as_user())
+        self._record_moves(consumer.puller, process)
         holder.append(consumer)
         deadline = time.monotonic() + 60
         while True:
@@ -271,12 +289,44 @@ class Workload:
                 await asyncio.sleep(0.5)
         self._consumers.append(consumer)
 
+    def _record_moves(self, puller: PullConsumer, process: int) -> None:
+        """Record every "moved forward" jump of `puller`'s pulls as a `moved` op.
+
+        The client continues past a deleted offset by itself and tells only
+        the pull's caller (`PullResult.moved_from`); the PushConsumer that
+        calls it has no hook for that, so its puller's `pull` is wrapped here.
+        The wrapper changes nothing in what the pull does or returns."""
+        pull = puller.pull
+
+        async def recording_pull(mq: MessageQueue, offset: int, *args: Any,
+                                 **kwargs: Any) -> PullResult:
+            result = await pull(mq, offset, *args, **kwargs)
+            if result.moved_from is not None:
+                to = result.messages[0].queue_offset if result.messages else result.next_offset
+                self.record_moved(process, mq, result.moved_from, to, result.min_offset,
+                                  drain=False)
+            return result
+
+        puller.pull = recording_pull  # type: ignore[method-assign]
+
+    def record_moved(self, process: int, mq: MessageQueue, start: int, to: int,
+                     min_offset: int | None, *, drain: bool) -> None:
+        """Offsets [start, to) of `mq` were answered "moved forward" to this reader."""
+        self.moves += 1
+        self.history.record(process, "ok", "moved", {
+            "topic": mq.topic, "group": mq.group, "queue": mq.queue_id, "from": start,
+            "to": to, "min_offset": min_offset, "drain": drain})
+
     # ------------------------------------------------------------ drain
 
     async def drain(self, timeout: float = 90.0, quiet_passes: int = 3) -> int:
-        """Read every queue from offset 0 until `quiet_passes` passes find nothing new."""
+        """Read every queue from offset 0 until `quiet_passes` passes find nothing new.
+
+        A queue whose start was deleted by retention is answered "moved
+        forward": the drain records the jump and continues from the
+        `min_offset` the broker named."""
         puller = PullConsumer([self.namesrv], DRAIN_GROUP, timeout=3.0, name="chaos-drain",
-                              **self.security.as_user())
+                              on_offset_moved="error", **self.security.as_user())
         deadline = time.monotonic() + timeout
         next_offset: dict[MessageQueue, int] = {}
         total = 0
@@ -306,6 +356,13 @@ class Workload:
             offset = next_offset.get(mq, 0)
             try:
                 result = await puller.pull(mq, offset, 256)
+            except OffsetMovedError as exc:
+                lo = exc.min_offset
+                if lo is None or lo <= offset:
+                    return got  # not a jump forward: nothing to continue from
+                self.record_moved(DRAIN_PROCESS, mq, offset, lo, lo, drain=True)
+                next_offset[mq] = lo
+                continue
             except Exception:
                 return got
             if result.messages:

@@ -49,6 +49,13 @@ class Builder:
         self.h.record(process, "ok", "poll", {"epoch": epoch, "drain": drain, "messages": out},
                       time_ns=self._tick())
 
+    def moved(self, process: int | str, queue: int, start: int, to: int, *,
+              drain: bool = False) -> None:
+        """The reader was answered "moved forward": [start, to) of `queue` deleted."""
+        self.h.record(process, "ok", "moved", {"topic": TOPIC, "group": GROUP, "queue": queue,
+                                               "from": start, "to": to, "min_offset": to,
+                                               "drain": drain}, time_ns=self._tick())
+
     def nemesis(self, f: str, name: str) -> None:
         self.h.record("nemesis", "info", f, {"nemesis": name}, time_ns=self._tick())
 

@@ -136,8 +136,9 @@ def test_lost_is_judged_by_the_drain() -> None:
     b.poll("drain", [(1, 0, 0)], drain=True)   # ... but 2 is gone when the drain reads
     result = check(b.ops)
     assert result["counts"]["lost"] == 1 and result["counts"]["lost_after_consumed"] == 1
-    assert result["examples"]["lost"][0] == {"value": 2, "consumed_before_loss": True,
-                                             "topic": "t", "producer_id": 1, "sequence": 2}
+    assert result["examples"]["lost"][0] == {"value": 2, "queue": ["g", "t", 0], "offset": 1,
+                                             "consumed_before_loss": True, "topic": "t",
+                                             "producer_id": 1, "sequence": 2}
 
 
 def test_an_ack_must_name_where_the_value_was_read() -> None:

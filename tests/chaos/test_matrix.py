@@ -54,3 +54,31 @@ def test_the_cli_runs_the_matrix_and_refuses_an_unknown_security_mode(tmp_path) 
     none = cli("--secure", "--only", "no-such-cell", "--out", str(tmp_path / "none"))
     assert none.returncode == 0, none.stderr[-2000:]
     assert json.loads((tmp_path / "none" / "matrix.json").read_text()) == []
+
+
+def test_the_retention_cells_are_the_sync_cells_and_a_bite() -> None:
+    from chaos.matrix import retention_cells
+
+    by_name = {c["name"]: c for c in retention_cells([3])}
+    sync = {n for n in by_name if n != "retention-async-partition-leader"}
+    assert {n.removeprefix("retention-") for n in sync} == {
+        c["name"] for c in cells([3]) if c["name"].startswith("sync-")} | {
+        "flush-sync-power-loss"}
+    assert all(by_name[n]["expect"] == "valid" and by_name[n]["flush"] == "sync"
+               and by_name[n]["replicate"] == "sync" for n in sync)
+    for wanted in ("kill-leader", "partition-leader", "pause", "power-loss_targets=one+pause",
+                   "kill-leader+partition-halves"):
+        assert f"retention-sync-{wanted}-3n" in by_name
+    assert by_name["retention-async-partition-leader"]["expect"] == "lost"
+    assert all(c["retention"] and not c["secure"] for c in by_name.values())
+
+
+def test_a_retention_cell_must_show_deletions() -> None:
+    def results(lost: int, deleted_on: list[int]) -> dict:
+        return {"valid": False, "checker": {"counts": {"lost": lost}}, "nodes": {"ok": True},
+                "phases": {"convergence": {"converged": True}},
+                "retention": {"nodes_with_deletions": deleted_on}}
+
+    assert cell_passed("lost", results(5, [1, 2, 3]))
+    # A bite in a run where retention deleted nothing says nothing about retention.
+    assert not cell_passed("lost", results(5, []))

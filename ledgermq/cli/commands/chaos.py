@@ -4,8 +4,12 @@ matrix, the nemeses.
 `chaos run` exits 0 when the checker finds nothing wrong, 1 when it finds an
 anomaly (or the run could not complete), 2 when a requested fault cannot be
 injected on this machine. `--secure` runs the cluster with authentication and
-TLS on every port and the workload as an ACL user (docs/chaos.md). `chaos
-matrix` runs `python -m chaos.matrix` (exit 1 when a cell fails).
+TLS on every port and the workload as an ACL user (docs/chaos.md).
+`--retention-bytes N` runs the brokers with retention small enough to delete
+segments during the run (small segments, frequent snapshots; chaos.retention)
+and reports what was deleted and installed. `chaos matrix` runs `python -m
+chaos.matrix` (exit 1 when a cell fails; `--retention` for the retention
+cells).
 """
 
 from __future__ import annotations
@@ -54,12 +58,28 @@ def register(app: typer.Typer) -> None:
         consumers: int = typer.Option(2, help="Consumers in the group."),
         secure: bool = typer.Option(False, "--secure", help="Authentication and TLS on every "
                                     "port, the workload as an ACL user."),
+        retention_bytes: int = typer.Option(0, "--retention-bytes", help="Retention on: keep "
+                                            "about this many bytes of log per node (0: off)."),
+        segment_size_bytes: int = typer.Option(0, "--segment-size-bytes", help="CommitLog "
+                                               "segment size (0: 32 KiB with retention, else "
+                                               "the harness's 4 MiB)."),
+        retention_interval_ms: int = typer.Option(500, "--retention-interval-ms",
+                                                  help="With retention: how often the "
+                                                  "leader checks."),
+        snapshot_interval_bytes: int = typer.Option(0, "--snapshot-interval-bytes",
+                                                    help="With retention: a snapshot every "
+                                                    "this many bytes of log (0: half a "
+                                                    "segment)."),
+        snapshot_interval_entries: int = typer.Option(200, "--snapshot-interval-entries",
+                                                      help="With retention: a snapshot every "
+                                                      "this many entries."),
     ) -> None:
         """Run one chaos test; the report lands in --out (index.html, results.json)."""
         import time
         from pathlib import Path
 
         from chaos.backend import CannotInject
+        from chaos.retention import RetentionSpec
         from chaos.runner import RunConfig, main_log
         from chaos.runner import run as run_chaos
         from chaos.schedule import Schedule
@@ -69,11 +89,26 @@ def register(app: typer.Typer) -> None:
         for name, value in (("flush", flush), ("replicate", replicate)):
             if value not in ("sync", "async"):
                 raise typer.BadParameter(f"--{name} must be sync or async")
+        retention = None
+        broker_config = {}
+        try:
+            if retention_bytes:
+                segment = segment_size_bytes or RetentionSpec.segment_size_bytes
+                retention = RetentionSpec(
+                    retention_bytes=retention_bytes, segment_size_bytes=segment,
+                    retention_interval_ms=retention_interval_ms,
+                    snapshot_interval_bytes=snapshot_interval_bytes or segment // 2,
+                    snapshot_interval_entries=snapshot_interval_entries)
+            elif segment_size_bytes:
+                broker_config["segment_size_bytes"] = segment_size_bytes
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
         directory = Path(out or f"chaos-runs/{time.strftime('%Y%m%d-%H%M%S')}")
         config = RunConfig(out=directory, nodes=nodes, nemesis=nemesis, time_limit=time_limit,
                            rate=rate, flush=flush, replicate=replicate, backend=backend,
                            seed=seed, schedule=Schedule(schedule, on, off),
-                           producers=producers, consumers=consumers, secure=secure)
+                           producers=producers, consumers=consumers, secure=secure,
+                           broker_config=broker_config, retention=retention)
         try:
             results = run_chaos(config, log=main_log)
         except CannotInject as exc:
@@ -85,5 +120,13 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"valid: {results['valid']}  sends: {check['sends']}")
         typer.echo(f"anomalies: {({k: v for k, v in check['counts'].items() if v})}")
         typer.echo(f"longest unavailability: {results['availability']['longest_s']} s")
+        if "retention" in results:
+            kept = results["retention"]
+            typer.echo(f"retention: {kept['segments_deleted']} segments deleted (nodes "
+                       f"{kept['nodes_with_deletions']}), first index up to "
+                       f"{kept['first_index_max']}, {kept['installs']} installs (nodes "
+                       f"{kept['nodes_installed']}); expired {check['counts']['expired']}, "
+                       f"expired_unknown {check['counts']['expired_unknown']}, lost "
+                       f"{check['counts']['lost']}")
         typer.echo(f"report: {directory / 'index.html'}")
         raise typer.Exit(0 if results["valid"] else 1)
