@@ -46,7 +46,7 @@ Prints one JSON document; `--plot` writes the disk-usage-over-time PNG and
 `--samples-out` the raw samples.
 
     .venv/bin/python bench/retention_soak.py [--total-gb 20] [--disk-limit-gb 2]
-        [--segment-mb 64] [--body-kb 64] [--plot bench/results/retention_soak.png]
+        [--segment-mb 64] [--body-kb 64] [--plot docs/retention_soak.png]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Retention: which CommitLog segments go, agreed through the log, and the
 disk watermarks that protect a broker's disk.
 
-Three parts, one per question:
+Four parts, one per question:
 
 - **Where may the log start?** The leader runs the policy
   (`broker.retention_policy.trim_point`: age, size, soft disk watermark,
@@ -23,6 +23,10 @@ Three parts, one per question:
   measures how much the log grew from the previous pass's decision to its
   own deletions, and the policy cuts the most of the recent such growths
   below `retention_bytes` (`TrimDecision.headroom`).
+- **May this broker take more messages?** Above `disk_hard_ratio` the leader
+  refuses SEND_MESSAGES with DISK_FULL (control operations, offset commits
+  and trims still pass: they free space or are tiny), counts the refusal and
+  logs the crossing once.
 
 Passes run every `retention_interval_ms`, and also whenever one can delete
 more (`note_applied`, after every applied batch): on the leader when its log
@@ -35,10 +39,6 @@ policy's limit on the leader, the local bound on any replica) it writes one
 at once rather than waiting for the snapshot schedule; when its ConsumeQueue
 checkpoint is (the server writes one every `cq_checkpoint_interval_ms`), it
 looks again one checkpoint interval later rather than a retention interval.
-- **May this broker take more messages?** Above `disk_hard_ratio` the leader
-  refuses SEND_MESSAGES with DISK_FULL (control operations, offset commits
-  and trims still pass: they free space or are tiny), counts the refusal and
-  logs the crossing once.
 
 The CommitLog and ConsumeQueues belong to the event loop (they are not
 thread-safe), so deletions run there, one segment per step with a yield in
