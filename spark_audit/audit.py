@@ -260,7 +260,10 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         matched = pa.concat_tables([checks.lookup_keys(gid, committed[gid], keys)
                                     for gid in groups])
         floors = {gid: st.retained_from for gid, st in groups.items()}
-        hf, hstats = history.check_history(hist_msgs, matched, gids, opts.max_examples, floors)
+        away = {gid: [(g.pos_lo, g.pos_hi) for g in st.retained_away]
+                for gid, st in groups.items()}
+        hf, hstats = history.check_history(hist_msgs, matched, gids, opts.max_examples, floors,
+                                           away)
         hstats["body_digests"] = sum(len(d) for d in digests.values())
         hstats["ops"] = nops
         found.append(hf)

@@ -5,7 +5,10 @@ Six checks, each producing rows of ``FINDING_SCHEMA``:
 - ``corruption``: CRC, magic, size and record-layout failures, with file and offset.
 - ``lost_offsets``: Raft index / position / term anomalies along one replica's
   log, durable or committed entries missing, under-replicated committed
-  entries, ConsumeQueue holes, acknowledged sends not in the log.
+  entries (counting the replicas whose retention vouches for them,
+  ``retained``), committed ranges retention removed from every replica
+  (``retained_away``, info), ConsumeQueue holes, acknowledged sends not in
+  the log.
 - ``divergence``: a replica whose committed prefix differs from the quorum.
 - ``duplicates``: one client identity at two positions, a message indexed
   twice, a ConsumeQueue slot pointing at different messages on two replicas.
@@ -29,7 +32,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_audit import fmt
+from spark_audit import fmt, retained
 
 CHECKS = ("corruption", "lost_offsets", "divergence", "duplicates", "index_validity", "history")
 VIOLATION, INFO = "violation", "info"
@@ -130,6 +133,12 @@ class SnapshotFiles:
     state_length: int = 0
     state_crc: int = 0
 
+    def usable(self) -> bool:
+        """The snapshot can restore a state: meta decoded, named right, state verified."""
+        m = self.meta
+        return (m is not None and m.index == self.index and self.state_fid >= 0
+                and self.state_length == m.state_bytes and self.state_crc == m.state_crc)
+
 
 @dataclass
 class ReplicaMeta:
@@ -166,6 +175,39 @@ class ReplicaMeta:
         """Snapshots whose meta decoded, oldest first (their state is checked apart)."""
         return [s.meta for _, s in sorted(self.snapshots.items()) if s.meta is not None]
 
+    def newest_usable(self) -> fmt.SnapshotMeta | None:
+        """The newest usable snapshot (what this replica's broker would restore)."""
+        for _, snap in sorted(self.snapshots.items(), reverse=True):
+            if snap.usable() and snap.meta is not None:
+                return snap.meta
+        return None
+
+    def vouched_through(self) -> int:
+        """The last index this replica's retention vouches for (``retained``), 0 for none.
+
+        A log cut at F (``trimmed``) with a usable snapshot at S held every index
+        up to min(F - 1, S), and each of them was committed: the broker
+        snapshots only applied entries, and retention removes only what a
+        snapshot covers.
+        """
+        snap = self.newest_usable() if self.trimmed else None
+        return min(self.first_index - 1, snap.index) if snap is not None else 0
+
+    def should_hold(self) -> tuple[int, int] | None:
+        """The index range this replica's files say it holds: from its checkpoint's
+        first index (its first entry when retention cut it) to its last entry,
+        but not past its durable index: a crash may leave the tail beyond that
+        damaged (``torn_tail``), and recovery cuts it."""
+        if not self.entries:
+            return None
+        cp = self.checkpoint
+        if cp is None:
+            return self.first_index, self.last_index
+        start = self.first_index if self.trimmed else min(self.first_index,
+                                                          max(cp.first_index, 1))
+        end = min(self.last_index, cp.durable_index)
+        return (start, end) if start <= end else None
+
 
 @dataclass
 class GroupState:
@@ -190,6 +232,9 @@ class GroupState:
     # that position retention removed the log everywhere (0: nothing removed).
     retained_first: int = 0
     retained_from: int = 0
+    # Committed indexes no replica holds or should hold, which a majority's
+    # retention removed after a snapshot (``retained``).
+    retained_away: list[retained.Gap] = field(default_factory=list)
 
 
 def infer_segment_size(starts: list[int]) -> int:
@@ -333,8 +378,11 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
     for flag in ("refuted", "confirmed"):  # body verdicts (``bodies``), when a history has them
         if flag not in df.columns:
             df[flag] = False
+    if "crc_ok" not in df.columns:
+        df["crc_ok"] = True
     votes = df.drop_duplicates(["rid", "index"]).groupby(key, sort=False).agg(
-        votes=("rid", "size"), refuted=("refuted", "any"), confirmed=("confirmed", "any"))
+        votes=("rid", "size"), refuted=("refuted", "any"), confirmed=("confirmed", "any"),
+        intact=("crc_ok", "any"))
     votes = votes.reset_index()
     # A version the history refutes never wins an index while another exists.
     best = votes.sort_values(["index", "refuted", "votes"], ascending=[True, True, False],
@@ -342,27 +390,29 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
     open_versions = votes[~votes["refuted"]].groupby("index").size()
     alone = best["index"].map(open_versions).fillna(0).to_numpy() == 1
     # The only version the history does not refute, and one it confirms, holds its
-    # index even without a majority: the others hold bodies nobody sent.
-    vouched = (best["votes"] < majority) & best["confirmed"] & ~best["refuted"] & alone
-    # A replica whose log retention cut at F had every index below F committed
-    # (retention only removes what a snapshot of applied entries covers): it
-    # counts for an index below F when the replicas still holding it agree on
-    # one version, which it must have held too. Inside the range every replica
-    # keeps, nothing changes.
-    cut = np.sort(np.array([m.first_index for m in state.replicas.values() if m.trimmed],
-                           np.int64))
-    removed = len(cut) - np.searchsorted(cut, best["index"].to_numpy(), side="right")
+    # index even without a majority: the others hold bodies nobody sent. Not
+    # from a damaged copy (body CRC failed), which is not the entry as sent.
+    vouched = ((best["votes"] < majority) & best["confirmed"] & ~best["refuted"] & alone
+               & best["intact"])
+    # Retention (``retained``): a replica whose log was cut past an index, with a
+    # snapshot covering it, held that index once and it was committed. It counts
+    # toward the majority of an index it removed when the replicas still holding
+    # it agree on one intact version (or the history confirms the only version
+    # it does not refute), which it must have held too. Inside the range every
+    # replica keeps, nothing changes.
+    limits = np.array([t for t in (m.vouched_through() for m in state.replicas.values()) if t],
+                      np.int64)
+    vouching = retained.vouched_counts(limits, best["index"].to_numpy())
     single = best["index"].map(votes.groupby("index").size()).to_numpy() == 1
-    retained = single & ~best["refuted"].to_numpy() & (
-        best["votes"].to_numpy() + removed >= majority) & (removed > 0)
-    held = best[(best["votes"] >= majority) | vouched | retained]
-    quorum_end = 0
-    first = 0
-    if len(held):
-        hidx = held["index"].to_numpy()
-        first = int(hidx[0])
-        breaks = np.nonzero(np.diff(hidx) != 1)[0]
-        quorum_end = int(hidx[breaks[0]] if len(breaks) else hidx[-1])
+    one_version = single | (alone & best["confirmed"].to_numpy())
+    kept = one_version & ~best["refuted"].to_numpy() & best["intact"].to_numpy() & (
+        vouching > 0) & (best["votes"].to_numpy() + vouching >= majority)
+    held = best[(best["votes"] >= majority) | vouched | kept]
+    # An index a majority vouches for was committed even where no replica holds
+    # it any more: the committed run goes on across it (``retained.bridge``).
+    through = retained.majority_vouched(limits, majority)
+    quorum_end, spanned = retained.bridge(held["index"].to_numpy(), through)
+    first = int(held["index"].iloc[0]) if len(held) else 0
     state.first_index = first
     state.quorum_end = quorum_end
     claims = [m.hardstate.commit for m in state.replicas.values() if m.hardstate]
@@ -382,7 +432,10 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
                        f"(majority {majority}); {len(short)} of the claimed indexes are "
                        "present anywhere")
 
-    short = best[vouched & (best["index"] <= state.claimed_commit)]
+    # Held as sent by fewer than a majority, counting the replicas whose retention
+    # vouches for the index.
+    short = best[vouched & (best["votes"].to_numpy() + vouching < majority)
+                 & (best["index"] <= state.claimed_commit)]
     if len(short):
         j = int(short["index"].iloc[0])
         out.add("lost_offsets", "under_replicated", VIOLATION, gid=gid, index=j,
@@ -394,6 +447,7 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
     ref = best.set_index("index")[["term", "position", "size", "body_crc"]]
     c = state.committed
     sources: list[tuple[int, int, int]] = []
+    runs: dict[int, list[tuple[int, int]]] = {}
     for rid, meta in state.replicas.items():
         e = by_rid.get(rid, df.iloc[:0]).drop_duplicates("index")
         mine = e.set_index("index")[["term", "position", "size", "body_crc"]]
@@ -424,27 +478,38 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
         start = max(first, meta.first_index) if meta.trimmed and first else first
         meta.agree_start = start
         agree = agree[(agree >= start) & ~np.isin(agree, bad)]
+        brk = np.nonzero(np.diff(agree) != 1)[0]
         # Agreement end: last index of the contiguous agreeing run from there.
         if len(agree) and agree[0] == start:
-            brk = np.nonzero(np.diff(agree) != 1)[0]
             meta.agree_end = int(agree[brk[0]] if len(brk) else agree[-1])
         else:
             meta.agree_end = start - 1 if start else 0
+        # Every agreeing run, to read committed entries that only this replica
+        # still holds after a gap retention explains (below).
+        runs[rid] = list(zip(np.concatenate([agree[:1], agree[brk + 1]]).tolist(),
+                             np.concatenate([agree[brk], agree[-1:]]).tolist(), strict=True))
         if meta.agree_end < c and meta.agree_end == meta.last_index:
             out.add("divergence", "lagging_replica", INFO, gid=gid, rid=rid,
                     index=meta.agree_end + 1, count=c - meta.agree_end,
                     detail=f"replica ends at {meta.last_index}, committed index is {c}")
-    # Committed entries are read from the lowest replica id that agrees up to there.
+    # Committed entries are read from the replica that agrees the furthest from
+    # there (the lowest id on ties); across a gap retention explains, from
+    # wherever the agreed log resumes.
     lo = first
     while c and lo <= c:
-        cands = [m for m in state.replicas.values() if m.agree_start <= lo <= m.agree_end]
+        cands = [(b, -rid) for rid, rr in runs.items() for a, b in rr if a <= lo <= b]
         if not cands:
-            break
-        m = max(cands, key=lambda m: (m.agree_end, -m.rid))
-        hi = min(m.agree_end, c)
-        sources.append((lo, hi, m.rid))
+            resume = [a for rr in runs.values() for a, _ in rr if a > lo]
+            if lo > through or not resume:
+                break
+            lo = min(resume)
+            continue
+        b, neg = max(cands)
+        hi = min(b, c)
+        sources.append((lo, hi, -neg))
         lo = hi + 1
     state.sources = sources
+    state.retained_away = _retained_away(out, state, spanned, ref, max_examples)
     holding = [m for m in state.replicas.values() if m.entries]
     if holding:
         state.retained_first = min(m.first_index for m in holding)
@@ -453,6 +518,55 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
         if lo <= hi:
             state.shared_first, state.shared_last = lo, hi
     return out.table()
+
+
+def _retained_away(out: Findings, state: GroupState, spanned: list[tuple[int, int]],
+                   ref: pd.DataFrame, max_examples: int) -> list[retained.Gap]:
+    """The committed indexes retention removed from every replica (``retained``).
+
+    ``spanned`` are the gaps of the committed run that a majority vouches for;
+    the parts no replica should still hold are reported (``retained_away``,
+    info) and returned with their positions, which history messages there are
+    excused for. A part some replica should still hold is that replica's own
+    fault (a lost segment, a damaged entry), reported by its findings.
+    ``ref`` is the group's version of every index held anywhere, by index.
+    """
+    holds = [span for m in state.replicas.values() if (span := m.should_hold()) is not None]
+    reps = sorted(state.replicas.values(), key=lambda m: m.rid)
+    ends = [(sf.meta.end_position, sf.meta.index) for m in reps for sf in m.snapshots.values()
+            if sf.usable() and sf.meta is not None]
+    held = ref.index.to_numpy()
+    gaps: list[retained.Gap] = []
+    for glo, ghi in spanned:
+        for lo, hi in retained.outside_spans(glo, ghi, holds):
+            before = ref.loc[lo - 1] if lo - 1 in ref.index else None
+            pos_lo = int(before["position"] + before["size"]) if before is not None else 0
+            if hi + 1 in ref.index:
+                pos_hi = int(ref.at[hi + 1, "position"])
+            else:  # where the entry after it starts is unknown: as far as a snapshot says
+                pos_hi = max([e for e, i in ends if i <= hi] + [pos_lo])
+            who = tuple(m.rid for m in reps if m.vouched_through() >= hi)
+            gaps.append(retained.Gap(lo, hi, pos_lo, max(pos_hi, pos_lo), who))
+            if len(gaps) > max_examples:
+                continue
+            names = ", ".join(m.name for m in reps if m.rid in who)
+            copies = int(np.searchsorted(held, hi, "right") - np.searchsorted(held, lo))
+            # A copy left past a replica's durable point may be torn or damaged:
+            # what it holds is not the committed entry.
+            on = (f"{copies} of them only as copies that do not count (damaged, or "
+                  "refuted by the history), past a replica's durable point") if copies else (
+                "on no replica")
+            out.add("lost_offsets", "retained_away", INFO, gid=state.gid, index=lo,
+                    phys_offset=pos_lo, count=hi - lo + 1,
+                    detail=f"indexes {lo}..{hi} (positions {pos_lo}..{pos_hi}), {on}: "
+                           f"committed, and removed by retention on {names} ({len(who)} of "
+                           f"{len(reps)}, their snapshots cover them); no replica should "
+                           "still hold them")
+    if len(gaps) > max_examples:
+        out.add("lost_offsets", "retained_away", INFO, gid=state.gid,
+                count=sum(g.hi - g.lo + 1 for g in gaps[max_examples:]),
+                detail=f"{len(gaps) - max_examples} further ranges not listed")
+    return gaps
 
 
 def check_index_files(index: pa.Table, entries: pa.Table, gid: int, rid: int,

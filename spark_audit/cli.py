@@ -58,7 +58,8 @@ def run(specs: list[str], *, out: str = "audit-out", master: str = session.DEFAU
                   if g["shared_first_index"] else "nothing")
         kept = ", ".join(f"{r['replica']} {r['first_index']}..{r['last_index']}"
                          for r in summary["replicas"] if r["group"] == g["group"])
-        print(f"group {g['group']}: committed {g['committed_index']}, shared {shared}; {kept}")
+        print(f"group {g['group']}: committed {g['committed_index']}, shared {shared}; {kept}"
+              f"{report.retained_away_text(g)}")
     print(f"audit {'PASSED' if summary['valid'] else 'FAILED'}: {out}/summary.json, "
           f"{out}/report.html")
     return 0 if summary["valid"] else 1

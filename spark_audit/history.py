@@ -145,7 +145,8 @@ def send_digests(msgs: list[HistMsg], group_ids: dict[str, int]) -> dict[int, pd
 
 
 def check_history(msgs: list[HistMsg], found: pa.Table, group_ids: dict[str, int],
-                  max_examples: int = 20, retained_from: dict[int, int] | None = None
+                  max_examples: int = 20, retained_from: dict[int, int] | None = None,
+                  retained_away: dict[int, list[tuple[int, int]]] | None = None
                   ) -> tuple[pa.Table, dict[str, int]]:
     """Acknowledged sends must be committed, consumed messages must exist, failed sends not.
 
@@ -154,7 +155,11 @@ def check_history(msgs: list[HistMsg], found: pa.Table, group_ids: dict[str, int
     gives per group the lowest log position any replica still holds (0: the
     whole log is kept). A message absent from the log whose position (from its
     ``msg_id``) is below it was removed by retention on every replica: the
-    audit can neither confirm nor refute it, so it is counted and reported as
+    audit can neither confirm nor refute it. So was one whose position lies in
+    a ``retained_away`` range of its group (per group, ``[start, end)``
+    positions of committed entries that retention removed from every replica
+    and no replica should still hold: a stopped replica's log ends below them,
+    the others' starts above). Such a message is counted and reported as
     *outside retention* (``acked_send_outside_retention``,
     ``consumed_outside_retention``, info), never as present and never as lost;
     the counts say how many of those acknowledged sends the history shows
@@ -183,6 +188,7 @@ def check_history(msgs: list[HistMsg], found: pa.Table, group_ids: dict[str, int
     shown: dict[str, int] = {}
     severity: dict[str, str] = {}
     floors = retained_from or {}
+    gaps = retained_away or {}
 
     def gid_of(m: HistMsg) -> int:
         return group_ids.get(m.group, -1) if m.group else (
@@ -204,8 +210,16 @@ def check_history(msgs: list[HistMsg], found: pa.Table, group_ids: dict[str, int
         """Absent because retention removed it from every replica (see above)."""
         floor = floors.get(gid, 0)
         if m.phys_offset >= 0:
-            return m.phys_offset < floor
-        return was_read and floor > 0
+            return m.phys_offset < floor or any(
+                a <= m.phys_offset < b for a, b in gaps.get(gid, ()))
+        return was_read and (floor > 0 or bool(gaps.get(gid)))
+
+    def removed_at(gid: int, m: HistMsg) -> str:
+        floor = floors.get(gid, 0)
+        gap = next((g for g in gaps.get(gid, ()) if g[0] <= m.phys_offset < g[1]), None)
+        if gap is not None and m.phys_offset >= floor:
+            return f"in positions {gap[0]}..{gap[1]}, which retention removed from every replica"
+        return f"below the retained log (position {floor} on)"
 
     def flag(kind: str, sev: str, gid: int, m: HistMsg, text: str) -> None:
         shown[kind] = shown.get(kind, 0) + 1
@@ -230,8 +244,8 @@ def check_history(msgs: list[HistMsg], found: pa.Table, group_ids: dict[str, int
                 stats["acked_outside_retention"] += 1
                 stats["acked_outside_retention_read"] += int(was_read)
                 flag("acked_send_outside_retention", INFO, gid, m,
-                     f"acknowledged, {'read, ' if was_read else 'never read, '}now below the "
-                     f"retained log (position {floors.get(gid, 0)} on): not verifiable")
+                     f"acknowledged, {'read, ' if was_read else 'never read, '}now "
+                     f"{removed_at(gid, m)}: not verifiable")
             elif not hit:
                 stats["acked_missing"] += 1
                 flag("acked_send_missing", VIOLATION, gid, m, "acknowledged, not in the log")
@@ -257,7 +271,7 @@ def check_history(msgs: list[HistMsg], found: pa.Table, group_ids: dict[str, int
             if not hit and outside(gid, m, True):
                 stats["consumed_outside_retention"] += 1
                 flag("consumed_outside_retention", INFO, gid, m,
-                     f"consumed, now below the retained log (position {floors.get(gid, 0)} on)")
+                     f"consumed, now {removed_at(gid, m)}")
             elif not hit:
                 stats["consumed_missing"] += 1
                 flag("consumed_missing", VIOLATION, gid, m, "consumed, not in the committed log")

@@ -102,6 +102,12 @@ def summarize(res: AuditResult, duration_s: float, engine: str, master: str) -> 
                     "shared_first_index": st.shared_first, "shared_last_index": st.shared_last,
                     "retained_first_index": st.retained_first,
                     "retained_from_position": st.retained_from,
+                    # Committed ranges no replica holds or should hold: retention's.
+                    "retained_away": [
+                        {"first_index": gap.lo, "last_index": gap.hi,
+                         "first_position": gap.pos_lo, "end_position": gap.pos_hi,
+                         "removed_by": [st.replicas[r].name for r in gap.vouchers]}
+                        for gap in st.retained_away],
                     "replicas": len(st.replicas)} for st in res.groups.values()],
         "replicas": replica_rows(res),
         "timings_s": {k: round(v, 3) for k, v in res.timings.items()},
@@ -156,6 +162,17 @@ def _plots(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def _away(group: dict[str, Any]) -> str:
+    """A group's retained-away index ranges, as ``a..b, c..d`` (empty for none)."""
+    return ", ".join(f"{r['first_index']}..{r['last_index']}" for r in group["retained_away"])
+
+
+def retained_away_text(group: dict[str, Any]) -> str:
+    """``; retained away a..b`` for a summary group that has such ranges, else ``""``."""
+    away = _away(group)
+    return f"; retained away {away}" if away else ""
+
+
 def write_html(summary: dict[str, Any], path: str) -> None:
     e = html.escape
     verdict = "PASS" if summary["valid"] else "FAIL"
@@ -179,7 +196,8 @@ def write_html(summary: dict[str, Any], path: str) -> None:
                      f"<td>{e(kinds)}</td></tr>")
     parts.append("</table><h2>Groups</h2><table><tr><th>group</th><th>committed</th>"
                  "<th>max hardstate commit</th><th>quorum end</th><th>segment size</th>"
-                 "<th>shared by every replica</th><th>retained from</th></tr>")
+                 "<th>shared by every replica</th><th>retained from</th>"
+                 "<th>retained away (on no replica)</th></tr>")
     for g in summary["groups"]:
         shared = (f"{g['shared_first_index']}..{g['shared_last_index']}"
                   if g["shared_first_index"] else "nothing")
@@ -187,7 +205,7 @@ def write_html(summary: dict[str, Any], path: str) -> None:
                      f"<td>{g['claimed_commit']}</td><td>{g['quorum_end']}</td>"
                      f"<td>{g['segment_size']}</td><td>{shared}</td>"
                      f"<td>index {g['retained_first_index']}, position "
-                     f"{g['retained_from_position']}</td></tr>")
+                     f"{g['retained_from_position']}</td><td>{e(_away(g))}</td></tr>")
     parts.append("</table><h2>Replicas</h2><table><tr>")
     cols = ["group", "replica", "entries", "first_index", "last_index", "first_position",
             "end_position", "segments", "snapshot_index", "last_term", "agree_end",

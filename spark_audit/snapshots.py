@@ -47,17 +47,12 @@ class _At(TypedDict):
 
 def usable(snap: SnapshotFiles) -> bool:
     """The snapshot can restore a state: meta decoded, named right, state verified."""
-    m = snap.meta
-    return (m is not None and m.index == snap.index and snap.state_fid >= 0
-            and snap.state_length == m.state_bytes and snap.state_crc == m.state_crc)
+    return snap.usable()
 
 
 def newest_usable(meta: ReplicaMeta) -> fmt.SnapshotMeta | None:
     """The newest usable snapshot of a replica (what its broker would restore)."""
-    for _, snap in sorted(meta.snapshots.items(), reverse=True):
-        if usable(snap) and snap.meta is not None:
-            return snap.meta
-    return None
+    return meta.newest_usable()
 
 
 def check_snapshots(entries: pa.Table, st: GroupState) -> pa.Table:

@@ -49,23 +49,30 @@ def _batch(i: int) -> list[Message]:
                     store_timestamp_ms=1_700_000_000_500) for j in range(4)]
 
 
-def write_base(data_dir: str) -> list[tuple[int, int, int]]:
-    """One full replica; returns (entry index, sequence, physical offset) of every message."""
+def write_base(data_dir: str, entries: int = ENTRIES) -> list[tuple[int, int, int]]:
+    """One replica of the first ``entries`` entries (every base holds the same
+    entries at the same positions: a shorter one is a replica that stopped
+    there); returns (entry index, sequence, physical offset) of every message."""
     log = CommitLog.open(data_dir, CONFIG)
     try:
-        for i in range(ENTRIES):
+        for i in range(entries):
             body = encode_messages(_batch(i), CONFIG.message_size_bytes_max)
             log.append(log.build_entries(1, [(KIND_MESSAGES, body)]))
         store = ConsumeQueueStore.open(data_dir, log, units_per_file=UNITS_PER_FILE)
-        store.dispatch_committed(ENTRIES)
+        store.dispatch_committed(entries)
         store.checkpoint()
         store.close()
-        log.save_hard_state(HardState(1, 1, ENTRIES))
+        log.save_hard_state(HardState(1, 1, entries))
         return [(e.index, s.message.sequence, s.physical_offset)
-                for e in log.read_entries(1, ENTRIES + 1)
+                for e in log.read_entries(1, entries + 1)
                 for s in decode_messages(e.body, e.position)]
     finally:
         log.close()
+
+
+def body_of(sequence: int) -> bytes:
+    """The body ``write_base`` stored for a message sequence."""
+    return _batch(sequence // 4)[sequence % 4].body
 
 
 def cut(data_dir: str, index: int, snapshot: bool = True, cq_at: int | None = None) -> int:
@@ -88,11 +95,12 @@ def cut(data_dir: str, index: int, snapshot: bool = True, cq_at: int | None = No
         log.close()
 
 
-def write_group(base: str, group: str, cuts: dict[str, int]) -> str:
-    """``group/<node>`` copies of ``base``, each cut at its snapshot index (0: kept whole)."""
+def write_group(base: str | dict[str, str], group: str, cuts: dict[str, int]) -> str:
+    """``group/<node>`` copies of ``base`` (or of each node's own base), each cut
+    at its snapshot index (0: kept whole)."""
     for node, at in cuts.items():
         d = os.path.join(group, node)
-        shutil.copytree(base, d)
+        shutil.copytree(base if isinstance(base, str) else base[node], d)
         if at:
             cut(d, at)
     return group
@@ -164,6 +172,16 @@ def shift_unit(data_dir: str, topic: str, queue_id: int) -> int:
         f.seek(0)
         f.write(struct.pack("<Q", offset + 1))
     return int(name)
+
+
+def cut_segment_inside(data_dir: str, index: int) -> None:
+    """Truncate the segment file holding entry ``index`` in the middle of that
+    entry (what a truncated file leaves: the entry and all after it gone)."""
+    path, off, size = entry_at(data_dir, index)
+    os.truncate(path, off + size // 2)
+    for later in segments(data_dir):
+        if int(os.path.basename(later)) > int(os.path.basename(path)):
+            os.remove(later)
 
 
 def snapshot_dir(data_dir: str) -> str:
