@@ -14,7 +14,9 @@ a pass something other than the interval started:
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -157,11 +159,18 @@ def test_the_leader_cuts_at_each_new_segment_below_the_size_limit(tmp_path: Path
             await wait_until(lambda: retention.counters.segments_deleted > 0, 30,
                              "the leader to delete at a new segment")
             await group.converged()
-            # A pass at rest: what it keeps is the limit less the room.
-            await retention.run_once()
-            decision = retention.last_decision
-            assert decision is not None and retention.growths and decision.headroom > 0
-            kept = segment_bytes(leader)
+            # At rest, what it keeps is the limit less the room. A pass may be
+            # held a moment by the ConsumeQueue checkpoint or a snapshot being
+            # written (a loaded machine): passes until the cut is made.
+            deadline = time.monotonic() + 30
+            while True:
+                await retention.run_once()
+                decision = retention.last_decision
+                assert decision is not None and retention.growths and decision.headroom > 0
+                kept = segment_bytes(leader)
+                if kept <= limit - decision.headroom or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.1)
             assert kept <= limit - decision.headroom
             assert retention.counters.segments_deleted >= 14 - 6
             await wait_until(lambda: all(first_base(b) == leader.state.trim
