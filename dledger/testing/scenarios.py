@@ -38,6 +38,19 @@ POLL_UNITS = 10
 STEP_DEADLINE_UNITS = 900
 
 
+def _begin(cluster: SimCluster, name: str) -> bool:
+    """Take `cluster` for scenario `name`, from a whole group (every step
+    needs elections to succeed): False when one already runs or faults are off."""
+    if cluster.scenario_active or not cluster.faults_active:
+        return False
+    cluster.scenario_active = True
+    cluster.network.heal()
+    for n in cluster.running_ids():
+        cluster.restart(n)
+    cluster.log(f"scenario {name}: begin")
+    return True
+
+
 class Figure8:
     """One run of the Figure-8 schedule on `cluster`; `start()` begins it."""
 
@@ -49,16 +62,8 @@ class Figure8:
         self.writes = 0
 
     def start(self) -> None:
-        cluster = self.cluster
-        if cluster.scenario_active or not cluster.faults_active:
-            return
-        cluster.scenario_active = True
-        # Start from a whole group: every step needs elections to succeed.
-        cluster.network.heal()
-        for n in cluster.running_ids():
-            cluster.restart(n)
-        cluster.log("scenario figure8: begin")
-        self._wait(self._leader_a, self._strand_a)
+        if _begin(self.cluster, "figure8"):
+            self._wait(self._leader_a, self._strand_a)
 
     # -- steps
 
@@ -165,15 +170,8 @@ class FarBehind:
         self.writes = 0
 
     def start(self) -> None:
-        cluster = self.cluster
-        if cluster.scenario_active or not cluster.faults_active:
-            return
-        cluster.scenario_active = True
-        cluster.network.heal()
-        for n in cluster.running_ids():
-            cluster.restart(n)
-        cluster.log("scenario far-behind: begin")
-        _poll(cluster, self._leader, self._cut_off, self._end)
+        if _begin(self.cluster, "far-behind"):
+            _poll(self.cluster, self._leader, self._cut_off, self._end)
 
     def _leader(self) -> int | None:
         leaders = [n.id for n in self.cluster.alive() if n.role is Role.LEADER]
