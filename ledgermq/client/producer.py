@@ -12,7 +12,10 @@ a hash of `sharding_key` when the order of related messages matters (same key
 - UNKNOWN_TOPIC, MESSAGE_TOO_LARGE, NO_PERMISSION, INVALID_REQUEST: never.
 
 Concurrent sends to one broker share requests (`client.coalesce`), so many
-in-flight `send` calls cost a few round trips, not one each.
+in-flight `send` calls cost a few round trips, not one each. `coalesce=False`
+switches that off: every `send` is a request of its own, all of them in
+flight at once, as other systems' clients send (the broker's group commit
+still puts concurrent requests into one Raft entry).
 
 Cost per message is what limits a Python producer, so the common case is kept
 short: while the topic's route is cached, `send` of a plain body picks its
@@ -76,6 +79,8 @@ _time_ns = time.time_ns
 _get_running_loop = asyncio.get_running_loop
 _pack_sequence_into = struct.Struct("<Q").pack_into
 _PLAIN = {bytes}
+# coalesce=False: requests in flight per broker are bounded by the callers only.
+UNLIMITED_INFLIGHT = 1 << 30
 
 
 def _plain(messages: Sequence[bytes | Message]) -> TypeGuard[Sequence[bytes]]:
@@ -101,10 +106,13 @@ class Producer:
         name: str = "producer",
         credentials: Credentials | None = None,
         tls: ssl.SSLContext | None = None,
+        coalesce: bool = True,
     ) -> None:
         """`credentials`: authenticate to the brokers (docs/security.md;
         `credentials_from_env()` reads them from the environment); `tls`:
-        connect with TLS, verifying the servers' certificates."""
+        connect with TLS, verifying the servers' certificates; `coalesce`:
+        concurrent sends to one broker share requests (False: one request
+        per send, no limit on requests in flight)."""
         self.cluster = Cluster(tuple(namesrv), name=name, timeout=send_timeout,
                                credentials=credentials, tls=tls)
         self.send_timeout = send_timeout
@@ -120,7 +128,9 @@ class Producer:
         self._plans: dict[str, tuple[list[GroupRoute], list[Slot]]] = {}
         self.retries = 0
         self._jitter = random.Random()
-        self.coalescer = SendCoalescer(self._send_request)
+        self.coalescer = (SendCoalescer(self._send_request) if coalesce else
+                          SendCoalescer(self._send_request, max_messages=1,
+                                        max_inflight=UNLIMITED_INFLIGHT))
 
     async def _send_request(self, address: str, records: bytes | bytearray, count: int) -> Any:
         return await self.cluster.request(address, RequestCode.SEND_MESSAGES,

@@ -4,10 +4,12 @@ the wire (records, sequences, coalescing) and what comes back (SendResult)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from ledgermq.base import loop
+from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import (
     InvalidRequestError,
     MessageTooLargeError,
@@ -61,6 +63,39 @@ def test_concurrent_sends_share_requests_and_get_their_own_results() -> None:
             for q in range(3):
                 offsets = sorted(r.queue_offset for r in results if r.queue.queue_id == q)
                 assert offsets == list(range(len(offsets)))
+        finally:
+            await producer.close()
+            await broker.close()
+    run(main())
+
+
+def test_without_coalescing_every_send_is_its_own_request_all_in_flight() -> None:
+    async def main() -> None:
+        broker = await FakeBroker(queues=3).start()
+        broker.delay = 0.05
+        in_flight = high = 0
+        inner = broker._send
+
+        async def counting(body: Any, conn: Any) -> Any:
+            nonlocal in_flight, high
+            in_flight += 1
+            high = max(high, in_flight)
+            try:
+                return await inner(body, conn)
+            finally:
+                in_flight -= 1
+
+        broker.server.handlers[RequestCode.SEND_MESSAGES] = counting
+        producer = Producer([broker.address], coalesce=False)
+        try:
+            results = await asyncio.gather(*(producer.send("t", b"m%d" % i) for i in range(40)))
+            assert broker.requests == [1] * 40
+            assert high == 40  # none waited for another's reply
+            assert producer.coalescer.requests == 40
+            check_results(broker, results)
+            # send_batch is still one request of its messages.
+            await producer.send_batch("t", [b"a", b"b", b"c"])
+            assert broker.requests[-1] == 3
         finally:
             await producer.close()
             await broker.close()
