@@ -18,7 +18,8 @@ security mode of `--security` (default all three, in the same run):
       at a time, so that only the broker's group commit batches;
 acknowledged messages per second, per-request latency p50/p99, and the CPU
 time each process (leader, followers, client or clients) spent per
-acknowledged message, with the three servers' sum (`servers`). `--loads`
+acknowledged message, with the three servers' sum (`servers`) and, with
+`--idle-seconds`, the same less each server's idle CPU over the slice. `--loads`
 picks the loads, `--flush` the flush settings; `--profile DIR` records each
 slice's leader and first follower with py-spy (collapsed stacks, summed by
 bench/profile_top.py).
@@ -123,6 +124,11 @@ def calibrate() -> float:
 
 
 SERVERS = ("leader", "follower_1", "follower_2")
+# Raft timing of the clusters: None = the launcher's FAST; "defaults" as in
+# docs/configuration.md (and the side-by-side kit's throughput runs).
+RAFT: dict[str, dict[str, int] | None] = {
+    "fast": None,
+    "defaults": {"tick_ms": 50, "election_timeout_ticks": 10, "heartbeat_interval_ticks": 1}}
 
 
 class Slices:
@@ -134,6 +140,9 @@ class Slices:
         self.latencies: list[float] = []
         self.cpu: dict[str, float] = {}
         self.system: dict[str, float] = {}  # the kernel's part of `cpu`
+        # CPU cores each server process uses with no load (ticks,
+        # heartbeats, timers), measured before the loads (--idle-seconds).
+        self.idle: dict[str, float] = {}
 
     def add_cpu(self, before: dict[str, tuple[float, float]], processes: dict[str, int]) -> None:
         for name, pid in processes.items():
@@ -157,6 +166,14 @@ class Slices:
             result["system_share"] = {name: round(self.system[name] / seconds, 2)
                                       for name, seconds in self.cpu.items()
                                       if name in self.system and seconds > 0}
+            if self.idle:
+                # Less what the process spends idle over the same time: at one
+                # message in flight the ticks weigh as much as the messages, and
+                # more the slower a crowded host lets the load run.
+                net = {name: round((self.cpu[name] - cores * self.elapsed) / self.acked * 1e6, 1)
+                       for name, cores in self.idle.items() if name in self.cpu}
+                net["servers"] = round(sum(v for k, v in net.items() if k in SERVERS), 1)
+                result["cpu_us_per_msg_less_idle"] = net
         return result
 
 
@@ -242,9 +259,12 @@ class Profiler:
 class Bench:
     """One security mode's cluster, producers and processes for a flush setting."""
 
-    def __init__(self, base: Path, flush: str, security: str, procs: int) -> None:
+    def __init__(self, base: Path, flush: str, security: str, procs: int,
+                 raft: dict[str, int] | None = None, idle_seconds: float = 0.0) -> None:
         self.security = security
         self.procs = procs
+        self.idle_seconds = idle_seconds
+        self.idle: dict[str, float] = {}
         settings: dict[str, Any] = {"flush": flush, "replicate": "sync",
                                     "segment_size_bytes": 64 << 20}
         self.client = OPEN
@@ -264,7 +284,7 @@ class Bench:
             if security == "auth+tls":
                 self.worker_args += ["--ca-file", str(files.ca_file)]
         self.cluster = LocalCluster(base / f"tp-{flush}-{security.replace('+', '-')}",
-                                    settings=settings)
+                                    settings=settings, raft=raft)
         self.producer: Producer | None = None  # merging on
         self.single: Producer | None = None  # merging off
         self.workers: ProducerProcesses | None = None
@@ -297,6 +317,12 @@ class Bench:
         followers = [child for nid, child in sorted(self.cluster.brokers.items()) if nid != leader]
         for rank, child in enumerate(followers, 1):
             self.processes[f"follower_{rank}"] = child.proc.pid
+        if self.idle_seconds:
+            servers = {k: v for k, v in self.processes.items() if k in SERVERS}
+            before = {k: sum(cpu_split(pid)) for k, pid in servers.items()}
+            await asyncio.sleep(self.idle_seconds)
+            self.idle = {k: (sum(cpu_split(pid)) - before[k]) / self.idle_seconds
+                         for k, pid in servers.items()}
 
     async def slice(self, load: Load, seconds: float, into: Slices) -> None:
         if load.processes:
@@ -325,10 +351,12 @@ class Bench:
 
 
 async def throughput(base: Path, flush: str, seconds: float, securities: list[str],
-                     rounds: int, loads: list[str], procs: int,
-                     profiler: Profiler) -> list[dict[str, Any]]:
+                     rounds: int, loads: list[str], procs: int, profiler: Profiler,
+                     raft: dict[str, int] | None = None,
+                     idle_seconds: float = 0.0) -> list[dict[str, Any]]:
     """Every load on every security mode's cluster, the modes taking turns."""
-    benches = [Bench(base, flush, security, procs) for security in securities]
+    benches = [Bench(base, flush, security, procs, raft, idle_seconds)
+               for security in securities]
     try:
         for bench in benches:
             await bench.start()
@@ -338,6 +366,7 @@ async def throughput(base: Path, flush: str, seconds: float, securities: list[st
                 turn = r % len(benches)
                 for bench in benches[turn:] + benches[:turn]:
                     slices = figures[bench.security].setdefault(load, Slices())
+                    slices.idle = bench.idle
                     profiler.start(f"{flush}-{bench.security}-{load}-r{r}",
                                    {k: bench.processes[k] for k in ("leader", "follower_1")})
                     try:
@@ -416,13 +445,14 @@ async def main(args: argparse.Namespace) -> None:
     profiler = Profiler(Path(args.profile) if args.profile else None)
     results: dict[str, Any] = {"bench": "produce", "nodes": 3, "message_bytes": len(BODY),
                                "securities": securities, "rounds": args.rounds,
-                               "loads": loads, "procs": args.procs,
+                               "loads": loads, "procs": args.procs, "raft": args.raft,
                                "load_average_start": os.getloadavg(),
                                "calibration_s_start": calibrate(), "runs": []}
     try:
         for flush in args.flush.split(","):
             results["runs"] += await throughput(base, flush, args.seconds, securities,
-                                                args.rounds, loads, args.procs, profiler)
+                                                args.rounds, loads, args.procs, profiler,
+                                                RAFT[args.raft], args.idle_seconds)
         results["cost"] = costs(results["runs"])
         if args.kills:
             results["failover"] = await failover(base, args.kills)
@@ -451,6 +481,12 @@ if __name__ == "__main__":
                         help="independent producer processes of the `procs` load")
     parser.add_argument("--profile", default="",
                         help="directory for py-spy profiles of the leader and a follower")
+    parser.add_argument("--raft", default="fast", choices=sorted(RAFT),
+                        help="Raft timing: the launcher's (20 ms ticks) or the documented"
+                             " defaults (50 ms ticks, as the side-by-side kit measures)")
+    parser.add_argument("--idle-seconds", type=float, default=0.0,
+                        help="measure each server's idle CPU first; report CPU per message"
+                             " less it (cpu_us_per_msg_less_idle)")
     parsed = parser.parse_args()
     unknown = (set(parsed.security.split(",")) - set(SECURITY_MODES)) | (
         set(parsed.flush.split(",")) - set(FLUSHES)) | (set(parsed.loads.split(",")) - set(LOADS))
