@@ -67,6 +67,10 @@ class RecordColumns:
     # Every record has the first one's topic, tags, keys, born host and
     # properties (so checking the first checks them all).
     same_meta: bool = False
+    # The heads as Python tuples (MESSAGE_HEAD's field order) when the
+    # plain-Python scan made them (at most PYTHON_SCAN_MAX records): whoever
+    # reads a few records' fields reads them here, not through numpy.
+    rows: list[tuple[int, ...]] | None = None
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -238,7 +242,8 @@ def _scan_one(body: bytes) -> RecordColumns | None:
         hashes = _frozen([crc32c(body[at : at + head[10]])], np.uint64)
     # A view of the immutable body: no copy, and nothing can change it.
     heads = np.frombuffer(body, dtype=HEAD_DTYPE, count=1)
-    return RecordColumns(_ONE_START, heads, [topic], _ONE_TOPIC_ID, hashes, same_meta=True)
+    return RecordColumns(_ONE_START, heads, [topic], _ONE_TOPIC_ID, hashes, same_meta=True,
+                         rows=[head])
 
 
 def _scan_small(body: bytes | bytearray | memoryview, most: int) -> RecordColumns | None:
@@ -297,7 +302,8 @@ def _scan_small(body: bytes | bytearray | memoryview, most: int) -> RecordColumn
                          dtype=HEAD_DTYPE)
     return RecordColumns(np.array(starts, dtype=np.int64), rows, topics,
                          np.array(topic_ids, dtype=np.int64),
-                         np.array(hashes, dtype=np.uint64), same_meta=same and n > 0)
+                         np.array(hashes, dtype=np.uint64), same_meta=same and n > 0,
+                         rows=heads)
 
 
 def _zeros_u64(n: int) -> np.ndarray:
@@ -307,14 +313,34 @@ def _zeros_u64(n: int) -> np.ndarray:
 _GROUP_IN_PYTHON_MAX = 128
 
 
+def _groups_of_rows(rows: list[tuple[int, ...]], topics: list[str],
+                    topic_ids: np.ndarray) -> QueueGroups:
+    """`queue_groups` of a few records whose heads are Python tuples."""
+    first = rows[0][1]
+    if len(topics) == 1 and all(row[1] == first for row in rows):
+        return [((topics[0], first), None)]
+    found: dict[tuple[int, int], list[int]] = {}
+    for i, (row, t) in enumerate(zip(rows, topic_ids.tolist(), strict=True)):
+        members = found.get((t, row[1]))
+        if members is None:
+            found[(t, row[1])] = [i]
+        else:
+            members.append(i)
+    return [((topics[t], queue_id), members) for (t, queue_id), members in found.items()]
+
+
 def queue_groups(columns: RecordColumns) -> QueueGroups:
     """((topic, queue id), record numbers in body order) per queue, in order of
     first appearance; None instead of the numbers when one queue has them all."""
     if columns.groups is not None:
         return columns.groups
+    groups: QueueGroups
+    rows = columns.rows
+    if rows is not None:
+        columns.groups = groups = _groups_of_rows(rows, columns.topics, columns.topic_ids)
+        return groups
     topics, topic_ids, queue_ids = columns.topics, columns.topic_ids, columns.heads["queue_id"]
     n = len(queue_ids)
-    groups: QueueGroups
     if not n:
         groups = []
     elif len(topics) == 1 and (n == 1 or (queue_ids == queue_ids[0]).all()):

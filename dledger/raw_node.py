@@ -334,12 +334,19 @@ class RaftNode:
     def has_ready(self) -> bool:
         if self._in_flight is not None:
             return False
+        # Field by field: called a few times per message, so it builds no
+        # HardState or SoftState to compare (ready() does, once).
+        hard, soft, elector = self._last_hard_state, self._last_soft_state, self.elector
         return bool(
             self._outbox
             or self.log.has_unpersisted_snapshot()
             or self.log.has_unpersisted()
-            or self._hard_state() != self._last_hard_state
-            or self._soft_state() != self._last_soft_state
+            or self.commit != hard.commit
+            or elector.term != hard.term
+            or elector.vote != hard.vote
+            or elector.role is not soft.role
+            or elector.leader_id != soft.leader_id
+            or elector.term != soft.term
             or self.applied < self._apply_limit()
         )
 

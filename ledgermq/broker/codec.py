@@ -305,7 +305,7 @@ def _check_small(blob: bytes, size_max: int, columns: RecordColumns) -> Scanned 
     """`_scan_columns` for a few records: the same checks and result, on
     the heads as Python tuples (MESSAGE_HEAD's field order) instead of numpy
     reductions."""
-    heads: list[tuple[int, ...]] = columns.heads.tolist()
+    heads = columns.rows if columns.rows is not None else columns.heads.tolist()
     tops: list[int] = [-1] * len(columns.topics)
     for h, t in zip(heads, columns.topic_ids.tolist(), strict=True):
         if (h[0] > size_max and len(blob) > size_max) or h[3]:

@@ -100,6 +100,8 @@ def _same_columns(a: RecordColumns, b: RecordColumns) -> None:
     assert a.tag_hashes.dtype == b.tag_hashes.dtype
     assert a.tag_hashes.tolist() == b.tag_hashes.tolist()
     assert a.same_meta == b.same_meta
+    for columns in (a, b):
+        assert columns.rows is None or columns.rows == columns.heads.tolist()
     assert queue_groups(a) == queue_groups(b)
 
 
