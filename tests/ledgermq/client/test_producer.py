@@ -4,6 +4,9 @@ the wire (records, sequences, coalescing) and what comes back (SendResult)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import statistics
+import time
 from typing import Any
 
 import pytest
@@ -441,6 +444,47 @@ def test_a_retried_batch_keeps_its_sequences() -> None:
             assert [check[r.msg_id].sequence for r in results] == list(range(2, 22))
             assert [r.queue_offset for r in results] == [check[r.msg_id].queue_offset
                                                          for r in results]
+        finally:
+            await producer.close()
+            await broker.close()
+    run(main())
+
+
+def test_a_send_waiting_for_a_leader_polls_at_a_fixed_short_interval() -> None:
+    """No leader for a while (every answer NOT_LEADER without a hint): the
+    retries go out every ~10 ms, not at a doubling interval, and the route is
+    asked of the NameServer again at most every 0.25 s, not on every retry."""
+    async def main() -> None:
+        broker = await FakeBroker().start()
+        attempts: list[float] = []
+        routes = 0
+        route = broker._route
+
+        async def count_routes(body: Any, conn: Any) -> Any:
+            nonlocal routes
+            routes += 1
+            return await route(body, conn)
+
+        def no_leader_yet(parsed: Any) -> None:
+            attempts.append(time.monotonic())
+            if attempts[-1] - attempts[0] < 0.6:
+                raise NotLeaderError("electing", leader=None)
+
+        broker.server.handlers[RequestCode.GET_ROUTE] = count_routes
+        producer = Producer([broker.address])
+        try:
+            await producer.send("t", b"warm")
+            routes = 0
+            broker.hook = no_leader_yet
+            started = time.monotonic()
+            result = await producer.send("t", b"after the election")
+            waited = time.monotonic() - started
+            assert result.msg_id is not None and 0.6 <= waited < 0.75
+            gaps = [b - a for a, b in itertools.pairwise(attempts)]
+            # ~10 ms each plus a round trip; a doubling to 40 ms would put
+            # the median near 40 ms.
+            assert len(attempts) > 20 and statistics.median(gaps) < 0.025, gaps
+            assert routes <= 4, routes  # about one per 0.25 s
         finally:
             await producer.close()
             await broker.close()
