@@ -399,7 +399,8 @@ def costs(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 continue
             mine, theirs = run[load], base[load]
             cpu = {name: round(us - theirs["cpu_us_per_msg"].get(name, 0.0), 1)
-                   for name, us in mine.get("cpu_us_per_msg", {}).items()}
+                   for name, us in mine.get("cpu_us_per_msg", {}).items()
+                   if name != "servers"}  # a sum: all_processes says it below
             cpu["all_processes"] = round(sum(cpu.values()), 1)
             out.setdefault(f"{run['flush']}/{load}", {})[run["security"]] = {
                 "msgs_per_s_ratio": round(mine["msgs_per_s"] / theirs["msgs_per_s"], 3)
