@@ -12,6 +12,14 @@ of one producer batch or one group commit almost always do.
 
 The result is the same as walking `message.iter_records`: the same errors for
 a malformed body (ValueError), the same fields.
+
+numpy's fixed cost per call (a microsecond or more each, a dozen calls per
+scan) is what a body of one or a few records pays most, and one message per
+request is the normal case of independent producers. Bodies of at most
+`PYTHON_SCAN_MAX` records are therefore scanned in plain Python, which
+builds the same columns with three array constructions; anything unusual on
+that path (a malformed body, a non-UTF-8 topic) hands the body to the numpy
+path, so errors are raised by one code only.
 """
 
 from __future__ import annotations
@@ -34,7 +42,12 @@ HEAD_DTYPE = np.dtype([
 assert HEAD_DTYPE.itemsize == MESSAGE_HEAD_SIZE == MESSAGE_HEAD.size
 _HEAD_COLUMNS = np.arange(MESSAGE_HEAD_SIZE, dtype=np.int64)
 _SIZE = struct.Struct("<I").unpack_from
+_UNPACK_HEAD = MESSAGE_HEAD.unpack_from
 STORE_TIMESTAMP_AT = 24  # byte offset of the store timestamp inside a head
+# Bodies of at most this many records take the plain-Python scan (measured
+# break-even with the numpy path: about 8 records of one size, more when
+# they differ).
+PYTHON_SCAN_MAX = 8
 
 
 # ((topic, queue id), the rows of that queue, or None for every row).
@@ -54,6 +67,10 @@ class RecordColumns:
     # Every record has the first one's topic, tags, keys, born host and
     # properties (so checking the first checks them all).
     same_meta: bool = False
+    # The heads as Python tuples (MESSAGE_HEAD's field order) when the
+    # plain-Python scan made them (at most PYTHON_SCAN_MAX records): whoever
+    # reads a few records' fields reads them here, not through numpy.
+    rows: list[tuple[int, ...]] | None = None
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -148,8 +165,15 @@ def _same_meta(body: bytes | bytearray | memoryview, matrix: np.ndarray, starts:
                          same_meta=True)
 
 
-def scan_body(body: bytes | bytearray | memoryview) -> RecordColumns:
-    """Columns of every record of a MESSAGES entry body; ValueError if malformed."""
+def scan_body(body: bytes | bytearray | memoryview,
+              python_max: int = PYTHON_SCAN_MAX) -> RecordColumns:
+    """Columns of every record of a MESSAGES entry body; ValueError if
+    malformed. Bodies of at most `python_max` records are scanned in plain
+    Python (the same result; 0 forces numpy)."""
+    if python_max:
+        small = _scan_small(body, python_max)
+        if small is not None:
+            return small
     raw = np.frombuffer(body, dtype=np.uint8)
     if not len(raw):
         return RecordColumns(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=HEAD_DTYPE), [],
@@ -190,6 +214,98 @@ def scan_body(body: bytes | bytearray | memoryview) -> RecordColumns:
     return RecordColumns(starts, heads, topics, topic_ids, tag_hashes)
 
 
+def _frozen(values: list[int], dtype: type) -> np.ndarray:
+    array: np.ndarray = np.array(values, dtype=dtype)
+    array.flags.writeable = False
+    return array
+
+
+# Shared by every one-record scan (read-only, so sharing them is safe).
+_ONE_START = _frozen([0], np.int64)
+_ONE_TOPIC_ID = _ONE_START
+_ONE_NO_TAGS = _frozen([0], np.uint64)
+
+
+def _scan_one(body: bytes) -> RecordColumns | None:
+    """`scan_body` of a body that is exactly one well-formed record (the
+    request of a producer that sends one message at a time)."""
+    head = _UNPACK_HEAD(body, 0)
+    if head[0] != len(body) or head[0] != MESSAGE_HEAD_SIZE + sum(head[9:15]):
+        return None
+    at = MESSAGE_HEAD_SIZE + head[9]
+    try:
+        topic = body[MESSAGE_HEAD_SIZE:at].decode()
+    except UnicodeDecodeError:
+        return None
+    hashes = _ONE_NO_TAGS
+    if head[10]:
+        hashes = _frozen([crc32c(body[at : at + head[10]])], np.uint64)
+    # A view of the immutable body: no copy, and nothing can change it.
+    heads = np.frombuffer(body, dtype=HEAD_DTYPE, count=1)
+    return RecordColumns(_ONE_START, heads, [topic], _ONE_TOPIC_ID, hashes, same_meta=True,
+                         rows=[head])
+
+
+def _scan_small(body: bytes | bytearray | memoryview, most: int) -> RecordColumns | None:
+    """`scan_body` of a body of at most `most` well-formed records, in plain
+    Python; None for anything else (more records, a malformed record, a
+    topic that is not UTF-8), which the numpy path then scans or refuses."""
+    end = len(body)
+    if end < MESSAGE_HEAD_SIZE:
+        return None
+    if type(body) is bytes and _SIZE(body, 0)[0] == end:
+        return _scan_one(body)
+    starts: list[int] = []
+    heads: list[tuple[int, ...]] = []
+    offset = 0
+    while offset < end:
+        if len(starts) == most or end - offset < MESSAGE_HEAD_SIZE:
+            return None
+        head = _UNPACK_HEAD(body, offset)
+        size = head[0]
+        if offset + size > end or size != MESSAGE_HEAD_SIZE + sum(head[9:15]):
+            return None
+        starts.append(offset)
+        heads.append(head)
+        offset += size
+    n = len(starts)
+    topics: list[str] = []
+    topic_ids: list[int] = []
+    tags_seen: dict[bytes, int] = {}  # tags -> CRC32C (0: none)
+    hashes: list[int] = []
+    names: dict[bytes, int] = {}
+    first = heads[0]
+    meta_end = MESSAGE_HEAD_SIZE + sum(first[9:14])  # through the properties
+    first_meta = bytes(body[52:meta_end])
+    same = True
+    for start, head in zip(starts, heads, strict=True):
+        at = start + MESSAGE_HEAD_SIZE
+        name = bytes(body[at : at + head[9]])
+        index = names.get(name)
+        if index is None:
+            try:
+                topics.append(name.decode())
+            except UnicodeDecodeError:
+                return None
+            index = names[name] = len(names)
+        topic_ids.append(index)
+        at += head[9]
+        tags = bytes(body[at : at + head[10]])
+        crc = tags_seen.get(tags)
+        if crc is None:
+            crc = tags_seen[tags] = crc32c(tags) if tags else 0
+        hashes.append(crc)
+        if same and start and (head[0] != first[0]
+                               or body[start + 52 : start + meta_end] != first_meta):
+            same = False
+    rows = np.frombuffer(bytearray().join(body[s : s + MESSAGE_HEAD_SIZE] for s in starts),
+                         dtype=HEAD_DTYPE)
+    return RecordColumns(np.array(starts, dtype=np.int64), rows, topics,
+                         np.array(topic_ids, dtype=np.int64),
+                         np.array(hashes, dtype=np.uint64), same_meta=same and n > 0,
+                         rows=heads)
+
+
 def _zeros_u64(n: int) -> np.ndarray:
     return np.zeros(n, dtype=np.uint64)
 
@@ -197,14 +313,34 @@ def _zeros_u64(n: int) -> np.ndarray:
 _GROUP_IN_PYTHON_MAX = 128
 
 
+def _groups_of_rows(rows: list[tuple[int, ...]], topics: list[str],
+                    topic_ids: np.ndarray) -> QueueGroups:
+    """`queue_groups` of a few records whose heads are Python tuples."""
+    first = rows[0][1]
+    if len(topics) == 1 and all(row[1] == first for row in rows):
+        return [((topics[0], first), None)]
+    found: dict[tuple[int, int], list[int]] = {}
+    for i, (row, t) in enumerate(zip(rows, topic_ids.tolist(), strict=True)):
+        members = found.get((t, row[1]))
+        if members is None:
+            found[(t, row[1])] = [i]
+        else:
+            members.append(i)
+    return [((topics[t], queue_id), members) for (t, queue_id), members in found.items()]
+
+
 def queue_groups(columns: RecordColumns) -> QueueGroups:
     """((topic, queue id), record numbers in body order) per queue, in order of
     first appearance; None instead of the numbers when one queue has them all."""
     if columns.groups is not None:
         return columns.groups
+    groups: QueueGroups
+    rows = columns.rows
+    if rows is not None:
+        columns.groups = groups = _groups_of_rows(rows, columns.topics, columns.topic_ids)
+        return groups
     topics, topic_ids, queue_ids = columns.topics, columns.topic_ids, columns.heads["queue_id"]
     n = len(queue_ids)
-    groups: QueueGroups
     if not n:
         groups = []
     elif len(topics) == 1 and (n == 1 or (queue_ids == queue_ids[0]).all()):

@@ -42,7 +42,7 @@ from consumequeue.checkpoint import (
     write_dispatch_checkpoint,
 )
 from consumequeue.queue import ConsumeQueue, Unit
-from consumequeue.unit import UNIT_DTYPE, encode_units
+from consumequeue.unit import UNIT, UNIT_DTYPE, encode_units
 from ledgermq.base.message_record import MESSAGE_HEAD_SIZE
 
 
@@ -74,6 +74,28 @@ class DispatchRecovery:
     # next offsets.
     needs_rebuild: bool = False
     foreign_files: list[str] = field(default_factory=list)
+
+
+_pack_unit = UNIT.pack
+
+
+def encoded_units_by_queue(entry: Entry, columns: RecordColumns | None = None
+                           ) -> list[tuple[QueueKey, bytes, int]]:
+    """`units_by_queue` as encoded bytes and unit counts. A body of a few
+    records whose heads the scan kept as tuples (`RecordColumns.rows`) is
+    packed with `struct`, not through numpy (the same bytes)."""
+    if columns is None or columns.rows is None:
+        return [(key, units.tobytes(), len(units)) for key, units in units_by_queue(entry, columns)]
+    rows = columns.rows
+    base = entry.position + HEADER_SIZE
+    starts = columns.starts.tolist()
+    hashes = columns.tag_hashes.tolist()
+    out = []
+    for key, members in queue_groups(columns):
+        records = range(len(rows)) if members is None else members
+        out.append((key, b"".join([_pack_unit(base + starts[i], rows[i][0], hashes[i])
+                                   for i in records]), len(records)))
+    return out
 
 
 def units_by_queue(entry: Entry, columns: RecordColumns | None = None
@@ -277,20 +299,25 @@ class ConsumeQueueStore:
         `skip_before` (default: the store's): messages of a topic in entries
         below its index are not indexed (the topic was deleted)."""
         skip = self.skip_before if skip_before is None else skip_before
-        pending: dict[QueueKey, list[np.ndarray]] = defaultdict(list)
+        pending: dict[QueueKey, tuple[list[bytes], list[int]]] = {}
         index, end = self.dispatched_index, self.dispatched_end
         for i, entry in enumerate(entries):
             if entry.index != index + 1:
                 raise ValueError(f"dispatch of entry {entry.index} after {index}")
             if entry.kind == KIND_MESSAGES:
                 scanned = columns[i] if columns is not None else None
-                for key, units in units_by_queue(entry, scanned):
+                for key, raw, count in encoded_units_by_queue(entry, scanned):
                     if not (skip and _skipped(skip, key[0], entry.index)):
-                        pending[key].append(units)
+                        parts = pending.get(key)
+                        if parts is None:
+                            pending[key] = ([raw], [count])
+                        else:
+                            parts[0].append(raw)
+                            parts[1].append(count)
             index, end = entry.index, entry.end
-        for key, parts in pending.items():
-            units = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            self._queue(key).append_encoded(units.tobytes(), len(units))
+        for key, (raws, counts) in pending.items():
+            self._queue(key).append_encoded(raws[0] if len(raws) == 1 else b"".join(raws),
+                                            sum(counts))
         self.dispatched_index, self.dispatched_end = index, end
         return len(entries)
 

@@ -32,6 +32,13 @@ Rules
    commits to it; any other restores it (`RaftLog.restore`: commit = applied
    = index), hands it to the driver in `Ready.snapshot` and acknowledges only
    once it is durable.
+6. A commit index that moves is not broadcast by itself: followers learn it
+   from the next append (which the next proposal sends at once) or, on an
+   idle group, from the next heartbeat (`min(commit, match)`, every
+   heartbeat interval). The leader answers its clients from its own
+   commit; a commit-only append per commit, with its acknowledgement,
+   doubled the messages and the followers' Ready rounds per request when
+   requests come one at a time.
 """
 
 from __future__ import annotations
@@ -327,12 +334,19 @@ class RaftNode:
     def has_ready(self) -> bool:
         if self._in_flight is not None:
             return False
+        # Field by field: called a few times per message, so it builds no
+        # HardState or SoftState to compare (ready() does, once).
+        hard, soft, elector = self._last_hard_state, self._last_soft_state, self.elector
         return bool(
             self._outbox
             or self.log.has_unpersisted_snapshot()
             or self.log.has_unpersisted()
-            or self._hard_state() != self._last_hard_state
-            or self._soft_state() != self._last_soft_state
+            or self.commit != hard.commit
+            or elector.term != hard.term
+            or elector.vote != hard.vote
+            or elector.role is not soft.role
+            or elector.leader_id != soft.leader_id
+            or elector.term != soft.term
             or self.applied < self._apply_limit()
         )
 
@@ -394,8 +408,8 @@ class RaftNode:
         if ready.committed_entries:
             # max: a snapshot restored while this Ready was out moved applied past it.
             self.applied = max(self.applied, ready.committed_entries[-1].index)
-        if self.role is Role.LEADER and self._maybe_commit():
-            self._broadcast_append()
+        if self.role is Role.LEADER:
+            self._maybe_commit()  # told to the followers as rule 6 says
 
     # -------------------------------------------------------------- internals
 
@@ -652,8 +666,8 @@ class RaftNode:
             return
         if pr.state is ProgressState.PROBE or pr.snapshot_done():
             pr.become_replicate()
-        if self._maybe_commit():
-            self._broadcast_append()
+        # The new commit rides on the next append or heartbeat (rule 6).
+        self._maybe_commit()
         self._fill_window(msg.src)
         if self.elector.transferee == msg.src and pr.match == self.log.last_index:
             self._outbox.append(TimeoutNow(self.id, msg.src, self.term))

@@ -59,7 +59,7 @@ import os
 import random
 import ssl
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Protocol
 
@@ -290,6 +290,7 @@ class NodeCounters:
     """What the runtime has done since it started (status() and metrics)."""
 
     readies: int = 0
+    inline_readies: int = 0  # of them, carried out in the pass of the input (_carry_out)
     proposals: int = 0
     proposal_batches: int = 0
     proposals_acked: int = 0
@@ -491,6 +492,9 @@ class RaftGroupNode:
         # runtime seeds it from the OS so the replicas never draw alike.
         self._rng = io.rng or random.Random(int.from_bytes(os.urandom(16), "little"))
         self._queue: list[_Queued] = []
+        # A Ready `_carry_out` took from the core but could not carry out
+        # without waiting: the driver's next.
+        self._handoff: Ready | None = None
         self._pending: dict[int, _Pending] = {}
         self._wake = asyncio.Event()
         self._state_waiters: list[asyncio.Future[None]] = []
@@ -850,7 +854,46 @@ class RaftGroupNode:
                       self.config.node_id, exc)
             raise CodecError(f"message rejected: {exc!r}") from exc
         finally:
-            self._wake.set()
+            self._carry_out()
+
+    def _carry_out(self) -> None:
+        """After an input (messages stepped, a tick): carry out the Ready it
+        produced in this same pass when nothing of it must be awaited, else
+        wake the driver.
+
+        The acks a leader steps commit entries: their Ready (the commit
+        index for the followers, the entries to apply, the clients to
+        answer) needs no write, so it is handled here, in the pass that read
+        the acks, instead of in a second driver round after the proposal's
+        round. The same holds for a follower's commit-only append, for
+        heartbeats and, with flush="async" (nothing to fsync before an ack),
+        for a follower's appends. The Ready contract is the driver's
+        (dledger/ready.py): this runs only when no Ready is out (the core
+        hands out none while one is, so every earlier write is done), and a
+        Ready that must wait (a snapshot to install, a term or vote to save,
+        entries to fsync) goes to the driver as it is. Queued proposals also
+        go to the driver, so that their round carries this one's work too.
+        """
+        core = self._core
+        if core is None or self._stopping or self.failed is not None:
+            return
+        if not self._queue and self._handoff is None:
+            try:
+                while core.has_ready():
+                    rd = core.ready()
+                    if self._must_wait(rd):
+                        self._handoff = rd
+                        break
+                    self.counters.inline_readies += 1
+                    self._handle_now(rd)
+                    core.advance(rd)
+                    self._advanced()
+            except Exception as exc:
+                self._fail(exc)
+                return
+            if self._handoff is None and not core.has_ready():
+                return
+        self._wake.set()
 
     async def _ticker(self) -> None:
         core = self._require_core()
@@ -872,7 +915,7 @@ class RaftGroupNode:
             core.tick()
             if self._senders:
                 self._poll_transfers()
-            self._wake.set()
+            self._carry_out()
             n += 1
             if n % commit_every == 0 and min(self._hs_latest.commit, self.log.durable_index) \
                     > self._hs_saved.commit:
@@ -882,28 +925,61 @@ class RaftGroupNode:
         core = self._require_core()
         try:
             while not self._stopping:
-                if self._queue:
-                    self._drain_proposals()
-                if not core.has_ready():
-                    self._wake.clear()
-                    await self._wake.wait()
-                    continue
-                ready = core.ready()
+                ready = self._handoff
+                if ready is None:
+                    if self._queue:
+                        self._drain_proposals()
+                    if not core.has_ready():
+                        self._wake.clear()
+                        await self._wake.wait()
+                        continue
+                    ready = core.ready()
+                else:
+                    self._handoff = None  # taken by _carry_out, which could not wait
                 await self._handle_ready(ready)
                 core.advance(ready)
-                if self.config.replicate == "async" and self._pending:
-                    self._ack_stable()
-                self._notify_state()
+                self._advanced()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._fail(exc)
+
+    def _advanced(self) -> None:
+        if self.config.replicate == "async" and self._pending:
+            self._ack_stable()
+        self._notify_state()
+
+    def _must_wait(self, rd: Ready) -> bool:
+        """Whether carrying out `rd` awaits something (see _write)."""
+        if rd.snapshot is not None:
+            return True
+        if rd.entries and rd.must_sync and self.config.flush == "sync":
+            return True
+        hs = rd.hard_state
+        return hs is not None and (hs.term, hs.vote) != (self._hs_latest.term,
+                                                          self._hs_latest.vote)
+
+    def _handle_now(self, rd: Ready) -> None:
+        """Carry out a Ready that awaits nothing (`_must_wait` is False)."""
+        self.counters.readies += 1
+        self._send_now(rd)
+        waits = self._write(rd)
+        invariant(not waits, "a Ready carried out at once had something to wait for")
+        self._finish(rd)
 
     async def _handle_ready(self, rd: Ready) -> None:
         self.counters.readies += 1
         if rd.snapshot is not None:
             # First, before anything else of this Ready (dledger/ready.py).
             await self._install_snapshot(rd)
+        self._send_now(rd)
+        waits = self._write(rd)
+        if waits:
+            await asyncio.gather(*waits)
+        self._finish(rd)
+
+    def _send_now(self, rd: Ready) -> None:
+        """Step 2 of the contract: `messages` may leave before the write."""
         if rd.messages:
             messages: Sequence[Message] = rd.messages
             if any(isinstance(m, InstallSnapshot) for m in messages):
@@ -913,7 +989,12 @@ class RaftGroupNode:
                         self._begin_transfer(msg)
                 messages = [m for m in messages if not isinstance(m, InstallSnapshot)]
             self._transport.send(messages)
-        waits = []
+
+    def _write(self, rd: Ready) -> list[Awaitable[Any]]:
+        """Step 1: write the entries and the hard state; what must be awaited
+        before `messages_after_persist` leave (fsync of the entries under
+        flush="sync", a new term or vote always)."""
+        waits: list[Awaitable[Any]] = []
         if rd.entries:
             # Only entries above the last commit handed out may be replaced.
             started = self._clock()
@@ -931,8 +1012,11 @@ class RaftGroupNode:
                 # Always durable, whatever `flush` says: a forgotten vote or
                 # term lets a node vote twice in one term.
                 waits.append(self._save_hard_state())
-        if waits:
-            await asyncio.gather(*waits)
+        return waits
+
+    def _finish(self, rd: Ready) -> None:
+        """Steps 3 and 4, once step 1 is durable: acknowledgements, apply,
+        then the soft state."""
         if rd.messages_after_persist:
             for msg in rd.messages_after_persist:
                 if isinstance(msg, AppendResponse) and msg.success:

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from commitlog import StoredMessage
-from commitlog.columns import RecordColumns, queue_groups, scan_body
+from commitlog.columns import PYTHON_SCAN_MAX, RecordColumns, queue_groups, scan_body
 from commitlog.errors import MessageTooLargeError as StorageTooLarge
 from commitlog.message import valid_topic
 from ledgermq.base.errors import InvalidRequestError, MessageTooLargeError
@@ -245,25 +245,30 @@ class Scanned(NamedTuple):
 _UNPACK_HEAD = MESSAGE_HEAD.unpack_from
 
 
-def scan_records(blob: Any, size_max: int) -> Scanned:
+def scan_records(blob: Any, size_max: int, python_max: int = PYTHON_SCAN_MAX) -> Scanned:
     """Check a blob of CommitLog message records as a client sent it: sizes
     consistent and inside the blob, each record within `size_max`, valid topic
     names, UTF-8 texts, no system flags. Raises InvalidRequestError or
-    MessageTooLargeError (`.size`, `.index` on the exception's data)."""
+    MessageTooLargeError (`.size`, `.index` on the exception's data). A blob
+    of at most `python_max` records is checked in plain Python (the same
+    result; numpy's fixed cost per call dominates a one-message request)."""
     if type(blob) is not bytes or not blob:
         raise InvalidRequestError("field 'records' must be non-empty binary")
-    scanned = _scan_columns(blob, size_max)
+    scanned = _scan_columns(blob, size_max, python_max)
     # Anything unusual (a bad record, non-ASCII text) takes the record-by-record
     # path, which names the first offending record exactly.
     return scanned if scanned is not None else _scan_one_by_one(blob, size_max)
 
 
-def _scan_columns(blob: bytes, size_max: int) -> Scanned | None:
+def _scan_columns(blob: bytes, size_max: int, python_max: int = PYTHON_SCAN_MAX
+                  ) -> Scanned | None:
     """The whole-blob check (numpy columns); None when a record needs a closer look."""
     try:
-        columns = scan_body(blob)
+        columns = scan_body(blob, python_max)
     except ValueError:
         return None
+    if len(columns) <= python_max:
+        return _check_small(blob, size_max, columns)
     heads = columns.heads
     # A record cannot be larger than the blob holding it.
     if (len(blob) > size_max and int(heads["size"].max()) > size_max) \
@@ -294,6 +299,36 @@ def _scan_columns(blob: bytes, size_max: int) -> Scanned | None:
     starts = columns.starts.tolist()
     idents = list(zip(heads["producer_id"].tolist(), heads["sequence"].tolist(), strict=True))
     return Scanned(starts, idents, topics, firsts, columns)
+
+
+def _check_small(blob: bytes, size_max: int, columns: RecordColumns) -> Scanned | None:
+    """`_scan_columns` for a few records: the same checks and result, on
+    the heads as Python tuples (MESSAGE_HEAD's field order) instead of numpy
+    reductions."""
+    heads = columns.rows if columns.rows is not None else columns.heads.tolist()
+    tops: list[int] = [-1] * len(columns.topics)
+    for h, t in zip(heads, columns.topic_ids.tolist(), strict=True):
+        if (h[0] > size_max and len(blob) > size_max) or h[3]:
+            return None
+        if h[1] > tops[t]:
+            tops[t] = h[1]
+    topics: dict[bytes, int] = {}
+    for name, top in zip(columns.topics, tops, strict=True):
+        if not valid_topic(name):
+            return None
+        topics[name.encode()] = top
+    starts: list[int] = columns.starts.tolist()
+    if columns.same_meta:
+        if not _texts_valid(blob, 0, heads[0]):
+            return None
+    else:
+        for at, h in zip(starts, heads, strict=True):
+            q = at + MESSAGE_HEAD_SIZE + h[9]
+            n = h[10] + h[11] + h[12] + h[13]
+            if n and not blob[q : q + n].isascii():
+                return None
+    firsts = [0 if members is None else members[0] for _, members in queue_groups(columns)]
+    return Scanned(starts, [(h[6], h[7]) for h in heads], topics, firsts, columns)
 
 
 def _texts_valid(blob: bytes, offset: int, f: tuple[int, ...]) -> bool:

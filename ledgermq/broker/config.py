@@ -66,6 +66,11 @@ class BrokerConfig:
     batch_max_bytes: int = 4 * MIB
     max_inflight_proposals: int = 2
     propose_timeout_ms: int = 3_000
+    # A send that reaches this node while no leader is known (an election) or
+    # while it leads but has not applied its first entry waits up to this
+    # long for that to change, then is answered with the new leader (or
+    # taken): a client retrying on the answer needs no polling (0: answer at once).
+    write_hold_ms: int = 500
     namesrv_register_interval_ms: int = 1_000
     member_expiry_ms: int = 10_000
     dedup_window: int = 4096
@@ -287,6 +292,7 @@ def validate(config: BrokerConfig) -> None:
     _check_int(config, "snapshot_interval_entries", 0)
     _check_int(config, "snapshot_interval_bytes", 0)
     _check_int(config, "long_poll_timeout_ms", 0)
+    _check_int(config, "write_hold_ms", 0)
     _check_int(config, "segment_size_bytes", 4096)
     if config.default_queues > 1024:
         raise BrokerConfigError("default_queues must be at most 1024")

@@ -24,8 +24,10 @@ from ledgermq.base.errors import (
     InvalidRequestError,
     MessageTooLargeError,
     NoPermissionError,
+    NotLeaderError,
     OffsetMovedError,
     OffsetOutOfRangeError,
+    ServiceUnavailableError,
     UnknownTopicError,
 )
 from ledgermq.broker.acl import (
@@ -143,6 +145,14 @@ class Handlers:
 
     # ------------------------------------------------------------- topics
 
+    async def _writable(self) -> None:
+        """A send may go ahead here; during a failover it is held until the
+        group has a leader again (`wait_writable`), not refused at once."""
+        try:
+            self.b.require_writable()
+        except (NotLeaderError, ServiceUnavailableError):
+            await self.b.wait_writable()
+
     def _require_space(self) -> None:
         """New messages are refused while the disk is above disk_hard_ratio
         (DISK_FULL); control operations are not: they are tiny, and trims and
@@ -251,7 +261,7 @@ class Handlers:
         raw = body.get("messages")
         if not isinstance(raw, list) or not raw:
             raise InvalidRequestError("field 'messages' must be a non-empty list")
-        self.b.require_writable()
+        await self._writable()
         self._require_space()
         limit = self.b.config.message_size_bytes_max
         messages = []
@@ -295,7 +305,7 @@ class Handlers:
                 f"field 'count' is {count!r} but the blob holds {len(scanned.starts)} records")
         for name in scanned.topics:
             self._allow(conn, Action.PUB, name.decode())
-        self.b.require_writable()
+        await self._writable()
         self._require_space()
         for name, top in scanned.topics.items():
             topic = name.decode()

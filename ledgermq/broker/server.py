@@ -143,6 +143,9 @@ class Broker:
         self._cq_checkpointing: asyncio.Future[bool] | None = None
         self._topics_version_seen = 0
         self._last_role: str | None = None
+        # Sends held while an election runs (wait_writable), woken by the
+        # next soft-state change.
+        self._soft_waiters: set[asyncio.Future[None]] = set()
         self.sends: GroupCommitter[Records, SendAck] | None = None
         self.controls: GroupCommitter[ControlOp, int] | None = None
         self.entry_limit = 0
@@ -543,6 +546,10 @@ class Broker:
             raise RequestTimeoutError(f"entry {index} not applied within {timeout:g}s") from None
 
     def _on_soft_state(self, info: SoftStateInfo) -> None:
+        waiters, self._soft_waiters = self._soft_waiters, set()
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
         role = info.role
         if role != self._last_role:
             log.info("role %s -> %s (term %s, leader %s)", self._last_role, role,
@@ -603,6 +610,46 @@ class Broker:
             raise ServiceUnavailableError(
                 f"node {self.config.node_id} leads term {node.term} but has not applied"
                 " its first entry yet; retry shortly")
+
+    async def wait_writable(self) -> None:
+        """`require_writable`, but a write that arrives while no leader is
+        known (an election is running) or while this node leads and has not
+        applied its first entry yet waits for that to change, up to
+        `write_hold_ms`, instead of being refused at once: the answer then
+        names the new leader, or this node takes the write itself. A client
+        retrying on NOT_LEADER hints thus learns of the new leader when the
+        group does, without polling through the election."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.write_hold_ms / 1000
+        while True:
+            try:
+                self.require_writable()
+                return
+            except NotLeaderError as exc:
+                if exc.leader is not None:
+                    raise  # a leader elsewhere: the client goes there now
+                leaderless = True
+            except ServiceUnavailableError:
+                node = self.node
+                if node.failed is not None or node.role != "leader":
+                    raise
+                leaderless = False
+            remaining = deadline - loop.time()
+            if remaining <= 0 or self.node.failed is not None:
+                self.require_writable()  # raises the current answer
+                return
+            if leaderless:
+                future: asyncio.Future[None] = loop.create_future()
+                self._soft_waiters.add(future)
+                try:
+                    async with asyncio.timeout(remaining):
+                        await future
+                except TimeoutError:
+                    pass
+                finally:
+                    self._soft_waiters.discard(future)
+            else:
+                await self.node.wait_leader_ready(remaining)
 
     async def propose(self, kind: int, body: bytes) -> Entry:
         """Propose one entry through the runtime; the appended entry once acked."""

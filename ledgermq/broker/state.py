@@ -21,7 +21,7 @@ import logging
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import pairwise, repeat
 from typing import Any, NamedTuple, cast, overload
 
 import msgpack
@@ -158,15 +158,23 @@ class ProducerTable:
         producer.high = high
         self._evict(producer)
 
-    def record_applied(self, producer_id: int, sequences: np.ndarray, applied: AppliedRecords,
-                       members: np.ndarray | None) -> None:
+    def record_applied(self, producer_id: int, sequences: np.ndarray | list[int],
+                       applied: AppliedRecords, members: np.ndarray | list[int] | None) -> None:
         """Remember one producer's messages of one applied entry: `sequences`
-        of its records `members` (None: every record of the entry)."""
-        seqs = sequences.tolist()
-        records = range(len(seqs)) if members is None else members.tolist()
+        of its records `members` (None: every record of the entry); numpy
+        columns or, for a few records, lists."""
+        if isinstance(sequences, list):
+            seqs = sequences
+            increasing = all(b > a for a, b in pairwise(seqs))
+        else:
+            seqs = sequences.tolist()
+            increasing = len(seqs) == 1 or bool((sequences[1:] > sequences[:-1]).all())
+        if members is None:
+            records: range | list[int] = range(len(seqs))
+        else:
+            records = members if isinstance(members, list) else members.tolist()
         producer = self._producers.get(producer_id)
-        if (producer is None or seqs[0] > producer.high) and (
-                len(seqs) == 1 or bool((sequences[1:] > sequences[:-1]).all())):
+        if (producer is None or seqs[0] > producer.high) and increasing:
             # New and increasing (the normal case): no per-record checks.
             if producer is None:
                 producer = self._touch(producer_id)
@@ -284,6 +292,8 @@ class BrokerState:
         # queue and per producer, no Python object per record.
         if columns is None:
             columns = scan_body(entry.body)
+        if columns.rows is not None:
+            return self._apply_few(entry, columns, columns.rows)
         n = len(columns)
         queue_next = self.queue_next
         groups = queue_groups(columns)
@@ -320,6 +330,42 @@ class BrokerState:
                     own = np.flatnonzero(producer_ids == producer_id)
                     self.producers.record_applied(
                         producer_id, columns.heads["sequence"][own], applied, own)
+        return applied
+
+    def _apply_few(self, entry: Entry, columns: RecordColumns,
+                   rows: list[tuple[int, ...]]) -> AppliedRecords:
+        """`_apply_messages` of a body of a few records (one, for a producer
+        sending one message at a time), from the heads as Python tuples: the
+        same state, without the numpy reductions whose fixed cost per call
+        outweighs a handful of records."""
+        n = len(rows)
+        queue_next = self.queue_next
+        offsets = [0] * n
+        for key, members in queue_groups(columns):
+            start = queue_next.get(key, 0)
+            if members is None:
+                queue_next[key] = start + n
+                offsets = list(range(start, start + n))
+                break
+            queue_next[key] = start + len(members)
+            for k, record in enumerate(members):
+                offsets[record] = start + k
+        applied = AppliedRecords(entry.position + HEADER_SIZE, columns.starts, columns.topics,
+                                 columns.topic_ids, columns.heads["queue_id"],
+                                 np.array(offsets, dtype=np.int64), 0, n)
+        first = rows[0][6]
+        if all(row[6] == first for row in rows):
+            if first:
+                self.producers.record_applied(first, [row[7] for row in rows], applied, None)
+            return applied
+        own: dict[int, list[int]] = {}
+        for k, row in enumerate(rows):
+            if row[6]:
+                own.setdefault(row[6], []).append(k)
+        for producer_id in sorted(own):  # as np.unique orders them
+            members = own[producer_id]
+            self.producers.record_applied(producer_id, [rows[k][7] for k in members], applied,
+                                          members)
         return applied
 
     def _apply_control(self, entry: Entry) -> None:

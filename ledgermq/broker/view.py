@@ -120,6 +120,10 @@ class BrokerView(Protocol):
     def require_writable(self) -> None:
         """Raise unless this node is the ready leader."""
 
+    async def wait_writable(self) -> None:
+        """`require_writable`, holding the write through an election or until
+        this node's first entry is applied (up to `write_hold_ms`)."""
+
     def leader_client_address(self) -> str | None: ...
 
     def status(self) -> dict[str, Any]:

@@ -6,13 +6,20 @@ a hash of `sharding_key` when the order of related messages matters (same key
 
 - NOT_LEADER with a hint: at once, at the named leader;
 - no leader yet, a broken connection, a timeout, OUTCOME_UNKNOWN: after a short
-  poll (10 ms doubling to 40 ms, jittered), asking the group's nodes in turn
-  (a follower that knows the new leader names it), with a fresh route, on
-  another queue (unless a sharding key pins the queue);
+  fixed poll (10 ms, jittered), asking the group's nodes in turn, on another
+  queue (unless a sharding key pins the queue), with a fresh route from the
+  NameServer at most every 0.25 s. During a failover the nodes hold a write
+  while no leader is known, or until a new leader has applied its first
+  entry (the broker's `write_hold_ms`), and then answer with the new leader
+  or take it: the SDK learns of the new leader when the group does, and the
+  poll only bridges the moments before the survivors notice the old one died;
 - UNKNOWN_TOPIC, MESSAGE_TOO_LARGE, NO_PERMISSION, INVALID_REQUEST: never.
 
 Concurrent sends to one broker share requests (`client.coalesce`), so many
-in-flight `send` calls cost a few round trips, not one each.
+in-flight `send` calls cost a few round trips, not one each. `coalesce=False`
+switches that off: every `send` is a request of its own, all of them in
+flight at once, as other systems' clients send (the broker's group commit
+still puts concurrent requests into one Raft entry).
 
 Cost per message is what limits a Python producer, so the common case is kept
 short: while the topic's route is cached, `send` of a plain body picks its
@@ -66,16 +73,21 @@ from ledgermq.wire.auth import Credentials
 log = logging.getLogger(__name__)
 
 _RETRY_LATER = (*RETRIABLE, ServiceUnavailableError, OutcomeUnknownError)
-# Retries that wait (no leader known yet, a broken connection): the first
-# after 10 ms, doubling to at most 40 ms, each with +-20% jitter.
+# Retries that wait (no leader known yet, a broken connection): every 10 ms,
+# +-20% jitter, never longer (a doubling back-off quantised the failover
+# time to its steps); the route is asked of the NameServer again at most
+# this often meanwhile (it learns of a new leader from its registration,
+# later than the nodes' answers name it).
 RETRY_POLL_S = 0.01
-RETRY_POLL_MAX_S = 0.04
+ROUTE_REFRESH_S = 0.25
 _pack_head = HEAD.pack
 _monotonic = time.monotonic
 _time_ns = time.time_ns
 _get_running_loop = asyncio.get_running_loop
 _pack_sequence_into = struct.Struct("<Q").pack_into
 _PLAIN = {bytes}
+# coalesce=False: requests in flight per broker are bounded by the callers only.
+UNLIMITED_INFLIGHT = 1 << 30
 
 
 def _plain(messages: Sequence[bytes | Message]) -> TypeGuard[Sequence[bytes]]:
@@ -101,10 +113,13 @@ class Producer:
         name: str = "producer",
         credentials: Credentials | None = None,
         tls: ssl.SSLContext | None = None,
+        coalesce: bool = True,
     ) -> None:
         """`credentials`: authenticate to the brokers (docs/security.md;
         `credentials_from_env()` reads them from the environment); `tls`:
-        connect with TLS, verifying the servers' certificates."""
+        connect with TLS, verifying the servers' certificates; `coalesce`:
+        concurrent sends to one broker share requests (False: one request
+        per send, no limit on requests in flight)."""
         self.cluster = Cluster(tuple(namesrv), name=name, timeout=send_timeout,
                                credentials=credentials, tls=tls)
         self.send_timeout = send_timeout
@@ -120,7 +135,9 @@ class Producer:
         self._plans: dict[str, tuple[list[GroupRoute], list[Slot]]] = {}
         self.retries = 0
         self._jitter = random.Random()
-        self.coalescer = SendCoalescer(self._send_request)
+        self.coalescer = (SendCoalescer(self._send_request) if coalesce else
+                          SendCoalescer(self._send_request, max_messages=1,
+                                        max_inflight=UNLIMITED_INFLIGHT))
 
     async def _send_request(self, address: str, records: bytes | bytearray, count: int) -> Any:
         return await self.cluster.request(address, RequestCode.SEND_MESSAGES,
@@ -474,14 +491,16 @@ class Producer:
         deadline = (started or _monotonic()) + (timeout or self.retry_timeout)
         attempt = 0
         refresh = False
+        refreshed_at = -ROUTE_REFRESH_S
         pinned = queue
-        backoff = RETRY_POLL_S
         while True:
             if failed is not None:
                 error, slot, address = failed
                 failed = None
             else:
                 if slot is None:
+                    if refresh:
+                        refreshed_at = _monotonic()
                     slot = await self._select(topic, sharding_key, pinned, refresh)
                 address = self.cluster.leader_address(slot[1], attempt)
                 try:
@@ -503,10 +522,10 @@ class Producer:
                         continue
                 else:
                     self.cluster.forget_leader(route.group)
-                    refresh = True
+                    refresh = _monotonic() - refreshed_at >= ROUTE_REFRESH_S
             elif isinstance(error, _RETRY_LATER):
                 self.cluster.forget_leader(route.group)
-                refresh = True
+                refresh = _monotonic() - refreshed_at >= ROUTE_REFRESH_S
             elif isinstance(error, UnknownTopicError):
                 # A route that outlived its topic; ask again once, then give up.
                 if refresh:
@@ -515,20 +534,19 @@ class Producer:
             else:
                 raise error
             self.retries += 1
-            if _monotonic() + backoff >= deadline:
+            if _monotonic() + RETRY_POLL_S >= deadline:
                 if isinstance(error, LedgerMQError):
                     raise error
                 raise RequestTimeoutError(
                     f"send to {topic!r} failed after {attempt} attempts: {error!r}") from error
             log.debug("send attempt %d to %s failed: %r", attempt, address, error)
-            # A short poll, not a long back-off: during a failover the nodes
-            # are asked in turn and the first follower that knows the new
-            # leader names it, so the send lands within one poll of the new
-            # leader being ready (a doubling to 300 ms quantised failover to
-            # about 0.6 or 0.9 s). Jitter keeps many producers from polling
-            # in step.
-            await asyncio.sleep(backoff * (0.8 + 0.4 * self._jitter.random()))
-            backoff = min(backoff * 2, RETRY_POLL_MAX_S)
+            # A short fixed poll, not a back-off: during a failover the nodes
+            # are asked in turn; a node that knows no leader holds the send
+            # until it does and then names it (or takes the send as the new
+            # leader), so the send lands as the new leader becomes ready (a
+            # doubling to 300 ms quantised failover to about 0.6 or 0.9 s).
+            # Jitter keeps many producers from polling in step.
+            await asyncio.sleep(RETRY_POLL_S * (0.8 + 0.4 * self._jitter.random()))
 
     async def create_topic(self, topic: str, queues: int = 4, perm: int = 6) -> dict[str, Any]:
         """Create or update a topic on every broker group (admin helper)."""

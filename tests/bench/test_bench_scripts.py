@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -48,6 +50,7 @@ def test_produce_bench_runs_a_cluster_and_reports_cpu_and_failover() -> None:
     """Open, auth and auth+tls clusters in one run (the default), with the
     cost of each secured mode against open."""
     out = run_bench("bench/produce.py", "--seconds", "1", "--kills", "1", "--rounds", "2",
+                    "--loads", "single_64_in_flight,batch_64,batch_64_32_in_flight",
                     timeout=400)
     result = json.loads(out)
     securities = ["open", "auth", "auth+tls"]
@@ -75,6 +78,27 @@ def test_produce_bench_runs_a_cluster_and_reports_cpu_and_failover() -> None:
     assert failover["kills"] == 1 and len(failover["all_s"]) == 1
     assert 0 < failover["p50_s"] <= failover["max_s"]
     assert result["calibration_s_start"] > 0 and result["calibration_s_end"] > 0
+
+
+def test_produce_bench_per_message_workload_reports_server_cpu_per_process() -> None:
+    """Merging off at W = 1 and 64, and independent producer processes."""
+    out = run_bench("bench/produce.py", "--seconds", "1", "--kills", "0", "--rounds", "1",
+                    "--security", "open", "--flush", "async",
+                    "--loads", "nomerge_w1,nomerge_w64,procs", "--procs", "3", timeout=300)
+    result = json.loads(out)
+    assert result["loads"] == ["nomerge_w1", "nomerge_w64", "procs"]
+    (run,) = result["runs"]
+    for load, client in (("nomerge_w1", "client"), ("nomerge_w64", "client"),
+                         ("procs", "clients")):
+        figures = run[load]
+        assert figures["acked"] > 0 and 0 < figures["p50_ms"] <= figures["p99_ms"]
+        cpu = figures["cpu_us_per_msg"]
+        assert set(cpu) == {client, "leader", "follower_1", "follower_2", "servers"}
+        assert all(v > 0 for v in cpu.values()), (load, cpu)
+        assert cpu["servers"] == pytest.approx(
+            cpu["leader"] + cpu["follower_1"] + cpu["follower_2"], abs=0.2)
+        assert all(0 <= share <= 1 for share in figures["system_share"].values())
+    assert "failover" not in result
 
 
 def test_startup_bench_starts_a_broker_from_a_snapshot_at_two_sizes(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""scan_body (numpy columns) agrees with the record-by-record walk, on any body."""
+"""scan_body (numpy columns) agrees with the record-by-record walk, on any
+body, and its plain-Python path for small bodies with its numpy path."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commitlog import Message, encode_messages, iter_records, tag_hash
-from commitlog.columns import queue_groups, scan_body
+from commitlog.columns import PYTHON_SCAN_MAX, RecordColumns, queue_groups, scan_body
 from commitlog.message import MESSAGE_HEAD_SIZE
 
 _messages = st.lists(st.builds(
@@ -89,3 +90,61 @@ def test_a_size_that_disagrees_with_the_field_lengths_is_refused() -> None:
 def test_empty_body_has_no_records() -> None:
     columns = scan_body(b"")
     assert len(columns) == 0 and queue_groups(columns) == []
+
+
+def _same_columns(a: RecordColumns, b: RecordColumns) -> None:
+    assert a.starts.tolist() == b.starts.tolist()
+    assert a.heads.dtype == b.heads.dtype and a.heads.tolist() == b.heads.tolist()
+    assert a.topics == b.topics
+    assert a.topic_ids.tolist() == b.topic_ids.tolist()
+    assert a.tag_hashes.dtype == b.tag_hashes.dtype
+    assert a.tag_hashes.tolist() == b.tag_hashes.tolist()
+    assert a.same_meta == b.same_meta
+    for columns in (a, b):
+        assert columns.rows is None or columns.rows == columns.heads.tolist()
+    assert queue_groups(a) == queue_groups(b)
+
+
+@st.composite
+def small_or_damaged(draw: st.DrawFn) -> bytes:
+    """Bodies of 1..PYTHON_SCAN_MAX + 2 records, often damaged: cut short,
+    a byte of a head changed (sizes, lengths, flags), or a non-UTF-8 topic."""
+    messages = draw(_messages)[: draw(st.integers(1, PYTHON_SCAN_MAX + 2))]
+    if draw(st.booleans()):
+        messages = [messages[0]] * len(messages)
+    body = bytearray(encode_messages(messages, 1 << 20))
+    damage = draw(st.sampled_from(["none", "none", "cut", "head", "topic"]))
+    if damage == "cut":
+        del body[draw(st.integers(0, len(body) - 1)):]
+    elif damage == "head":
+        at = draw(st.sampled_from(list(scan_body(bytes(body), 0).starts.tolist())))
+        body[at + draw(st.integers(0, MESSAGE_HEAD_SIZE - 1))] = draw(st.integers(0, 255))
+    elif damage == "topic":
+        body[MESSAGE_HEAD_SIZE] = 0xFF
+    return bytes(body)
+
+
+@settings(max_examples=400, deadline=None)
+@given(small_or_damaged())
+def test_the_plain_python_scan_gives_the_numpy_scans_result(body: bytes) -> None:
+    """Small bodies skip numpy; the columns (or the error) are the same."""
+    try:
+        numpy_scan = scan_body(body, python_max=0)
+    except ValueError as exc:
+        with pytest.raises(ValueError) as caught:
+            scan_body(body)
+        assert str(caught.value) == str(exc)
+        return
+    _same_columns(scan_body(body), numpy_scan)
+    # A bytearray or memoryview takes the general path of the Python scan.
+    _same_columns(scan_body(bytearray(body)), numpy_scan)
+    _same_columns(scan_body(memoryview(body)), numpy_scan)
+
+
+def test_a_one_record_scan_shares_nothing_writable_with_later_scans() -> None:
+    body = encode_messages([Message("t", b"abc", tags="x")], 1 << 20)
+    first, second = scan_body(body), scan_body(body)
+    for array in (first.starts, first.heads, first.topic_ids, first.tag_hashes):
+        with pytest.raises(ValueError):
+            array[0] = 1  # read-only: a shared constant or a view of the body
+    assert second.starts.tolist() == [0] and int(second.heads["size"][0]) == len(body)

@@ -46,6 +46,9 @@ def _cluster_with_entries(count: int) -> InteractionEnv:
     for i in range(count):
         env.handle(f"propose 1 m{i}")
     env.handle("stabilize")
+    # The leader's next heartbeat tells the followers its last commit (RaftNode rule 6).
+    env.handle("tick 1 1")
+    env.handle("stabilize")
     return env
 
 

@@ -4,10 +4,15 @@ the wire (records, sequences, coalescing) and what comes back (SendResult)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import statistics
+import time
+from typing import Any
 
 import pytest
 
 from ledgermq.base import loop
+from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import (
     InvalidRequestError,
     MessageTooLargeError,
@@ -61,6 +66,39 @@ def test_concurrent_sends_share_requests_and_get_their_own_results() -> None:
             for q in range(3):
                 offsets = sorted(r.queue_offset for r in results if r.queue.queue_id == q)
                 assert offsets == list(range(len(offsets)))
+        finally:
+            await producer.close()
+            await broker.close()
+    run(main())
+
+
+def test_without_coalescing_every_send_is_its_own_request_all_in_flight() -> None:
+    async def main() -> None:
+        broker = await FakeBroker(queues=3).start()
+        broker.delay = 0.05
+        in_flight = high = 0
+        inner = broker._send
+
+        async def counting(body: Any, conn: Any) -> Any:
+            nonlocal in_flight, high
+            in_flight += 1
+            high = max(high, in_flight)
+            try:
+                return await inner(body, conn)
+            finally:
+                in_flight -= 1
+
+        broker.server.handlers[RequestCode.SEND_MESSAGES] = counting
+        producer = Producer([broker.address], coalesce=False)
+        try:
+            results = await asyncio.gather(*(producer.send("t", b"m%d" % i) for i in range(40)))
+            assert broker.requests == [1] * 40
+            assert high == 40  # none waited for another's reply
+            assert producer.coalescer.requests == 40
+            check_results(broker, results)
+            # send_batch is still one request of its messages.
+            await producer.send_batch("t", [b"a", b"b", b"c"])
+            assert broker.requests[-1] == 3
         finally:
             await producer.close()
             await broker.close()
@@ -406,6 +444,47 @@ def test_a_retried_batch_keeps_its_sequences() -> None:
             assert [check[r.msg_id].sequence for r in results] == list(range(2, 22))
             assert [r.queue_offset for r in results] == [check[r.msg_id].queue_offset
                                                          for r in results]
+        finally:
+            await producer.close()
+            await broker.close()
+    run(main())
+
+
+def test_a_send_waiting_for_a_leader_polls_at_a_fixed_short_interval() -> None:
+    """No leader for a while (every answer NOT_LEADER without a hint): the
+    retries go out every ~10 ms, not at a doubling interval, and the route is
+    asked of the NameServer again at most every 0.25 s, not on every retry."""
+    async def main() -> None:
+        broker = await FakeBroker().start()
+        attempts: list[float] = []
+        routes = 0
+        route = broker._route
+
+        async def count_routes(body: Any, conn: Any) -> Any:
+            nonlocal routes
+            routes += 1
+            return await route(body, conn)
+
+        def no_leader_yet(parsed: Any) -> None:
+            attempts.append(time.monotonic())
+            if attempts[-1] - attempts[0] < 0.6:
+                raise NotLeaderError("electing", leader=None)
+
+        broker.server.handlers[RequestCode.GET_ROUTE] = count_routes
+        producer = Producer([broker.address])
+        try:
+            await producer.send("t", b"warm")
+            routes = 0
+            broker.hook = no_leader_yet
+            started = time.monotonic()
+            result = await producer.send("t", b"after the election")
+            waited = time.monotonic() - started
+            assert result.msg_id is not None and 0.6 <= waited < 0.75
+            gaps = [b - a for a, b in itertools.pairwise(attempts)]
+            # ~10 ms each plus a round trip; a doubling to 40 ms would put
+            # the median near 40 ms.
+            assert len(attempts) > 20 and statistics.median(gaps) < 0.025, gaps
+            assert routes <= 4, routes  # about one per 0.25 s
         finally:
             await producer.close()
             await broker.close()
