@@ -18,7 +18,8 @@ HEADER_SIZE = 48
 KIND_MESSAGES = 1
 KIND_NOOP = 2
 KIND_CONTROL = 3
-KINDS = frozenset((KIND_MESSAGES, KIND_NOOP, KIND_CONTROL))
+KIND_CONFIG = 4
+KINDS = frozenset((KIND_MESSAGES, KIND_NOOP, KIND_CONTROL, KIND_CONFIG))
 
 _HEAD = struct.Struct("<IBBHIIQQQI")  # bytes [0, 44): everything the header CRC covers
 _CRC = struct.Struct("<I")

@@ -26,6 +26,8 @@ class EntryKind(enum.IntEnum):
     MESSAGES = 1
     NOOP = 2
     CONTROL = 3
+    # The group's whole new configuration (`dledger.membership`), effective once appended.
+    CONFIG = 4
 
 
 @dataclass(frozen=True, slots=True)

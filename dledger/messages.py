@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from dledger.entry import Entry
+from dledger.membership import Membership
 from election.messages import (
     CHANNEL_CONTROL,
     CHANNEL_REPLICATION,
@@ -89,6 +90,8 @@ class InstallSnapshot(Message):
     index: int
     snap_term: int
     end_position: int
+    # The configuration in effect at `index` (None: the bootstrap one).
+    membership: Membership | None = None
 
     channel: ClassVar[str] = CHANNEL_REPLICATION
     from_leader: ClassVar[bool] = True

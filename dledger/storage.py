@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dledger.entry import Entry, HardState
+from dledger.membership import Membership
 
 
 class LogUnavailable(LookupError):
@@ -36,6 +37,9 @@ class SnapshotMeta:
     index: int
     term: int
     end_position: int
+    # The configuration in effect at `index` (None: the bootstrap one, for
+    # snapshots written before membership changes existed).
+    membership: Membership | None = None
 
 
 class LogStorage(Protocol):

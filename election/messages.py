@@ -17,7 +17,7 @@ Replication messages (`AppendRequest`, `AppendResponse`) live in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 CHANNEL_CONTROL = "control"
@@ -31,6 +31,10 @@ class Message:
     src: int
     dst: int
     term: int
+    # The sender's data-directory id (`dledger.membership`): a node that lost
+    # its disk comes back under a new one, and its votes no longer count.
+    # 0 when unknown (drivers and tests that do not track identity).
+    directory_id: int = field(default=0, kw_only=True)
 
     channel: ClassVar[str] = CHANNEL_CONTROL
     from_leader: ClassVar[bool] = False

@@ -25,8 +25,10 @@ ENTRY_HEADER_CRC_AT = 44
 KIND_MESSAGES = 1
 KIND_NOOP = 2
 KIND_CONTROL = 3
-KINDS = (KIND_MESSAGES, KIND_NOOP, KIND_CONTROL)
-KIND_NAMES = {KIND_MESSAGES: "MESSAGES", KIND_NOOP: "NOOP", KIND_CONTROL: "CONTROL"}
+KIND_CONFIG = 4
+KINDS = (KIND_MESSAGES, KIND_NOOP, KIND_CONTROL, KIND_CONFIG)
+KIND_NAMES = {KIND_MESSAGES: "MESSAGES", KIND_NOOP: "NOOP", KIND_CONTROL: "CONTROL",
+              KIND_CONFIG: "CONFIG"}
 
 # Largest entry the audit accepts. The broker's entry_size_bytes_max is a
 # configuration value the files do not record; an entry must at least fit in a
