@@ -181,7 +181,7 @@ def add_learner(current: Membership, member: Member) -> Membership:
     """Add a new node that replicates but does not vote."""
     if current.member(member.node_id) is not None:
         raise MembershipError(f"node {member.node_id} is already a member")
-    return replace(current, learners=_sorted(current.learners + (member,)))
+    return replace(current, learners=_sorted((*current.learners, member)))
 
 
 def promote(current: Membership, node_id: int) -> Membership:
@@ -190,7 +190,7 @@ def promote(current: Membership, node_id: int) -> Membership:
     if m is None or node_id not in current.learner_ids:
         raise MembershipError(f"node {node_id} is not a learner")
     return Membership(
-        _sorted(current.voters + (m,)),
+        _sorted((*current.voters, m)),
         tuple(x for x in current.learners if x.node_id != node_id),
     )
 
