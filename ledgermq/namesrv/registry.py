@@ -27,6 +27,13 @@ not from us):
 
 The group's leader term survives the leader's expiry, so a stale leader cannot
 sneak back in the gap; it is forgotten only when the whole group is gone.
+
+Membership: a registration may carry the node's view of its group's
+configuration (voter and learner ids and the index of the CONFIG entry in
+effect). The group keeps the one with the highest index heard from the
+current leader's term or later, and routes list only its members: a node
+removed from the group but still running (and registering) is not offered to
+clients.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ PERM_RW = PERM_READ | PERM_WRITE
 DEFAULT_CLUSTER = "DefaultCluster"
 DEFAULT_EXPIRY_MS = 30_000
 MAX_QUEUES = 1024
+# At most this many voters and learners in a registered configuration.
+MAX_MEMBERS = 64
 
 
 class Role(StrEnum):
@@ -74,6 +83,7 @@ class BrokerRegistration:
     term: int
     topics: Mapping[str, TopicConfig] = field(default_factory=dict)
     cluster: str = DEFAULT_CLUSTER
+    membership: GroupMembership | None = None
 
     @classmethod
     def from_wire(cls, body: Any) -> BrokerRegistration:
@@ -109,7 +119,9 @@ class BrokerRegistration:
             if not isinstance(perm, int) or isinstance(perm, bool) or perm & ~PERM_RW:
                 raise InvalidRequestError(f"topic {name!r}: 'perm' must be a subset of {PERM_RW}")
             topics[name] = TopicConfig(queues, perm)
-        return cls(group, node_id, address, role, term, topics, cluster)
+        membership = GroupMembership.from_wire(body["membership"]) \
+            if body.get("membership") is not None else None
+        return cls(group, node_id, address, role, term, topics, cluster, membership)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -120,7 +132,46 @@ class BrokerRegistration:
             "role": self.role.value,
             "term": self.term,
             "topics": {t: c.to_wire() for t, c in self.topics.items()},
+            **({"membership": self.membership.to_wire()} if self.membership else {}),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMembership:
+    """A node's view of its group's configuration (`dledger.membership`)."""
+
+    index: int
+    voters: tuple[int, ...]
+    learners: tuple[int, ...] = ()
+
+    @classmethod
+    def from_wire(cls, body: Any) -> GroupMembership:
+        if not isinstance(body, dict):
+            raise InvalidRequestError("field 'membership' must be a map")
+        index = _int(body, "index", 0, 2**63 - 1, where="membership: ")
+        voters = _ids(body, "voters")
+        learners = _ids(body, "learners")
+        if not voters or set(voters) & set(learners):
+            raise InvalidRequestError("membership: voters must be non-empty and disjoint "
+                                      "from learners")
+        return cls(index, voters, learners)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"index": self.index, "voters": list(self.voters),
+                "learners": list(self.learners)}
+
+    def node_ids(self) -> frozenset[str]:
+        """Members as the registry names nodes ("n1")."""
+        return frozenset(f"n{i}" for i in self.voters + self.learners)
+
+
+def _ids(body: Mapping[str, Any], key: str) -> tuple[int, ...]:
+    value = body.get(key, [])
+    if not isinstance(value, list) or len(value) > MAX_MEMBERS or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 < i < 2**63 for i in value):
+        raise InvalidRequestError(f"membership: field {key!r} must be a list of at most "
+                                  f"{MAX_MEMBERS} node ids")
+    return tuple(sorted(set(value)))
 
 
 def _str(body: Mapping[str, Any], key: str) -> str:
@@ -149,6 +200,9 @@ class _Group:
     nodes: dict[str, _Node] = field(default_factory=dict)
     leader: str | None = None  # node id
     leader_term: int = -1
+    # The newest configuration a node of the leader's term (or later) reported.
+    membership: GroupMembership | None = None
+    membership_term: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +271,20 @@ class RouteRegistry:
             # The leader itself says it stepped down.
             group.leader = None
         group.nodes[reg.node_id] = _Node(reg, now_ms)
+        self._note_membership(group, reg, stale)
         return self._result(group, reg.role, stale)
+
+    @staticmethod
+    def _note_membership(group: _Group, reg: BrokerRegistration, stale: bool) -> None:
+        """Keep the newest configuration: a later term, or the same term and a
+        later CONFIG index (a deposed or delayed node's older view never wins)."""
+        m = reg.membership
+        if m is None or stale or reg.term < group.leader_term:
+            return
+        current = group.membership
+        if current is None or (reg.term, m.index) > (group.membership_term, current.index):
+            group.membership = m
+            group.membership_term = reg.term
 
     def heartbeat(self, group_name: str, node_id: str, now_ms: int) -> bool:
         """Refresh a node's liveness. False if the node is unknown (expired, or
@@ -293,7 +360,8 @@ class RouteRegistry:
                     "queues": cfg.queues,
                     "perm": cfg.perm,
                     "leader": _node_view(leader) if leader else None,
-                    "nodes": [_node_view(n) for n in _sorted_nodes(group)],
+                    "nodes": [_node_view(n) for n in _member_nodes(group)],
+                    **_membership_view(group),
                 }
             )
         if not groups:
@@ -320,6 +388,7 @@ class RouteRegistry:
                     }
                     for n in _sorted_nodes(group)
                 ],
+                **_membership_view(group),
             }
         return {"clusters": clusters, "groups": groups}
 
@@ -338,6 +407,23 @@ class RouteRegistry:
 
 def _sorted_nodes(group: _Group) -> list[_Node]:
     return [group.nodes[k] for k in sorted(group.nodes)]
+
+
+def _member_nodes(group: _Group) -> list[_Node]:
+    """The registered nodes that belong to the group's configuration (all of
+    them while no configuration is known)."""
+    nodes = _sorted_nodes(group)
+    if group.membership is None:
+        return nodes
+    members = group.membership.node_ids()
+    return [n for n in nodes if n.reg.node_id in members]
+
+
+def _membership_view(group: _Group) -> dict[str, Any]:
+    m = group.membership
+    if m is None:
+        return {}
+    return {"membership": m.to_wire()}
 
 
 def _node_view(node: _Node) -> dict[str, Any]:

@@ -228,3 +228,53 @@ def test_leadership_invariants_under_any_registration_order(evs: list[Any]) -> N
         assert len(leaders) <= 1
         assert leaders == ([view["leader"]] if view["leader"] else [])
         assert view["leader_term"] == floor
+
+
+def test_routes_follow_the_newest_configuration_and_hide_removed_nodes() -> None:
+    from dataclasses import replace
+
+    from ledgermq.namesrv.registry import GroupMembership
+
+    r = RouteRegistry(expiry_ms=1000)
+    three = GroupMembership(5, (1, 2, 3))
+    r.register(replace(reg("n1", Role.LEADER, 2), membership=three), 0)
+    r.register(replace(reg("n2", Role.FOLLOWER, 2), membership=three), 0)
+    r.register(replace(reg("n3", Role.FOLLOWER, 2), membership=three), 0)
+    r.register(replace(reg("n4", Role.FOLLOWER, 2)), 0)  # not a member yet
+    group = r.route("orders")["groups"][0]
+    assert group["membership"] == {"index": 5, "voters": [1, 2, 3], "learners": []}
+    assert [n["node_id"] for n in group["nodes"]] == ["n1", "n2", "n3"]
+    # n4 joins as a learner, then n3 is removed: n3 keeps registering with
+    # its older view, which must not win over the leader's newer one.
+    r.register(replace(reg("n1", Role.LEADER, 2),
+                       membership=GroupMembership(9, (1, 2), (4,))), 0)
+    r.register(replace(reg("n3", Role.FOLLOWER, 2), membership=three), 0)
+    group = r.route("orders")["groups"][0]
+    assert group["membership"] == {"index": 9, "voters": [1, 2], "learners": [4]}
+    assert [n["node_id"] for n in group["nodes"]] == ["n1", "n2", "n4"]
+    assert r.cluster(0)["groups"]["g1"]["membership"]["index"] == 9
+    # A deposed leader's older term never brings its view back.
+    r.register(replace(reg("n2", Role.LEADER, 3),
+                       membership=GroupMembership(9, (1, 2), (4,))), 0)
+    r.register(replace(reg("n1", Role.LEADER, 2), membership=three), 0)
+    assert r.route("orders")["groups"][0]["membership"]["index"] == 9
+
+
+@pytest.mark.parametrize("membership", [
+    "x", {"index": -1, "voters": [1]}, {"index": 1, "voters": []},
+    {"index": 1, "voters": [1], "learners": [1]}, {"index": 1, "voters": [True]},
+    {"index": 1, "voters": [2**63]}, {"index": 1, "voters": list(range(1, 100))},
+    {"index": 2**64, "voters": [1]},
+])
+def test_malformed_membership_in_a_registration_is_refused(membership: Any) -> None:
+    body = {**reg("n1").to_wire(), "membership": membership}
+    with pytest.raises(InvalidRequestError, match="membership"):
+        BrokerRegistration.from_wire(body)
+
+
+def test_membership_round_trips_through_the_wire() -> None:
+    from dataclasses import replace
+
+    from ledgermq.namesrv.registry import GroupMembership
+    r1 = replace(reg("n1"), membership=GroupMembership(3, (1, 2, 3), (4,)))
+    assert BrokerRegistration.from_wire(r1.to_wire()) == r1
