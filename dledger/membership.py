@@ -67,19 +67,21 @@ class MemberRole:
 @dataclass(frozen=True, slots=True)
 class Member:
     """One node of the group: its id, where its Raft transport listens
-    ("host:port", empty when unknown, e.g. in the simulator) and the id of the
-    data directory it holds (`UNPINNED` until pinned)."""
+    ("host:port", empty when unknown, e.g. in the simulator), the id of the
+    data directory it holds (`UNPINNED` until pinned) and, opaque to Raft,
+    where its clients connect (the broker's leader hints; may be empty)."""
 
     node_id: int
     address: str = ""
     directory_id: int = UNPINNED
+    client_address: str = ""
 
     def __post_init__(self) -> None:
         if not 0 < self.node_id <= _MAX_ID:
             raise MembershipError(f"node id {self.node_id} out of range")
         if not 0 <= self.directory_id <= _MAX_ID:
             raise MembershipError(f"directory id {self.directory_id} out of range")
-        if len(self.address) > _MAX_ADDRESS:
+        if len(self.address) > _MAX_ADDRESS or len(self.client_address) > _MAX_ADDRESS:
             raise MembershipError("address too long")
 
 
@@ -160,16 +162,20 @@ def _node_id(m: Member) -> int:
 
 
 def _member_dict(m: Member) -> dict[str, object]:
-    return {"node_id": m.node_id, "address": m.address, "directory_id": m.directory_id}
+    return {"node_id": m.node_id, "address": m.address, "directory_id": m.directory_id,
+            "client_address": m.client_address}
 
 
 def _sorted(members: Iterable[Member]) -> tuple[Member, ...]:
     return tuple(sorted(members, key=_node_id))
 
 
-def bootstrap(addresses: dict[int, str]) -> Membership:
+def bootstrap(addresses: dict[int, str],
+              client_addresses: dict[int, str] | None = None) -> Membership:
     """The configuration a group starts with: every listed node a voter, unpinned."""
-    return Membership(_sorted(Member(n, a) for n, a in addresses.items()))
+    clients = client_addresses or {}
+    return Membership(_sorted(Member(n, a, UNPINNED, clients.get(n, ""))
+                              for n, a in addresses.items()))
 
 
 # ------------------------------------------------------------------ changes
@@ -216,7 +222,8 @@ def rejoin(current: Membership, node_id: int, directory_id: int,
         raise MembershipError("rejoin needs the node's new directory id")
     if directory_id == m.directory_id and node_id in current.learner_ids:
         raise MembershipError(f"node {node_id} is already a learner with that directory")
-    new = Member(node_id, m.address if address is None else address, directory_id)
+    new = Member(node_id, m.address if address is None else address, directory_id,
+                 m.client_address)
     voters = tuple(x for x in current.voters if x.node_id != node_id)
     if not voters:
         raise MembershipError("cannot demote the last voter")
@@ -233,7 +240,7 @@ def pin(current: Membership, node_id: int, directory_id: int) -> Membership:
         raise MembershipError(f"node {node_id} is already pinned")
     if directory_id == UNPINNED:
         raise MembershipError("cannot pin to the unpinned id")
-    new = Member(node_id, m.address, directory_id)
+    new = Member(node_id, m.address, directory_id, m.client_address)
 
     def swap(group: tuple[Member, ...]) -> tuple[Member, ...]:
         return tuple(new if x.node_id == node_id else x for x in group)
@@ -275,7 +282,8 @@ def _member(doc: object) -> Member:
     if not isinstance(doc, dict):
         raise MembershipError("member is not an object")
     node_id, address, directory_id = doc["node_id"], doc["address"], doc["directory_id"]
+    client_address = doc.get("client_address", "")
     if (type(node_id) is not int or type(directory_id) is not int
-            or not isinstance(address, str)):
+            or not isinstance(address, str) or not isinstance(client_address, str)):
         raise MembershipError("member fields have the wrong types")
-    return Member(node_id, address, directory_id)
+    return Member(node_id, address, directory_id, client_address)
