@@ -116,6 +116,7 @@ _MAX_U32 = 2**32 - 1
 # the i64 range, which leaves 2**63 increments of headroom below u64 overflow.
 MAX_TERM_OR_INDEX = 2**63 - 1
 _MAX_KIND = 0xFF
+_KIND_CONFIG = int(EntryKind.CONFIG)  # a plain int: compared once per entry decoded
 # Decoder limits: a batch carries no strings and no maps, and its longest
 # array is an AppendRequest's flat entries (4 elements per entry); the
 # handshake frame is a small map of short strings.
@@ -378,7 +379,7 @@ def _decode_one(obj: Any) -> Message:
                 raise CodecError("entry data must be binary")
             index += 1
             kind = _kind(e_kind)
-            if kind == EntryKind.CONFIG:
+            if kind == _KIND_CONFIG:
                 _membership(data, f"CONFIG entry {index}")
             entries.append(Entry(index, _u63(e_term, "entry term"), kind,
                                  data, _u63(position, "entry position")))
