@@ -76,7 +76,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -456,7 +456,7 @@ class PeerTransport:
 
     # ---------------------------------------------------------- membership
 
-    def set_peers(self, peers: dict[int, Address]) -> None:
+    def set_peers(self, peers: Mapping[int, Address]) -> None:
         """Make the listed peers exactly `peers` (node id -> (host, port));
         this node's own entry, if present, is ignored. Idempotent: only the
         difference acts. New peers are dialled (once started), a peer whose
