@@ -213,8 +213,8 @@ def parse_snapshot_meta(data: bytes) -> SnapshotMeta:
 def _check_snapshot_membership(raw: bytes) -> None:
     """The membership JSON of a version 2 snapshot meta, checked against the
     format page: ``{"v": 1, "voters": [...], "learners": [...]}``, members
-    ``{"node_id": int > 0, "address": str, "directory_id": int >= 0}``, at
-    least one voter, no node twice."""
+    ``{"node_id": int > 0, "address": str, "directory_id": int >= 0}`` (and
+    an optional ``"client_address": str``), at least one voter, no node twice."""
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -233,7 +233,8 @@ def _check_snapshot_membership(raw: bytes) -> None:
         node_id, address, directory_id = (member.get("node_id"), member.get("address"),
                                           member.get("directory_id"))
         if (type(node_id) is not int or type(directory_id) is not int
-                or not isinstance(address, str)):
+                or not isinstance(address, str)
+                or not isinstance(member.get("client_address", ""), str)):
             raise FormatError("snapshot meta membership member fields have the wrong types")
         check_plausible("snapshot meta membership", node_id=node_id,
                         directory_id=directory_id)

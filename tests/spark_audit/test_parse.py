@@ -101,6 +101,8 @@ def test_snapshot_meta_version_2_carries_the_membership():
      None, "wrong types"),
     (b'{"v":1,"voters":[{"node_id":1,"address":"","directory_id":-1}],"learners":[]}',
      None, "directory_id"),
+    (b'{"v":1,"voters":[{"node_id":1,"address":"","directory_id":0,"client_address":7}],'
+     b'"learners":[]}', None, "wrong types"),
     (b'{"v":1,"voters":[{"node_id":1,"address":"","directory_id":' + b"9" * 30 + b'}],'
      b'"learners":[]}', None, "directory_id"),
     (b'{"v":1,"voters":[{"node_id":1,"address":"","directory_id":0}],'
