@@ -209,6 +209,8 @@ class Broker:
             heartbeat_interval_ticks=c.heartbeat_interval_ticks,
             preferred_leader=c.preferred_leader, segment_size_bytes=c.segment_size_bytes,
             commitlog=log_config, bind_host=c.raft_bind_host or raft_host,
+            initial_voters=frozenset(c.initial_members),
+            client_addresses={nid: p.client for nid, p in c.peers.items()},
         )
 
     async def start(self) -> tuple[str, int]:
@@ -592,7 +594,14 @@ class Broker:
 
     def leader_client_address(self) -> str | None:
         leader = self._node.leader_id if self._node is not None else None
-        return self.config.client_address_of(leader) if leader else None
+        if not leader:
+            return None
+        # A node added after this one started is not in its [peers]: the
+        # configuration carries its client address.
+        member = self._node.membership.member(leader) if self._node is not None else None
+        if member is not None and member.client_address:
+            return member.client_address
+        return self.config.client_address_of(leader)
 
     def require_writable(self) -> None:
         """Writes go to the leader of this term, once its no-op is applied."""
@@ -728,7 +737,16 @@ class Broker:
             "node_id": f"n{self.config.node_id}", "address": self.advertised,
             "role": role, "term": int(node.term) if node is not None else 0,
             "topics": {t: c.to_wire() for t, c in self.state.topics.items()},
+            **({"membership": self._membership_registration(node)} if node is not None
+               else {}),
         }
+
+    @staticmethod
+    def _membership_registration(node: RaftRuntime) -> dict[str, Any]:
+        """The configuration as the NameServer's routes carry it."""
+        m = node.membership
+        return {"index": node.status().membership_index, "voters": sorted(m.voter_ids),
+                "learners": sorted(m.learner_ids)}
 
     def status(self) -> dict[str, Any]:
         node = self.node
