@@ -58,7 +58,7 @@ def _change(api: Target, group: str, action: str, body: dict[str, Any],
             if not retry or attempt == LEADERSHIP_MOVED_RETRIES - 1:
                 raise
             if exc.code == "LEADERSHIP_MOVED":
-                typer.echo(f"  {exc.message}")
+                typer.echo(f"  {exc}")
             time.sleep(0.5)
     raise AssertionError("unreachable")
 
