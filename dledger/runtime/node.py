@@ -170,6 +170,10 @@ class NodeConfig:
     snapshot_window_bytes: int = WINDOW_BYTES
     snapshot_stall_s: float = STALL_S
     install_max_bytes: int = 1 << 40
+    # The id of this node's data directory (dledger/runtime/identity.py,
+    # random, 63 bits): the group counts this node's votes only while it holds
+    # the directory its configuration pinned. 0 = unknown (never pinned).
+    directory_id: int = 0
 
     def __post_init__(self) -> None:
         if self.node_id not in self.peers:
@@ -194,6 +198,8 @@ class NodeConfig:
             raise ValueError("snapshot_window_bytes must hold at least one chunk")
         if self.snapshot_stall_s <= 0 or self.install_max_bytes <= 0:
             raise ValueError("snapshot_stall_s and install_max_bytes must be positive")
+        if not 0 <= self.directory_id < 1 << 63:
+            raise ValueError(f"directory_id {self.directory_id} is not in 0..2^63-1")
         # Validates the tick counts (>= 2, heartbeat below the timeout).
         self.election_config()
 
