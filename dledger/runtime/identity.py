@@ -363,9 +363,9 @@ def repair(data_dir: str, cluster_id: str | None = None, node_id: int | None = N
     os.makedirs(data_dir, exist_ok=True)
     write_identity(data_dir, identity)
     sync_directory(os.path.dirname(data_dir))
-    log.warning("%s: %s; new directory id %d", data_dir,
-                f"set aside as {aside}" if aside else "nothing to set aside",
-                identity.directory_id)
+    log.info("%s: %s; new directory id %d", data_dir,
+             f"set aside as {aside}" if aside else "nothing to set aside",
+             identity.directory_id)
     return Repaired(data_dir, aside, previous, problem, identity)
 
 

@@ -55,6 +55,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "leader",
     "acl",
     "retention",
+    "node",
 )
 
 for _name in COMMAND_MODULES:
