@@ -56,6 +56,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "acl",
     "retention",
     "node",
+    "cluster",
 )
 
 for _name in COMMAND_MODULES:
