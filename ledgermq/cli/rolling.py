@@ -1,6 +1,6 @@
 """Rolling restart of a broker group: one node at a time, leadership handed
 over first, each node caught up before the next (`ledgermq cluster roll`,
-docs/operations.md "Rolling restart and upgrade").
+docs/operations.md "Rolling restart and upgrade procedure").
 
 For every node, in order (followers first, the leader last, unless told):
 
