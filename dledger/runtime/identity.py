@@ -332,8 +332,9 @@ def repair(data_dir: str, cluster_id: str | None = None, node_id: int | None = N
 
     The new identity's cluster and node default to the old identity's; when
     that is missing or damaged they must be given. LockedError when a node
-    runs on the directory."""
-    data_dir = os.path.abspath(data_dir)
+    runs on the directory. A symbolic link is followed: the directory it
+    points to is set aside next to itself, and the link keeps working."""
+    data_dir = os.path.realpath(data_dir)
     previous: DataDirIdentity | None = None
     problem = ""
     exists = os.path.isdir(data_dir)

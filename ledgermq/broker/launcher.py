@@ -290,6 +290,11 @@ class LocalCluster:
         return found
 
     def kill(self, nid: int, sig: int = signal.SIGKILL) -> None:
+        replaced = self.replacements().get(nid)
+        if replaced is not None:  # restarted by a roll: signal what runs now
+            replaced.signal(sig)
+            replaced.wait(10)
+            return
         child = self.brokers[nid]
         child.signal(sig)
         with contextlib.suppress(subprocess.TimeoutExpired):

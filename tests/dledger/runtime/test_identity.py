@@ -184,6 +184,18 @@ def test_repair_of_a_damaged_identity_needs_the_node_named(tmp_path: Path) -> No
     assert open_identity(str(d), CLUSTER, 3).identity == done.identity
 
 
+def test_repair_through_a_symbolic_link_keeps_the_link_working(tmp_path: Path) -> None:
+    (tmp_path / "disk2").mkdir()
+    target = tmp_path / "disk2" / "n1"
+    old = open_identity(str(target), CLUSTER, 1).identity
+    link = tmp_path / "n1"
+    link.symlink_to(target)
+    done = repair(str(link))
+    assert done.aside is not None and Path(done.aside).parent == tmp_path / "disk2"
+    assert read_identity(done.aside) == old
+    assert link.is_symlink() and read_identity(str(link)) == done.identity
+
+
 def test_repair_of_a_missing_directory_creates_it(tmp_path: Path) -> None:
     done = repair(str(tmp_path / "gone"), CLUSTER, 4)
     assert done.aside is None and done.previous is None
