@@ -175,9 +175,12 @@ class NodeConfig:
     # Membership (docs/raft.md, "Membership changes"): the group's first
     # voters (empty: every node of `peers`; used only while the log holds no
     # configuration), the client address of each node (opaque to Raft, for
-    # leader hints), and this data directory's id (identity pinning).
+    # leader hints).
     initial_voters: frozenset[int] = frozenset()
     client_addresses: dict[int, str] = field(default_factory=dict)
+    # The id of this node's data directory (dledger/runtime/identity.py,
+    # random, 63 bits): the group counts this node's votes only while it holds
+    # the directory its configuration pinned. 0 = unknown (never pinned).
     directory_id: int = 0
 
     def __post_init__(self) -> None:
@@ -196,8 +199,6 @@ class NodeConfig:
         if not self.initial_voters <= set(self.peers):
             raise ValueError(f"initial voters {sorted(self.initial_voters - set(self.peers))} "
                              "are not among the peers")
-        if not 0 <= self.directory_id < 1 << 63:
-            raise ValueError("directory_id must be in [0, 2**63)")
         if self.cluster_secret and len(self.cluster_secret) < SECRET_BYTES_MIN:
             raise ValueError(f"the cluster secret is at least {SECRET_BYTES_MIN} bytes")
         if (self.tls_server is None) != (self.tls_client is None):
@@ -208,6 +209,8 @@ class NodeConfig:
             raise ValueError("snapshot_window_bytes must hold at least one chunk")
         if self.snapshot_stall_s <= 0 or self.install_max_bytes <= 0:
             raise ValueError("snapshot_stall_s and install_max_bytes must be positive")
+        if not 0 <= self.directory_id < 1 << 63:
+            raise ValueError(f"directory_id {self.directory_id} is not in 0..2^63-1")
         # Validates the tick counts (>= 2, heartbeat below the timeout).
         self.election_config()
 

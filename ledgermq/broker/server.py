@@ -28,6 +28,7 @@ import logging
 import struct
 import time
 from collections.abc import Coroutine, Sequence
+from dataclasses import replace
 from typing import Any
 
 from commitlog import HEADER_SIZE, KIND_CONTROL, KIND_MESSAGES, CommitLogConfig, Entry, StorageError
@@ -35,6 +36,7 @@ from commitlog.columns import RecordColumns, queue_groups, scan_body
 from commitlog.snapshot import SnapshotInfo, list_snapshots, read_state
 from consumequeue import ConsumeQueueStore
 from dledger.log import CommittedDivergence
+from dledger.runtime.identity import Opened, open_identity
 from dledger.runtime.node import (
     NodeConfig,
     ProposalUnknown,
@@ -118,6 +120,7 @@ class Broker:
         self.longpoll = LongPoll()
         self.members = Membership(config.member_expiry_ms)
         self._node: RaftRuntime | None = None
+        self.identity: Opened | None = None  # the data directory's, from start()
         self._cq: ConsumeQueueStore | None = None
         self._snapshots: SnapshotSchedule | None = None
         # What the last start did: the snapshot it restored, the entries it
@@ -216,7 +219,12 @@ class Broker:
     async def start(self) -> tuple[str, int]:
         """Recover, start the Raft node, then listen for clients."""
         c = self.config
-        node_config = self._node_config()
+        # The data directory's identity before anything else opens it: one of
+        # another cluster or node, in a format this build does not read, or
+        # with a damaged identity refuses the start here (IdentityError).
+        self.identity = open_identity(c.data_dir, c.identity_cluster_id, c.node_id)
+        node_config = replace(self._node_config(),
+                              directory_id=self.identity.identity.directory_id)
         done = rollback.apply_pending(c.data_dir, node_config.commitlog_config())
         if done is not None:
             self.rolled_back = done
@@ -766,6 +774,8 @@ class Broker:
             "send_requests": self.sends.items if self.sends else 0,
             "admin_url": self.admin.url if self.admin is not None else None,
             "recovery": self.recovery, "snapshots": self._snapshot_status(),
+            "identity": ({**self.identity.identity.to_json(), "how": self.identity.how}
+                         if self.identity else None),
         })
         return {k: v for k, v in info.items() if isinstance(
             v, (str, int, float, bool, type(None), list, dict))}

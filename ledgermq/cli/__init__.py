@@ -56,6 +56,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "acl",
     "retention",
     "member",
+    "node",
+    "cluster",
 )
 
 for _name in COMMAND_MODULES:
