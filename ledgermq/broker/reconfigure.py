@@ -118,6 +118,8 @@ async def wait_caught_up(node: RaftRuntime, node_id: int, timeout: float) -> Non
 
 
 async def _promote_when_caught_up(node: RaftRuntime, node_id: int, timeout: float) -> Step:
+    if node_id not in node.membership.learner_ids:
+        raise ReconfigureError(f"n{node_id} is not a learner of the group", 400)
     deadline = time.monotonic() + timeout
     while True:
         await wait_caught_up(node, node_id, max(deadline - time.monotonic(), POLL_S))

@@ -174,6 +174,9 @@ class NameServerAdmin:
             group["cluster"] = info.get("cluster")
             group["registered_leader"] = info.get("leader")
             group["registered_leader_term"] = info.get("leader_term")
+            # The configuration as the leader registered it (voters,
+            # learners, CONFIG index); absent until one is known.
+            group["membership"] = info.get("membership")
             out[name] = group
         return out
 
