@@ -77,6 +77,12 @@ async def run_schedule(nemeses: list[Nemesis], schedule: Schedule, ctx: Context,
             for nemesis in reversed(active):
                 await _act(nemesis, "stop", ctx, history)
             active.clear()
+            if all(n.finished for n in nemeses):
+                # Every plan is carried out (chaos.membership): one more quiet
+                # period under load, so the last step's aftermath is measured.
+                ctx.log("chaos: every nemesis has finished its plan")
+                await sleep_until(time.monotonic() + schedule.off_s)
+                return
         await sleep_until(deadline)
     finally:
         # The final heal: also after a cancellation (Ctrl-C), nothing stays broken.
