@@ -35,6 +35,12 @@ class BrokerConfig:
     data_dir: str
     peers: Mapping[int, Peer]
     cluster: str = "DefaultCluster"
+    # The group's first voters, used only the first time the group starts
+    # (later the configuration lives in the log: docs/operations.md,
+    # "Membership changes"). Empty: every node in [peers]. A node listed in
+    # [peers] but not here starts as a spare: it never campaigns and waits to
+    # be added with `ledgermq member add`.
+    initial_members: tuple[int, ...] = ()
     # Client listen address; default: this node's `client` address in peers.
     listen: str = ""
     # Raft bind host; default: the host of this node's `raft` address.
@@ -161,6 +167,11 @@ class BrokerConfig:
     def raft_peers(self) -> dict[int, tuple[str, int]]:
         return {nid: split_address(p.raft) for nid, p in self.peers.items()}
 
+    @property
+    def bootstrap_voters(self) -> frozenset[int]:
+        """The voters the group starts with (`initial_members`, default all peers)."""
+        return frozenset(self.initial_members or self.peers)
+
     def with_overrides(self, **values: Any) -> BrokerConfig:
         """A copy with the given keys replaced (None values are ignored)."""
         changed = replace(self, **{k: v for k, v in values.items() if v is not None})
@@ -212,6 +223,11 @@ def parse_config(raw: Mapping[str, Any]) -> BrokerConfig:
             raise BrokerConfigError(f"[peers.{key}] needs 'raft' and 'client' addresses")
         peers[int(key)] = Peer(str(spec["raft"]), str(spec["client"]))
     values["peers"] = peers
+    if "initial_members" in values:
+        members = values["initial_members"]
+        if not isinstance(members, list):
+            raise BrokerConfigError("initial_members must be a list of node ids")
+        values["initial_members"] = tuple(members)
     if isinstance(values.get("namesrv"), str):
         values["namesrv"] = (values["namesrv"],)
     values["namesrv"] = tuple(values.get("namesrv", ()))
@@ -266,6 +282,10 @@ def validate(config: BrokerConfig) -> None:
     _check_int(config, "node_id", 1)
     if config.node_id not in config.peers:
         raise BrokerConfigError(f"node_id {config.node_id} is not in [peers]")
+    for member in config.initial_members:
+        if not isinstance(member, int) or isinstance(member, bool) or member not in config.peers:
+            raise BrokerConfigError(
+                f"initial_members: {member!r} is not a node id listed in [peers]")
     if config.flush not in ("sync", "async"):
         raise BrokerConfigError(f"flush must be 'sync' or 'async', not {config.flush!r}")
     if config.replicate not in ("sync", "async"):

@@ -33,6 +33,9 @@ def test_config_file_round_trip(tmp_path) -> None:
     assert config.client_address == "h:4" and config.client_address_of(1) == "h:2"
     assert config.namesrv == ("127.0.0.1:9876",)
     assert config.with_overrides(flush="sync", replicate=None).flush == "sync"
+    assert config.bootstrap_voters == {1, 2}  # initial_members left out: every peer
+    spare = parse_config({**BASE, "initial_members": [1]})
+    assert spare.bootstrap_voters == {1} and spare.initial_members == (1,)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -44,6 +47,9 @@ def test_config_file_round_trip(tmp_path) -> None:
     ({"flush_interval_ms": 0}, "flush_interval_ms"),
     ({"flush_bytes": "big"}, "flush_bytes"),
     ({"peers": {"1": {"raft": "nohost"}}}, "needs 'raft' and 'client'"),
+    ({"initial_members": [1, 7]}, "initial_members: 7 is not a node id"),
+    ({"initial_members": "1,2"}, "initial_members must be a list"),
+    ({"initial_members": [True]}, "initial_members: True"),
 ])
 def test_config_errors_name_the_key(change, message) -> None:
     with pytest.raises(BrokerConfigError, match=message.replace("[", r"\[")):
