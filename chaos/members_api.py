@@ -43,6 +43,9 @@ RETRY_CODES = ("NOT_LEADER", "LEADERSHIP_MOVED", "SERVICE_UNAVAILABLE", "UNREACH
                "MEMBERSHIP_REFUSED", "TRANSFER_FAILED", "HTTP_ERROR", "BAD_ANSWER")
 ASK_TIMEOUT = 3.0  # one GET of a member's view
 RETRY_PAUSE = 0.5
+# Attempts kept in a record: the first and the last few (a minute of "no
+# leader" retries would otherwise fill the history), with the total count.
+KEPT_ATTEMPTS = 3
 
 
 @dataclass
@@ -88,8 +91,12 @@ class Change:
         return self.attempts[-1].finished_ns if self.attempts else 0
 
     def to_json(self) -> dict[str, Any]:
+        kept = self.attempts
+        if len(kept) > 2 * KEPT_ATTEMPTS:
+            kept = kept[:KEPT_ATTEMPTS] + kept[-KEPT_ATTEMPTS:]
         return {"action": self.action, "body": self.body, "ok": self.ok, "steps": self.steps,
-                "attempts": [a.to_json() for a in self.attempts], "error": self.error,
+                "attempt_count": len(self.attempts),
+                "attempts": [a.to_json() for a in kept], "error": self.error,
                 "code": self.code, "already_done": self.already_done,
                 "started_ns": self.started_ns, "finished_ns": self.finished_ns,
                 "configuration": configuration(self.view)}
@@ -267,8 +274,9 @@ class MemberApi:
                     result.view = answer
                     return result
             attempt.finished_ns = time.time_ns()
+            if attempt.code != result.code:  # say it once per kind of answer, not per retry
+                self.log(f"chaos: member {action} {body}: {attempt.error} (retrying)")
             result.error, result.code = attempt.error, attempt.code
-            self.log(f"chaos: member {action} {body}: {attempt.error}")
             if attempt.status == 400 or (attempt.code not in RETRY_CODES
                                          and attempt.code != "NO_LEADER"):
                 return result  # the request itself is wrong: another try changes nothing

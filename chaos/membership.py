@@ -640,6 +640,12 @@ class Churn(_Membership):
         return out
 
     def start(self, ctx: Context) -> dict[str, Any]:
+        detail = self.one_change(ctx)
+        for step in detail.get("membership", []):
+            step["required"] = False  # churn: reported, never a plan step
+        return detail
+
+    def one_change(self, ctx: Context) -> dict[str, Any]:
         view = self.view(ctx)
         if view is None:
             step = Step("churn", {}, False, error="no leader answered")
@@ -673,11 +679,7 @@ class Churn(_Membership):
         broke = repair.break_one(ctx)
         if not repair.broken:
             return broke
-        detail = repair.repair(ctx)
-        for step_json in detail.get("membership", []):
-            step_json["required"] = False
-            step_json["step"] = "wipe"
-        return detail
+        return repair.repair(ctx)
 
     def stop(self, ctx: Context) -> dict[str, Any]:
         """Promote a learner a change cut short left behind."""

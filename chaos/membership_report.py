@@ -104,7 +104,7 @@ def step_gaps(ops: Sequence[Op], settle_s: float = SETTLE_S) -> list[dict[str, A
             "gap_s": gap["gap_s"], "gap_from_s": gap["from_s"], "gap_to_s": gap["to_s"],
             "entries": entries,
             "operations": [{"action": c.get("action"), "ok": c.get("ok"),
-                            "attempts": len(c.get("attempts", [])),
+                            "attempts": c.get("attempt_count", len(c.get("attempts", []))),
                             "already_done": c.get("already_done"), "error": c.get("error")}
                            for c in step.get("changes", [])],
             "checks": step.get("checks", {}),
