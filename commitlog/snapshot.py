@@ -3,9 +3,13 @@
 A snapshot is the state machine's state after applying every entry up to
 `index`, so the log before it may go (retention) and a start replays only
 what follows. The `state` bytes are the state machine's own (opaque here);
-`meta` is a fixed 60-byte record (docs/storage-format.md) naming the index,
-its term, the CommitLog position just past that entry, and the state's size
-and CRC.
+`meta` (docs/storage-format.md) names the index, its term, the CommitLog
+position just past that entry, the state's size and CRC and, from version 2
+on, the group's membership in effect at the index: the canonical JSON of
+`dledger.membership.encode`, opaque here (this package imports nothing of the
+consensus code) beyond being a JSON object. A snapshot without a membership
+(None: the group's bootstrap configuration) is written as version 1, the
+fixed 60-byte record of before, so it stays readable by older releases.
 
 Atomicity: `state` is written first (temporary name, fsync, rename), `meta`
 last the same way; a snapshot exists once its `meta` verifies, and `meta`
@@ -16,6 +20,7 @@ the previous snapshots or a complete new one. Only whole files are renamed
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import struct
@@ -33,11 +38,19 @@ SNAPSHOTS_DIR = "snapshots"
 STATE_FILE = "state"
 META_FILE = "meta"
 META_MAGIC = 0x53514D4C  # the bytes "LMQS"
-META_VERSION = 1
+# Version 1: the fixed fields and their CRC. Version 2: the fixed fields, a
+# u32 length, that many bytes of membership JSON, then the CRC of all of it.
+META_VERSION_V1 = 1
+META_VERSION = 2
+META_VERSIONS = (META_VERSION_V1, META_VERSION)
 # magic, version, index, term, end_position, created_ms, state_bytes, state_crc, reserved
 _META = struct.Struct("<IIQQQQQII")  # 56 bytes, then the CRC of them
+_LEN = struct.Struct("<I")
 _CRC = struct.Struct("<I")
-META_SIZE = _META.size + _CRC.size
+META_SIZE = _META.size + _CRC.size  # of version 1; version 2 adds 4 + the membership
+# The largest membership a meta may carry: a sanity bound on the length field
+# (a configuration of 3 000 members with 255-byte addresses still fits).
+MEMBERSHIP_BYTES_MAX = 1 << 20
 _CHUNK = 8 * 1024 * 1024
 
 log = logging.getLogger(__name__)
@@ -54,6 +67,9 @@ class SnapshotInfo:
     state_bytes: int
     state_crc: int  # crc32c of the state file
     path: str  # the snapshot's directory
+    # The membership in effect at `index` (`dledger.membership.encode`'s
+    # canonical JSON), None for a snapshot of the bootstrap configuration.
+    membership: bytes | None = None
 
     @property
     def state_path(self) -> str:
@@ -86,37 +102,76 @@ def snapshot_path(data_dir: str, index: int) -> str:
 
 
 def encode_meta(index: int, term: int, end_position: int, created_ms: int, state_bytes: int,
-                state_crc: int) -> bytes:
-    head = _META.pack(META_MAGIC, META_VERSION, index, term, end_position, created_ms,
+                state_crc: int, membership: bytes | None = None) -> bytes:
+    """The meta record: version 1 without a membership, version 2 with one."""
+    version = META_VERSION_V1 if membership is None else META_VERSION
+    head = _META.pack(META_MAGIC, version, index, term, end_position, created_ms,
                       state_bytes, state_crc, 0)
+    if membership is not None:
+        head += _LEN.pack(len(membership)) + membership
     return head + _CRC.pack(crc32c(head))
 
 
+def _membership_problem(membership: bytes) -> str | None:
+    """Why `membership` cannot be a snapshot's membership, None if it can: a
+    JSON object of 1..MEMBERSHIP_BYTES_MAX bytes (its meaning is the consensus
+    code's to check, `dledger.membership.decode`)."""
+    if not 0 < len(membership) <= MEMBERSHIP_BYTES_MAX:
+        return f"membership of {len(membership)} bytes (1..{MEMBERSHIP_BYTES_MAX} allowed)"
+    try:
+        doc = json.loads(membership)
+    except (ValueError, RecursionError) as exc:
+        return f"membership is not JSON: {type(exc).__name__}"
+    if not isinstance(doc, dict):
+        return "membership is not a JSON object"
+    return None
+
+
 def read_meta(directory: str) -> SnapshotInfo:
-    """The verified meta of the snapshot in `directory`.
+    """The verified meta of the snapshot in `directory` (version 1 or 2).
 
     Raises CorruptionError (missing, short, bad CRC or magic, an index that is
-    not the directory's name, impossible values) or FormatVersionError.
+    not the directory's name, impossible values, a membership length that does
+    not fit the file or is not a JSON object) or FormatVersionError (a version
+    this code does not know, e.g. written by a newer release).
     """
     path = os.path.join(directory, META_FILE)
     raw = fileio.fs.read_file(path)
     if raw is None:
         raise CorruptionError(path, 0, "no meta file (a snapshot write cut short?)")
-    if len(raw) != META_SIZE:
-        raise CorruptionError(path, 0, f"expected {META_SIZE} bytes, found {len(raw)}")
-    if _CRC.unpack_from(raw, _META.size)[0] != crc32c(raw[:_META.size]):
-        raise CorruptionError(path, _META.size, "CRC mismatch")
+    if len(raw) < META_SIZE:
+        raise CorruptionError(path, 0, f"expected at least {META_SIZE} bytes, found {len(raw)}")
     magic, version, index, term, end, created, size, state_crc, _r = _META.unpack_from(raw)
     if magic != META_MAGIC:
         raise CorruptionError(path, 0, f"bad magic 0x{magic:08X}")
-    if version != META_VERSION:
+    membership: bytes | None = None
+    if version == META_VERSION_V1:
+        expected = META_SIZE
+    elif version == META_VERSION:
+        length = _LEN.unpack_from(raw, _META.size)[0]
+        if not 0 < length <= MEMBERSHIP_BYTES_MAX:
+            raise CorruptionError(path, _META.size, f"membership length {length} outside "
+                                  f"1..{MEMBERSHIP_BYTES_MAX}")
+        expected = _META.size + _LEN.size + length + _CRC.size
+    else:
         raise FormatVersionError(path, version)
+    if len(raw) != expected:
+        raise CorruptionError(path, 0, f"version {version} meta of {expected} bytes expected, "
+                              f"found {len(raw)}")
+    at = expected - _CRC.size
+    if _CRC.unpack_from(raw, at)[0] != crc32c(raw[:at]):
+        raise CorruptionError(path, at, "CRC mismatch")
+    if version == META_VERSION:
+        membership = raw[_META.size + _LEN.size : at]
+        problem = _membership_problem(membership)
+        if problem is not None:
+            raise CorruptionError(path, _META.size + _LEN.size, problem)
     name = os.path.basename(os.path.normpath(directory))
     if not is_file_name(name) or int(name) != index:
         raise CorruptionError(path, 8, f"meta says index {index} but the directory is {name}")
     if index < 1 or term < 1 or end < 1:
         raise CorruptionError(path, 8, f"impossible index {index}, term {term} or end {end}")
-    return SnapshotInfo(index, term, end, created, size, state_crc, directory)
+    return SnapshotInfo(index, term, end, created, size, state_crc, directory, membership)
 
 
 def _file_size(path: str) -> int | None:
@@ -223,12 +278,17 @@ def read_state(info: SnapshotInfo) -> bytes:
     return raw
 
 
-def _check_args(index: int, term: int, end_position: int, keep: int) -> None:
+def _check_args(index: int, term: int, end_position: int, keep: int,
+                membership: bytes | None) -> None:
     if index < 1 or term < 1 or end_position < 1:
         raise ValueError(f"a snapshot needs index, term and end_position >= 1, "
                          f"not {index}, {term}, {end_position}")
     if keep < 1:
         raise ValueError("keep must be at least 1")
+    if membership is not None:
+        problem = _membership_problem(membership)
+        if problem is not None:
+            raise ValueError(f"cannot write a snapshot with this {problem}")
 
 
 def _prepare_directory(data_dir: str, index: int) -> str:
@@ -251,7 +311,7 @@ def _prepare_directory(data_dir: str, index: int) -> str:
 
 
 def _same(data_dir: str, index: int, term: int, end_position: int, size: int,
-          crc: int) -> SnapshotInfo | None:
+          crc: int, membership: bytes | None) -> SnapshotInfo | None:
     """The existing snapshot at `index` if it already holds exactly this."""
     directory = snapshot_path(data_dir, index)
     if not fileio.fs.isdir(directory):
@@ -260,8 +320,8 @@ def _same(data_dir: str, index: int, term: int, end_position: int, size: int,
         info = read_meta(directory)
     except StorageError:
         return None
-    if (info.term, info.end_position, info.state_bytes, info.state_crc) != (
-            term, end_position, size, crc) or _check_state(info, True) is not None:
+    if (info.term, info.end_position, info.state_bytes, info.state_crc, info.membership) != (
+            term, end_position, size, crc, membership) or _check_state(info, True) is not None:
         return None
     return info
 
@@ -271,40 +331,46 @@ def _now_ms() -> int:
 
 
 def write_snapshot(data_dir: str, index: int, term: int, end_position: int, state: bytes,
-                   keep: int = 2, created_ms: int | None = None) -> SnapshotInfo:
+                   keep: int = 2, created_ms: int | None = None,
+                   membership: bytes | None = None) -> SnapshotInfo:
     """Durably write the snapshot at `index` and prune older ones to `keep`.
 
     `created_ms` defaults to the wall clock (the simulators pass their own).
-    Writing the same snapshot again is a no-op; a different state at the same
-    index replaces it.
+    `membership` is the configuration in effect at `index`
+    (`dledger.membership.encode`), None for the bootstrap one. Writing the
+    same snapshot again is a no-op; a different state (or membership) at the
+    same index replaces it.
     """
-    _check_args(index, term, end_position, keep)
+    _check_args(index, term, end_position, keep, membership)
     crc = crc32c(state)
-    info = _same(data_dir, index, term, end_position, len(state), crc)
+    info = _same(data_dir, index, term, end_position, len(state), crc, membership)
     if info is None:
         directory = _prepare_directory(data_dir, index)
         atomic_replace(os.path.join(directory, STATE_FILE), state)
-        info = _commit_meta(directory, index, term, end_position, len(state), crc, created_ms)
+        info = _commit_meta(directory, index, term, end_position, len(state), crc, created_ms,
+                            membership)
     prune_snapshots(data_dir, keep)
     return info
 
 
 def adopt_snapshot(data_dir: str, staged_state_path: str, index: int, term: int,
-                   end_position: int, keep: int = 2, created_ms: int | None = None
-                   ) -> SnapshotInfo:
+                   end_position: int, keep: int = 2, created_ms: int | None = None,
+                   membership: bytes | None = None) -> SnapshotInfo:
     """Install a received state file (a snapshot install) as the snapshot at
     `index`: the file is fsynced and moved in (it must be on the data
     directory's file system, e.g. under `<data_dir>/install.tmp/`), then the
-    meta is written. Older snapshots are pruned to `keep`."""
-    _check_args(index, term, end_position, keep)
+    meta is written (with `membership`, as `write_snapshot`). Older snapshots
+    are pruned to `keep`."""
+    _check_args(index, term, end_position, keep, membership)
     size, crc = _crc_of_file(staged_state_path, sync=True)
-    info = _same(data_dir, index, term, end_position, size, crc)
+    info = _same(data_dir, index, term, end_position, size, crc, membership)
     if info is None:
         directory = _prepare_directory(data_dir, index)
         fileio.fs.replace(staged_state_path, os.path.join(directory, STATE_FILE))
         sync_directory(directory)
         sync_directory(os.path.dirname(staged_state_path) or ".")
-        info = _commit_meta(directory, index, term, end_position, size, crc, created_ms)
+        info = _commit_meta(directory, index, term, end_position, size, crc, created_ms,
+                            membership)
     else:
         fileio.fs.remove(staged_state_path)
     prune_snapshots(data_dir, keep)
@@ -312,12 +378,12 @@ def adopt_snapshot(data_dir: str, staged_state_path: str, index: int, term: int,
 
 
 def _commit_meta(directory: str, index: int, term: int, end_position: int, size: int, crc: int,
-                 created_ms: int | None) -> SnapshotInfo:
+                 created_ms: int | None, membership: bytes | None) -> SnapshotInfo:
     """Write the meta: the moment the snapshot starts to exist."""
     created = _now_ms() if created_ms is None else created_ms
     atomic_replace(os.path.join(directory, META_FILE),
-                   encode_meta(index, term, end_position, created, size, crc))
-    return SnapshotInfo(index, term, end_position, created, size, crc, directory)
+                   encode_meta(index, term, end_position, created, size, crc, membership))
+    return SnapshotInfo(index, term, end_position, created, size, crc, directory, membership)
 
 
 def prune_snapshots(data_dir: str, keep: int) -> list[str]:
@@ -344,7 +410,10 @@ def prune_snapshots(data_dir: str, keep: int) -> list[str]:
 
 
 __all__ = [
+    "MEMBERSHIP_BYTES_MAX",
     "META_SIZE",
+    "META_VERSION",
+    "META_VERSIONS",
     "SNAPSHOTS_DIR",
     "BadSnapshot",
     "SnapshotInfo",

@@ -6,6 +6,7 @@ parsers live in ``parse.py``. Integers are little-endian, CRCs are CRC32C.
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
 
@@ -57,10 +58,15 @@ HARDSTATE_SIZE = 40
 
 # A snapshot's ``meta`` file (``snapshots/<index:020d>/meta``, written by
 # ``commitlog/snapshot.py``): magic, version, index, term, end_position,
-# created_ms, state_bytes, state_crc, reserved, then the CRC of those 56 bytes.
+# created_ms, state_bytes, state_crc, reserved; version 1 then has the CRC of
+# those 56 bytes, version 2 a u32 length, that many bytes of membership JSON
+# (the CONFIG entry's encoding) and the CRC of everything before it.
 SNAPSHOT_MAGIC = 0x53514D4C  # "LMQS"
-SNAPSHOT_META = struct.Struct("<IIQQQQQII")  # bytes [0, 56), then the CRC
-SNAPSHOT_META_SIZE = 60
+SNAPSHOT_META = struct.Struct("<IIQQQQQII")  # bytes [0, 56)
+SNAPSHOT_META_SIZE = 60  # version 1; version 2 is 64 + the membership's length
+SNAPSHOT_META_V1 = 1
+SNAPSHOT_META_V2 = 2
+SNAPSHOT_MEMBERSHIP_MAX = 1 << 20
 
 
 def crc(data: bytes | memoryview) -> int:
@@ -121,6 +127,9 @@ class SnapshotMeta:
     created_ms: int
     state_bytes: int
     state_crc: int
+    # Version 2: the membership in effect at ``index``, the canonical JSON
+    # bytes a CONFIG entry holds (compare as bytes); None in version 1.
+    membership: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -164,24 +173,76 @@ def parse_hardstate(data: bytes) -> HardState:
 
 
 def parse_snapshot_meta(data: bytes) -> SnapshotMeta:
-    """Decode a snapshot's ``meta`` (fixed layout, like the checkpoint)."""
-    if len(data) != SNAPSHOT_META_SIZE:
-        raise FormatError(f"snapshot meta is {len(data)} bytes, expected {SNAPSHOT_META_SIZE}")
+    """Decode a snapshot's ``meta``: version 1 (fixed 60 bytes) or version 2
+    (the fixed fields, a u32 length and the membership JSON, then the CRC)."""
+    if len(data) < SNAPSHOT_META_SIZE:
+        raise FormatError(f"snapshot meta is {len(data)} bytes, expected at least "
+                          f"{SNAPSHOT_META_SIZE}")
     magic, version, index, term, end, created, size, state_crc, _ = SNAPSHOT_META.unpack_from(
         data)
     if magic != SNAPSHOT_MAGIC:
         raise FormatError(f"snapshot meta magic {magic:#x}")
-    if version != FORMAT_VERSION:
-        raise FormatError(f"snapshot meta version {version} is not known")
     at = SNAPSHOT_META.size
-    if crc(data[:at]) != struct.unpack_from("<I", data, at)[0]:
+    if version == SNAPSHOT_META_V1:
+        expected = SNAPSHOT_META_SIZE
+    elif version == SNAPSHOT_META_V2:
+        length = struct.unpack_from("<I", data, at)[0]
+        if not 0 < length <= SNAPSHOT_MEMBERSHIP_MAX:
+            raise FormatError(f"snapshot meta membership length {length} is outside "
+                              f"1..{SNAPSHOT_MEMBERSHIP_MAX}")
+        expected = SNAPSHOT_META_SIZE + 4 + length
+    else:
+        raise FormatError(f"snapshot meta version {version} is not known")
+    if len(data) != expected:
+        raise FormatError(f"snapshot meta version {version} is {len(data)} bytes, expected "
+                          f"{expected}")
+    if crc(data[:expected - 4]) != struct.unpack_from("<I", data, expected - 4)[0]:
         raise FormatError("snapshot meta CRC mismatch")
+    membership = None
+    if version == SNAPSHOT_META_V2:
+        membership = data[at + 4 : expected - 4]
+        _check_snapshot_membership(membership)
     check_plausible("snapshot meta", index=index, term=term, end_position=end,
                     created_ms=created, state_bytes=size)
     if min(index, term, end) < 1:  # a snapshot covers at least entry 1 of term 1
         raise ImplausibleValue(f"snapshot meta index {index}, term {term}, end_position {end}: "
                                "each must be at least 1")
-    return SnapshotMeta(index, term, end, created, size, state_crc)
+    return SnapshotMeta(index, term, end, created, size, state_crc, membership)
+
+
+def _check_snapshot_membership(raw: bytes) -> None:
+    """The membership JSON of a version 2 snapshot meta, checked against the
+    format page: ``{"v": 1, "voters": [...], "learners": [...]}``, members
+    ``{"node_id": int > 0, "address": str, "directory_id": int >= 0}`` (and
+    an optional ``"client_address": str``), at least one voter, no node twice."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise FormatError(f"snapshot meta membership is not JSON: {type(exc).__name__}"
+                          ) from None
+    if not isinstance(doc, dict) or doc.get("v") != 1:
+        raise FormatError("snapshot meta membership has no known version")
+    voters, learners = doc.get("voters"), doc.get("learners")
+    if not isinstance(voters, list) or not isinstance(learners, list) or not voters:
+        raise FormatError("snapshot meta membership needs a voter list (non-empty) and a "
+                          "learner list")
+    ids = []
+    for member in voters + learners:
+        if not isinstance(member, dict):
+            raise FormatError("snapshot meta membership member is not an object")
+        node_id, address, directory_id = (member.get("node_id"), member.get("address"),
+                                          member.get("directory_id"))
+        if (type(node_id) is not int or type(directory_id) is not int
+                or not isinstance(address, str)
+                or not isinstance(member.get("client_address", ""), str)):
+            raise FormatError("snapshot meta membership member fields have the wrong types")
+        check_plausible("snapshot meta membership", node_id=node_id,
+                        directory_id=directory_id)
+        if node_id < 1:
+            raise ImplausibleValue("snapshot meta membership node id 0")
+        ids.append(node_id)
+    if len(ids) != len(set(ids)):
+        raise FormatError(f"snapshot meta membership lists a node twice: {sorted(ids)}")
 
 
 def parse_dispatch_checkpoint(data: bytes) -> DispatchCheckpoint:
@@ -234,9 +295,12 @@ def encode_hardstate(hs: HardState) -> bytes:
 
 
 def encode_snapshot_meta(m: SnapshotMeta) -> bytes:
-    """Inverse of ``parse_snapshot_meta``."""
-    head = SNAPSHOT_META.pack(SNAPSHOT_MAGIC, FORMAT_VERSION, m.index, m.term, m.end_position,
+    """Inverse of ``parse_snapshot_meta`` (version 2 when ``m`` has a membership)."""
+    version = SNAPSHOT_META_V1 if m.membership is None else SNAPSHOT_META_V2
+    head = SNAPSHOT_META.pack(SNAPSHOT_MAGIC, version, m.index, m.term, m.end_position,
                               m.created_ms, m.state_bytes, m.state_crc, 0)
+    if m.membership is not None:
+        head += struct.pack("<I", len(m.membership)) + m.membership
     return head + struct.pack("<I", crc(head))
 
 

@@ -31,12 +31,13 @@ from ledgermq.wire.codec import HEADER, encode_frame
 MAX_TERM_OR_INDEX = 2**63 - 1
 # Out of the accepted range: each must make the node drop the connection.
 OUT_OF_RANGE: tuple[int, ...] = (MAX_TERM_OR_INDEX + 1, 2**64 - 1, -1, -(2**63))
-# Arity of each message type (type code -> number of fields, type included).
-ARITY = {1: 8, 2: 6, 3: 5, 4: 4, 5: 4, 6: 8, 7: 8}
+# Arity of each message type (type code -> number of fields, type included),
+# peer protocol version 2: [type, src, dst, term, directory id, ...].
+ARITY = {1: 9, 2: 7, 3: 6, 4: 5, 5: 5, 6: 9, 7: 9}
 # The longest form each type may take: a HeartbeatResponse (4) may carry the
-# follower's last index as a fifth field.
-MAX_ARITY = {**ARITY, 4: 5}
-_BOOL_FIELDS = {1: (6, 7), 2: (4, 5), 7: (4,)}
+# follower's last index as a sixth field.
+MAX_ARITY = {**ARITY, 4: 6}
+_BOOL_FIELDS = {1: (7, 8), 2: (5, 6), 7: (5,)}
 
 
 def _frame(payload: bytes) -> bytes:
@@ -65,7 +66,8 @@ def _message(rng: random.Random, t: int, src: int, dst: int) -> list[Any]:
     for i in _BOOL_FIELDS.get(t, ()):
         msg[i] = rng.random() < 0.5
     if t == 6:
-        msg[7] = [rng.randint(0, 50), rng.randint(0, 3), rng.randint(0, 1 << 20),
+        # A kind of 0..3: a CONFIG entry (4) is checked for its content too.
+        msg[8] = [rng.randint(0, 50), rng.randint(0, 3), rng.randint(0, 1 << 20),
                   rng.randbytes(rng.randint(0, 64))]
     return msg
 
@@ -157,9 +159,9 @@ def extreme_fields(rng: random.Random, ctx: Context) -> Plan:
         elif how == "kind" or (how == "run" and t != 6):
             t = 6
             msg = _message(rng, 6, src, ctx.node)
-            msg[7][1] = rng.choice((256, 2**64 - 1, -1))
+            msg[8][1] = rng.choice((256, 2**64 - 1, -1))
         elif how == "run":
-            msg[4] = MAX_TERM_OR_INDEX  # prev_index: its one entry would be 2**63
+            msg[5] = MAX_TERM_OR_INDEX  # prev_index: its one entry would be 2**63
         elif how == "src":
             msg[1] = rng.choice([n for n in (*ctx.node_ids, 0, 2**64 - 1) if n != src])
         else:

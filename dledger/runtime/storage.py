@@ -15,17 +15,24 @@ Snapshots: `snapshot()` is the newest state snapshot on disk
 (`commitlog.snapshot.latest_snapshot`, read once and cached); whoever
 writes or installs one tells the adapter with `note_snapshot`. The term of
 the entry just below `first_index` is known only when a snapshot covers it,
-as the core's storage contract asks.
+as the core's storage contract asks. The snapshot's membership (the
+configuration in effect at its index, stored in the meta as
+`dledger.membership.encode`'s JSON) is decoded here, once per snapshot, so
+the core gets a `Membership` (None: a snapshot of the bootstrap
+configuration, e.g. one written before membership changes existed).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import commitlog
-from commitlog.snapshot import SnapshotInfo, latest_snapshot
+from commitlog.errors import CorruptionError
+from commitlog.snapshot import META_FILE, SnapshotInfo, latest_snapshot
 from dledger.entry import Entry, HardState
 from dledger.log import invariant
+from dledger.membership import Membership, MembershipError, decode
 from dledger.storage import LogUnavailable, SnapshotMeta
 
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
@@ -49,7 +56,11 @@ class CommitLogStorage:
         self.commit_floor = 0
         # The state file's CRC is checked when a snapshot is sent (by the
         # follower) or read (by the state machine), not on every start.
-        self._snapshot: SnapshotInfo | None = latest_snapshot(log.data_dir, verify_state=False)
+        self._snapshot: SnapshotInfo | None = None
+        self._snapshot_meta: SnapshotMeta | None = None
+        found = latest_snapshot(log.data_dir, verify_state=False)
+        if found is not None:
+            self.note_snapshot(found)
 
     # ------------------------------------------------------------ LogStorage
 
@@ -101,8 +112,7 @@ class CommitLogStorage:
         return self.log.end
 
     def snapshot(self) -> SnapshotMeta | None:
-        snap = self._snapshot
-        return SnapshotMeta(snap.index, snap.term, snap.end_position) if snap else None
+        return self._snapshot_meta
 
     # ------------------------------------------------------------- snapshots
 
@@ -112,9 +122,24 @@ class CommitLogStorage:
         return self._snapshot
 
     def note_snapshot(self, info: SnapshotInfo) -> None:
-        """A snapshot was written or installed; an older one never replaces a newer."""
-        if self._snapshot is None or info.index >= self._snapshot.index:
-            self._snapshot = info
+        """A snapshot was written or installed; an older one never replaces a newer.
+
+        Raises `CorruptionError` (naming the meta file) if its membership is
+        JSON but not a configuration: only a writer's bug produces one, since
+        the meta's CRC covers it, and a node must not start on a snapshot
+        whose configuration it cannot know."""
+        if self._snapshot is not None and info.index < self._snapshot.index:
+            return
+        self._snapshot_meta = SnapshotMeta(info.index, info.term, info.end_position,
+                                           snapshot_membership(info))
+        self._snapshot = info
+
+    @property
+    def snapshot_membership(self) -> Membership | None:
+        """The configuration in effect at the newest snapshot's index (None:
+        no snapshot, or one of the bootstrap configuration)."""
+        meta = self._snapshot_meta
+        return meta.membership if meta is not None else None
 
     def reset(self) -> None:
         """The log was replaced under the adapter (an install): forget the cache."""
@@ -174,3 +199,15 @@ class CommitLogStorage:
     @property
     def cached_entries(self) -> int:
         return len(self._cache)
+
+
+def snapshot_membership(info: SnapshotInfo) -> Membership | None:
+    """The decoded membership of a snapshot on disk (None: the bootstrap
+    configuration); `CorruptionError` naming its meta if it does not decode."""
+    if info.membership is None:
+        return None
+    try:
+        return decode(info.membership)
+    except MembershipError as exc:
+        raise CorruptionError(os.path.join(info.path, META_FILE), 0,
+                              f"the snapshot's membership is unusable: {exc}") from None

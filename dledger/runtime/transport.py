@@ -40,6 +40,23 @@ finish within `handshake_timeout`; it reads only frames of up to
 `HELLO_BYTES_MAX`. An authenticated connection replaces the previous one of
 the same peer and channel, so at most two per peer exist.
 
+Membership: the peers are not fixed. `set_peers` makes the links match a
+new address map (the members of the configuration in effect, which the
+node computes whenever a CONFIG entry is appended or truncated): new peers
+are dialled, a peer whose address changed is re-dialled there, and a peer
+no longer listed is dropped (`remove_peer`: its links stop re-dialling,
+their sockets are aborted with whatever was still buffered for them,
+messages to it are dropped and counted as `unroutable`, and its inbound
+connections are closed). An inbound HELLO is accepted from a listed peer,
+or from a node the node's `accept_peer(node_id)` predicate admits (e.g. a
+member this node's configuration does not list yet); anything else is
+refused as `unknown_peer`. Every HELLO carries its sender's own address
+(`advertise`): when an admitted node is not listed, the transport dials it
+back there (a *learned* peer), so a follower whose configuration is older
+than its leader can still answer it; a learned peer stays while
+`accept_peer` admits it and is dropped by `remove_peer`, or by `set_peers`
+once the predicate refuses it.
+
 Failure handling: a malformed frame, a bad handshake or a message whose
 sender/addressee contradicts the handshake closes *that* connection only;
 a refused handshake is logged as one WARNING line (rate-limited) and counted
@@ -59,7 +76,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +85,7 @@ from dledger.runtime.codec import (
     HELLO_BYTES_MAX,
     CodecError,
     PeerHello,
+    PeerVersionError,
     decode_batch,
     decode_challenge,
     decode_hello,
@@ -76,6 +94,8 @@ from dledger.runtime.codec import (
     encode_challenge,
     encode_hello,
     encode_proof,
+    format_address,
+    parse_address,
     peer_claim,
 )
 from ledgermq.base.errors import LedgerMQError
@@ -116,6 +136,7 @@ REASON_BAD_PROOF = "bad_proof"          # challenged, did not prove the cluster 
 REASON_NO_PROOF = "no_proof"            # HELLO without a nonce to a node with a secret
 REASON_NOT_EXPECTED = "auth_not_expected"  # HELLO with a nonce to a node without one
 REASON_UNKNOWN_PEER = "unknown_peer"    # claims an id that is no peer, or our own
+REASON_VERSION = "version_mismatch"     # another peer protocol version (another release)
 REASON_WRONG_NODE = "wrong_node"        # addressed to another node id
 REASON_WRONG_GROUP = "wrong_group"
 REASON_MALFORMED = "malformed"          # not a valid handshake frame
@@ -126,6 +147,9 @@ REASON_PEER_TLS = "peer_tls"            # a node we dialled failed TLS verificat
 
 Deliver = Callable[[list[Message]], None]
 AuthFailure = Callable[[str], None]
+# Whether to accept a connection from a node that is not a listed peer.
+AcceptPeer = Callable[[int], bool]
+Address = tuple[str, int]
 
 
 def tls_contexts(cert_file: str, key_file: str,
@@ -194,6 +218,8 @@ class _Link:
         self.address = address
         self.writer: asyncio.StreamWriter | None = None
         self.task: asyncio.Task[None] | None = None
+        # Set when the peer is dropped: the link never dials again.
+        self.removed = False
         self.connects = 0
         self.dropped = 0
         self.frames = 0
@@ -216,7 +242,8 @@ class _Link:
             self.dropped += len(messages)
             return
         frames = [encode_frame(p, compress_threshold=self.compress_threshold)
-                  for p in encode_batches(messages, FRAME_PAYLOAD_BYTES)]
+                  for p in encode_batches(messages, FRAME_PAYLOAD_BYTES,
+                                          self.transport.stamp)]
         data = frames[0] if len(frames) == 1 else b"".join(frames)
         writer.write(data)
         self.frames += len(frames)
@@ -228,7 +255,7 @@ class _Link:
         t = self.transport
         nonce = new_challenge() if t.secret else None
         writer.write(encode_frame(encode_hello(t.group, t.node_id, self.peer, self.channel,
-                                               nonce), compress_threshold=None))
+                                               nonce, t.advertise), compress_threshold=None))
         if nonce is None:
             return
         payload = await read_frame(reader, HELLO_BYTES_MAX)
@@ -258,7 +285,7 @@ class _Link:
         t = self.transport
         backoff = BACKOFF_MIN_S
         loop = asyncio.get_running_loop()
-        while not t.closing:
+        while not t.closing and not self.removed:
             local = (t.bind_host, 0) if t.bind_host else None
             host, port = self.address
             try:
@@ -292,6 +319,9 @@ class _Link:
                 log.warning("raft %s/%d: handshake with node %d (%s) succeeds again", t.group,
                             t.node_id, self.peer, self.channel)
                 self._last_failure = ""
+            if self.removed:  # dropped during the handshake
+                writer.transport.abort()
+                return
             self.writer = writer
             self.connects += 1
             started = loop.time()
@@ -315,10 +345,26 @@ class _Link:
         if self.writer is not None:
             self.writer.close()
 
+    def drop(self) -> None:
+        """The peer left: stop dialling, and abort the socket with whatever is
+        still buffered for it (a removed node gets nothing more)."""
+        self.removed = True
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            writer.transport.abort()
+        if self.task is not None:
+            self.task.cancel()
+
 
 class PeerTransport:
     """Listener plus one control and one replication link per peer.
 
+    `peers` maps node ids to Raft addresses, this node's included (where it
+    listens and what it advertises to the nodes it dials, unless `advertise`
+    says otherwise); it is the initial peer set, changed at runtime with
+    `set_peers`, `add_peer` and `remove_peer`. `accept_peer(node_id)` admits
+    inbound connections from nodes that are not listed (None: none are).
+    `directory_id` (nonzero) is stamped on every message sent.
     `secret` (the cluster secret, empty = no authentication), `server_ssl`
     and `client_ssl` (TLS on the listener and the links, see `tls_contexts`)
     secure the port; `on_auth_failure(reason)` is told of every refused
@@ -343,14 +389,32 @@ class PeerTransport:
         max_pending: int = DEFAULT_MAX_PENDING,
         max_pending_per_address: int = 0,
         on_auth_failure: AuthFailure | None = None,
+        accept_peer: AcceptPeer | None = None,
+        advertise: Address | None = None,
+        directory_id: int = 0,
     ) -> None:
         if secret and len(secret) < SECRET_BYTES_MIN:
             raise ValueError(f"a cluster secret is at least {SECRET_BYTES_MIN} bytes")
         if (server_ssl is None) != (client_ssl is None):
             raise ValueError("TLS needs both a server and a client context")
+        if node_id not in peers:
+            raise ValueError(f"node {node_id} has no address among the peers {sorted(peers)}")
         self.group = group
         self.node_id = node_id
-        self.peers = dict(peers)
+        # Where this node listens (bound by `start`; never changes).
+        self.listen: Address = peers[node_id]
+        # What it tells the nodes it dials (a HELLO's addr).
+        self.advertise = format_address(advertise or self.listen)
+        # The listed peers (this node excluded), and the learned ones: nodes
+        # `accept_peer` admitted that dialled us from an address not listed.
+        self.peers: dict[int, Address] = {}
+        self.learned: dict[int, Address] = {}
+        self.accept_peer = accept_peer
+        # This node's data-directory id: when set, every message leaves under
+        # it whatever its own field says (the core's and the snapshot
+        # transfer's messages alike), so a node never speaks as another disk.
+        self.directory_id = directory_id
+        self.stamp = directory_id or None
         self.deliver = deliver
         self.bind_host = bind_host
         self.max_frame_bytes = max_frame_bytes
@@ -361,15 +425,12 @@ class PeerTransport:
         self.server_ssl = server_ssl
         self.client_ssl = client_ssl
         self.max_pending = max(1, max_pending)
-        self.max_pending_per_address = max_pending_per_address or 2 * len(self.peers) + 4
+        self._max_pending_per_address = max_pending_per_address
         self.on_auth_failure = on_auth_failure
         self.closing = False
+        self._started = False
         self._server: asyncio.Server | None = None
-        self._links: dict[tuple[int, str], _Link] = {
-            (peer, channel): _Link(self, peer, channel, address)
-            for peer, address in self.peers.items() if peer != node_id
-            for channel in (CHANNEL_CONTROL, CHANNEL_REPLICATION)
-        }
+        self._links: dict[tuple[int, str], _Link] = {}
         self._inbound: set[asyncio.Task[None]] = set()
         self._inbound_writers: set[asyncio.StreamWriter] = set()
         # Inbound connections in their handshake, oldest first.
@@ -382,17 +443,110 @@ class PeerTransport:
         self.rejected_connections = 0
         self.accepted_connections = 0
         self.auth_failures: dict[str, int] = {}
+        # Messages for a node with no link (not a peer, or dropped).
+        self.unroutable = 0
+        self._retired: set[asyncio.Task[None]] = set()
+        self.set_peers(peers)
+
+    @property
+    def max_pending_per_address(self) -> int:
+        """Handshaking connections per source address (default: every peer
+        of a one-host group re-dialling both channels at once still fits)."""
+        return self._max_pending_per_address or 2 * len(self.peers) + 4
+
+    # ---------------------------------------------------------- membership
+
+    def set_peers(self, peers: Mapping[int, Address]) -> None:
+        """Make the listed peers exactly `peers` (node id -> (host, port));
+        this node's own entry, if present, is ignored. Idempotent: only the
+        difference acts. New peers are dialled (once started), a peer whose
+        address changed is re-dialled at the new one, and a peer no longer in
+        `peers` is dropped as by `remove_peer` (if `accept_peer` still admits
+        it, it may dial again and be learned). Learned peers stay while
+        `accept_peer` admits them."""
+        wanted = {n: (str(a[0]), int(a[1])) for n, a in peers.items() if n != self.node_id}
+        for node in [n for n in self.peers if n not in wanted]:
+            del self.peers[node]
+            self._drop(node)
+        for node in [n for n in self.learned if n not in wanted and not self._admits(n)]:
+            del self.learned[node]
+            self._drop(node)
+        for node, address in wanted.items():
+            self.learned.pop(node, None)
+            self.peers[node] = address
+            self._link_to(node, address)
+
+    def add_peer(self, node_id: int, address: Address) -> None:
+        """List one peer (or move it to a new address)."""
+        self.set_peers({**self.peers, node_id: address})
+
+    def remove_peer(self, node_id: int) -> None:
+        """Drop a peer: its links stop re-dialling and are aborted with what
+        was buffered for them, messages to it are dropped (`unroutable`), its
+        inbound connections are closed; it is refused from now on unless
+        `accept_peer` admits it."""
+        self.peers.pop(node_id, None)
+        self.learned.pop(node_id, None)
+        self._drop(node_id)
+
+    def _admits(self, node_id: int) -> bool:
+        return self.accept_peer is not None and self.accept_peer(node_id)
+
+    def _link_to(self, node: int, address: Address) -> None:
+        """Make `node`'s two links dial `address` (new links if it moved)."""
+        for channel in (CHANNEL_CONTROL, CHANNEL_REPLICATION):
+            link = self._links.get((node, channel))
+            if link is not None and link.address == address:
+                continue
+            if link is not None:
+                self._retire(link)
+            link = _Link(self, node, channel, address)
+            self._links[(node, channel)] = link
+            if self._started and not self.closing:
+                self._start_link(link)
+
+    def _start_link(self, link: _Link) -> None:
+        link.task = asyncio.get_running_loop().create_task(
+            link.run(), name=f"raft-link-{self.node_id}->{link.peer}-{link.channel}")
+
+    def _retire(self, link: _Link) -> None:
+        link.drop()
+        if link.task is not None and not link.task.done():
+            # Awaited by `close`, so no task outlives the transport.
+            self._retired.add(link.task)
+            link.task.add_done_callback(self._retired.discard)
+
+    def _drop(self, node: int) -> None:
+        for channel in (CHANNEL_CONTROL, CHANNEL_REPLICATION):
+            link = self._links.pop((node, channel), None)
+            if link is not None:
+                self._retire(link)
+            writer = self._authenticated.pop((node, channel), None)
+            if writer is not None:
+                writer.transport.abort()
+
+    def _learn(self, node: int, addr: str | None) -> None:
+        """An admitted node that is not listed dialled us: dial it back at the
+        address it advertised (or its new one)."""
+        if addr is None or node in self.peers:
+            return
+        address = parse_address(addr)
+        if self.learned.get(node) != address:
+            log.info("raft %s/%d: node %d is not a listed peer but is admitted; answering it "
+                     "at %s", self.group, self.node_id, node, addr)
+            self.learned[node] = address
+            self._link_to(node, address)
 
     async def start(self) -> tuple[str, int]:
-        host, port = self.peers[self.node_id]
+        host, port = self.listen
         tls: dict[str, Any] = {}
         if self.server_ssl is not None:
             tls = {"ssl": self.server_ssl, "ssl_handshake_timeout": self.handshake_timeout}
         self._server = await asyncio.start_server(self._on_connect, host, port,
                                                   reuse_address=True, **tls)
+        self._started = True
         for link in self._links.values():
-            link.task = asyncio.get_running_loop().create_task(
-                link.run(), name=f"raft-link-{self.node_id}->{link.peer}-{link.channel}")
+            self._start_link(link)
         bound: tuple[str, int] = self._server.sockets[0].getsockname()[:2]
         return bound
 
@@ -405,6 +559,8 @@ class PeerTransport:
             link = self._links.get((msg.dst, msg.channel))
             if link is not None:
                 link.send(messages)
+            else:
+                self.unroutable += 1
             return
         groups: dict[tuple[int, str], list[Message]] = {}
         for msg in messages:
@@ -413,9 +569,17 @@ class PeerTransport:
             link = self._links.get(key)
             if link is not None:
                 link.send(batch)
+            else:
+                self.unroutable += len(batch)
 
     def connected(self, peer: int) -> bool:
-        return all(self._links[(peer, ch)].writer is not None
+        """Both links to `peer` are up (False for a node that is no peer)."""
+        links = [self._links.get((peer, ch)) for ch in (CHANNEL_CONTROL, CHANNEL_REPLICATION)]
+        return all(link is not None and link.writer is not None for link in links)
+
+    def inbound(self, peer: int) -> int:
+        """How many authenticated connections from `peer` are open (0..2)."""
+        return sum((peer, ch) in self._authenticated
                    for ch in (CHANNEL_CONTROL, CHANNEL_REPLICATION))
 
     async def close(self) -> None:
@@ -428,6 +592,7 @@ class PeerTransport:
             if link.task is not None:
                 link.task.cancel()
                 tasks.append(link.task)
+        tasks += list(self._retired)
         for writer in list(self._inbound_writers):
             writer.close()
         tasks += list(self._inbound)
@@ -444,7 +609,9 @@ class PeerTransport:
                                   "dropped": link.dropped}
             for (peer, channel), link in sorted(self._links.items())
         }
-        return {"links": links, "frames_received": self.frames_received,
+        return {"links": links, "peers": sorted(self.peers), "learned": sorted(self.learned),
+                "unroutable": self.unroutable,
+                "frames_received": self.frames_received,
                 "messages_received": self.messages_received,
                 "accepted_connections": self.accepted_connections,
                 "rejected_connections": self.rejected_connections,
@@ -516,11 +683,14 @@ class PeerTransport:
         payload = await read_frame(reader, HELLO_BYTES_MAX)
         if payload is None:
             raise PeerRefused(REASON_MALFORMED, "closed before its HELLO")
-        hello = decode_hello(payload)
+        try:
+            hello = decode_hello(payload)
+        except PeerVersionError as exc:
+            raise PeerRefused(REASON_VERSION, str(exc)) from None
         src, dst = hello["src"], hello["dst"]
         if hello["group"] != self.group:
             raise PeerRefused(REASON_WRONG_GROUP, f"this is group {self.group!r}", hello)
-        if src == self.node_id or src not in self.peers:
+        if src == self.node_id or (src not in self.peers and not self._admits(src)):
             raise PeerRefused(REASON_UNKNOWN_PEER, f"node {src} is not a peer of node "
                               f"{self.node_id} (peers {sorted(self.peers)})", hello)
         if dst != self.node_id:
@@ -575,6 +745,11 @@ class PeerTransport:
         if slot.evicted:
             return
         src = hello["src"]
+        if src not in self.peers and not self._admits(src):
+            # Dropped while it was authenticating.
+            self._refused(peername, REASON_UNKNOWN_PEER, f"node {src} was removed", hello)
+            return
+        self._learn(src, hello.get("addr"))
         key = (src, hello["channel"])
         previous = self._authenticated.get(key)
         if previous is not None:
@@ -588,6 +763,8 @@ class PeerTransport:
                 if payload is None:
                     return
                 messages = decode_batch(payload, self.max_frame_bytes)
+                if self._authenticated.get(key) is not writer:
+                    return  # replaced by a re-dial, or the peer was removed
                 for msg in messages:
                     if msg.src != src or msg.dst != self.node_id:
                         raise CodecError(f"message {msg.src}->{msg.dst} on link {src}->"

@@ -138,8 +138,8 @@ def test_a_forged_index_or_version_is_refused(data_dir: str) -> None:
     with pytest.raises(CorruptionError, match="meta says index 25"):
         read_meta(snapshot_path(data_dir, 20))
     assert latest_snapshot(data_dir) == older
-    _rewrite_meta(data_dir, 20, index=20, version=2)
-    with pytest.raises(FormatVersionError, match="unsupported format version 2"):
+    _rewrite_meta(data_dir, 20, index=20, version=3)
+    with pytest.raises(FormatVersionError, match="unsupported format version 3"):
         read_meta(snapshot_path(data_dir, 20))
     assert latest_snapshot(data_dir) == older
     _rewrite_meta(data_dir, 20, version=1, magic=0x12345678)

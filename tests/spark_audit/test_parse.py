@@ -54,6 +54,65 @@ def test_snapshot_meta_round_trips_and_rejects_damage():
         fmt.parse_snapshot_meta(zero)
 
 
+_MEMBERSHIP = (b'{"learners":[{"address":"h4:1","directory_id":9,"node_id":4}],"v":1,'
+               b'"voters":[{"address":"h1:1","directory_id":0,"node_id":1},'
+               b'{"address":"h2:1","directory_id":7,"node_id":2}]}')
+
+
+def _v2_meta(membership: bytes, length: int | None = None) -> bytes:
+    """A version 2 meta built from the format page, CRC valid."""
+    head = fmt.SNAPSHOT_META.pack(fmt.SNAPSHOT_MAGIC, 2, 120, 3, 65536, 1, 42, 7, 0)
+    head += (len(membership) if length is None else length).to_bytes(4, "little") + membership
+    return head + fmt.crc(head).to_bytes(4, "little")
+
+
+def test_snapshot_meta_version_2_carries_the_membership():
+    meta = fmt.SnapshotMeta(120, 3, 65536, 1, 42, 7, _MEMBERSHIP)
+    raw = fmt.encode_snapshot_meta(meta)
+    assert raw == _v2_meta(_MEMBERSHIP) and len(raw) == 64 + len(_MEMBERSHIP)
+    assert fmt.parse_snapshot_meta(raw) == meta
+    # Version 1 (no membership) still parses, as None.
+    v1 = fmt.encode_snapshot_meta(fmt.SnapshotMeta(120, 3, 65536, 1, 42, 7))
+    assert v1[4] == 1 and fmt.parse_snapshot_meta(v1).membership is None
+    for cut in (1, 4, len(_MEMBERSHIP), len(raw) - 60):
+        with pytest.raises(fmt.FormatError, match="bytes"):
+            fmt.parse_snapshot_meta(raw[:-cut])
+    for at in (8, 57, 70, len(raw) - 1):
+        bad = bytearray(raw)
+        bad[at] ^= 4
+        with pytest.raises(fmt.FormatError):
+            fmt.parse_snapshot_meta(bytes(bad))
+    future = bytearray(_v2_meta(_MEMBERSHIP))
+    future[4] = 3
+    with pytest.raises(fmt.FormatError, match="version 3 is not known"):
+        fmt.parse_snapshot_meta(bytes(future))
+
+
+@pytest.mark.parametrize(("membership", "length", "match"), [
+    (b"", 0, "length 0"),
+    (b"{}", 2**32 - 1, "length"),
+    (b"{}", 5, "bytes, expected"),
+    (b"nope", None, "not JSON"),
+    (b"[" * 50_000, None, "not JSON"),
+    (b'{"v":2,"voters":[],"learners":[]}', None, "no known version"),
+    (b'{"v":1,"voters":[],"learners":[]}', None, "voter list"),
+    (b'{"v":1,"voters":[1],"learners":[]}', None, "not an object"),
+    (b'{"v":1,"voters":[{"node_id":true,"address":"","directory_id":0}],"learners":[]}',
+     None, "wrong types"),
+    (b'{"v":1,"voters":[{"node_id":1,"address":"","directory_id":-1}],"learners":[]}',
+     None, "directory_id"),
+    (b'{"v":1,"voters":[{"node_id":1,"address":"","directory_id":0,"client_address":7}],'
+     b'"learners":[]}', None, "wrong types"),
+    (b'{"v":1,"voters":[{"node_id":1,"address":"","directory_id":' + b"9" * 30 + b'}],'
+     b'"learners":[]}', None, "directory_id"),
+    (b'{"v":1,"voters":[{"node_id":1,"address":"","directory_id":0}],'
+     b'"learners":[{"node_id":1,"address":"","directory_id":0}]}', None, "twice"),
+])
+def test_snapshot_meta_version_2_refuses_a_bad_membership(membership, length, match):
+    with pytest.raises(fmt.FormatError, match=match):
+        fmt.parse_snapshot_meta(_v2_meta(membership, length))
+
+
 def test_snapshot_files_are_classified_and_staging_is_skipped(tmp_path):
     scenarios.clean(str(tmp_path / "g"), 3)
     node = tmp_path / "g" / "n1"

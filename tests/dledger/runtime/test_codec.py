@@ -30,7 +30,7 @@ from dledger.runtime.codec import (
 MAX = 1 << 20
 
 SAMPLES = [
-    VoteRequest(1, 2, 7, 100, 6, pre_vote=True, transfer=False),
+    VoteRequest(1, 2, 7, 100, 6, pre_vote=True, transfer=False, directory_id=2**63 - 1),
     VoteRequest(1, 3, 8, 100, 6, pre_vote=False, transfer=True),
     VoteResponse(2, 1, 7, True, pre_vote=True),
     Heartbeat(1, 2, 7, 99),
@@ -41,7 +41,7 @@ SAMPLES = [
     AppendRequest(1, 2, 7, 10, 6, (Entry(11, 7, 2, b"", 4096), Entry(12, 7, 1, b"\x00" * 70,
                                                                           4144)), 11),
     AppendResponse(2, 1, 7, False, 10, 4, 5),
-    AppendResponse(2, 1, 7, True, 12),
+    AppendResponse(2, 1, 7, True, 12, directory_id=12345),
 ]
 
 
@@ -60,10 +60,13 @@ def test_batches_are_cut_by_size() -> None:
 
 
 @pytest.mark.parametrize("payload", [
-    b"", b"\xc1", b"\x90", b"\x91\x63", b"\x93\x01\x02\x03", msgpack.packb([3, 1, 2, 3, True]),
-    msgpack.packb([3, 1, 2, -3, 4]), msgpack.packb([6, 1, 2, 3, 4, 5, 6, [1, 1, 1]]),
-    msgpack.packb([6, 1, 2, 3, 4, 5, 6, [1, 1, 1, "text"]]), msgpack.packb({"a": 1}),
-    msgpack.packb([2, 1, 2, 3, 1, 0]), msgpack.packb([99, 1, 2, 3]),
+    b"", b"\xc1", b"\x90", b"\x91\x63", b"\x93\x01\x02\x03",
+    msgpack.packb([3, 1, 2, 3, 0, True]), msgpack.packb([3, 1, 2, -3, 0, 4]),
+    msgpack.packb([3, 1, 2, 3, True, 4]), msgpack.packb([6, 1, 2, 3, 0, 4, 5, 6, [1, 1, 1]]),
+    msgpack.packb([6, 1, 2, 3, 0, 4, 5, 6, [1, 1, 1, "text"]]), msgpack.packb({"a": 1}),
+    msgpack.packb([2, 1, 2, 3, 0, 1, 0]), msgpack.packb([99, 1, 2, 3, 0]),
+    # The version 1 layout (no directory id) is refused too.
+    msgpack.packb([3, 1, 2, 3, 4]), msgpack.packb([5, 1, 2, 3]),
 ])
 def test_malformed_batches_rejected(payload: bytes) -> None:
     with pytest.raises(CodecError):
