@@ -48,7 +48,7 @@ from commitlog.segments import SegmentFiles, SegmentInfo
 
 # Names a data directory may hold; anything else is reported, never deleted.
 KNOWN_TOP_LEVEL = frozenset(("LOCK", "checkpoint", "hardstate", "commitlog", "index", "ROLLBACK",
-                             "consumequeue", "snapshots", "install.tmp", "INSTALL"))
+                             "consumequeue", "snapshots", "install.tmp", "INSTALL", "IDENTITY"))
 
 
 @dataclass
@@ -151,8 +151,10 @@ class CommitLog:
     def _foreign_files(self) -> list[str]:
         found = list(self.segments.foreign) + list(self.index.foreign)
         for name in sorted(fileio.fs.listdir(self.data_dir)):
+            # diverged-*: kept by a rollback (broker); damaged-*: set aside by
+            # `ledgermq node repair` in a data directory that is a mount point.
             if name in KNOWN_TOP_LEVEL or name.endswith((".durable", ".tmp")) \
-                    or name.startswith("diverged-"):  # kept by a rollback (broker)
+                    or name.startswith(("diverged-", "damaged-")):
                 continue
             found.append(os.path.join(self.data_dir, name))
         return found

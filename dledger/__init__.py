@@ -16,6 +16,7 @@ from dledger.entry import (
     segment_placement,
 )
 from dledger.log import InvariantViolation
+from dledger.membership import Member, Membership, MembershipError
 from dledger.messages import (
     CHANNEL_CONTROL,
     CHANNEL_REPLICATION,
@@ -30,7 +31,14 @@ from dledger.messages import (
     VoteResponse,
 )
 from dledger.progress import ProgressState
-from dledger.raw_node import FollowerStatus, NotLeader, Proposed, RaftNode, Status
+from dledger.raw_node import (
+    FollowerStatus,
+    MembershipChangeRefused,
+    NotLeader,
+    Proposed,
+    RaftNode,
+    Status,
+)
 from dledger.ready import Ready, SoftState
 from dledger.storage import LogStorage, LogUnavailable, MemoryLogStorage, SnapshotMeta
 
@@ -52,6 +60,10 @@ __all__ = [
     "InvariantViolation",
     "LogStorage",
     "LogUnavailable",
+    "Member",
+    "Membership",
+    "MembershipChangeRefused",
+    "MembershipError",
     "MemoryLogStorage",
     "Message",
     "NotLeader",

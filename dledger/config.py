@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from dledger.membership import Member, Membership
 from election.config import ElectionConfig
 
 
@@ -41,6 +42,18 @@ class Bugs:
     # Follower takes InstallSnapshot(index, term) as already held whenever its
     # log reaches `index`, whatever the term there: it commits its own entry.
     snapshot_ignores_term: bool = False
+    # Membership (dledger.membership): the leader counts learners' matches
+    # toward the voters' commit quorum.
+    learner_in_quorum: bool = False
+    # The leader accepts a configuration change while an earlier one is
+    # uncommitted (no "one change in flight" rule).
+    two_changes_at_once: bool = False
+    # Identity is ignored in elections: votes from a node whose data directory
+    # is not the pinned one count, and such a node votes and campaigns.
+    ignore_directory_id: bool = False
+    # A configuration takes effect when its entry is committed, not when it
+    # is appended.
+    config_on_commit: bool = False
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -61,6 +74,9 @@ class Config:
     """Settings of one `RaftNode`. Sizes and windows bound every batch and queue."""
 
     node_id: int
+    # The BOOTSTRAP voters: the configuration used only while neither the log
+    # nor the snapshot holds one (and `membership` is None). `node_id` need
+    # not be among them (a node that joins an existing group).
     voters: frozenset[int]
     election: ElectionConfig = field(default_factory=ElectionConfig)
     # Batching: one AppendRequest carries at most this many entries / bytes
@@ -82,13 +98,34 @@ class Config:
     # index (or reports a failed transfer with `RaftNode.report_snapshot`).
     snapshot_timeout_ticks: int = 100
     bugs: Bugs = NO_BUGS
+    # The bootstrap configuration with addresses and directory ids; wins over
+    # `voters` when given.
+    membership: Membership | None = None
+    # This node's data-directory id (random, nonzero, chosen when the data
+    # directory was created); 0 = identity not tracked (tests, old drivers):
+    # the node then never pins members and applies no identity rule of its own.
+    directory_id: int = 0
+    # A learner may be promoted once leader commit - learner match <= this.
+    promote_lag_max: int = 0
 
     def __post_init__(self) -> None:
-        if self.node_id not in self.voters:
-            raise ValueError(f"node_id {self.node_id} not in voters")
+        if self.node_id <= 0:
+            raise ValueError("node_id must be a positive integer")
+        if self.membership is None and (not self.voters or min(self.voters) <= 0):
+            raise ValueError("voters: a non-empty set of positive node ids")
+        if not 0 <= self.directory_id < 1 << 63:
+            raise ValueError("directory_id must be in [0, 2**63)")
+        if self.promote_lag_max < 0:
+            raise ValueError("promote_lag_max must be >= 0")
         if self.append_entries_max < 1 or self.append_bytes_max < 1 or self.inflight_max < 1:
             raise ValueError("batch and window limits must be >= 1")
         if self.resend_ticks < 1:
             raise ValueError("resend_ticks must be >= 1")
         if self.snapshot_timeout_ticks < 1:
             raise ValueError("snapshot_timeout_ticks must be >= 1")
+
+    def bootstrap_membership(self) -> Membership:
+        """The configuration in effect while the log and the snapshot hold none."""
+        if self.membership is not None:
+            return self.membership
+        return Membership(tuple(Member(v) for v in sorted(self.voters)))

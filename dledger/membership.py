@@ -32,6 +32,8 @@ from dataclasses import dataclass, replace
 
 __all__ = [
     "FORMAT_VERSION",
+    "UNPINNED",
+    "ConfigHistory",
     "Member",
     "MemberRole",
     "Membership",
@@ -251,6 +253,70 @@ def pin(current: Membership, node_id: int, directory_id: int) -> Membership:
 def single_server_change(old: Membership, new: Membership) -> bool:
     """True when the voter sets differ by at most one node (dissertation §4.1)."""
     return len(old.voter_ids ^ new.voter_ids) <= 1
+
+
+# ------------------------------------------------------------------ history
+
+
+class ConfigHistory:
+    """The configurations a replica's log holds, oldest first, as (index, Membership).
+
+    The first item is the base: the configuration the log starts with (a
+    snapshot's, at the snapshot index, or the bootstrap one at 0); then one
+    item per CONFIG entry of the log. Appending a CONFIG entry adds an item,
+    truncating the log removes those at or above the cut, restoring a snapshot
+    resets the history. Configurations change rarely, so the list stays short;
+    `prune` drops what lies below a compacted log's start.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, base_index: int, base: Membership) -> None:
+        self._items: list[tuple[int, Membership]] = [(base_index, base)]
+
+    @property
+    def current(self) -> tuple[int, Membership]:
+        """(index, configuration) of the newest one: the configuration in effect."""
+        return self._items[-1]
+
+    def at(self, index: int) -> tuple[int, Membership]:
+        """(index, configuration) in effect at log index `index` (the base's if older)."""
+        for item in reversed(self._items):
+            if item[0] <= index:
+                return item
+        return self._items[0]
+
+    def add(self, index: int, membership: Membership) -> None:
+        if index <= self._items[-1][0]:
+            raise MembershipError(f"configuration at {index} not after {self._items[-1][0]}")
+        self._items.append((index, membership))
+
+    def truncate_from(self, index: int) -> bool:
+        """Forget the configurations of entries at or above `index`; True if any went."""
+        keep = len(self._items)
+        while keep > 1 and self._items[keep - 1][0] >= index:
+            keep -= 1
+        changed = keep < len(self._items)
+        del self._items[keep:]
+        return changed
+
+    def reset(self, base_index: int, base: Membership) -> None:
+        """The log was replaced by a snapshot at `base_index` holding `base`."""
+        self._items = [(base_index, base)]
+
+    def prune(self, below: int) -> None:
+        """Drop configurations no longer needed to answer `at(i)` for i >= `below`."""
+        first = 0
+        while first + 1 < len(self._items) and self._items[first + 1][0] <= below:
+            first += 1
+        if first:
+            del self._items[:first]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def items(self) -> tuple[tuple[int, Membership], ...]:
+        return tuple(self._items)
 
 
 # ----------------------------------------------------------------- encoding

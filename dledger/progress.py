@@ -38,6 +38,7 @@ class Progress:
     """Invariant: 0 <= match < next."""
 
     __slots__ = (
+        "directory_id",
         "inflight",
         "inflight_max",
         "match",
@@ -67,6 +68,8 @@ class Progress:
         # SNAPSHOT: index of the snapshot sent, and ticks since it was sent.
         self.pending_snapshot = 0
         self.snapshot_ticks = 0
+        # Data-directory id the follower last answered from (0: none heard).
+        self.directory_id = 0
 
     def paused(self) -> bool:
         if self.state is ProgressState.PROBE:

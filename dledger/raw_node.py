@@ -39,6 +39,21 @@ Rules
    commit; a commit-only append per commit, with its acknowledgement,
    doubled the messages and the followers' Ready rounds per request when
    requests come one at a time.
+7. Membership (`dledger.membership`, docs/raft.md "Membership changes"): the
+   configuration in effect is the last CONFIG entry of the log (effective
+   once appended, undone when truncated), else the snapshot's, else the
+   bootstrap one (`Config.membership` or `Config.voters`). Votes, commit and
+   check-quorum count voters only, each only while it answers from the data
+   directory it is pinned to; learners are replicated to, never counted.
+   `propose_membership` accepts single-server changes, one in flight, from a
+   leader that has committed an entry of its term, never removing itself.
+   A leader pins the unpinned members it has heard from, with one CONFIG
+   entry at a time (its first entry of a term, instead of the NOOP, when it
+   can). Identity rules of the node's own (when `Config.directory_id` is
+   set): it refuses votes while its own configuration pins it to another
+   directory (its disk was wiped), or pins others but not it, or while its
+   log is empty and the candidate's is not (a fresh or wiped directory votes
+   only in a group that has written nothing yet).
 """
 
 from __future__ import annotations
@@ -56,6 +71,16 @@ from dledger.entry import (
     segment_placement,
 )
 from dledger.log import UNLIMITED, CommittedDivergence, RaftLog, invariant
+from dledger.membership import (
+    UNPINNED,
+    ConfigHistory,
+    Membership,
+    MembershipError,
+    decode,
+    encode,
+    pin,
+    single_server_change,
+)
 from dledger.messages import (
     AppendRequest,
     AppendResponse,
@@ -70,12 +95,22 @@ from dledger.messages import (
 from dledger.progress import Progress, ProgressState
 from dledger.quorum import quorum_index
 from dledger.ready import Ready, SoftState
-from dledger.storage import LogStorage, LogUnavailable, SnapshotMeta
+from dledger.storage import CONFIG_ENTRIES_HOOK, LogStorage, LogUnavailable, SnapshotMeta
 from election.elector import Elector, RandomSource, TickAction
 from election.roles import Role
 from election.votes import VoteOutcome
 
-__all__ = ["FollowerStatus", "NotLeader", "Proposed", "RaftNode", "Status"]
+__all__ = [
+    "FollowerStatus",
+    "MembershipChangeRefused",
+    "NotLeader",
+    "Proposed",
+    "RaftNode",
+    "Status",
+]
+
+# Entries read per call while scanning the stored log for CONFIG entries at start.
+_SCAN_BYTES = 4 << 20
 
 
 class NotLeader(Exception):
@@ -84,6 +119,14 @@ class NotLeader(Exception):
     def __init__(self, leader_id: int) -> None:
         super().__init__(f"not leader; try {leader_id}" if leader_id else "not leader")
         self.leader_id = leader_id
+
+
+class MembershipChangeRefused(Exception):
+    """`propose_membership` refused a change; `reason` says which rule."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"membership change refused: {reason}")
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +152,13 @@ class FollowerStatus:
     inflight: int
     # SNAPSHOT state: index of the snapshot sent (0 otherwise).
     pending_snapshot: int = 0
+    # A learner of the configuration in effect (replicated, not counted).
+    learner: bool = False
+    # The data-directory id its last message came from (0: none heard).
+    directory_id: int = 0
+    # Pinned to another directory than the one it answers from: its disk was
+    # wiped or replaced; repair = rejoin (as a learner), catch up, promote.
+    identity_mismatch: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +178,12 @@ class Status:
     progress: dict[int, FollowerStatus]
     # First index of the log still stored (1 until a prefix was deleted).
     first_index: int = 1
+    # The configuration in effect, the index of its CONFIG entry (0: the
+    # bootstrap one; a snapshot's index when it came with a snapshot) and
+    # whether that entry is not committed yet.
+    membership: Membership | None = None
+    membership_index: int = 0
+    membership_pending: bool = False
 
 
 class RaftNode:
@@ -145,8 +201,13 @@ class RaftNode:
         self.config = config
         self.id = config.node_id
         self.bugs = config.bugs
+        self._dir = config.directory_id
+        self._bootstrap = config.bootstrap_membership()
+        self.configs = _configs_of(storage, self._bootstrap)
+        base = self.configs.current[1]
         self.elector = Elector(
-            config.node_id, config.voters, config.election, rng, hard_state.term, hard_state.vote
+            config.node_id, base.voter_ids, config.election, rng, hard_state.term,
+            hard_state.vote, directory_id=self._dir,
         )
         self.log = RaftLog(storage, place or segment_placement())
         # Invariant: applied <= commit <= last_index. The stored commit is a
@@ -172,6 +233,17 @@ class RaftNode:
         self.snapshots_restored = 0
         # The acknowledgement of a restored snapshot (bug injection sends it early).
         self._snapshot_ack: AppendResponse | None = None
+        # Last data-directory id heard from each node (pins, identity checks).
+        self._heard: dict[int, int] = {}
+        # Leader: index of its first entry of this term (committed => it may
+        # propose membership changes).
+        self._term_start = 0
+        # The configuration applied to the elector and the progress map, and
+        # the voters with the directory each is pinned to (commit counting).
+        self._membership: Membership = base
+        self._membership_index = -1
+        self._voter_pins: tuple[tuple[int, int], ...] = ()
+        self._sync_membership()
 
     # ------------------------------------------------------------ observation
 
@@ -187,6 +259,36 @@ class RaftNode:
     def leader_id(self) -> int:
         return self.elector.leader_id
 
+    @property
+    def directory_id(self) -> int:
+        return self._dir
+
+    @property
+    def membership(self) -> Membership:
+        """The configuration in effect (see rule 7)."""
+        return self._membership
+
+    @property
+    def membership_index(self) -> int:
+        """Index of the CONFIG entry in effect; 0 for the bootstrap configuration
+        (the snapshot's index for one that came with a snapshot)."""
+        return self._membership_index
+
+    @property
+    def membership_pending(self) -> bool:
+        """The CONFIG entry in effect is not committed yet."""
+        return self._membership_index > self.commit
+
+    @property
+    def committed_membership(self) -> Membership:
+        """The configuration of the last CONFIG entry at or below the commit index."""
+        return self.configs.at(self.commit)[1]
+
+    def membership_at(self, index: int) -> Membership:
+        """The configuration in effect at log index `index` (>= the log's first
+        index - 1): what a snapshot taken at `index` must record."""
+        return self.configs.at(index)[1]
+
     def status(self) -> Status:
         return Status(
             node_id=self.id,
@@ -200,11 +302,23 @@ class RaftNode:
             last_term=self.log.last_term(),
             stable_index=self.stable_index,
             progress={
-                peer: FollowerStatus(pr.match, pr.next, pr.state.name, len(pr.inflight),
-                                     pr.pending_snapshot)
-                for peer, pr in self.progress.items()
+                peer: self._follower_status(peer, pr) for peer, pr in self.progress.items()
             },
             first_index=self.log.first_index(),
+            membership=self._membership,
+            membership_index=self._membership_index,
+            membership_pending=self.membership_pending,
+        )
+
+    def _follower_status(self, peer: int, pr: Progress) -> FollowerStatus:
+        member = self._membership.member(peer)
+        heard = self._heard.get(peer, 0)
+        pinned = member.directory_id if member is not None else UNPINNED
+        return FollowerStatus(
+            pr.match, pr.next, pr.state.name, len(pr.inflight), pr.pending_snapshot,
+            learner=peer in self._membership.learner_ids,
+            directory_id=heard,
+            identity_mismatch=pinned != UNPINNED and heard != 0 and heard != pinned,
         )
 
     # ----------------------------------------------------------------- inputs
@@ -212,7 +326,7 @@ class RaftNode:
     def tick(self) -> None:
         """One unit of logical time."""
         action = self.elector.tick()
-        if action & TickAction.CAMPAIGN:
+        if action & TickAction.CAMPAIGN and self._may_campaign():
             self.campaign()
         if action & TickAction.STEPPED_DOWN:
             self.progress = {}
@@ -229,6 +343,7 @@ class RaftNode:
             raise NotLeader(self.leader_id)
         if self.elector.transferee:
             raise NotLeader(self.elector.transferee)
+        _not_config(kind)
         entry = self._append_as_leader(kind, data)
         self._broadcast_append()
         return Proposed(entry.index, entry.term)
@@ -241,6 +356,8 @@ class RaftNode:
         if self.elector.transferee:
             raise NotLeader(self.elector.transferee)
         out = []
+        for kind, _ in items:
+            _not_config(kind)
         for kind, data in items:
             entry = self._append_as_leader(kind, data)
             out.append(Proposed(entry.index, entry.term))
@@ -248,9 +365,33 @@ class RaftNode:
             self._broadcast_append()
         return out
 
+    def propose_membership(self, new: Membership) -> Proposed:
+        """Append a CONFIG entry holding `new`, the whole next configuration.
+
+        Raises `NotLeader` (as `propose`), or `MembershipChangeRefused` when a
+        change is pending, the leader has not committed an entry of its term,
+        more than one voter would change, the leader would remove or demote
+        itself, a voter is added other than by promoting a caught-up learner,
+        a voter's pinned directory would change (that takes a rejoin), or
+        `new` is the configuration in effect. The change takes effect here at
+        once (rule 7); it is done once the entry commits.
+        """
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.leader_id)
+        if self.elector.transferee:
+            raise NotLeader(self.elector.transferee)
+        reason = self._refuse_change(self._membership, new)
+        if reason is not None:
+            raise MembershipChangeRefused(reason)
+        entry = self._append_as_leader(EntryKind.CONFIG, encode(new), new)
+        self._broadcast_append()
+        return Proposed(entry.index, entry.term)
+
     def campaign(self, transfer: bool = False) -> None:
-        """Start an election now (pre-vote first unless disabled or a transfer)."""
-        if self.role is Role.LEADER:
+        """Start an election now (pre-vote first unless disabled or a transfer).
+        A node that is not a voter of its configuration (under its own data
+        directory) never campaigns."""
+        if self.role is Role.LEADER or not self._may_campaign():
             return
         if not self.elector.config.pre_vote or transfer:
             self._campaign_for_real(transfer)
@@ -263,17 +404,20 @@ class RaftNode:
         for peer in self.elector.peers:
             # Pre-vote asks for the term we *would* use; ours stays unchanged.
             self._outbox.append(
-                VoteRequest(self.id, peer, self.term + 1, last_index, last_term, pre_vote=True)
+                VoteRequest(self.id, peer, self.term + 1, last_index, last_term, pre_vote=True,
+                            directory_id=self._dir)
             )
 
     def transfer_leadership(self, to: int) -> bool:
         """Hand leadership to `to` once it is caught up; proposals fail until done or aborted."""
         if self.role is not Role.LEADER or to == self.id or to not in self.progress:
             return False
+        if to not in self.elector.voters:
+            return False  # a learner cannot be elected
         self.elector.transferee = to
         pr = self.progress[to]
         if pr.match == self.log.last_index:
-            self._outbox.append(TimeoutNow(self.id, to, self.term))
+            self._outbox.append(TimeoutNow(self.id, to, self.term, directory_id=self._dir))
         else:
             self._send_append(to)
         return True
@@ -301,6 +445,8 @@ class RaftNode:
     def step(self, msg: Message) -> None:
         """Feed one incoming message."""
         invariant(msg.dst == self.id, f"message for {msg.dst} stepped into {self.id}")
+        if msg.directory_id:
+            self._heard[msg.src] = msg.directory_id
         process, reply = self.elector.filter_term(msg)
         if reply is not None:
             self._outbox.append(reply)
@@ -408,8 +554,8 @@ class RaftNode:
         if ready.committed_entries:
             # max: a snapshot restored while this Ready was out moved applied past it.
             self.applied = max(self.applied, ready.committed_entries[-1].index)
-        if self.role is Role.LEADER:
-            self._maybe_commit()  # told to the followers as rule 6 says
+        if self.role is Role.LEADER and self._maybe_commit():  # told as rule 6 says
+            self._after_commit()
 
     # -------------------------------------------------------------- internals
 
@@ -424,11 +570,146 @@ class RaftNode:
             return self.stable_index
         return min(self.commit, self.stable_index)
 
-    def _append_as_leader(self, kind: int, data: bytes) -> Entry:
+    def _append_as_leader(self, kind: int, data: bytes,
+                          membership: Membership | None = None) -> Entry:
         size = ENTRY_HEADER_BYTES + len(data)
         entry = Entry(self.log.last_index + 1, self.term, kind, data, self.log.next_position(size))
         self.log.append([entry], self.commit)
+        if kind == EntryKind.CONFIG:
+            self.configs.add(entry.index, membership or decode(entry.data))
+            self._sync_membership()
         return entry
+
+    def _append_log(self, entries: tuple[Entry, ...]) -> None:
+        """Follower: append (maybe replacing a suffix) and track the configurations."""
+        self.log.append(entries, self.commit)
+        changed = self.configs.truncate_from(entries[0].index)
+        for entry in entries:
+            if entry.kind == EntryKind.CONFIG:
+                self.configs.add(entry.index, _decode(entry))
+                changed = True
+        if changed:
+            self.configs.prune(self.log.first_index() - 1)
+            self._sync_membership()
+
+    # -- membership
+
+    def _sync_membership(self) -> None:
+        """Make the elector and the progress map follow the configuration in effect."""
+        if self.bugs.config_on_commit:
+            index, membership = self.configs.at(self.commit)
+        else:
+            index, membership = self.configs.current
+        if membership is self._membership and index == self._membership_index:
+            return
+        self._membership, self._membership_index = membership, index
+        pinned = {} if self.bugs.ignore_directory_id else {
+            m.node_id: m.directory_id for m in membership.voters + membership.learners}
+        self.elector.configure(membership.voter_ids, pinned)
+        self._voter_pins = tuple((m.node_id, m.directory_id) for m in membership.voters)
+        if self.role is Role.LEADER:
+            members = membership.node_ids - {self.id}
+            for gone in set(self.progress) - members:
+                del self.progress[gone]
+            for new in members - set(self.progress):
+                self.progress[new] = Progress(self.log.last_index + 1, self.config.inflight_max)
+            if self.elector.transferee not in membership.voter_ids:
+                self.elector.transferee = 0
+
+    def _may_campaign(self) -> bool:
+        return self.elector.is_voter()
+
+    def _may_grant(self, msg: VoteRequest) -> bool:
+        """The membership rules of granting a vote (rule 7); the term, vote and
+        log rules are the elector's."""
+        if self.bugs.ignore_directory_id:
+            return True
+        m = self._membership
+        if not m.identity_matches(msg.src, msg.directory_id):
+            return False  # the candidate answers from another disk than its pinned one
+        if not self._dir:
+            return True  # this node does not track identity
+        me = m.member(self.id)
+        if me is not None and me.directory_id not in (UNPINNED, self._dir):
+            return False  # we lost our disk: what we voted for is forgotten
+        if (me is None or me.directory_id == UNPINNED) and len(m.unpinned()) < len(
+                m.voters) + len(m.learners):
+            return False  # the group pins its members, not us (yet)
+        # An empty log: a fresh directory, or a wiped one that has not heard
+        # from a leader yet. It votes only where nothing was ever written.
+        return self.log.last_index > 0 or msg.last_index == 0
+
+    def _refuse_change(self, current: Membership, new: Membership) -> str | None:
+        """Why `new` may not follow `current` now, or None."""
+        if self._membership_index > self.commit and not self.bugs.two_changes_at_once:
+            return (f"a configuration change is pending (entry {self._membership_index}, "
+                    f"commit {self.commit})")
+        if self.commit < self._term_start:
+            return "the leader has not committed an entry of its term yet"
+        if new == current:
+            return "the new configuration equals the current one"
+        if not single_server_change(current, new):
+            return "more than one voter would change (single-server changes only)"
+        if self.id in current.voter_ids and self.id not in new.voter_ids:
+            return ("the leader cannot remove or demote itself: transfer leadership "
+                    "first, then remove it from the new leader")
+        for node_id in sorted(new.voter_ids - current.voter_ids):
+            if node_id not in current.learner_ids:
+                return f"node {node_id} must join as a learner first"
+            learner = current.member(node_id)
+            voter = new.member(node_id)
+            assert learner is not None and voter is not None
+            if learner.directory_id not in (UNPINNED, voter.directory_id):
+                return f"node {node_id} would change its directory while promoted"
+            heard = self._heard.get(node_id, 0)
+            if voter.directory_id not in (UNPINNED, heard):
+                return (f"learner {node_id} answers from directory {heard}, "
+                        f"not {voter.directory_id}")
+            pr = self.progress.get(node_id)
+            match = pr.match if pr is not None else 0
+            if self.commit - match > self.config.promote_lag_max:
+                return (f"learner {node_id} has not caught up (match {match}, "
+                        f"commit {self.commit})")
+        for node_id in sorted(new.voter_ids & current.voter_ids):
+            old_dir = current.member(node_id).directory_id  # type: ignore[union-attr]
+            new_dir = new.member(node_id).directory_id  # type: ignore[union-attr]
+            if old_dir not in (UNPINNED, new_dir):
+                return (f"voter {node_id}'s directory can change only through a rejoin "
+                        "(as a learner)")
+        return None
+
+    def _pins_due(self) -> Membership | None:
+        """The configuration with every unpinned member we heard from pinned, or None."""
+        current = self._membership
+        new = current
+        for node_id in current.unpinned():
+            heard = self._dir if node_id == self.id else self._heard.get(node_id, 0)
+            if heard:
+                new = pin(new, node_id, heard)
+        return None if new is current else new
+
+    def _maybe_pin(self) -> None:
+        """Leader: pin the unpinned members it has heard from (one entry at a time)."""
+        if (not self._dir or self.elector.transferee or self.commit < self._term_start
+                or self._membership_index > self.commit or not self._membership.unpinned()):
+            return
+        new = self._pins_due()
+        if new is not None:
+            self._append_as_leader(EntryKind.CONFIG, encode(new), new)
+            self._broadcast_append()
+
+    def _after_commit(self) -> None:
+        """Leader: the commit index moved."""
+        if self.bugs.config_on_commit:
+            self._sync_membership()
+        if self.id not in self.committed_membership.voter_ids:
+            # Defensive: a leader never removes itself, so this takes a
+            # configuration it did not propose. It must not lead a group it
+            # does not vote in.
+            self.elector.become_follower(self.term, 0)
+            self.progress = {}
+            return
+        self._maybe_pin()
 
     def _won_round(self) -> None:
         if self.role is Role.PRE_CANDIDATE:
@@ -444,7 +725,8 @@ class RaftNode:
         last_index, last_term = self.log.last_index, self.log.last_term()
         for peer in self.elector.peers:
             self._outbox.append(
-                VoteRequest(self.id, peer, self.term, last_index, last_term, transfer=transfer)
+                VoteRequest(self.id, peer, self.term, last_index, last_term, transfer=transfer,
+                            directory_id=self._dir)
             )
 
     def _become_leader(self) -> None:
@@ -452,11 +734,20 @@ class RaftNode:
         self.elections_won += 1
         next_index = self.log.last_index + 1
         self.progress = {
-            peer: Progress(next_index, self.config.inflight_max) for peer in self.elector.peers
+            peer: Progress(next_index, self.config.inflight_max)
+            for peer in self._membership.node_ids - {self.id}
         }
         # The NOOP gives the new term an entry of its own: committing it
-        # commits every earlier entry (§5.4.2), which counting cannot.
-        self._append_as_leader(EntryKind.NOOP, b"")
+        # commits every earlier entry (§5.4.2), which counting cannot. When
+        # members wait to be pinned (and no change is pending) the first entry
+        # pins them instead: a log's first entries then already say which disk
+        # each member is, so a wiped node that re-reads them knows it was wiped.
+        pins = self._pins_due() if self._dir and not self.membership_pending else None
+        if pins is not None:
+            first = self._append_as_leader(EntryKind.CONFIG, encode(pins), pins)
+        else:
+            first = self._append_as_leader(EntryKind.NOOP, b"")
+        self._term_start = first.index
         self._broadcast_append()
 
     # -- votes
@@ -467,6 +758,7 @@ class RaftNode:
             self.log.last_index,
             self.log.last_term(),
             check_log=not self.bugs.skip_log_up_to_date_check,
+            allowed=self._may_grant(msg),
         )
         self._outbox.append(response)
 
@@ -507,12 +799,14 @@ class RaftNode:
         if prev_index <= self.log.last_index and matches:
             self._accept_entries(prev_index, entries, msg.commit)
             last_new = prev_index + len(entries)
-            self._outbox.append(AppendResponse(self.id, msg.src, self.term, True, last_new))
+            self._outbox.append(AppendResponse(self.id, msg.src, self.term, True, last_new,
+                                               directory_id=self._dir))
             return
         hint_index = self.log.find_conflict_by_term(min(prev_index, self.log.last_index), prev_term)
         hint_term = self.log.term_or_none(hint_index) or 0
         reject = AppendResponse(
-            self.id, msg.src, self.term, False, msg.prev_index, hint_index, hint_term
+            self.id, msg.src, self.term, False, msg.prev_index, hint_index, hint_term,
+            directory_id=self._dir,
         )
         self._outbox.append(reject)
 
@@ -547,7 +841,7 @@ class RaftNode:
             first = new_entries[0].index
             if first <= self.stable_index:
                 self.stable_index = first - 1  # the durable suffix is being replaced
-            self.log.append(new_entries, self.commit)
+            self._append_log(new_entries)
         last_new = prev_index + len(entries)
         if self.bugs.follower_commit_to_last_index:
             last_new = self.log.last_index
@@ -557,6 +851,8 @@ class RaftNode:
         index = min(index, self.log.last_index)
         if index > self.commit:
             self.commit = index
+            if self.bugs.config_on_commit:
+                self._sync_membership()
 
     def _handle_heartbeat(self, msg: Heartbeat) -> None:
         self._follow(msg.src)
@@ -567,7 +863,8 @@ class RaftNode:
         # resends them.
         lost = msg.commit > self.log.last_index
         self._outbox.append(HeartbeatResponse(self.id, msg.src, self.term,
-                                              self.log.last_index if lost else -1))
+                                              self.log.last_index if lost else -1,
+                                              directory_id=self._dir))
 
     def _handle_install_snapshot(self, msg: InstallSnapshot) -> None:
         self._follow(msg.src)
@@ -575,7 +872,8 @@ class RaftNode:
             # Stale or duplicate: our committed prefix already covers it (and
             # must agree with it: a lost committed entry shows here too).
             self._check_committed_prefix(msg.index, msg.snap_term, ())
-            self._outbox.append(AppendResponse(self.id, msg.src, self.term, True, self.commit))
+            self._outbox.append(AppendResponse(self.id, msg.src, self.term, True, self.commit,
+                                               directory_id=self._dir))
             return
         if self.bugs.snapshot_ignores_term:
             holds = msg.index <= self.log.last_index
@@ -584,12 +882,19 @@ class RaftNode:
         if holds:
             # Log matching: our prefix up to it is the leader's; keep what follows.
             self._commit_to(msg.index)
-            self._outbox.append(AppendResponse(self.id, msg.src, self.term, True, msg.index))
+            self._outbox.append(AppendResponse(self.id, msg.src, self.term, True, msg.index,
+                                               directory_id=self._dir))
             return
-        self.log.restore(SnapshotMeta(msg.index, msg.snap_term, msg.end_position))
+        self.log.restore(SnapshotMeta(msg.index, msg.snap_term, msg.end_position,
+                                      msg.membership))
         self.commit = self.applied = self.stable_index = msg.index
+        # The snapshot's configuration replaces the whole history (None: the
+        # bootstrap one, from a snapshot older than membership changes).
+        self.configs.reset(msg.index, msg.membership or self._bootstrap)
+        self._sync_membership()
         self.snapshots_restored += 1
-        ack = AppendResponse(self.id, msg.src, self.term, True, msg.index)
+        ack = AppendResponse(self.id, msg.src, self.term, True, msg.index,
+                             directory_id=self._dir)
         self._snapshot_ack = ack
         self._outbox.append(ack)
 
@@ -598,7 +903,8 @@ class RaftNode:
     def _broadcast_heartbeat(self) -> None:
         for peer, pr in self.progress.items():
             commit = self.commit if self.bugs.heartbeat_full_commit else min(self.commit, pr.match)
-            self._outbox.append(Heartbeat(self.id, peer, self.term, commit))
+            self._outbox.append(Heartbeat(self.id, peer, self.term, commit,
+                                          directory_id=self._dir))
 
     def _broadcast_append(self) -> None:
         for peer in self.progress:
@@ -622,6 +928,7 @@ class RaftNode:
             return False
         msg = AppendRequest(
             self.id, peer, self.term, prev_index, prev_term, tuple(entries), self.commit,
+            directory_id=self._dir,
         )
         pr.sent(entries[-1].index if entries else prev_index)
         self._outbox.append(msg)
@@ -639,7 +946,8 @@ class RaftNode:
         pr.become_snapshot(meta.index)
         self.snapshots_sent += 1
         self._outbox.append(
-            InstallSnapshot(self.id, peer, self.term, meta.index, meta.term, meta.end_position)
+            InstallSnapshot(self.id, peer, self.term, meta.index, meta.term, meta.end_position,
+                            meta.membership, directory_id=self._dir)
         )
 
     def _fill_window(self, peer: int) -> None:
@@ -653,7 +961,8 @@ class RaftNode:
         pr = self.progress.get(msg.src)
         if pr is None or self.role is not Role.LEADER:
             return
-        self.elector.mark_active(msg.src)
+        self._identify(pr, msg.directory_id)
+        self.elector.mark_active(msg.src, msg.directory_id)
         pr.recent_active = True
         if not msg.success:
             match_hint = msg.hint_index
@@ -667,17 +976,23 @@ class RaftNode:
         if pr.state is ProgressState.PROBE or pr.snapshot_done():
             pr.become_replicate()
         # The new commit rides on the next append or heartbeat (rule 6).
-        self._maybe_commit()
+        if self._maybe_commit():
+            self._after_commit()
+            if self.role is not Role.LEADER:
+                return
         self._fill_window(msg.src)
         if self.elector.transferee == msg.src and pr.match == self.log.last_index:
-            self._outbox.append(TimeoutNow(self.id, msg.src, self.term))
+            self._outbox.append(TimeoutNow(self.id, msg.src, self.term, directory_id=self._dir))
 
     def _handle_heartbeat_response(self, msg: HeartbeatResponse) -> None:
         pr = self.progress.get(msg.src)
         if pr is None or self.role is not Role.LEADER:
             return
-        self.elector.mark_active(msg.src)
+        self._identify(pr, msg.directory_id)
+        self.elector.mark_active(msg.src, msg.directory_id)
         pr.recent_active = True
+        if msg.src in self._membership.unpinned() and msg.directory_id:
+            self._maybe_pin()
         if 0 <= msg.last_index < pr.match:
             pr.lost_tail(msg.last_index)
         if pr.state is ProgressState.PROBE:
@@ -685,10 +1000,37 @@ class RaftNode:
         if pr.match < self.log.last_index:
             self._send_append(msg.src)
 
+    def _identify(self, pr: Progress, directory_id: int) -> None:
+        """Another data directory answers for this follower: what the old one
+        held tells nothing about the new one, so replication starts over."""
+        if directory_id and pr.directory_id != directory_id:
+            if pr.directory_id:
+                pr.match = 0
+                pr.become_probe()
+            pr.directory_id = directory_id
+
     def _maybe_commit(self) -> bool:
+        """Commit what a majority of the voters holds (rule 2, rule 7); True if it moved."""
         own = self.log.last_index if self.bugs.leader_counts_unsynced else self.stable_index
-        matches = [own] + [pr.match for pr in self.progress.values()]
-        candidate = quorum_index(matches)
+        matches = []
+        progress = self.progress
+        for node_id, pinned in self._voter_pins:
+            if node_id == self.id:
+                ok = pinned in (UNPINNED, self._dir)
+                matches.append(own if ok else 0)
+                continue
+            pr = progress.get(node_id)
+            if pr is None or (pinned != UNPINNED and pr.directory_id != pinned):
+                matches.append(0)  # a voter not heard from, or from another disk
+            else:
+                matches.append(pr.match)
+        if self.bugs.learner_in_quorum:
+            # The bug: learners' matches compete for the voters' quorum.
+            quorum = len(matches) // 2 + 1
+            matches += [progress[n].match for n in self._membership.learner_ids if n in progress]
+            candidate = sorted(matches, reverse=True)[quorum - 1]
+        else:
+            candidate = quorum_index(matches)
         if candidate <= self.commit:
             return False
         if self.log.term(candidate) != self.term and not self.bugs.commit_old_term_by_counting:
@@ -720,3 +1062,43 @@ class RaftNode:
                 self.transfer_leadership(preferred)
         for other in self.progress.values():
             other.recent_active = False
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _not_config(kind: int) -> None:
+    if kind == EntryKind.CONFIG:
+        raise ValueError("configuration entries go through propose_membership")
+
+
+def _decode(entry: Entry) -> Membership:
+    try:
+        return decode(entry.data)
+    except MembershipError as exc:
+        invariant(False, f"CONFIG entry {entry.index}/{entry.term} unreadable: {exc}")
+        raise  # unreachable: invariant() raised
+
+
+def _configs_of(storage: LogStorage, bootstrap: Membership) -> ConfigHistory:
+    """The configurations of the stored log: its snapshot's (or the bootstrap
+    one), then one per CONFIG entry stored after it."""
+    first, last = storage.first_index(), storage.last_index()
+    snap = storage.snapshot() if first > 1 else None
+    if snap is not None and snap.membership is not None:
+        history = ConfigHistory(snap.index, snap.membership)
+    else:
+        history = ConfigHistory(0, bootstrap)
+    hook = getattr(storage, CONFIG_ENTRIES_HOOK, None)
+    if hook is not None:
+        found: list[Entry] = hook(first, last + 1)
+    else:
+        found = []
+        lo = first
+        while lo <= last:
+            batch = storage.entries(lo, last + 1, _SCAN_BYTES)
+            found += [e for e in batch if e.kind == EntryKind.CONFIG]
+            lo = batch[-1].index + 1
+    for entry in found:
+        history.add(entry.index, _decode(entry))
+    return history

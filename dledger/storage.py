@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from dledger.entry import Entry, HardState
-from dledger.membership import Membership
+from dledger.entry import Entry, EntryKind, HardState
+from dledger.membership import Membership, decode
 
 
 class LogUnavailable(LookupError):
@@ -76,6 +76,22 @@ class LogStorage(Protocol):
         """The newest snapshot this node can send a follower, None if it has none.
         Called by a leader only when entries a follower needs are unavailable."""
         ...
+
+
+# A store may also offer `config_entries(lo, hi) -> list[Entry]`: the CONFIG
+# entries among [lo, hi), in index order. The core calls it once at start to
+# find the configurations its log holds; without it the core reads the whole
+# stored log through `entries` (cheap in memory, a full read for a large
+# on-disk log, which is why a store that indexes entry kinds should offer it).
+CONFIG_ENTRIES_HOOK = "config_entries"
+
+
+def membership_in(entries: list[Entry], before: Membership | None) -> Membership | None:
+    """The configuration in effect after `entries`: the last CONFIG entry's, or `before`."""
+    for entry in reversed(entries):
+        if entry.kind == EntryKind.CONFIG:
+            return decode(entry.data)
+    return before
 
 
 class MemoryLogStorage:
@@ -161,14 +177,17 @@ class MemoryLogStorage:
 
     def compact(self, index: int) -> SnapshotMeta:
         """Delete entries <= `index` (the caller holds a snapshot of its state at
-        `index`, which must be applied); remembers (index, term, end) as `snapshot()`.
+        `index`, which must be applied); remembers (index, term, end) and the
+        configuration in effect at `index` as `snapshot()`.
         A no-op returning the current snapshot if `index` is already compacted."""
         if self._snapshot is not None and index <= self._snapshot.index:
             return self._snapshot
         if not self._first <= index <= self.last_index():
             raise ValueError(f"compacting to {index} outside [{self._first}, {self.last_index()}]")
         entry = self._entries[index - self._first]
-        self._snapshot = SnapshotMeta(index, entry.term, entry.end_position)
+        before = self._snapshot.membership if self._snapshot is not None else None
+        membership = membership_in(self._entries[: index + 1 - self._first], before)
+        self._snapshot = SnapshotMeta(index, entry.term, entry.end_position, membership)
         del self._entries[: index + 1 - self._first]
         self._first = index + 1
         return self._snapshot

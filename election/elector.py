@@ -22,17 +22,31 @@ Rules
 2. A node votes at most once per term: `vote` is reset only when `term` grows.
 3. Randomness comes only from the injected `rng` (anything with `randint`), so
    a seeded run is reproducible.
+4. Membership: `voters` is the voter set of the configuration in effect, which
+   the owner changes with `configure` (the replication core replicates
+   configurations through the log). Vote requests go to `peers` (the voters
+   but this node); a node need not be a voter itself (a learner, a joining
+   node), and then the owner does not campaign. `pinned` maps a voter to the
+   data directory it is known by (`dledger.membership`): a grant, or a
+   check-quorum answer, from another directory is not counted.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import Protocol
 
 from election.config import ElectionConfig
 from election.messages import HeartbeatResponse, Message, VoteRequest, VoteResponse
 from election.roles import Role, check_transition
-from election.votes import VoteOutcome, VoteTally, log_up_to_date, quorum_size
+from election.votes import (
+    VoteOutcome,
+    VoteTally,
+    identity_matches,
+    log_up_to_date,
+    quorum_size,
+)
 
 __all__ = ["Elector", "RandomSource", "TickAction", "VoteOutcome"]
 
@@ -64,14 +78,19 @@ class Elector:
         rng: RandomSource,
         term: int = 0,
         vote: int = 0,
+        *,
+        pinned: Mapping[int, int] | None = None,
+        directory_id: int = 0,
     ) -> None:
-        if node_id not in voters:
-            raise ValueError(f"node {node_id} is not among the voters {sorted(voters)}")
-        if node_id <= 0 or any(v <= 0 for v in voters):
+        if node_id <= 0:
             raise ValueError("node ids are positive integers (0 means 'none')")
         self.node_id = node_id
-        self.voters = voters
-        self.peers = tuple(sorted(voters - {node_id}))
+        # This node's data-directory id, carried by every message it builds.
+        self.directory_id = directory_id
+        self.voters: frozenset[int] = frozenset()
+        self.peers: tuple[int, ...] = ()
+        self.pinned: Mapping[int, int] = {}
+        self.configure(voters, pinned)
         self.config = config
         self._rng = rng
         # Hard state. Invariant: vote != 0 only for a vote cast in `term`.
@@ -91,13 +110,29 @@ class Elector:
         self.recent_active: set[int] = set()
         # Leadership transfer target (leader only); 0 = none.
         self.transferee = 0
+        # The voters whose grants made this node leader (observability, checks).
+        self.elected_by: frozenset[int] = frozenset()
         self._reset_randomized_timeout()
+
+    def configure(self, voters: frozenset[int], pinned: Mapping[int, int] | None = None) -> None:
+        """Adopt the voter set (and the directories voters are pinned to) of a
+        new configuration. A round in progress keeps the tally it started with."""
+        if not voters or any(v <= 0 for v in voters):
+            raise ValueError("voters: a non-empty set of positive node ids")
+        self.voters = voters
+        self.peers = tuple(sorted(voters - {self.node_id}))
+        self.pinned = dict(pinned or {})
 
     # ----------------------------------------------------------------- queries
 
     @property
     def quorum(self) -> int:
         return quorum_size(len(self.voters))
+
+    def is_voter(self) -> bool:
+        """A voter of the configuration, under the directory it is known by."""
+        return self.node_id in self.voters and identity_matches(
+            self.pinned, self.node_id, self.directory_id)
 
     def in_lease(self) -> bool:
         """A follower in contact with a live leader refuses to help depose it."""
@@ -144,19 +179,20 @@ class Elector:
         self.leader_id = 0
         self._reset_randomized_timeout()
         self.role = Role.PRE_CANDIDATE
-        self.tally = VoteTally(self.voters)
-        self.tally.record(self.node_id, True)
+        self.tally = VoteTally(self.voters, self.pinned)
+        self.tally.record(self.node_id, True, self.directory_id)
 
     def become_candidate(self) -> None:
         check_transition(self.role, Role.CANDIDATE)
         self._reset(self.term + 1)
         self.role = Role.CANDIDATE
         self.vote = self.node_id
-        self.tally = VoteTally(self.voters)
-        self.tally.record(self.node_id, True)
+        self.tally = VoteTally(self.voters, self.pinned)
+        self.tally.record(self.node_id, True, self.directory_id)
 
     def become_leader(self) -> None:
         check_transition(self.role, Role.LEADER)
+        self.elected_by = self.tally.granted_by() if self.tally is not None else frozenset()
         self._reset(self.term)
         self.role = Role.LEADER
         self.leader_id = self.node_id
@@ -180,7 +216,8 @@ class Elector:
         self.election_elapsed += 1
         if self.election_elapsed >= self.config.election_timeout_ticks:
             self.election_elapsed = 0
-            if self.config.check_quorum and len(self.recent_active) < self.quorum:
+            active = len(self.recent_active & self.voters)
+            if self.config.check_quorum and active < self.quorum:
                 # We could be on the minority side of a partition: a leader
                 # that cannot reach a quorum must not keep accepting writes.
                 self.become_follower(self.term, 0)
@@ -200,9 +237,12 @@ class Elector:
         self.leader_id = leader_id
         self.election_elapsed = 0
 
-    def mark_active(self, peer: int) -> None:
-        """Leader: `peer` answered within this check-quorum round."""
-        self.recent_active.add(peer)
+    def mark_active(self, peer: int, directory_id: int = 0) -> None:
+        """Leader: `peer` answered within this check-quorum round (from
+        `directory_id`; an answer from another directory than the pinned one
+        does not count: that node lost its disk)."""
+        if identity_matches(self.pinned, peer, directory_id):
+            self.recent_active.add(peer)
 
     # ------------------------------------------------------------- term rules
 
@@ -238,10 +278,12 @@ class Elector:
             if msg.from_leader and (self.config.check_quorum or self.config.pre_vote):
                 # A deposed leader (or one cut off by pre-vote) would otherwise
                 # never learn of the new term; tell it so it steps down.
-                return False, HeartbeatResponse(src=self.node_id, dst=msg.src, term=self.term)
+                return False, HeartbeatResponse(src=self.node_id, dst=msg.src, term=self.term,
+                                                directory_id=self.directory_id)
             if isinstance(msg, VoteRequest) and msg.pre_vote:
                 return False, VoteResponse(
-                    src=self.node_id, dst=msg.src, term=self.term, granted=False, pre_vote=True
+                    src=self.node_id, dst=msg.src, term=self.term, granted=False, pre_vote=True,
+                    directory_id=self.directory_id,
                 )
             return False, None
         return True, None
@@ -254,13 +296,17 @@ class Elector:
         own_last_index: int,
         own_last_term: int,
         check_log: bool = True,
+        allowed: bool = True,
     ) -> VoteResponse:
         """Answer a vote request that passed `filter_term`, recording a real vote.
 
         `check_log=False` exists only for bug injection (a vote without the
         up-to-date check lets a stale node win and lose committed entries).
+        `allowed=False`: the owner refuses whatever the rules below say (the
+        membership rules: a candidate from another data directory than the
+        one it is pinned to, or this node's own directory not entitled to vote).
         """
-        can_vote = (
+        can_vote = allowed and (
             self.vote == request.src
             or (self.vote == 0 and self.leader_id == 0)
             or (request.pre_vote and request.term > self.term)
@@ -278,6 +324,7 @@ class Elector:
                 term=request.term,
                 granted=True,
                 pre_vote=request.pre_vote,
+                directory_id=self.directory_id,
             )
         return VoteResponse(
             src=self.node_id,
@@ -285,6 +332,7 @@ class Elector:
             term=self.term,
             granted=False,
             pre_vote=request.pre_vote,
+            directory_id=self.directory_id,
         )
 
     def record_vote(self, response: VoteResponse) -> VoteOutcome:
@@ -293,4 +341,4 @@ class Elector:
             return VoteOutcome.PENDING
         if response.pre_vote != (self.role is Role.PRE_CANDIDATE):
             return VoteOutcome.PENDING  # answer to a round we already left
-        return self.tally.record(response.src, response.granted)
+        return self.tally.record(response.src, response.granted, response.directory_id)

@@ -6,6 +6,7 @@ Kept free of any node state so each rule can be read (and tested) on its own.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 
 
 def quorum_size(voters: int) -> int:
@@ -38,23 +39,33 @@ class VoteOutcome(enum.Enum):
     LOST = "lost"
 
 
+def identity_matches(pinned: Mapping[int, int], node_id: int, directory_id: int) -> bool:
+    """False only when `node_id` is pinned to another data directory than the
+    one its message came from (0 in `pinned`: not pinned, anything matches)."""
+    expected = pinned.get(node_id, 0)
+    return expected == 0 or expected == directory_id
+
+
 class VoteTally:
     """Votes received in one round (pre-vote or real vote).
 
     Invariant: each voter is counted once; a duplicated or re-ordered response
-    cannot change a recorded answer.
+    cannot change a recorded answer. A grant from a voter pinned (in `pinned`)
+    to another data directory than the answer's counts as a refusal: that node
+    lost its disk, and with it the memory of the votes it cast.
     """
 
-    __slots__ = ("_answers", "_voters")
+    __slots__ = ("_answers", "_pinned", "_voters")
 
-    def __init__(self, voters: frozenset[int]) -> None:
+    def __init__(self, voters: frozenset[int], pinned: Mapping[int, int] | None = None) -> None:
         self._voters = voters
+        self._pinned: Mapping[int, int] = pinned or {}
         self._answers: dict[int, bool] = {}
 
-    def record(self, voter: int, granted: bool) -> VoteOutcome:
+    def record(self, voter: int, granted: bool, directory_id: int = 0) -> VoteOutcome:
         """Record one answer (first one wins) and return the round's outcome."""
         if voter in self._voters and voter not in self._answers:
-            self._answers[voter] = granted
+            self._answers[voter] = granted and identity_matches(self._pinned, voter, directory_id)
         return self.outcome()
 
     def outcome(self) -> VoteOutcome:
@@ -69,3 +80,7 @@ class VoteTally:
 
     def granted(self) -> int:
         return sum(1 for g in self._answers.values() if g)
+
+    def granted_by(self) -> frozenset[int]:
+        """The voters whose grants were counted."""
+        return frozenset(v for v, g in self._answers.items() if g)

@@ -41,11 +41,14 @@ class Cluster:
         self.soft: dict[int, list[SoftStateInfo]] = {}
         self.installs: dict[int, list[SnapshotInfo]] = {}
         self.on_install: Callable[[int, SnapshotInfo], None] | None = None
+        # Per node: the id of its data directory (0 unless a test sets one).
+        self.directory_ids: dict[int, int] = {}
 
     def config(self, node_id: int) -> NodeConfig:
         return NodeConfig(group="g1", node_id=node_id, peers=self.peers,
                           data_dir=str(self.root / f"n{node_id}"),
-                          segment_size_bytes=1 << 20, **self.knobs)
+                          segment_size_bytes=1 << 20,
+                          directory_id=self.directory_ids.get(node_id, 0), **self.knobs)
 
     async def start(self, node_id: int, applied_index: int = 0,
                     node: RaftGroupNode | None = None) -> RaftGroupNode:
@@ -71,8 +74,8 @@ class Cluster:
         self.nodes[node_id] = node
         return node
 
-    async def start_all(self) -> None:
-        for node_id in self.peers:
+    async def start_all(self, only: Sequence[int] | None = None) -> None:
+        for node_id in (self.peers if only is None else only):
             await self.start(node_id)
 
     async def stop(self, node_id: int) -> None:

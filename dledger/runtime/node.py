@@ -72,10 +72,12 @@ from commitlog.sync_thread import SyncThread
 from dledger.config import NO_BUGS, Bugs, Config
 from dledger.entry import HardState, segment_placement
 from dledger.log import CommittedDivergence, InvariantViolation, invariant
+from dledger.membership import Membership, bootstrap
+from dledger.membership import encode as encode_membership
 from dledger.messages import AppendResponse, InstallSnapshot, Message
 from dledger.raw_node import NotLeader, RaftNode
 from dledger.ready import Ready, SoftState
-from dledger.runtime.codec import CodecError
+from dledger.runtime.codec import CodecError, format_address, parse_address
 from dledger.runtime.snapshot_transfer import (
     CHUNK_BYTES,
     CHUNK_BYTES_MAX,
@@ -170,6 +172,16 @@ class NodeConfig:
     snapshot_window_bytes: int = WINDOW_BYTES
     snapshot_stall_s: float = STALL_S
     install_max_bytes: int = 1 << 40
+    # Membership (docs/raft.md, "Membership changes"): the group's first
+    # voters (empty: every node of `peers`; used only while the log holds no
+    # configuration), the client address of each node (opaque to Raft, for
+    # leader hints).
+    initial_voters: frozenset[int] = frozenset()
+    client_addresses: dict[int, str] = field(default_factory=dict)
+    # The id of this node's data directory (dledger/runtime/identity.py,
+    # random, 63 bits): the group counts this node's votes only while it holds
+    # the directory its configuration pinned. 0 = unknown (never pinned).
+    directory_id: int = 0
 
     def __post_init__(self) -> None:
         if self.node_id not in self.peers:
@@ -184,6 +196,9 @@ class NodeConfig:
             raise ValueError("tick_ms must be >= 1")
         if self.preferred_leader and self.preferred_leader not in self.peers:
             raise ValueError(f"preferred_leader {self.preferred_leader} is not a peer")
+        if not self.initial_voters <= set(self.peers):
+            raise ValueError(f"initial voters {sorted(self.initial_voters - set(self.peers))} "
+                             "are not among the peers")
         if self.cluster_secret and len(self.cluster_secret) < SECRET_BYTES_MIN:
             raise ValueError(f"the cluster secret is at least {SECRET_BYTES_MIN} bytes")
         if (self.tls_server is None) != (self.tls_client is None):
@@ -194,6 +209,8 @@ class NodeConfig:
             raise ValueError("snapshot_window_bytes must hold at least one chunk")
         if self.snapshot_stall_s <= 0 or self.install_max_bytes <= 0:
             raise ValueError("snapshot_stall_s and install_max_bytes must be positive")
+        if not 0 <= self.directory_id < 1 << 63:
+            raise ValueError(f"directory_id {self.directory_id} is not in 0..2^63-1")
         # Validates the tick counts (>= 2, heartbeat below the timeout).
         self.election_config()
 
@@ -210,6 +227,13 @@ class NodeConfig:
         base = self.commitlog or CommitLogConfig(segment_size_bytes=self.segment_size_bytes)
         return replace(base, flush=self.flush)
 
+    def bootstrap_membership(self) -> Membership:
+        """The configuration the group starts with: `initial_voters` (default
+        every peer) as voters, unpinned, with their addresses."""
+        voters = self.initial_voters or frozenset(self.peers)
+        return bootstrap({n: format_address(self.peers[n]) for n in voters},
+                         {n: self.client_addresses.get(n, "") for n in voters})
+
 
 class Transport(Protocol):
     """What the node needs of its peer transport (`PeerTransport` on TCP, a
@@ -222,6 +246,9 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
     def stats(self) -> dict[str, Any]: ...
+
+    def set_peers(self, peers: dict[int, tuple[str, int]]) -> None:
+        """Talk to exactly these nodes (the configuration's members) from now on."""
 
 
 # (group, node_id, peers, deliver, bind_host) -> transport
@@ -326,6 +353,13 @@ class FollowerStatus:
     state: str
     inflight: int
     lag: int  # entries behind the leader's last index
+    learner: bool = False
+    directory_id: int = 0  # the data directory its messages come from (0: none heard)
+    identity_mismatch: bool = False  # pinned to another directory: wiped, needs rejoin
+    connected: bool = False  # the transport has a live link to it
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,11 +402,19 @@ class NodeStatus:
     transfers: dict[int, dict[str, int]]
     counters: NodeCounters
     core: LeaderStatus | None  # None before start()
+    # The configuration in effect (docs/raft.md, "Membership changes"), the
+    # index of its CONFIG entry (0: bootstrap) and whether it is uncommitted.
+    membership: Membership | None = None
+    membership_index: int = 0
+    membership_pending: bool = False
+    directory_id: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A flat map: the fields, the counters, then the core's figures."""
         out: dict[str, Any] = {name: getattr(self, name) for name in _STATUS_FIELDS}
         out.update(asdict(self.counters))
+        if self.membership is not None:
+            out["membership"] = self.membership.to_dict()
         if self.core is not None:
             out["stable_index"] = self.core.stable_index
             out["vote"] = self.core.vote
@@ -382,7 +424,8 @@ class NodeStatus:
         return out
 
 
-_STATUS_FIELDS = [f.name for f in fields(NodeStatus) if f.name not in ("counters", "core")]
+_STATUS_FIELDS = [f.name for f in fields(NodeStatus)
+                  if f.name not in ("counters", "core", "membership")]
 
 
 class NotLeaderError(WireNotLeaderError):
@@ -484,7 +527,8 @@ class RaftGroupNode:
                 config.group, config.node_id, config.peers, self._deliver,
                 bind_host=config.bind_host, secret=config.cluster_secret,
                 server_ssl=config.tls_server, client_ssl=config.tls_client,
-                on_auth_failure=self._auth_failure)
+                on_auth_failure=self._auth_failure, accept_peer=self._accept_peer,
+                directory_id=config.directory_id)
         else:
             self._transport = io.transport(config.group, config.node_id, config.peers,
                                            self._deliver, config.bind_host)
@@ -520,6 +564,13 @@ class RaftGroupNode:
         self._receiver.refused = self.counters.transfer_refusals  # one live dict
         self._installing = False
         self._installed: SnapshotMeta | None = None  # the last snapshot installed
+        # The configuration the transport was last told about, and every node
+        # id seen in any configuration (a node seen and then dropped was
+        # removed: its connections are refused).
+        self._peers_of: Membership | None = None
+        self._known_nodes: set[int] = set(config.peers)
+        # Leader: the configuration each outgoing snapshot transfer carries.
+        self._transfer_membership: dict[int, Membership | None] = {}
 
     # ------------------------------------------------------------ observation
 
@@ -592,8 +643,11 @@ class RaftGroupNode:
             st = core.status()
             leading = LeaderStatus(
                 stable_index=st.stable_index, vote=st.vote, elections_won=core.elections_won,
-                followers={peer: FollowerStatus(f.match, f.next, f.state, f.inflight,
-                                                st.last_index - f.match)
+                followers={peer: FollowerStatus(
+                    f.match, f.next, f.state, f.inflight, st.last_index - f.match,
+                    learner=f.learner, directory_id=f.directory_id,
+                    identity_mismatch=f.identity_mismatch,
+                    connected=self._connected(peer))
                            for peer, f in st.progress.items()},
                 transport=self._transport.stats())
         return NodeStatus(
@@ -625,7 +679,95 @@ class RaftGroupNode:
             counters=replace(self.counters, auth_failures=dict(self.counters.auth_failures),
                              transfer_refusals=dict(self.counters.transfer_refusals)),
             core=leading,
+            membership=self.membership,
+            membership_index=core.membership_index if core is not None else 0,
+            membership_pending=core.membership_pending if core is not None else False,
+            directory_id=self.config.directory_id,
         )
+
+    # ------------------------------------------------------------- membership
+
+    @property
+    def membership(self) -> Membership:
+        """The configuration in effect (the bootstrap one before start)."""
+        core = self._core
+        return core.membership if core is not None else self.config.bootstrap_membership()
+
+    @property
+    def directory_id(self) -> int:
+        return self.config.directory_id
+
+    @property
+    def node_id(self) -> int:
+        return self.config.node_id
+
+    def membership_at(self, index: int) -> Membership:
+        """The configuration in effect at log index `index` (for snapshots)."""
+        core = self._core
+        if core is None:
+            info = self.storage.snapshot_membership
+            return info if info is not None else self.config.bootstrap_membership()
+        return core.membership_at(index)
+
+    async def change_membership(self, new: Membership, timeout: float = 10.0) -> int:
+        """Propose `new` as the next configuration; its CONFIG entry's index once
+        committed. Raises NotLeaderError, `dledger.MembershipChangeRefused`
+        (the core's rules: one change at a time, single-server, ...),
+        ProposalUnknown if a new leader replaced the entry, TimeoutError."""
+        core = self._require_core()
+        if self.failed is not None or self._stopping:
+            raise NotLeaderError(0, f"node unavailable: {self.failed or 'stopping'}")
+        try:
+            proposed = core.propose_membership(new)
+        except NotLeader as exc:
+            raise NotLeaderError(exc.leader_id) from None
+        self._sync_peers()
+        self._wake.set()
+
+        def settled() -> bool:
+            return core.commit >= proposed.index or core.term != proposed.term
+
+        if not await self._wait_for(settled, timeout):
+            raise TimeoutError(f"configuration entry {proposed.index} not committed within "
+                               f"{timeout:g}s")
+        if core.log.term_or_none(proposed.index) != proposed.term or \
+                core.commit < proposed.index:
+            raise ProposalUnknown("the configuration entry was not committed in its term",
+                                  proposed.index, proposed.term)
+        return proposed.index
+
+    def _sync_peers(self) -> None:
+        """Tell the transport the configuration's members, whenever it changed
+        (an appended or truncated CONFIG entry, a snapshot installed)."""
+        core = self._core
+        if core is None:
+            return
+        membership = core.membership
+        if membership is self._peers_of:
+            return
+        self._peers_of = membership
+        self._known_nodes |= membership.node_ids
+        peers: dict[int, tuple[str, int]] = {}
+        for m in membership.voters + membership.learners:
+            if m.address:
+                peers[m.node_id] = parse_address(m.address)
+            elif m.node_id in self.config.peers:
+                peers[m.node_id] = self.config.peers[m.node_id]
+        self._transport.set_peers(peers)
+
+    def _accept_peer(self, node_id: int) -> bool:
+        """Whether an inbound connection from a node not among the transport's
+        peers is taken: a member, or a node never seen in any configuration
+        (added by a configuration this node has not received yet); never a
+        node that was a member and was removed."""
+        core = self._core
+        if core is None:
+            return node_id in self.config.peers
+        return node_id in core.membership.node_ids or node_id not in self._known_nodes
+
+    def _connected(self, peer: int) -> bool:
+        connected = getattr(self._transport, "connected", None)
+        return bool(connected(peer)) if connected is not None else False
 
     # -------------------------------------------------------------- lifecycle
 
@@ -644,7 +786,9 @@ class RaftGroupNode:
         self.storage.commit_floor = min(applied_index, self.log.last_index)
         core_config = Config(
             node_id=cfg.node_id,
-            voters=frozenset(cfg.peers),
+            voters=cfg.initial_voters or frozenset(cfg.peers),
+            membership=cfg.bootstrap_membership(),
+            directory_id=cfg.directory_id,
             election=cfg.election_config(),
             append_entries_max=256,
             append_bytes_max=1 << 20,
@@ -660,6 +804,7 @@ class RaftGroupNode:
         if 0 < applied_index <= self.log.last_index:
             with contextlib.suppress(LookupError):  # below the log and no snapshot there
                 self._applied_term = self.storage.term(applied_index)
+        self._sync_peers()
         await self._flusher.start()
         await self._transport.start()
         loop = asyncio.get_running_loop()
@@ -980,6 +1125,9 @@ class RaftGroupNode:
 
     def _send_now(self, rd: Ready) -> None:
         """Step 2 of the contract: `messages` may leave before the write."""
+        # A CONFIG entry takes effect when appended: the transport must know
+        # a new member before this Ready's appends to it leave.
+        self._sync_peers()
         if rd.messages:
             messages: Sequence[Message] = rd.messages
             if any(isinstance(m, InstallSnapshot) for m in messages):
@@ -1017,6 +1165,7 @@ class RaftGroupNode:
     def _finish(self, rd: Ready) -> None:
         """Steps 3 and 4, once step 1 is durable: acknowledgements, apply,
         then the soft state."""
+        self._sync_peers()
         if rd.messages_after_persist:
             for msg in rd.messages_after_persist:
                 if isinstance(msg, AppendResponse) and msg.success:
@@ -1184,6 +1333,7 @@ class RaftGroupNode:
             chunk_bytes=cfg.snapshot_chunk_bytes, window_bytes=cfg.snapshot_window_bytes,
             stall_s=cfg.snapshot_stall_s, retransmit_s=min(2.0, cfg.snapshot_stall_s / 4))
         self._senders[msg.dst] = sender
+        self._transfer_membership[msg.dst] = msg.membership
         log.info("raft %s/%d: sending snapshot %d (%d bytes, log from %d) to node %d",
                  cfg.group, cfg.node_id, msg.index, sender.total, log_.first_index, msg.dst)
         self._transport.send([sender.start()])
@@ -1222,7 +1372,8 @@ class RaftGroupNode:
             if core.role is Role.LEADER and core.term == sender.term:
                 self._transport.send([InstallSnapshot(
                     self.config.node_id, sender.dst, core.term, sender.index,
-                    sender.snap_term, sender.end_position)])
+                    sender.snap_term, sender.end_position,
+                    self._transfer_membership.get(sender.dst))])
                 self.counters.installs_sent += 1
                 self.counters.transfer_seconds += self._clock() - sender.started_at
                 log.info("raft %s/%d: snapshot %d streamed to node %d (%d bytes, %d resent)",
@@ -1234,6 +1385,7 @@ class RaftGroupNode:
         sender.close()
         if self._senders.get(sender.dst) is sender:
             del self._senders[sender.dst]
+            self._transfer_membership.pop(sender.dst, None)
         self.counters.install_bytes_sent += sender.bytes_sent
         core = self._core
         if not report or core is None:
@@ -1318,14 +1470,16 @@ class RaftGroupNode:
         invariant(staged is not None, f"the core restored snapshot {meta} but its files are "
                                       "not staged")
         assert staged is not None
+        membership = encode_membership(meta.membership) if meta.membership else None
         self._installing = True
         try:
-            await self._state_worker.submit(self._receiver.seal, staged)
+            await self._state_worker.submit(
+                functools.partial(self._receiver.seal, membership=membership), staged)
             self.log.install(staged.commitlog_dir, staged.first_index, meta.index, meta.term,
                              meta.end_position)
             self.storage.reset()
             info = adopt_snapshot(self.config.data_dir, staged.state_path, meta.index,
-                                  meta.term, meta.end_position)
+                                  meta.term, meta.end_position, membership=membership)
             self._receiver.forget()
             remove_staging(self.config.data_dir)
             self.storage.note_snapshot(info)

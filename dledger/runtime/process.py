@@ -4,7 +4,9 @@ Used by the multi-process tests, `bench/failover.py` and the chaos harness to
 run real nodes that can be SIGKILLed. The config is a JSON object with the
 `NodeConfig` fields (`peers` as {"1": ["127.0.0.1", 7001], ...}) plus
 `control` ("host:port", port 0 = any), where a `ledgermq.wire` RPC server
-answers, and optionally the Raft port's security as the broker names it:
+answers, optionally `initial_voters` (the first voters; others start as
+spares) and `cluster_id` (the data directory's identity; default the group),
+and optionally the Raft port's security as the broker names it:
 `cluster_secret_file` (mode 0600) and `tls_cert_file` / `tls_key_file` /
 `tls_ca_file`:
 
@@ -27,9 +29,11 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import commitlog
+from dledger.runtime.identity import open_identity
 from dledger.runtime.node import NodeConfig, NotLeaderError, ProposalUnknown, RaftGroupNode
 from dledger.runtime.transport import tls_contexts
 from ledgermq.base.address import split_host_port
@@ -60,9 +64,15 @@ def load_config(raw: dict[str, Any]) -> tuple[NodeConfig, str, int]:
     config = NodeConfig(group=raw["group"], node_id=int(raw["node_id"]), peers=peers,
                         data_dir=raw["data_dir"],
                         cluster_secret=read_secret_file(secret_file) if secret_file else b"",
-                        tls_server=tls_server, tls_client=tls_client, **knobs)
+                        tls_server=tls_server, tls_client=tls_client,
+                        initial_voters=frozenset(int(n) for n in raw.get("initial_voters", [])),
+                        **knobs)
     host, port = split_host_port(str(raw.get("control", "127.0.0.1:0")), default_host="127.0.0.1")
-    return config, host, port
+    # The data directory's identity, as a broker checks it (refuses another
+    # cluster's or node's directory; a new or wiped one gets a new id).
+    opened = open_identity(config.data_dir, str(raw.get("cluster_id") or config.group),
+                           config.node_id)
+    return replace(config, directory_id=opened.identity.directory_id), host, port
 
 
 async def serve(config: NodeConfig, control_host: str, control_port: int) -> None:

@@ -585,19 +585,21 @@ class SnapshotReceiver:
             segments=tuple((segment_base(name), size) for name, size in o.files[1:]),
             total=o.total)
 
-    def seal(self, staged: StagedInstall) -> None:
+    def seal(self, staged: StagedInstall, membership: bytes | None = None) -> None:
         """Make the staged state file durable and record what the staging
-        holds (blocking: run it on a worker). After it, a power cut between
-        the log's install and the state's adoption finds the state file
-        whole and `finish_interrupted_install` knows what to adopt. (The
-        segments are made durable by `CommitLog.install`, which verifies
-        them.)"""
+        holds, with the configuration in effect at the snapshot's index
+        (`dledger.membership.encode`; blocking: run it on a worker). After
+        it, a power cut between the log's install and the state's adoption
+        finds the state file whole and `finish_interrupted_install` knows
+        what to adopt. (The segments are made durable by `CommitLog.install`,
+        which verifies them.)"""
         fd = fileio.fs.open(staged.state_path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             sync_fd(fd)
         finally:
             fileio.fs.close(fd)
-        atomic_replace(os.path.join(self.directory, MANIFEST_FILE), encode_manifest(staged))
+        atomic_replace(os.path.join(self.directory, MANIFEST_FILE),
+                       encode_manifest(staged, membership))
 
     def discard(self) -> None:
         """Drop the transfer in progress and everything staged."""
@@ -623,17 +625,23 @@ def _same_manifest(a: SnapshotOffer, b: SnapshotOffer) -> bool:
 # ------------------------------------------------------------ crash recovery
 
 # The sealed manifest of a staged install: magic "LMQT", version, index,
-# term, end_position, first_index, state_bytes, state_crc, then crc32c.
+# term, end_position, first_index, state_bytes, state_crc; version 2 then a
+# u32 length and the configuration at the index (empty: none); then crc32c
+# of everything before it.
 _MANIFEST = struct.Struct("<IIQQQQQI")
+_MEMBERSHIP_LEN = struct.Struct("<I")
 _MANIFEST_CRC = struct.Struct("<I")
 MANIFEST_MAGIC = 0x54514D4C  # the bytes "LMQT"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+# A configuration is a few hundred bytes; anything longer is not one.
+_MEMBERSHIP_MAX = 1 << 20
 
 
-def encode_manifest(staged: StagedInstall) -> bytes:
+def encode_manifest(staged: StagedInstall, membership: bytes | None = None) -> bytes:
+    body = membership or b""
     head = _MANIFEST.pack(MANIFEST_MAGIC, MANIFEST_VERSION, staged.index, staged.snap_term,
                           staged.end_position, staged.first_index, staged.state_bytes,
-                          staged.state_crc)
+                          staged.state_crc) + _MEMBERSHIP_LEN.pack(len(body)) + body
     return head + _MANIFEST_CRC.pack(crc32c(head))
 
 
@@ -648,6 +656,7 @@ class SealedManifest:
     state_bytes: int
     state_crc: int
     state_path: str
+    membership: bytes | None = None
 
 
 def read_manifest(data_dir: str) -> SealedManifest | None:
@@ -655,15 +664,28 @@ def read_manifest(data_dir: str) -> SealedManifest | None:
     none or it does not verify (a transfer that never completed)."""
     directory = os.path.join(data_dir, STAGING_DIR)
     raw = fileio.fs.read_file(os.path.join(directory, MANIFEST_FILE))
-    if raw is None or len(raw) != _MANIFEST.size + _MANIFEST_CRC.size:
+    if raw is None or len(raw) < _MANIFEST.size + _MANIFEST_CRC.size:
         return None
-    if _MANIFEST_CRC.unpack_from(raw, _MANIFEST.size)[0] != crc32c(raw[:_MANIFEST.size]):
+    body_end = len(raw) - _MANIFEST_CRC.size
+    if _MANIFEST_CRC.unpack_from(raw, body_end)[0] != crc32c(raw[:body_end]):
         return None
     magic, version, index, term, end, first, size, crc = _MANIFEST.unpack_from(raw)
-    if magic != MANIFEST_MAGIC or version != MANIFEST_VERSION:
+    if magic != MANIFEST_MAGIC or version not in (1, 2):
         return None
+    membership = None
+    if version == 1:
+        if body_end != _MANIFEST.size:
+            return None
+    else:
+        if body_end < _MANIFEST.size + _MEMBERSHIP_LEN.size:
+            return None
+        (length,) = _MEMBERSHIP_LEN.unpack_from(raw, _MANIFEST.size)
+        start = _MANIFEST.size + _MEMBERSHIP_LEN.size
+        if length > _MEMBERSHIP_MAX or start + length != body_end:
+            return None
+        membership = raw[start:body_end] or None
     return SealedManifest(index, term, end, first, size, crc,
-                          os.path.join(directory, STATE_FILE))
+                          os.path.join(directory, STATE_FILE), membership)
 
 
 def remove_staging(data_dir: str) -> None:
@@ -697,7 +719,7 @@ def finish_interrupted_install(log: CommitLog) -> SnapshotInfo | None:
                 fileio.fs.replace(moved, m.state_path)
             if _holds_state(m.state_path, m):
                 adopted = adopt_snapshot(data_dir, m.state_path, m.index, m.snap_term,
-                                         m.end_position)
+                                         m.end_position, membership=m.membership)
     remove_staging(data_dir)
     return adopted
 

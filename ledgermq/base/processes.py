@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from signal import SIGKILL, SIGTERM
@@ -136,3 +137,93 @@ def spawn(name: str, argv: list[str], ready: re.Pattern[str], *, log_path: Path 
     child = Child(name, proc, ready, log_path, keep_lines)
     threading.Thread(target=child.pump, daemon=True, name=f"pump-{name}").start()
     return child
+
+
+# ------------------------------------------------------- processes by PID only
+#
+# A rolling restart (`ledgermq cluster roll`) stops node processes another
+# process started (`ledgermq dev`) and starts their replacements detached, so
+# they outlive it. Such a process is known by its PID and its command line
+# only; the command line is checked before every signal, so a PID the system
+# reused for another program is never signalled.
+
+
+def cmdline_of(pid: int) -> list[str] | None:
+    """The command line of process `pid` (Linux /proc); None when there is no
+    such process (or it is a zombie, whose command line is empty)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            raw = handle.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    if not raw:
+        return None
+    return [part.decode(errors="replace") for part in raw.rstrip(b"\0").split(b"\0")]
+
+
+@dataclass
+class Running:
+    """A process known by its PID and the command line it was started with
+    (not necessarily a child of this process)."""
+
+    name: str
+    pid: int
+    argv: list[str]
+    log_path: Path | None = None
+
+    @property
+    def alive(self) -> bool:
+        """Running, and still this program (not a zombie, not a reused PID)."""
+        return cmdline_of(self.pid) == self.argv
+
+    def signal(self, sig: int) -> None:
+        if self.alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for it to end; True when it has."""
+        deadline = time.monotonic() + timeout
+        while self.alive:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def stop(self, sig: int = SIGTERM, grace: float = 10.0) -> None:
+        """Send `sig` (SIGTERM), allow `grace` seconds, then SIGKILL and wait
+        (up to 10 s more; RuntimeError if it still runs)."""
+        self.signal(sig)
+        if not self.wait(grace):
+            self.signal(SIGKILL)
+            if not self.wait(10.0):
+                raise RuntimeError(f"{self.name} (pid {self.pid}) did not exit after SIGKILL")
+
+
+def start_detached(name: str, argv: list[str], ready: re.Pattern[str], log_path: Path,
+                   timeout: float) -> tuple[Running, re.Match[str]]:
+    """Start `argv` in SOURCE_ROOT in a session of its own, its output
+    appended to `log_path`, not tied to this process in any way (it outlives
+    it), and wait until a line of its output matches `ready`. RuntimeError
+    with the tail of its output if it exits or stays silent for `timeout`
+    seconds first (it is stopped then)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        start = out.tell()
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=child_env(), cwd=SOURCE_ROOT,
+                                start_new_session=True)
+    running = Running(name, proc.pid, list(argv), log_path)
+    deadline = time.monotonic() + timeout
+    while True:
+        with open(log_path, "rb") as handle:
+            handle.seek(start)
+            text = handle.read().decode(errors="replace")
+        if m := ready.search(text):
+            return running, m
+        if proc.poll() is not None or time.monotonic() >= deadline:
+            if proc.poll() is None:
+                running.stop()
+            tail = "".join(text.splitlines(keepends=True)[-_TAIL_LINES:])
+            raise RuntimeError(f"{name} did not start (exit {proc.poll()}):\n{tail}")
+        time.sleep(0.05)

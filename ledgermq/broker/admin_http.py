@@ -31,6 +31,7 @@ from commitlog.message import valid_topic
 from ledgermq.base.address import split_host_port
 from ledgermq.base.clock import monotonic_ms
 from ledgermq.base.errors import LedgerMQError, NotLeaderError
+from ledgermq.broker import reconfigure
 from ledgermq.broker.acl import Action
 from ledgermq.broker.codec import message_view
 from ledgermq.broker.control import MAX_QUEUES, PERM_RW, offsets_reset, topic_delete, topic_put
@@ -68,6 +69,31 @@ KEY_SCAN_SECONDS = 2.0
 _SCAN_CHUNK = 256
 
 
+MEMBER_ACTIONS = ("add", "promote", "remove", "replace", "rejoin")
+
+
+def _node_id_field(body: dict[str, Any], key: str) -> int:
+    value = field(body, key, int)
+    if not 0 < value < 2**63:
+        raise ApiError(400, "INVALID_REQUEST", f"field {key!r} must be in [1, 2^63)")
+    return int(value)
+
+
+def _address_field(body: dict[str, Any], key: str = "address") -> str:
+    """A new node's HOST:PORT, checked here so a typo is a 400, not a dead peer;
+    `client_address` is optional (empty)."""
+    address = field(body, key, str, "" if key == "client_address" else ...)
+    if not address and key == "client_address":
+        return ""
+    try:
+        split_host_port(address)
+    except ValueError as exc:
+        raise ApiError(400, "INVALID_REQUEST", f"field {key!r}: {exc}") from None
+    if len(address) > 255:
+        raise ApiError(400, "INVALID_REQUEST", f"field {key!r} is too long")
+    return address
+
+
 def body_view(body: bytes) -> dict[str, Any]:
     """A message body for JSON: text when it is UTF-8, base64 always."""
     out: dict[str, Any] = {"body_base64": base64.b64encode(body).decode(), "body_size": len(body)}
@@ -101,6 +127,7 @@ class BrokerAdmin:
             "reset_offsets": self.reset_offsets, "messages_by_key": self.messages_by_key,
             "message_by_id": self.message_by_id, "transfer_leadership": self.transfer_leadership,
             "retention": self.retention, "retention_trim": self.retention_trim,
+            "members": self.members, "change_members": self.change_members,
         })
 
     async def start(self) -> str:
@@ -450,13 +477,69 @@ class BrokerAdmin:
 
     # -------------------------------------------------------------- leadership
 
+    # ------------------------------------------------------------- membership
+
+    async def members(self, request: web.Request) -> web.Response:
+        return json_response(reconfigure.members_view(self.b.node))
+
+    async def change_members(self, request: web.Request) -> web.Response:
+        """One operator operation (add/promote/remove/replace/rejoin) on the leader."""
+        action = request.match_info["action"]
+        if action not in MEMBER_ACTIONS:
+            raise ApiError(400, "INVALID_REQUEST", f"unknown action {action!r}; one of "
+                           f"{', '.join(MEMBER_ACTIONS)}")
+        body = await read_json(request)
+        node_id = _node_id_field(body, "node_id")
+        directory_id = field(body, "directory_id", int, 0)
+        if not 0 <= directory_id < 2**63:
+            raise ApiError(400, "INVALID_REQUEST", "field 'directory_id' must be in [0, 2^63)")
+        learner = field(body, "learner", bool, False)
+        timeout = body.get("timeout", 60.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
+                or not 0.1 <= timeout <= 600:
+            raise ApiError(400, "INVALID_REQUEST", "field 'timeout' must be in [0.1, 600]")
+        if self.b.node.role != "leader":
+            await self._require_leader()
+        node = self.b.node
+        try:
+            if action == "add":
+                steps = await reconfigure.add(node, node_id, _address_field(body), directory_id,
+                                          client_address=_address_field(body, "client_address"),
+                                          learner=learner, timeout=float(timeout))
+            elif action == "promote":
+                steps = await reconfigure.promote_learner(node, node_id, float(timeout))
+            elif action == "remove":
+                steps = await reconfigure.remove_member(
+                    node, node_id, force=field(body, "force", bool, False), timeout=float(timeout))
+            elif action == "replace":
+                steps = await reconfigure.replace(
+                    node, node_id, _node_id_field(body, "new_node_id"), _address_field(body),
+                    directory_id, client_address=_address_field(body, "client_address"),
+                    timeout=float(timeout))
+            else:
+                steps = await reconfigure.rejoin_member(node, node_id, directory_id,
+                                                        learner=learner,
+                                                        timeout=float(timeout))
+        except reconfigure.LeadershipMoved as exc:
+            raise ApiError(409, "LEADERSHIP_MOVED", str(exc),
+                           {"leader": exc.leader_id, "retry": True}) from None
+        except reconfigure.ReconfigureError as exc:
+            raise ApiError(exc.status, "MEMBERSHIP_REFUSED", str(exc)) from None
+        except NotLeaderError as exc:
+            raise ApiError(409, "NOT_LEADER", exc.message, {"leader": exc.leader}) from None
+        view = reconfigure.members_view(node)
+        return json_response({"group": self.b.config.group, "action": action,
+                              "steps": [s.to_json() for s in steps], **view})
+
     async def transfer_leadership(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         to = field(body, "to", int)
         cfg = self.b.config
-        if to not in cfg.peers:
+        voters = self.b.node.membership.voter_ids
+        if to not in voters:
             raise ApiError(400, "INVALID_REQUEST",
-                           f"node {to} is not in group {cfg.group} (nodes {sorted(cfg.peers)})")
+                           f"node {to} is not a voter of group {cfg.group} (voters "
+                           f"{sorted(voters)})")
         if self.b.node.role != "leader":
             await self._require_leader()
         timeout = min(max(cfg.tick_ms * cfg.election_timeout_ticks * 4 / 1000, 1.0), 10.0)

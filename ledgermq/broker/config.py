@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from dledger.runtime.identity import check_cluster_id
 from ledgermq.base.address import AddressError, split_host_port
 from ledgermq.wire.limits import ServerLimits
 
@@ -41,6 +42,11 @@ class BrokerConfig:
     # [peers] but not here starts as a spare: it never campaigns and waits to
     # be added with `ledgermq member add`.
     initial_members: tuple[int, ...] = ()
+    # The cluster identity written into the data directory at its first use
+    # (IDENTITY, docs/operations.md): a node refuses a directory of another
+    # cluster id. "" = "<cluster>/<group>" (each broker group is a Raft group
+    # of its own); set it to keep the old identity across a rename.
+    cluster_id: str = ""
     # Client listen address; default: this node's `client` address in peers.
     listen: str = ""
     # Raft bind host; default: the host of this node's `raft` address.
@@ -155,6 +161,11 @@ class BrokerConfig:
         if self.on_divergence:
             return self.on_divergence
         return "rollback" if self.flush == "async" else "stop"
+
+    @property
+    def identity_cluster_id(self) -> str:
+        """The cluster id this node's data directory must carry."""
+        return self.cluster_id or f"{self.cluster}/{self.group}"
 
     @property
     def client_address(self) -> str:
@@ -280,6 +291,12 @@ def validate(config: BrokerConfig) -> None:
     if not isinstance(config.group, str) or not config.group:
         raise BrokerConfigError("group must be a non-empty string")
     _check_int(config, "node_id", 1)
+    if not isinstance(config.cluster, str) or not isinstance(config.cluster_id, str):
+        raise BrokerConfigError("cluster and cluster_id must be strings")
+    try:
+        check_cluster_id(config.identity_cluster_id)
+    except ValueError as exc:
+        raise BrokerConfigError(f"cluster_id: {exc}") from None
     if config.node_id not in config.peers:
         raise BrokerConfigError(f"node_id {config.node_id} is not in [peers]")
     for member in config.initial_members:

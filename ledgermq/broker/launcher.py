@@ -19,6 +19,8 @@ the demo) authenticates with.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import re
 import signal
 import subprocess
@@ -29,7 +31,7 @@ from typing import Any
 
 from ledgermq.base.address import split_host_port
 from ledgermq.base.ports import free_port
-from ledgermq.base.processes import SOURCE_ROOT, Child, spawn
+from ledgermq.base.processes import SOURCE_ROOT, Child, Running, spawn
 from ledgermq.broker.config import Peer, render_config
 
 REPO = SOURCE_ROOT
@@ -70,6 +72,37 @@ def ensure_secret(path: Path) -> bool:
     return True
 
 
+# `<base>/cluster.json`: what a started cluster looks like from outside (the
+# processes by PID and command line, their addresses, the security files),
+# for `ledgermq cluster roll --dir <base>` (ledgermq/cli/rolling.py), which
+# restarts nodes detached and records their new PIDs here.
+MANIFEST = "cluster.json"
+_MANIFEST_SETTINGS = ("cluster_secret_file", "admin_secret_file", "admin_access_key",
+                      "admin_token", "tls_ca_file", "tls_cert_file")
+
+
+def read_manifest(base: str | Path) -> dict[str, Any]:
+    """The manifest of the cluster started under `base` (FileNotFoundError if none)."""
+    with open(Path(base) / MANIFEST) as handle:
+        manifest: dict[str, Any] = json.load(handle)
+    return manifest
+
+
+def write_manifest(base: str | Path, manifest: dict[str, Any]) -> None:
+    """Replace the manifest atomically (readers never see half of it)."""
+    path = Path(base) / MANIFEST
+    tmp = path.with_name(f"{MANIFEST}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def manifest_process(name: str, entry: dict[str, Any]) -> Running:
+    """The process a manifest entry describes (alive only while its PID still runs its
+    command line)."""
+    return Running(name, int(entry["pid"]), [str(a) for a in entry["argv"]],
+                   Path(entry["log"]) if entry.get("log") else None)
+
+
 # Test- and demo-friendly Raft settings: 20 ms ticks, elections after ~300 ms.
 FAST = {"tick_ms": 20, "election_timeout_ticks": 15, "heartbeat_interval_ticks": 2}
 
@@ -104,6 +137,7 @@ class LocalCluster:
         self.brokers: dict[int, Child] = {}
         self.peers: dict[int, Peer] = {}
         self.config_paths: dict[int, Path] = {}
+        self._recorded = False  # the manifest describes this cluster
 
     @property
     def namesrv_address(self) -> str:
@@ -145,6 +179,8 @@ class LocalCluster:
                 self.start_node(nid, wait=False)
             for nid in self.peers:
                 ready_address(self.brokers[nid], timeout)
+            self._record(None)
+            self._recorded = True
         except BaseException:
             self.stop()
             raise
@@ -201,21 +237,73 @@ class LocalCluster:
         self.config_paths[nid] = path
 
     def start_node(self, nid: int, wait: bool = True, timeout: float = 60.0) -> Child:
-        child = _spawn(f"n{nid}", ["broker", "--config", str(self.config_paths[nid])],
-                       self.base / "logs" / f"n{nid}.log", _BROKER_READY)
+        child = spawn(f"n{nid}", self.broker_argv(nid), _BROKER_READY,
+                      log_path=self.base / "logs" / f"n{nid}.log", keep_lines=2000, detach=True)
         self.brokers[nid] = child
         if wait:
             ready_address(child, timeout)
+        if self._recorded:  # a restart after `start`: its new PID
+            self._record(nid)
         return child
 
+    def broker_argv(self, nid: int) -> list[str]:
+        """The command `start_node` runs node `nid` with."""
+        return [sys.executable, "-m", "ledgermq.cli", "broker", "--config",
+                str(self.config_paths[nid])]
+
+    def _record(self, nid: int | None) -> None:
+        """Write node `nid`'s process into the manifest (None: every process)."""
+        assert self.namesrv is not None
+        try:
+            manifest = read_manifest(self.base) if nid is not None else {}
+        except FileNotFoundError:
+            manifest = {}
+        manifest.update({
+            "group": self.group, "base": str(self.base),
+            "namesrv": {"pid": self.namesrv.proc.pid, "address": self.namesrv_address},
+            "settings": {k: str(self.settings[k]) for k in _MANIFEST_SETTINGS
+                         if self.settings.get(k)},
+        })
+        nodes = manifest.setdefault("nodes", {})
+        for n in ([nid] if nid is not None else sorted(self.brokers)):
+            child = self.brokers[n]
+            nodes[str(n)] = {"pid": child.proc.pid, "argv": self.broker_argv(n),
+                             "config": str(self.config_paths[n]),
+                             "log": str(self.base / "logs" / f"n{n}.log"),
+                             "client": self.peers[n].client, "raft": self.peers[n].raft}
+        write_manifest(self.base, manifest)
+
+    def replacements(self) -> dict[int, Running]:
+        """Nodes a rolling restart (`ledgermq cluster roll`) started again
+        in place of this cluster's children, still running."""
+        try:
+            nodes = read_manifest(self.base).get("nodes", {})
+        except (FileNotFoundError, ValueError):
+            return {}
+        found = {}
+        for key, entry in nodes.items():
+            child = self.brokers.get(int(key))
+            if child is not None and int(entry["pid"]) != child.proc.pid:
+                process = manifest_process(f"n{key}", entry)
+                if process.alive:
+                    found[int(key)] = process
+        return found
+
     def kill(self, nid: int, sig: int = signal.SIGKILL) -> None:
+        replaced = self.replacements().get(nid)
+        if replaced is not None:  # restarted by a roll: signal what runs now
+            replaced.signal(sig)
+            replaced.wait(10)
+            return
         child = self.brokers[nid]
         child.signal(sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.proc.wait(10)
 
     def alive(self) -> list[int]:
-        return [nid for nid, child in self.brokers.items() if child.alive]
+        """The nodes running: this cluster's children, or what replaced them."""
+        replaced = self.replacements()
+        return [nid for nid, child in self.brokers.items() if child.alive or nid in replaced]
 
     def pids(self) -> list[int]:
         children = [*self.brokers.values(), *([self.namesrv] if self.namesrv else [])]
@@ -227,6 +315,8 @@ class LocalCluster:
             child.signal(signal.SIGTERM)  # all at once: they stop in parallel
         for child in list(self.brokers.values()):
             child.stop()
+        for process in self.replacements().values():
+            process.stop()
         if self.namesrv is not None:
             self.namesrv.stop()
 

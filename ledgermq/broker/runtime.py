@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from commitlog import CommitLog, Entry
+from dledger.membership import Membership
 from dledger.runtime.node import NodeConfig, NodeCounters, NodeObserver, NodeStatus, SoftStateInfo
 
 
@@ -67,6 +68,25 @@ class RaftRuntime(Protocol):
     async def wait_durable(self, index: int) -> None: ...
 
     async def transfer_leadership(self, to: int, timeout: float = 3.0) -> bool: ...
+
+    @property
+    def node_id(self) -> int: ...
+
+    @property
+    def directory_id(self) -> int:
+        """The id of this replica's data directory (identity pinning)."""
+
+    @property
+    def membership(self) -> Membership:
+        """The group's configuration in effect (docs/raft.md, "Membership changes")."""
+
+    def membership_at(self, index: int) -> Membership:
+        """The configuration in effect at log index `index` (for snapshots)."""
+
+    async def change_membership(self, new: Membership, timeout: float = 10.0) -> int:
+        """Propose `new` as the next configuration (leader only); the index of
+        its CONFIG entry once committed. Raises `dledger.MembershipChangeRefused`,
+        NotLeaderError, ProposalUnknown or TimeoutError."""
 
 
 class RuntimeFactory(Protocol):

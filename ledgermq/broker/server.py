@@ -28,6 +28,7 @@ import logging
 import struct
 import time
 from collections.abc import Coroutine, Sequence
+from dataclasses import replace
 from typing import Any
 
 from commitlog import HEADER_SIZE, KIND_CONTROL, KIND_MESSAGES, CommitLogConfig, Entry, StorageError
@@ -35,6 +36,7 @@ from commitlog.columns import RecordColumns, queue_groups, scan_body
 from commitlog.snapshot import SnapshotInfo, list_snapshots, read_state
 from consumequeue import ConsumeQueueStore
 from dledger.log import CommittedDivergence
+from dledger.runtime.identity import Opened, open_identity
 from dledger.runtime.node import (
     NodeConfig,
     ProposalUnknown,
@@ -118,6 +120,7 @@ class Broker:
         self.longpoll = LongPoll()
         self.members = Membership(config.member_expiry_ms)
         self._node: RaftRuntime | None = None
+        self.identity: Opened | None = None  # the data directory's, from start()
         self._cq: ConsumeQueueStore | None = None
         self._snapshots: SnapshotSchedule | None = None
         # What the last start did: the snapshot it restored, the entries it
@@ -209,12 +212,19 @@ class Broker:
             heartbeat_interval_ticks=c.heartbeat_interval_ticks,
             preferred_leader=c.preferred_leader, segment_size_bytes=c.segment_size_bytes,
             commitlog=log_config, bind_host=c.raft_bind_host or raft_host,
+            initial_voters=frozenset(c.initial_members),
+            client_addresses={nid: p.client for nid, p in c.peers.items()},
         )
 
     async def start(self) -> tuple[str, int]:
         """Recover, start the Raft node, then listen for clients."""
         c = self.config
-        node_config = self._node_config()
+        # The data directory's identity before anything else opens it: one of
+        # another cluster or node, in a format this build does not read, or
+        # with a damaged identity refuses the start here (IdentityError).
+        self.identity = open_identity(c.data_dir, c.identity_cluster_id, c.node_id)
+        node_config = replace(self._node_config(),
+                              directory_id=self.identity.identity.directory_id)
         done = rollback.apply_pending(c.data_dir, node_config.commitlog_config())
         if done is not None:
             self.rolled_back = done
@@ -592,7 +602,14 @@ class Broker:
 
     def leader_client_address(self) -> str | None:
         leader = self._node.leader_id if self._node is not None else None
-        return self.config.client_address_of(leader) if leader else None
+        if not leader:
+            return None
+        # A node added after this one started is not in its [peers]: the
+        # configuration carries its client address.
+        member = self._node.membership.member(leader) if self._node is not None else None
+        if member is not None and member.client_address:
+            return member.client_address
+        return self.config.client_address_of(leader)
 
     def require_writable(self) -> None:
         """Writes go to the leader of this term, once its no-op is applied."""
@@ -728,7 +745,16 @@ class Broker:
             "node_id": f"n{self.config.node_id}", "address": self.advertised,
             "role": role, "term": int(node.term) if node is not None else 0,
             "topics": {t: c.to_wire() for t, c in self.state.topics.items()},
+            **({"membership": self._membership_registration(node)} if node is not None
+               else {}),
         }
+
+    @staticmethod
+    def _membership_registration(node: RaftRuntime) -> dict[str, Any]:
+        """The configuration as the NameServer's routes carry it."""
+        m = node.membership
+        return {"index": node.status().membership_index, "voters": sorted(m.voter_ids),
+                "learners": sorted(m.learner_ids)}
 
     def status(self) -> dict[str, Any]:
         node = self.node
@@ -748,6 +774,8 @@ class Broker:
             "send_requests": self.sends.items if self.sends else 0,
             "admin_url": self.admin.url if self.admin is not None else None,
             "recovery": self.recovery, "snapshots": self._snapshot_status(),
+            "identity": ({**self.identity.identity.to_json(), "how": self.identity.how}
+                         if self.identity else None),
         })
         return {k: v for k, v in info.items() if isinstance(
             v, (str, int, float, bool, type(None), list, dict))}

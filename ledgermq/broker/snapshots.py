@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from commitlog import StorageError
 from commitlog.snapshot import SnapshotInfo, write_snapshot
+from dledger.membership import encode as encode_membership
 from ledgermq.broker.runtime import RaftRuntime
 from ledgermq.broker.state import BrokerState
 
@@ -123,13 +124,16 @@ class SnapshotSchedule:
         started = time.perf_counter()
         term, end = log_.term_at(index), log_.entry_end(index)
         capture = state.capture()
+        # The configuration in effect at the index goes into the snapshot's
+        # meta: a node started from it (or installing it) must know its group.
+        membership = encode_membership(self.node.membership_at(index))
         # The intervals restart now, so a slow write is not started again.
         self._base_index, self._base_end = index, end
         try:
             await self.node.wait_durable(index)
             data = await asyncio.to_thread(capture.encode)
             info = await asyncio.to_thread(write_snapshot, self.data_dir, index, term, end,
-                                           data, self.keep)
+                                           data, self.keep, membership=membership)
         except Exception as exc:  # a failed snapshot must not stop the broker
             # The log still holds everything after the previous snapshot
             # (retention never passes it), so nothing is lost: retry later.

@@ -55,6 +55,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "leader",
     "acl",
     "retention",
+    "member",
+    "node",
+    "cluster",
 )
 
 for _name in COMMAND_MODULES:

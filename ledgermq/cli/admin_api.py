@@ -47,7 +47,7 @@ def target(admin: str, access_key: str = "", secret_file: str = "", token: str =
 
 
 def call(to: Target, method: str, path: str, body: Any = None,
-         query: dict[str, str | int] | None = None) -> Any:
+         query: dict[str, str | int] | None = None, timeout: float = 20.0) -> Any:
     """One admin API call (`path` under /api/v1); its JSON answer. An error
     answer raises AdminApiError, which the CLI prints as one line; so does a
     bad credential file."""
@@ -62,7 +62,7 @@ def call(to: Target, method: str, path: str, body: Any = None,
 
     async def main() -> Any:
         async with AdminApi(to.url, credentials=credentials, token=to.token,
-                            ca_file=to.tls_ca_file) as api:
+                            ca_file=to.tls_ca_file, timeout=timeout) as api:
             return await api.call(method, path, body, query)
 
     return loop.run(main())

@@ -136,7 +136,8 @@ class NameServerAdmin:
             "consumer_group": self.consumer_group, "reset_offsets": self.reset_offsets,
             "messages_by_key": self.messages_by_key, "message_by_id": self.message_by_id,
             "transfer_leadership": self.transfer_leadership, "retention": self.retention,
-            "retention_trim": self.retention_trim,
+            "retention_trim": self.retention_trim, "members": self.members,
+            "change_members": self.change_members,
         })
 
     async def start(self) -> str:
@@ -173,6 +174,9 @@ class NameServerAdmin:
             group["cluster"] = info.get("cluster")
             group["registered_leader"] = info.get("leader")
             group["registered_leader_term"] = info.get("leader_term")
+            # The configuration as the leader registered it (voters,
+            # learners, CONFIG index); absent until one is known.
+            group["membership"] = info.get("membership")
             out[name] = group
         return out
 
@@ -194,7 +198,7 @@ class NameServerAdmin:
     # -------------------------------------------------------------- forwarding
 
     async def _call(self, request: web.Request, url: str, method: str, path: str,
-                    body: Any = None) -> tuple[int, Any]:
+                    body: Any = None, timeout: float = FORWARD_TIMEOUT) -> tuple[int, Any]:
         assert self._session is not None
         query = request.rel_url.raw_query_string
         target = f"{url}{path}" + (f"?{query}" if query and method == "GET" else "")
@@ -210,7 +214,8 @@ class NameServerAdmin:
             headers["Authorization"] = f"Bearer {token}"
         # encoded=True: the request goes out exactly as signed.
         async with self._session.request(method, URL(target, encoded=True), data=data or None,
-                                         headers=headers, ssl=self._ssl) as resp:
+                                         headers=headers, ssl=self._ssl,
+                                         timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             try:
                 answer = await resp.json(content_type=None)
             except ValueError:
@@ -219,12 +224,13 @@ class NameServerAdmin:
 
     async def _to_group(self, request: web.Request, name: str, group: dict[str, Any],
                         method: str, path: str, body: Any = None,
-                        leader_only: bool = False) -> tuple[int, Any]:
+                        leader_only: bool = False, timeout: float = FORWARD_TIMEOUT
+                        ) -> tuple[int, Any]:
         """One group's answer: its leader's, or (reads) the first node that answers."""
         last_error: Exception | None = None
         for url in self._urls(group, leader_only):
             try:
-                return await self._call(request, url, method, path, body)
+                return await self._call(request, url, method, path, body, timeout)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 last_error = exc
         what = "leader" if leader_only else "node"
@@ -233,8 +239,8 @@ class NameServerAdmin:
                        + (f" ({last_error})" if last_error else ""), {"group": name})
 
     async def _to_each(self, request: web.Request, method: str, path: str, body: Any = None,
-                       leader_only: bool = False, only: str | None = None
-                       ) -> dict[str, tuple[int, Any]]:
+                       leader_only: bool = False, only: str | None = None,
+                       timeout: float = FORWARD_TIMEOUT) -> dict[str, tuple[int, Any]]:
         groups = await self._groups()
         if only is not None:
             if only not in groups:
@@ -245,7 +251,7 @@ class NameServerAdmin:
             raise ApiError(503, "SERVICE_UNAVAILABLE", "no broker group is registered")
         names = sorted(groups)
         answers = await asyncio.gather(
-            *(self._to_group(request, n, groups[n], method, path, body, leader_only)
+            *(self._to_group(request, n, groups[n], method, path, body, leader_only, timeout)
               for n in names), return_exceptions=True)
         out: dict[str, tuple[int, Any]] = {}
         for name, answer in zip(names, answers, strict=True):
@@ -413,6 +419,27 @@ class NameServerAdmin:
         to = field(body, "to", int)
         answers = await self._to_each(request, "POST", f"{API}/leadership/transfer",
                                       {"to": to}, leader_only=True, only=group)
+        status, data = answers[group]
+        return json_response(data, status)
+
+    # ------------------------------------------------------------- membership
+
+    async def members(self, request: web.Request) -> web.Response:
+        """Each group's configuration, as its leader sees it (or ?group=)."""
+        only = request.query.get("group") or None
+        answers = await self._to_each(request, "GET", f"{API}/members", leader_only=True,
+                                      only=only)
+        return self._all_ok(answers)
+
+    async def change_members(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        group = field(body, "group", str)
+        action = request.match_info["action"]
+        forward = {k: v for k, v in body.items() if k != "group"}
+        # A catch-up may take the whole timeout the caller allowed.
+        timeout = float(forward.get("timeout") or 60.0) + 5.0
+        answers = await self._to_each(request, "POST", f"{API}/members/{quote(action)}",
+                                      forward, leader_only=True, only=group, timeout=timeout)
         status, data = answers[group]
         return json_response(data, status)
 

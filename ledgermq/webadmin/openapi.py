@@ -97,6 +97,42 @@ OPERATIONS: list[Operation] = [
                   "group": {"type": "string", "description": "NameServer only: the group"}}},
               {200: "new leader", 400: "unknown node", 409: "not the leader",
                503: "transfer failed"}),
+    Operation("get", "/api/v1/members", "members",
+              "The group's configuration: voters and learners with their addresses and"
+              " data-directory ids, the CONFIG entry in effect and whether it is committed;"
+              " the leader adds each member's replication state (match, lag, identity).",
+              "both", None, {200: "the configuration (NameServer: {groups: {name: ...}})"}),
+    Operation("post", "/api/v1/members/{action}", "change_members",
+              "Change the group's membership, one single-server CONFIG entry at a time:"
+              " add (learner, then promoted once caught up), promote, remove, replace"
+              " (add the new node, promote it, remove the old) or rejoin (a member with a"
+              " new data directory becomes a learner again, then is promoted).",
+              "both", {"type": "object", "required": ["node_id"], "properties": {
+                  "node_id": {"type": "integer", "minimum": 1,
+                              "description": "the node added, removed, promoted or rejoined;"
+                                             " for replace: the old node"},
+                  "new_node_id": {"type": "integer", "minimum": 1,
+                                  "description": "replace only: the node that takes over"},
+                  "address": {"type": "string",
+                              "description": "add/replace: the new node's Raft HOST:PORT"},
+                  "client_address": {"type": "string",
+                                     "description": "add/replace: where its clients connect"
+                                                    " (HOST:PORT; leader hints)"},
+                  "directory_id": {"type": "integer", "minimum": 0,
+                                   "description": "the node's data-directory id (0: the one"
+                                                  " the leader hears from it)"},
+                  "learner": {"type": "boolean",
+                              "description": "add/rejoin: stay a learner (no promotion)"},
+                  "force": {"type": "boolean",
+                            "description": "remove: even if the voters left are not a"
+                                           " healthy majority"},
+                  "timeout": {"type": "number", "minimum": 0.1, "maximum": 600},
+                  "group": {"type": "string",
+                            "description": "NameServer only: the broker group (default:"
+                                           " the only one registered)"}}},
+              {200: "the steps committed and the new configuration", 400: "bad input",
+               409: "not the leader, refused, or leadership moved (retry)",
+               503: "not committed or not caught up in time"}),
     Operation("get", "/api/v1/retention", "retention",
               "Retention settings, disk usage, the retained log range (first/last index and"
               " time), the newest snapshot and the trim points; the NameServer lists every"

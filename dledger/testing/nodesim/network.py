@@ -162,6 +162,10 @@ class SimTransport:
         self._incarnation = 0
         self.closed = False
         self.payloads = 0
+        # The configuration's members (None: everyone, until the node says);
+        # like the TCP transport, nothing goes to a node outside it.
+        self._peers: frozenset[int] | None = None
+        self.unroutable = 0
 
     async def start(self) -> tuple[str, int]:
         self._incarnation = self._network.attach(self._node_id, self._loop, self._deliver)
@@ -176,6 +180,9 @@ class SimTransport:
             self._observe(self._node_id, messages)
         links: dict[tuple[int, str], list[Message]] = {}
         for msg in messages:
+            if self._peers is not None and msg.dst not in self._peers:
+                self.unroutable += 1
+                continue
             links.setdefault((msg.dst, msg.channel), []).append(msg)
         for (dst, channel), batch in links.items():
             for payload in encode_batches(batch, MAX_PAYLOAD):
@@ -186,5 +193,8 @@ class SimTransport:
         self.closed = True
         self._network.detach(self._node_id, self._incarnation)
 
+    def set_peers(self, peers: dict[int, tuple[str, int]]) -> None:
+        self._peers = frozenset(peers) - {self._node_id}
+
     def stats(self) -> dict[str, Any]:
-        return {"payloads": self.payloads}
+        return {"payloads": self.payloads, "unroutable": self.unroutable}

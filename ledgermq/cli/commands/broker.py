@@ -49,7 +49,8 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]broker: {exc}[/red]")
             raise typer.Exit(2) from None
         except (OSError, StorageError) as exc:  # a data directory it cannot start from
-            console.print(f"[red]broker: {exc}[/red]")
+            # One line (soft_wrap): scripts and supervisors grep it.
+            console.print(f"[red]broker: {exc}[/red]", soft_wrap=True)
             raise typer.Exit(1) from None
         if restart:
             # A rollback (broker/rollback.py) is carried out at start-up: run

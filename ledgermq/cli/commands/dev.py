@@ -105,7 +105,8 @@ def register(app: typer.Typer) -> None:
                 console.print(f"Dashboard and admin API: http://{admin}/  "
                               f"(ledgermq status --admin http://{admin})")
             while not stop.wait(0.5):
-                dead = [n for n, c in cluster.brokers.items() if not c.alive]
+                alive = cluster.alive()  # restarted by `ledgermq cluster roll` included
+                dead = [n for n in cluster.brokers if n not in alive]
                 if cluster.namesrv is not None and not cluster.namesrv.alive:
                     console.print("[red]the NameServer exited[/red]")
                     break

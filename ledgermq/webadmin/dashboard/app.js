@@ -289,6 +289,41 @@ const pages = {
     return html || "<p>No broker group is registered.</p>";
   },
 
+  async members() {
+    const data = await get("members");
+    // The NameServer answers per group (from each leader); a broker for its own.
+    const groups = data.groups || { [data.group]: data };
+    let html = "";
+    for (const [name, g] of Object.entries(groups)) {
+      if (g.error) {
+        html += `<div class="card"><h2>group ${esc(name)} — members</h2>
+          <p class="error">${esc(g.error.code)}: ${esc(g.error.message)}</p></div>`;
+        continue;
+      }
+      const rows = g.members.map((m) => {
+        const mismatch = m.identity_mismatch ? `<span class="badge role-unreachable"
+          title="the node answers from directory ${esc(m.heard_directory_id)}">wiped? rejoin
+          </span>` : "";
+        return `<tr data-member="${esc(m.node_id)}" data-role="${esc(m.role)}"
+          data-mismatch="${m.identity_mismatch ? 1 : 0}">
+          <td>n${esc(m.node_id)}${m.leader ? ' <span class="badge role-leader">leader</span>' : ""}
+          </td><td>${esc(m.role)}</td><td>${esc(m.address)}</td><td>${esc(m.directory_id)}</td>
+          <td>${esc(m.match ?? "")}</td><td>${esc(m.lag ?? "")}</td><td>${esc(m.state ?? "")}</td>
+          <td>${mismatch}</td></tr>`;
+      }).join("");
+      html += `<div class="card" data-members-group="${esc(name)}">
+        <h2>group ${esc(name)} — members</h2><p class="muted">configuration at index
+          ${esc(g.membership_index)}${g.membership_pending ? " (not committed yet)" : ""};
+          ${esc(g.voters.length)} voter(s), ${esc(g.learners.length)} learner(s); tolerates
+          ${esc(g.fault_tolerance)} failed voter(s). Change it with
+          <code>ledgermq member add|remove|replace|promote|rejoin</code>.</p>
+        <table><thead><tr><th>node</th><th>role</th><th>address</th><th>directory</th>
+          <th>match</th><th>lag</th><th>replication</th><th>identity</th></tr></thead>
+        <tbody>${rows}</tbody></table></div>`;
+    }
+    return html || "<p>No broker group is registered.</p>";
+  },
+
   async reports() {
     const data = await get("reports");
     if (!data.directory) return `<div class="card"><h2>Reports</h2><p>No reports directory is
@@ -336,7 +371,8 @@ function route() {
   const [path, query] = hash.split("?");
   const [name, arg] = path.split("/");
   const known = { "": "overview", topics: "topics", topic: "topic", groups: "groups",
-    group: "group", messages: "messages", reports: "reports", retention: "retention" };
+    group: "group", messages: "messages", reports: "reports", retention: "retention",
+    members: "members" };
   const key = known[name] || "overview";
   return { key, arg: arg ? decodeURIComponent(arg) : query, live: key !== "messages" &&
     key !== "reports" };

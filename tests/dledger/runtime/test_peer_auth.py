@@ -138,14 +138,17 @@ def test_forged_append_entries_are_refused(tmp_path: Path,
                 port = port_of(cluster, fid)
                 forged = forged_append(leader, follower)
                 # No proof at all; a made-up proof; a claim to be the node
-                # itself; a claim to be a node that is not in the group.
+                # itself; a claim to be a node that is not in the group (let
+                # through the membership check, since a node added by a
+                # configuration not received yet must get in, and refused for
+                # its missing proof).
                 assert await send_forged(port, forged)
                 assert await send_forged(port, forged, with_nonce=True)
                 assert await send_forged(port, forged, src=fid, with_nonce=True)
                 assert await send_forged(port, forged, src=99)
                 assert failures(follower, "no_proof") >= 1
                 assert failures(follower, "bad_proof") >= 1
-                assert failures(follower, "unknown_peer") >= 2
+                assert failures(follower, "unknown_peer") >= 1
             await asyncio.sleep(0.3)
             after = {i: (n.log.last_index, n.commit_index) for i, n in cluster.nodes.items()}
             assert after == before
@@ -158,7 +161,8 @@ def test_forged_append_entries_are_refused(tmp_path: Path,
             assert len(refusals) >= 8
             assert any("127.0.0.1" in line and f"claims group 'g1' node {leader_id} -> " in line
                        and "no_proof" in line for line in refusals), refusals
-            assert any("node 99 is not a peer" in line for line in refusals), refusals
+            assert any("node 99 ->" in line and "no_proof" in line for line in refusals), \
+                refusals
 
             # The group goes on, every replica identical and clean.
             for i in range(20):

@@ -1,0 +1,248 @@
+"""Changing a running group's membership: the operator's operations, each a
+sequence of single-server CONFIG entries (docs/operations.md, "Membership").
+
+The Raft core accepts one change at a time and refuses unsafe ones
+(`dledger.MembershipChangeRefused`); this module strings them into what an
+operator asks for and adds the checks that need a view of the whole group:
+
+- add: the node joins as a learner, is promoted once it has caught up (unless
+  it should stay a learner);
+- remove: refused when the voters left could not form a majority with the
+  members that are healthy now (`force` overrides); the leader is never
+  removed by itself: it hands leadership over first and the caller retries
+  on the new leader (`LeadershipMoved`);
+- replace: add the new node, promote it, remove the old one: the group never
+  has fewer voters than before, so its fault tolerance never drops;
+- rejoin: a member whose data directory is new (wiped, repaired) becomes a
+  learner under its new directory id and is promoted again once caught up.
+
+Only the leader runs these; the admin API answers elsewhere with NOT_LEADER.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dledger import MembershipChangeRefused
+from dledger.membership import (
+    Member,
+    Membership,
+    MembershipError,
+    add_learner,
+    promote,
+    rejoin,
+    remove,
+)
+from ledgermq.broker.runtime import RaftRuntime
+
+# How often progress is looked at while waiting for a learner to catch up.
+POLL_S = 0.05
+
+
+class ReconfigureError(Exception):
+    """An operation that cannot be carried out as asked; `status` is the HTTP
+    status the admin API answers with (400 bad request, 409 conflict, 503 timeout)."""
+
+    def __init__(self, message: str, status: int = 409) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class LeadershipMoved(ReconfigureError):
+    """This node led and handed leadership to `leader_id` so that it can be
+    removed: retry the operation on the new leader."""
+
+    def __init__(self, leader_id: int) -> None:
+        super().__init__(f"leadership moved to n{leader_id}: retry there", 409)
+        self.leader_id = leader_id
+
+
+@dataclass(frozen=True)
+class Step:
+    """One CONFIG entry committed: what changed, at which index, how long it took."""
+
+    action: str
+    node_id: int
+    index: int
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"action": self.action, "node_id": self.node_id, "index": self.index,
+                "seconds": round(self.seconds, 3)}
+
+
+async def _commit(node: RaftRuntime, action: str, node_id: int,
+                  change: Callable[[Membership], Membership], timeout: float) -> Step:
+    started = time.monotonic()
+    try:
+        new = change(node.membership)
+    except MembershipError as exc:
+        raise ReconfigureError(str(exc), 400) from None
+    try:
+        index = await node.change_membership(new, timeout)
+    except MembershipChangeRefused as exc:
+        raise ReconfigureError(f"{action} n{node_id} refused: {exc.reason}") from None
+    except TimeoutError:
+        raise ReconfigureError(f"{action} n{node_id} was not committed within {timeout:g}s",
+                               503) from None
+    return Step(action, node_id, index, time.monotonic() - started)
+
+
+def follower_view(node: RaftRuntime, node_id: int) -> dict[str, Any] | None:
+    """The leader's replication view of `node_id` (None if it has none)."""
+    status = node.status()
+    if status.core is None:
+        return None
+    follower = status.core.followers.get(node_id)
+    return None if follower is None else follower.to_json()
+
+
+async def wait_caught_up(node: RaftRuntime, node_id: int, timeout: float) -> None:
+    """Until `node_id` holds everything the leader had committed when we asked."""
+    target = node.commit_index
+    deadline = time.monotonic() + timeout
+    while True:
+        view = follower_view(node, node_id)
+        if view is not None and view["match"] >= target:
+            return
+        if time.monotonic() >= deadline:
+            match = view["match"] if view else "unknown"
+            raise ReconfigureError(
+                f"n{node_id} did not catch up within {timeout:g}s (match {match}, "
+                f"target {target})", 503)
+        await asyncio.sleep(POLL_S)
+
+
+async def _promote_when_caught_up(node: RaftRuntime, node_id: int, timeout: float) -> Step:
+    if node_id not in node.membership.learner_ids:
+        raise ReconfigureError(f"n{node_id} is not a learner of the group", 400)
+    deadline = time.monotonic() + timeout
+    while True:
+        await wait_caught_up(node, node_id, max(deadline - time.monotonic(), POLL_S))
+        try:
+            return await _commit(node, "promote", node_id, lambda m: promote(m, node_id),
+                                 max(deadline - time.monotonic(), 1.0))
+        except ReconfigureError as exc:
+            # The learner fell behind again between the look and the change
+            # (the core checks the lag itself): look again until the deadline.
+            if "caught up" not in str(exc) or time.monotonic() >= deadline:
+                raise
+
+
+async def add(node: RaftRuntime, node_id: int, address: str, directory_id: int = 0, *,
+              client_address: str = "", learner: bool = False,
+              timeout: float = 60.0) -> list[Step]:
+    """Add `node_id` (Raft transport at `address`) as a learner, then promote it."""
+    member = Member(node_id, address, directory_id, client_address)
+    steps = [await _commit(node, "add_learner", node_id, lambda m: add_learner(m, member),
+                           timeout)]
+    if not learner:
+        steps.append(await _promote_when_caught_up(node, node_id, timeout))
+    return steps
+
+
+async def promote_learner(node: RaftRuntime, node_id: int, timeout: float = 60.0) -> list[Step]:
+    return [await _promote_when_caught_up(node, node_id, timeout)]
+
+
+def healthy_voters(node: RaftRuntime) -> set[int]:
+    """Voters the leader hears from and that replicate normally (itself included)."""
+    status = node.status()
+    healthy = {node.node_id}
+    if status.core is not None:
+        for peer, f in status.core.followers.items():
+            if f.state == "REPLICATE" and f.connected and not f.identity_mismatch:
+                healthy.add(peer)
+    return healthy & node.membership.voter_ids
+
+
+async def remove_member(node: RaftRuntime, node_id: int, *, force: bool = False,
+                        timeout: float = 30.0) -> list[Step]:
+    """Remove `node_id`; the leader first hands leadership to a healthy voter."""
+    current = node.membership
+    if current.member(node_id) is None:
+        raise ReconfigureError(f"n{node_id} is not a member of the group", 400)
+    if node_id == node.node_id:
+        others = sorted(healthy_voters(node) - {node_id})
+        if not others:
+            raise ReconfigureError("no healthy voter to hand leadership to")
+        if not await node.transfer_leadership(others[0], timeout):
+            raise ReconfigureError(f"n{others[0]} did not take over within {timeout:g}s", 503)
+        raise LeadershipMoved(node.leader_id or others[0])
+    if node_id in current.voter_ids and not force:
+        left = current.voter_ids - {node_id}
+        alive = healthy_voters(node) & left
+        if len(alive) < len(left) // 2 + 1:
+            raise ReconfigureError(
+                f"removing n{node_id} would leave {len(left)} voters of which only "
+                f"{len(alive)} are healthy ({sorted(alive)}): the group could not commit; "
+                "use force to remove anyway")
+    return [await _commit(node, "remove", node_id, lambda m: remove(m, node_id), timeout)]
+
+
+async def replace(node: RaftRuntime, old_id: int, new_id: int, address: str,
+                  directory_id: int = 0, *, client_address: str = "",
+                  timeout: float = 60.0) -> list[Step]:
+    """Add `new_id`, promote it, then remove `old_id`: voters never fewer than now."""
+    if node.membership.member(old_id) is None:
+        raise ReconfigureError(f"n{old_id} is not a member of the group", 400)
+    steps = await add(node, new_id, address, directory_id, client_address=client_address,
+                      timeout=timeout)
+    # The old node may be dead (that is why it is replaced): the new voter
+    # already restored the count, so its removal needs no health check.
+    steps += await remove_member(node, old_id, force=True, timeout=timeout)
+    return steps
+
+
+async def rejoin_member(node: RaftRuntime, node_id: int, directory_id: int = 0, *,
+                        learner: bool = False, timeout: float = 60.0) -> list[Step]:
+    """Re-admit `node_id` under its new data directory (wiped or repaired).
+
+    `directory_id` 0 means the one the leader last heard from the node."""
+    if node_id == node.node_id:
+        raise ReconfigureError("a leader does not rejoin itself", 400)
+    if not directory_id:
+        view = follower_view(node, node_id)
+        directory_id = int(view["directory_id"]) if view else 0
+        if not directory_id:
+            raise ReconfigureError(
+                f"n{node_id} has not been heard from: start it (with its new data directory) "
+                "first, or give its directory id", 409)
+    steps = [await _commit(node, "rejoin", node_id,
+                           lambda m: rejoin(m, node_id, directory_id), timeout)]
+    if not learner:
+        steps.append(await _promote_when_caught_up(node, node_id, timeout))
+    return steps
+
+
+def members_view(node: RaftRuntime) -> dict[str, Any]:
+    """The configuration and, on the leader, each member's replication state."""
+    status = node.status()
+    membership = node.membership
+    followers = status.core.followers if status.core is not None else {}
+    rows = []
+    for m in membership.voters + membership.learners:
+        row: dict[str, Any] = {
+            "node_id": m.node_id, "address": m.address, "client_address": m.client_address,
+            "directory_id": m.directory_id,
+            "role": membership.role_of(m.node_id), "self": m.node_id == node.node_id,
+            "leader": m.node_id == node.leader_id,
+        }
+        f = followers.get(m.node_id)
+        if f is not None:
+            row.update({"match": f.match, "lag": f.lag, "state": f.state,
+                        "heard_directory_id": f.directory_id,
+                        "identity_mismatch": f.identity_mismatch})
+        rows.append(row)
+    return {
+        "group": status.group, "node_id": node.node_id, "leader_id": node.leader_id,
+        "membership_index": status.membership_index,
+        "membership_pending": status.membership_pending,
+        "voters": sorted(membership.voter_ids), "learners": sorted(membership.learner_ids),
+        "fault_tolerance": membership.fault_tolerance(),
+        "members": rows,
+    }

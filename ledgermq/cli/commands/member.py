@@ -1,0 +1,195 @@
+"""`ledgermq member list|add|promote|remove|replace|rejoin`: a broker group's
+membership, read and changed through the admin API (the NameServer's forwards
+to the group's leader; docs/operations.md, "Membership changes")."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import typer
+
+from ledgermq.cli.admin_api import (
+    ACCESS_KEY_OPTION,
+    ADMIN_OPTION,
+    SECRET_FILE_OPTION,
+    TLS_CA_OPTION,
+    TOKEN_OPTION,
+    Target,
+    call,
+    target,
+)
+from ledgermq.cli.commands.leader import node_number
+
+member_app = typer.Typer(help="Membership of a broker group (voters and learners).",
+                         no_args_is_help=True)
+
+GROUP_OPTION = typer.Option("", help="Broker group (default: the only one registered).")
+TIMEOUT_OPTION = typer.Option(60.0, help="Seconds each step may take (catch-up included).")
+# A leader asked to remove itself hands leadership over and asks for a retry
+# on the new one: a few attempts cover the election and the route update.
+LEADERSHIP_MOVED_RETRIES = 10
+
+
+def _group(api: Target, group: str) -> str:
+    from ledgermq.cli.errors import fail
+
+    if group:
+        return group
+    groups = sorted(call(api, "GET", "cluster").get("groups", {}))
+    if len(groups) != 1:
+        raise fail(f"say which group with --group (registered: {', '.join(groups)})"
+                   if groups else "no broker group is registered")
+    return groups[0]
+
+
+def _change(api: Target, group: str, action: str, body: dict[str, Any],
+            timeout: float) -> dict[str, Any]:
+    from ledgermq.webadmin.app import AdminApiError
+
+    body = {**body, "group": group, "timeout": timeout}
+    for attempt in range(LEADERSHIP_MOVED_RETRIES):
+        try:
+            answer: dict[str, Any] = call(api, "POST", f"members/{action}", body,
+                                          timeout=timeout * 3 + 10)
+            return answer
+        except AdminApiError as exc:
+            retry = exc.code in ("LEADERSHIP_MOVED", "NOT_LEADER", "SERVICE_UNAVAILABLE")
+            if not retry or attempt == LEADERSHIP_MOVED_RETRIES - 1:
+                raise
+            if exc.code == "LEADERSHIP_MOVED":
+                typer.echo(f"  {exc}")
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+def _print_view(view: dict[str, Any]) -> None:
+    pending = " (not committed yet)" if view.get("membership_pending") else ""
+    typer.echo(f"group {view.get('group')}: configuration at index "
+               f"{view.get('membership_index')}{pending}, leader n{view.get('leader_id')}, "
+               f"tolerates {view.get('fault_tolerance')} failed voter(s)")
+    for m in view.get("members", []):
+        extra = ""
+        if "match" in m:
+            extra = f"  match {m['match']} lag {m['lag']} {m['state']}"
+            if m.get("identity_mismatch"):
+                extra += (f"  IDENTITY MISMATCH: heard directory {m['heard_directory_id']}"
+                          " (wiped? run `ledgermq member rejoin`)")
+        lead = " leader" if m.get("leader") else ""
+        typer.echo(f"  n{m['node_id']:<3} {m['role']:<8}{lead:<7} {m['address']:<22} "
+                   f"dir {m['directory_id']}{extra}")
+
+
+def _print_steps(answer: dict[str, Any]) -> None:
+    for step in answer.get("steps", []):
+        typer.echo(f"  {step['action']} n{step['node_id']}: committed at index "
+                   f"{step['index']} in {step['seconds']:.3f}s")
+    _print_view(answer)
+
+
+@member_app.command("list")
+def list_members(
+    group: str = GROUP_OPTION, admin: str = ADMIN_OPTION, token: str = TOKEN_OPTION,
+    access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+    tls_ca_file: str = TLS_CA_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="The raw JSON answer."),
+) -> None:
+    """Voters and learners of each group, with the leader's view of their replication."""
+    import json
+
+    api = target(admin, access_key, secret_file, token, tls_ca_file)
+    answer = call(api, "GET", "members", query={"group": group} if group else None)
+    if as_json:
+        typer.echo(json.dumps(answer, indent=2, sort_keys=True))
+        return
+    views = answer.get("groups", {"": answer})
+    for name in sorted(views):
+        _print_view(views[name])
+
+
+@member_app.command("add")
+def add(
+    node: str = typer.Option(..., help="The new node: n4 or 4."),
+    address: str = typer.Option(..., help="Its Raft HOST:PORT."),
+    client_address: str = typer.Option("", help="Where its clients connect (HOST:PORT)."),
+    directory_id: int = typer.Option(0, help="Its data-directory id (0: as heard)."),
+    learner: bool = typer.Option(False, "--learner", help="Stay a learner (no promotion)."),
+    group: str = GROUP_OPTION, timeout: float = TIMEOUT_OPTION,
+    admin: str = ADMIN_OPTION, token: str = TOKEN_OPTION,
+    access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+    tls_ca_file: str = TLS_CA_OPTION,
+) -> None:
+    """Add a node as a learner and promote it to voter once it has caught up."""
+    api = target(admin, access_key, secret_file, token, tls_ca_file)
+    body = {"node_id": node_number(node), "address": address, "directory_id": directory_id,
+            "client_address": client_address, "learner": learner}
+    _print_steps(_change(api, _group(api, group), "add", body, timeout))
+
+
+@member_app.command("promote")
+def promote(
+    node: str = typer.Option(..., help="The learner: n4 or 4."),
+    group: str = GROUP_OPTION, timeout: float = TIMEOUT_OPTION,
+    admin: str = ADMIN_OPTION, token: str = TOKEN_OPTION,
+    access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+    tls_ca_file: str = TLS_CA_OPTION,
+) -> None:
+    """Make a caught-up learner a voter."""
+    api = target(admin, access_key, secret_file, token, tls_ca_file)
+    _print_steps(_change(api, _group(api, group), "promote", {"node_id": node_number(node)},
+                         timeout))
+
+
+@member_app.command("remove")
+def remove(
+    node: str = typer.Option(..., help="The node to remove: n2 or 2."),
+    force: bool = typer.Option(False, "--force",
+                               help="Even if the voters left are not a healthy majority."),
+    group: str = GROUP_OPTION, timeout: float = TIMEOUT_OPTION,
+    admin: str = ADMIN_OPTION, token: str = TOKEN_OPTION,
+    access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+    tls_ca_file: str = TLS_CA_OPTION,
+) -> None:
+    """Remove a node (the leader hands leadership over first)."""
+    api = target(admin, access_key, secret_file, token, tls_ca_file)
+    _print_steps(_change(api, _group(api, group), "remove",
+                         {"node_id": node_number(node), "force": force}, timeout))
+
+
+@member_app.command("replace")
+def replace(
+    old: str = typer.Option(..., help="The node that goes: n1 or 1."),
+    new: str = typer.Option(..., help="The node that takes its place: n4 or 4."),
+    address: str = typer.Option(..., help="The new node's Raft HOST:PORT."),
+    client_address: str = typer.Option("", help="Where its clients connect (HOST:PORT)."),
+    directory_id: int = typer.Option(0, help="Its data-directory id (0: as heard)."),
+    group: str = GROUP_OPTION, timeout: float = TIMEOUT_OPTION,
+    admin: str = ADMIN_OPTION, token: str = TOKEN_OPTION,
+    access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+    tls_ca_file: str = TLS_CA_OPTION,
+) -> None:
+    """Add the new node, promote it, remove the old one."""
+    api = target(admin, access_key, secret_file, token, tls_ca_file)
+    body = {"node_id": node_number(old), "new_node_id": node_number(new), "address": address,
+            "client_address": client_address, "directory_id": directory_id}
+    _print_steps(_change(api, _group(api, group), "replace", body, timeout))
+
+
+@member_app.command("rejoin")
+def rejoin(
+    node: str = typer.Option(..., help="The node whose data directory is new: n3 or 3."),
+    directory_id: int = typer.Option(0, help="Its new directory id (0: as heard)."),
+    learner: bool = typer.Option(False, "--learner", help="Stay a learner (no promotion)."),
+    group: str = GROUP_OPTION, timeout: float = TIMEOUT_OPTION,
+    admin: str = ADMIN_OPTION, token: str = TOKEN_OPTION,
+    access_key: str = ACCESS_KEY_OPTION, secret_file: str = SECRET_FILE_OPTION,
+    tls_ca_file: str = TLS_CA_OPTION,
+) -> None:
+    """Re-admit a wiped or repaired node: learner under its new directory, then voter."""
+    api = target(admin, access_key, secret_file, token, tls_ca_file)
+    body = {"node_id": node_number(node), "directory_id": directory_id, "learner": learner}
+    _print_steps(_change(api, _group(api, group), "rejoin", body, timeout))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(member_app, name="member")
