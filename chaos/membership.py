@@ -49,6 +49,7 @@ configuration's consistency is required of them.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import sys
 import time
@@ -107,6 +108,11 @@ class _Membership(_Restarting):
     needs: ClassVar[tuple[str, ...]] = ("membership",)
     # A plan's steps must all succeed; churn's are reported.
     required: ClassVar[bool] = True
+    # Repairs and reconciliations at a period's end run once the faults of
+    # that period are healed (chaos.schedule stops these last).
+    stop_last: ClassVar[bool] = True
+    # How long one operator operation may take, retries included.
+    change_timeout: ClassVar[float] = CHANGE_TIMEOUT
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -181,7 +187,7 @@ class _Membership(_Restarting):
 
     def change(self, ctx: Context, step: Step, action: str, body: dict[str, Any],
                done: Any) -> Change:
-        result = self.api(ctx).change(action, body, timeout=CHANGE_TIMEOUT, done=done)
+        result = self.api(ctx).change(action, body, timeout=self.change_timeout, done=done)
         step.changes.append(result)
         return result
 
@@ -451,6 +457,7 @@ class WipeRepair(_Membership):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
+        self.for_churn = False  # set by Churn: its steps are reported, not required
         self.mode = str(params.get("mode", "wipe"))
         if self.mode not in ("wipe", "corrupt"):
             raise ValueError(f"wipe-repair: mode must be wipe or corrupt, not {self.mode!r}")
@@ -484,7 +491,8 @@ class WipeRepair(_Membership):
         """Kill a pinned follower and wipe (or damage) its data directory."""
         view, pinned = self.api(ctx).wait_view(
             lambda v: bool(_pinned_followers(v, ctx)), IDENTITY_TIMEOUT)
-        step = Step("wipe" if self.mode == "wipe" else "repair", {}, self.required)
+        step = Step("wipe" if self.mode == "wipe" else "repair", {},
+                    self.required and not self.for_churn)
         if not pinned or view is None:
             step.error = ("no live follower with a pinned directory id within "
                           f"{IDENTITY_TIMEOUT:g}s: a wipe would not be detectable")
@@ -532,8 +540,22 @@ class WipeRepair(_Membership):
                           f"(pinned {old_dir}, heard {row.get('heard_directory_id')})")
         elif view is not None and int(view.get("leader_id") or 0) == node:
             step.error = f"wiped n{node} became leader before it rejoined"
-        new_dir = int(row.get("heard_directory_id") or 0)
-        rejoined = self.change(ctx, step, "rejoin", {"node_id": node},
+        # The node's own word on its new directory id (`ledgermq node identity`).
+        own_dir = _directory_id(ctx, node)
+        step.checks["identity_directory_id"] = own_dir
+        heard = int(row.get("heard_directory_id") or 0)
+        if flagged and heard != own_dir:
+            step.error = (f"the leader heard directory {heard} from n{node}, whose identity "
+                          f"file says {own_dir}")
+        new_dir = own_dir or heard
+        # As an operator would: `member rejoin --node N` when `member list` flags the
+        # new directory; when it does not (the leader has not heard from it), with
+        # the directory id `node identity` printed, never the pinned one by default.
+        body: dict[str, Any] = {"node_id": node}
+        if not flagged and own_dir:
+            body["directory_id"] = own_dir
+        step.checks["rejoin_directory_id"] = body.get("directory_id", 0)
+        rejoined = self.change(ctx, step, "rejoin", body,
                                lambda v: _votes_as(v, node, new_dir))
         if not rejoined.ok:
             self.complete_promotion(ctx, node, step)
@@ -566,6 +588,21 @@ def _votes_as(view: View, node: int, directory_id: int) -> bool:
     return (node in voters(view) and directory_id != 0
             and int(row.get("directory_id") or 0) == directory_id
             and not row.get("identity_mismatch"))
+
+
+def _directory_id(ctx: Context, node: int) -> int:
+    """The directory id the node's IDENTITY file names (`ledgermq node identity`), 0
+    when it cannot be read."""
+    status, output = ctx.backend.run_on(node, [
+        sys.executable, "-m", "ledgermq.cli", "node", "identity", "--data-dir",
+        str(ctx.backend.data_dir(node)), "--output", "json"], timeout=60.0)
+    if status != 0 or "{" not in output:
+        return 0
+    try:
+        return int(json.loads(output[output.index("{"):output.rindex("}") + 1])
+                   .get("directory_id") or 0)
+    except (ValueError, TypeError):
+        return 0
 
 
 def _damage(ctx: Context, node: int) -> dict[str, Any]:
@@ -615,11 +652,14 @@ class Churn(_Membership):
            "partition... A learner left by a change cut short is promoted at the period's end.")
 
     ACTIONS = ("add", "remove", "remove-leader", "replace", "wipe-repair")
+    # Faults around a churn step may stall it: give up sooner than a plan.
+    change_timeout = 30.0
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         self.min_voters = int(params.get("min_voters", 3))
         self.max_voters = int(params.get("max_voters", 5))
+        self._repair: WipeRepair | None = None
 
     @classmethod
     def spares_needed(cls, nodes: int, params: dict[str, Any]) -> int:
@@ -674,24 +714,44 @@ class Churn(_Membership):
             step = Step("replace", {"old": old, "new": new, "old_was_leader": old == leader},
                         False)
             return self.finish(ctx, step, self.do_replace(ctx, old, new, step))
-        repair = WipeRepair(mode="wipe")
-        repair.use_api(self.api(ctx))
-        broke = repair.break_one(ctx)
-        if not repair.broken:
-            return broke
-        return repair.repair(ctx)
+        # Wipe now; the node comes back, is checked and rejoins at the period's
+        # end, once the period's other faults are healed (like `wipe-repair`).
+        self._repair = WipeRepair(mode="wipe")
+        self._repair.for_churn = True
+        self._repair.use_api(self.api(ctx))
+        return self._repair.break_one(ctx)
 
     def stop(self, ctx: Context) -> dict[str, Any]:
-        """Promote a learner a change cut short left behind."""
+        """Repair the node wiped this period; then what a change cut short left
+        behind: promote a learner, rejoin a member that answers from a new
+        data directory (a wipe whose repair did not get through)."""
+        out: list[dict[str, Any]] = []
+        repair, self._repair = self._repair, None
+        if repair is not None and repair.broken:
+            out += repair.repair(ctx).get("membership", [])
         view = self.api(ctx).leader_view()
         left = learners(view)
-        if not left:
-            return {"nothing_to_undo": True}
-        step = Step("promote", {"nodes": left}, False)
-        for node in left:
-            self.complete_promotion(ctx, node, step)
+        if left:
+            step = Step("promote", {"nodes": left}, False)
+            for node in left:
+                self.complete_promotion(ctx, node, step)
+            out += self.finish(ctx, step, not learners(step.after or
+                                                       self.api(ctx).leader_view()))["membership"]
         view = self.api(ctx).leader_view()
-        return self.finish(ctx, step, not learners(view))
+        for row in (view or {}).get("members", []):
+            if not row.get("identity_mismatch"):
+                continue
+            node = int(row["node_id"])
+            heard = int(row.get("heard_directory_id") or 0)
+            step = Step("rejoin", {"node": node, "heard_directory_id": heard}, False)
+            self.change(ctx, step, "rejoin", {"node_id": node},
+                        lambda v, n=node, d=heard: _votes_as(v, n, d))
+            after = self.api(ctx).leader_view()
+            out += self.finish(ctx, step, after is not None and _votes_as(after, node,
+                                                                          heard))["membership"]
+        for step_json in out:
+            step_json["required"] = False
+        return {"membership": out} if out else {"nothing_to_undo": True}
 
 
 REGISTRY: dict[str, type[_Membership]] = {cls.name: cls for cls in (

@@ -122,7 +122,7 @@ def final_problems(steps: list[dict[str, Any]], final: dict[str, Any] | None,
         if step["required"] and not step["ok"]:
             problems.append(f"membership step {step['step']} {step['nodes']} failed: "
                             f"{step.get('error') or 'see its operations'}")
-        if step.get("checks", {}).get("identity_mismatch_seen") is False:
+        if step["required"] and step.get("checks", {}).get("identity_mismatch_seen") is False:
             problems.append(f"wiped node {step['nodes'].get('node')} was never flagged "
                                 "by the leader (identity mismatch): it might have voted")
     if final is None:

@@ -59,6 +59,10 @@ class Nemesis(abc.ABC):
     def stop(self, ctx: Context) -> dict[str, Any]:
         """Heal the fault; returns what was done."""
 
+    # Stopped after the other nemeses of a period (their faults healed first):
+    # the membership nemeses, whose period end repairs and reconciles.
+    stop_last: ClassVar[bool] = False
+
     @property
     def finished(self) -> bool:
         """Whether a nemesis with a plan has carried all of it out (the membership
