@@ -129,6 +129,9 @@ def test_a_wiped_node_cannot_vote_until_it_rejoins(tmp_path: Path) -> None:
     assert checks["identity_mismatch_seen"] is True
     assert checks["leader_while_wiped"] != node
     assert checks["heard_directory_id"] not in (0, step["nodes"]["pinned_directory_id"])
+    # The new directory id the leader heard is the one the node's IDENTITY file names.
+    assert checks["identity_directory_id"] == checks["heard_directory_id"]
+    assert checks["rejoin_directory_id"] == 0  # `member rejoin --node N`: as heard
     assert checks["rejoined_directory_id"] == checks["heard_directory_id"]
     assert checks["role_after"] == "voter"
     assert changes["final"]["voters"] == [1, 2, 3]
