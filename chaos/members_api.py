@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from chaos.backend import Backend
-from ledgermq.client.admin import AdminApi
-from ledgermq.webadmin.app import AdminApiError
+from ledgermq.client.admin import AdminApi, AdminApiError
 
 T = TypeVar("T")
 View = dict[str, Any]
