@@ -229,6 +229,8 @@ def members_view(node: RaftRuntime) -> dict[str, Any]:
         row: dict[str, Any] = {
             "node_id": m.node_id, "address": m.address, "client_address": m.client_address,
             "directory_id": m.directory_id,
+            # Also as text: JavaScript's numbers round 63-bit ids (the dashboard).
+            "directory_hex": f"{m.directory_id:016x}",
             "role": membership.role_of(m.node_id), "self": m.node_id == node.node_id,
             "leader": m.node_id == node.leader_id,
         }
@@ -236,6 +238,7 @@ def members_view(node: RaftRuntime) -> dict[str, Any]:
         if f is not None:
             row.update({"match": f.match, "lag": f.lag, "state": f.state,
                         "heard_directory_id": f.directory_id,
+                        "heard_directory_hex": f"{f.directory_id:016x}",
                         "identity_mismatch": f.identity_mismatch})
         rows.append(row)
     return {
