@@ -49,11 +49,14 @@ Rules
    leader that has committed an entry of its term, never removing itself.
    A leader pins the unpinned members it has heard from, with one CONFIG
    entry at a time (its first entry of a term, instead of the NOOP, when it
-   can). Identity rules of the node's own (when `Config.directory_id` is
-   set): it refuses votes while its own configuration pins it to another
-   directory (its disk was wiped), or pins others but not it, or while its
-   log is empty and the candidate's is not (a fresh or wiped directory votes
-   only in a group that has written nothing yet).
+   can): every log of a group that tracks identity starts with pins of a
+   quorum (the leader and the voters that elected it). Once a configuration
+   pins a quorum of its voters, a candidate counts only the grants of pinned
+   voters from their pinned directory (`election.VoteTally`), and no change
+   may leave fewer than a quorum pinned; a node
+   whose own configuration pins it to another directory (its disk was
+   wiped) neither campaigns nor grants votes; a vote request from a
+   candidate pinned to another directory is refused.
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ from dledger.ready import Ready, SoftState
 from dledger.storage import CONFIG_ENTRIES_HOOK, LogStorage, LogUnavailable, SnapshotMeta
 from election.elector import Elector, RandomSource, TickAction
 from election.roles import Role
-from election.votes import VoteOutcome
+from election.votes import VoteOutcome, strict_identity
 
 __all__ = [
     "FollowerStatus",
@@ -629,15 +632,8 @@ class RaftNode:
             return False  # the candidate answers from another disk than its pinned one
         if not self._dir:
             return True  # this node does not track identity
-        me = m.member(self.id)
-        if me is not None and me.directory_id not in (UNPINNED, self._dir):
-            return False  # we lost our disk: what we voted for is forgotten
-        if (me is None or me.directory_id == UNPINNED) and len(m.unpinned()) < len(
-                m.voters) + len(m.learners):
-            return False  # the group pins its members, not us (yet)
-        # An empty log: a fresh directory, or a wiped one that has not heard
-        # from a leader yet. It votes only where nothing was ever written.
-        return self.log.last_index > 0 or msg.last_index == 0
+        # Pinned to another directory: we lost our disk, and with it what we voted for.
+        return m.identity_matches(self.id, self._dir)
 
     def _refuse_change(self, current: Membership, new: Membership) -> str | None:
         """Why `new` may not follow `current` now, or None."""
@@ -661,6 +657,10 @@ class RaftNode:
             assert learner is not None and voter is not None
             if learner.directory_id not in (UNPINNED, voter.directory_id):
                 return f"node {node_id} would change its directory while promoted"
+            if self._dir and voter.directory_id == UNPINNED:
+                # Its votes would not count (election.VoteTally) until pinned,
+                # which the leader does as soon as it hears from it.
+                return f"learner {node_id} is not pinned yet"
             heard = self._heard.get(node_id, 0)
             if voter.directory_id not in (UNPINNED, heard):
                 return (f"learner {node_id} answers from directory {heard}, "
@@ -670,6 +670,9 @@ class RaftNode:
             if self.commit - match > self.config.promote_lag_max:
                 return (f"learner {node_id} has not caught up (match {match}, "
                         f"commit {self.commit})")
+        if self._dir and _strict(current) and not _strict(new):
+            return ("fewer than a quorum of the new voters would be pinned (votes would "
+                    "not count): remove unpinned voters first, or wait for them to be pinned")
         for node_id in sorted(new.voter_ids & current.voter_ids):
             old_dir = current.member(node_id).directory_id  # type: ignore[union-attr]
             new_dir = new.member(node_id).directory_id  # type: ignore[union-attr]
@@ -1065,6 +1068,11 @@ class RaftNode:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _strict(m: Membership) -> bool:
+    """A quorum of `m`'s voters is pinned (`election.strict_identity`)."""
+    return strict_identity(m.voter_ids, {v.node_id: v.directory_id for v in m.voters})
 
 
 def _not_config(kind: int) -> None:

@@ -28,7 +28,8 @@ Rules
    but this node); a node need not be a voter itself (a learner, a joining
    node), and then the owner does not campaign. `pinned` maps a voter to the
    data directory it is known by (`dledger.membership`): a grant, or a
-   check-quorum answer, from another directory is not counted.
+   check-quorum answer, from another directory is not counted, and once a
+   quorum of voters is pinned only pinned voters' grants count (`VoteTally`).
 """
 
 from __future__ import annotations
