@@ -246,7 +246,11 @@ class RaftNode:
         self._membership: Membership = base
         self._membership_index = -1
         self._voter_pins: tuple[tuple[int, int], ...] = ()
+        self._unpinned: frozenset[int] = frozenset()
         self._sync_membership()
+        # Leader: the voters (node, pinned directory) its commit index was last
+        # counted over (the simulator checks the claim against them).
+        self.commit_voters: tuple[tuple[int, int], ...] = ()
 
     # ------------------------------------------------------------ observation
 
@@ -279,8 +283,9 @@ class RaftNode:
 
     @property
     def membership_pending(self) -> bool:
-        """The CONFIG entry in effect is not committed yet."""
-        return self._membership_index > self.commit
+        """The CONFIG entry in effect is not committed yet (the log's last
+        CONFIG entry: they are the same but under the `config_on_commit` bug)."""
+        return self.configs.current[0] > self.commit
 
     @property
     def committed_membership(self) -> Membership:
@@ -610,6 +615,7 @@ class RaftNode:
             m.node_id: m.directory_id for m in membership.voters + membership.learners}
         self.elector.configure(membership.voter_ids, pinned)
         self._voter_pins = tuple((m.node_id, m.directory_id) for m in membership.voters)
+        self._unpinned = frozenset(membership.unpinned())
         if self.role is Role.LEADER:
             members = membership.node_ids - {self.id}
             for gone in set(self.progress) - members:
@@ -637,11 +643,11 @@ class RaftNode:
 
     def _refuse_change(self, current: Membership, new: Membership) -> str | None:
         """Why `new` may not follow `current` now, or None."""
-        if self._membership_index > self.commit and not self.bugs.two_changes_at_once:
-            return (f"a configuration change is pending (entry {self._membership_index}, "
-                    f"commit {self.commit})")
         if self.commit < self._term_start:
             return "the leader has not committed an entry of its term yet"
+        if self.membership_pending and not self.bugs.two_changes_at_once:
+            return (f"a configuration change is pending (entry {self.configs.current[0]}, "
+                    f"commit {self.commit})")
         if new == current:
             return "the new configuration equals the current one"
         if not single_server_change(current, new):
@@ -657,6 +663,11 @@ class RaftNode:
             assert learner is not None and voter is not None
             if learner.directory_id not in (UNPINNED, voter.directory_id):
                 return f"node {node_id} would change its directory while promoted"
+            pr = self.progress.get(node_id)
+            match = pr.match if pr is not None else 0
+            if self.commit - match > self.config.promote_lag_max:
+                return (f"learner {node_id} has not caught up (match {match}, "
+                        f"commit {self.commit})")
             if self._dir and voter.directory_id == UNPINNED:
                 # Its votes would not count (election.VoteTally) until pinned,
                 # which the leader does as soon as it hears from it.
@@ -665,11 +676,6 @@ class RaftNode:
             if voter.directory_id not in (UNPINNED, heard):
                 return (f"learner {node_id} answers from directory {heard}, "
                         f"not {voter.directory_id}")
-            pr = self.progress.get(node_id)
-            match = pr.match if pr is not None else 0
-            if self.commit - match > self.config.promote_lag_max:
-                return (f"learner {node_id} has not caught up (match {match}, "
-                        f"commit {self.commit})")
         if self._dir and _strict(current) and not _strict(new):
             return ("fewer than a quorum of the new voters would be pinned (votes would "
                     "not count): remove unpinned voters first, or wait for them to be pinned")
@@ -694,7 +700,7 @@ class RaftNode:
     def _maybe_pin(self) -> None:
         """Leader: pin the unpinned members it has heard from (one entry at a time)."""
         if (not self._dir or self.elector.transferee or self.commit < self._term_start
-                or self._membership_index > self.commit or not self._membership.unpinned()):
+                or self.membership_pending or not self._unpinned):
             return
         new = self._pins_due()
         if new is not None:
@@ -974,6 +980,8 @@ class RaftNode:
             if pr.decrease(msg.index, match_hint):
                 self._send_append(msg.src)
             return
+        if msg.directory_id and msg.src in self._unpinned:
+            self._maybe_pin()  # first heard from: pin it (when no change is pending)
         if not pr.update(msg.index):
             return
         if pr.state is ProgressState.PROBE or pr.snapshot_done():
@@ -981,8 +989,8 @@ class RaftNode:
         # The new commit rides on the next append or heartbeat (rule 6).
         if self._maybe_commit():
             self._after_commit()
-            if self.role is not Role.LEADER:
-                return
+            if self.role is not Role.LEADER or msg.src not in self.progress:
+                return  # stepped down, or the commit took `msg.src` out of the group
         self._fill_window(msg.src)
         if self.elector.transferee == msg.src and pr.match == self.log.last_index:
             self._outbox.append(TimeoutNow(self.id, msg.src, self.term, directory_id=self._dir))
@@ -994,7 +1002,7 @@ class RaftNode:
         self._identify(pr, msg.directory_id)
         self.elector.mark_active(msg.src, msg.directory_id)
         pr.recent_active = True
-        if msg.src in self._membership.unpinned() and msg.directory_id:
+        if msg.directory_id and msg.src in self._unpinned:
             self._maybe_pin()
         if 0 <= msg.last_index < pr.match:
             pr.lost_tail(msg.last_index)
@@ -1039,6 +1047,7 @@ class RaftNode:
         if self.log.term(candidate) != self.term and not self.bugs.commit_old_term_by_counting:
             return False  # only current-term entries commit by counting (Figure 8)
         self.commit = candidate
+        self.commit_voters = self._voter_pins
         return True
 
     def _tick_resend(self) -> None:

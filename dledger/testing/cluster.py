@@ -550,11 +550,12 @@ class SimCluster:
         entries = self.entries_of(n, low + 1, node.commit + 1)
         self.checker.observe_committed(entries, node.term)
         if node.role is Role.LEADER:
-            # The leader counted its configuration's voters: check those. (A
-            # follower's configuration may lag the one its leader counted.)
+            # Check the claim over the voters the leader counted (its
+            # configuration when the index moved: the latest in its log, or
+            # under config_on_commit the committed one). A follower's
+            # configuration may lag the one its leader counted.
             last = entries[-1]
-            self._claim_voters = tuple(
-                (m.node_id, m.directory_id) for m in node.membership.voters)
+            self._claim_voters = node.commit_voters
             holders, abstaining = self._holders(self._claim_voters, last.index, last.term)
             self.checker.observe_leader_claim(n, last, holders, abstaining,
                                               len(self._claim_voters))
