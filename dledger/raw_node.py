@@ -334,8 +334,15 @@ class RaftNode:
     def tick(self) -> None:
         """One unit of logical time."""
         action = self.elector.tick()
-        if action & TickAction.CAMPAIGN and self._may_campaign():
-            self.campaign()
+        if action & TickAction.CAMPAIGN:
+            if self._may_campaign():
+                self.campaign()
+            else:
+                # A learner (or a node pinned elsewhere) heard no leader for an
+                # election timeout: it cannot campaign, but its leader lease
+                # is over, or it would ignore the candidates of newer terms
+                # forever (and one of them may need its vote once promoted).
+                self.elector.leader_id = 0
         if action & TickAction.STEPPED_DOWN:
             self.progress = {}
         if action & TickAction.HEARTBEAT:

@@ -281,10 +281,15 @@ class Elector:
                 # never learn of the new term; tell it so it steps down.
                 return False, HeartbeatResponse(src=self.node_id, dst=msg.src, term=self.term,
                                                 directory_id=self.directory_id)
-            if isinstance(msg, VoteRequest) and msg.pre_vote:
+            if isinstance(msg, VoteRequest):
+                # Tell a candidate of an older term about ours (Figure 2: reply
+                # false with currentTerm). Without it a candidate that only
+                # nodes of newer terms can hear (their configurations no longer
+                # list it, so they never ask it for votes) campaigns forever in
+                # its old term (found by the simulator with membership changes).
                 return False, VoteResponse(
-                    src=self.node_id, dst=msg.src, term=self.term, granted=False, pre_vote=True,
-                    directory_id=self.directory_id,
+                    src=self.node_id, dst=msg.src, term=self.term, granted=False,
+                    pre_vote=msg.pre_vote, directory_id=self.directory_id,
                 )
             return False, None
         return True, None

@@ -73,7 +73,8 @@ MIN_VOTERS = 3
 MAX_VOTERS = 5
 # Node ids a run may add on top of the bootstrap ones.
 MAX_ADDED = 4
-PLAN_DEADLINE_UNITS = 2000
+# A plan not done this long after it started (per step) is abandoned.
+STEP_DEADLINE_UNITS = 1200
 
 
 class MembershipHost(Protocol):
@@ -167,6 +168,7 @@ class MembershipSim:
         self._next_id = bootstrap_nodes + 1
         self._max_id = bootstrap_nodes + MAX_ADDED
         self.random_ops = True
+        self.healed = False
         if enabled:
             self.every_units = rng.choice((150, 300, 600))
             self.poll_units = rng.choice((20, 50))
@@ -189,12 +191,11 @@ class MembershipSim:
         self.cluster.call_at(self.rng.randint(1, self.poll_units), self._poll)
 
     def heal(self) -> None:
-        """The liveness phase: no new plans, ordinary plans abandoned, repairs
-        go on; removed nodes are decommissioned."""
+        """The liveness phase: no new plans; the plans begun or queued finish (or
+        hit their deadline) on the healed group; removed nodes are decommissioned,
+        now and as later plans remove them."""
         self.random_ops = False
-        if self.plan is not None and not self.plan.repair:
-            self._abandon("the group is healed")
-        self.queue = [p for p in self.queue if p.repair]
+        self.healed = True
         for n in sorted(self.removed):
             self.cluster.decommission(n)
 
@@ -329,7 +330,7 @@ class MembershipSim:
             if not self.queue or self.queue[0].not_before > cluster.now:
                 return
             self.plan = self.queue.pop(0)
-            self.plan.deadline = cluster.now + PLAN_DEADLINE_UNITS
+            self.plan.deadline = cluster.now + STEP_DEADLINE_UNITS * len(self.plan.steps)
         plan = self.plan
         leader = self._leader()
         if leader is None:
@@ -379,6 +380,8 @@ class MembershipSim:
             self.removed.add(step.node)
             self.stats.removed += 1
             self.awaiting_repair.discard(step.node)
+            if self.healed:
+                self.cluster.decommission(step.node)
 
     def _done(self, step: Step, config: Membership) -> bool:
         n = step.node
