@@ -302,17 +302,15 @@ class Elector:
         own_last_index: int,
         own_last_term: int,
         check_log: bool = True,
-        allowed: bool = True,
     ) -> VoteResponse:
         """Answer a vote request that passed `filter_term`, recording a real vote.
 
         `check_log=False` exists only for bug injection (a vote without the
         up-to-date check lets a stale node win and lose committed entries).
-        `allowed=False`: the owner refuses whatever the rules below say (the
-        membership rules: a candidate from another data directory than the
-        one it is pinned to, or this node's own directory not entitled to vote).
+        Identity is not checked here: the candidate counts only the votes of
+        the directories it knows (`VoteTally`).
         """
-        can_vote = allowed and (
+        can_vote = (
             self.vote == request.src
             or (self.vote == 0 and self.leader_id == 0)
             or (request.pre_vote and request.term > self.term)

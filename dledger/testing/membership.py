@@ -28,7 +28,7 @@ deadline is abandoned (partitions may make it impossible), except repairs.
 
 Wipes pick a member pinned in the committed configuration, only while every
 voter is pinned to the disk it has, never while another wiped node awaits
-repair, and never while another voter holds no durable entry: a wipe is one
+repair, and never while another running node holds no durable entry: a wipe is one
 fault, and the group is built to survive one (docs/raft.md, "Identity":
 with a majority of empty disks nothing can tell a wiped node from a fresh
 one, and once a voter is pinned only pinned voters' votes count, so a wipe
@@ -295,11 +295,15 @@ class MembershipSim:
         if self.awaiting_repair:
             return None
         for m in current.voters:
-            v = m.node_id
-            if v in cluster.stopped or cluster.disks[v].durable_last() == (0, 0):
-                return None  # another voter holds nothing: a wipe could go unnoticed
-            if m.directory_id != cluster.directory.get(v):
+            if m.node_id in cluster.stopped or m.directory_id != cluster.directory.get(m.node_id):
                 return None  # a voter not pinned (to the disk it has) counts for nothing
+        for n in cluster.node_ids:
+            if (n not in cluster.stopped and n not in cluster.decommissioned
+                    and cluster.disks[n].durable_last() == (0, 0)):
+                # An empty disk next to a wiped one: two nodes that look like
+                # a fresh group to each other (even a removed node whose
+                # stale configuration lists them both).
+                return None
         pinned = [m.node_id for m in current.voters + current.learners
                   if m.directory_id and m.directory_id == cluster.directory.get(m.node_id)
                   and m.node_id not in cluster.stopped]

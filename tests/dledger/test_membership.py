@@ -317,30 +317,60 @@ def test_vote_tally_counts_identities() -> None:
     assert loose.granted_by() == {1, 3}
 
 
-def test_a_candidate_from_another_directory_is_refused() -> None:
-    storage = MemoryLogStorage(HardState(1, 0, 0), log_of((1, EntryKind.CONFIG, encode(PINNED))))
-    node = RaftNode(Config(2, frozenset({1, 2, 3}), election=ELECTION, directory_id=22),
-                    storage, random.Random(2), PLACE)
-    node.step(VoteRequest(3, 2, 2, 5, 1, directory_id=34))
-    ready = node.ready()
-    votes = [m for m in ready.messages + ready.messages_after_persist
-             if isinstance(m, VoteResponse)]
-    assert votes and not votes[0].granted and votes[0].directory_id == 22
-    assert node.elector.vote == 0
+def test_a_candidate_is_judged_by_its_log_not_by_a_pin_this_voter_may_lag() -> None:
+    """A wiped candidate campaigns from an empty log and the log rule refuses it;
+    a rejoined and promoted one this voter lags behind (it still has the old
+    pin) gets the vote: refusing it could leave the group without a leader."""
+
+    def vote(request: VoteRequest) -> VoteResponse:
+        storage = MemoryLogStorage(HardState(1, 0, 0),
+                                   log_of((1, EntryKind.CONFIG, encode(PINNED))))
+        node = RaftNode(Config(2, frozenset({1, 2, 3}), election=ELECTION, directory_id=22),
+                        storage, random.Random(2), PLACE)
+        node.step(request)
+        ready = node.ready()
+        votes = [m for m in ready.messages + ready.messages_after_persist
+                 if isinstance(m, VoteResponse)]
+        assert len(votes) == 1 and votes[0].directory_id == 22
+        return votes[0]
+
+    assert not vote(VoteRequest(3, 2, 2, 0, 0, directory_id=34)).granted
+    assert vote(VoteRequest(3, 2, 2, 9, 2, directory_id=34)).granted
 
 
-def test_a_node_pinned_to_another_directory_neither_votes_nor_campaigns() -> None:
+def test_a_node_pinned_to_another_directory_does_not_campaign() -> None:
+    """A wiped node that re-read the log's pins knows it: it never campaigns.
+    It may still grant votes (its log decides), and they carry its new
+    directory, which no candidate that knows the pin counts."""
     storage = MemoryLogStorage(HardState(1, 0, 0), log_of((1, EntryKind.CONFIG, encode(PINNED))))
     wiped = RaftNode(Config(3, frozenset({1, 2, 3}), election=ELECTION, directory_id=34),
                      storage, random.Random(3), PLACE)
     assert not wiped.elector.is_voter()
     wiped.campaign()
+    for _ in range(40):
+        wiped.tick()
     assert wiped.role is Role.FOLLOWER and wiped.term == 1
     wiped.step(VoteRequest(2, 3, 2, 5, 1, directory_id=22))
     ready = wiped.ready()
     votes = [m for m in ready.messages + ready.messages_after_persist
              if isinstance(m, VoteResponse)]
-    assert votes and not votes[0].granted
+    assert votes and votes[0].granted and votes[0].directory_id == 34
+    tally = VoteTally(PINNED.voter_ids, {m.node_id: m.directory_id for m in PINNED.voters})
+    tally.record(2, True, 22)
+    assert tally.record(3, True, 34) is VoteOutcome.PENDING
+
+
+def test_an_empty_log_asks_before_it_raises_its_term() -> None:
+    """With identity tracked, a node with an empty log pre-votes even with pre-vote off."""
+    storage = MemoryLogStorage()
+    node = RaftNode(Config(3, frozenset({1, 2, 3}), election=ELECTION, directory_id=34),
+                    storage, random.Random(3), PLACE)
+    node.campaign()
+    assert node.role is Role.PRE_CANDIDATE and node.term == 0
+    plain = RaftNode(Config(3, frozenset({1, 2, 3}), election=ELECTION), MemoryLogStorage(),
+                     random.Random(3), PLACE)
+    plain.campaign()
+    assert plain.role is Role.CANDIDATE and plain.term == 1
 
 
 def test_every_message_carries_the_directory_id() -> None:
