@@ -382,9 +382,14 @@ def _quorum_stopped(cluster: SimCluster) -> bool:
 def _converged(cluster: SimCluster) -> bool:
     nodes = cluster.alive()
     leaders = [n for n in nodes if n.role is Role.LEADER]
-    if len(nodes) != len(cluster.running_ids()) or len(leaders) != 1:
+    if len(nodes) != len(cluster.running_ids()) or not leaders:
         return False
-    leader = leaders[0]
+    leader = max(leaders, key=lambda n: n.term)
+    # A node outside the leader's configuration may still believe it leads
+    # an older term (removed before it heard so, without check-quorum): it
+    # can commit nothing, and nobody it could reach answers in its term.
+    if any(n is not leader and n.id in leader.membership.node_ids for n in leaders):
+        return False
     if leader.log.last_term() != leader.term or leader.commit != leader.log.last_index:
         return False
     if leader.membership_pending or not cluster.members.settled():
@@ -417,7 +422,7 @@ def _final_checks(cluster: SimCluster) -> str | None:
     leaders = [node for node in cluster.alive() if node.role is Role.LEADER]
     if not leaders:
         return None  # a quorum stopped (flush=async): nothing left to compare
-    leader = leaders[0]
+    leader = max(leaders, key=lambda n: n.term)
     # Whole logs: the entries a node's snapshot covers, then those it stores,
     # of every member (a node outside the configuration is no longer replicated to).
     members = leader.membership.node_ids
