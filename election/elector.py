@@ -276,9 +276,14 @@ class Elector:
             )
             return True, None
         if msg.term < self.term:
-            if msg.from_leader and (self.config.check_quorum or self.config.pre_vote):
+            if msg.from_leader and (self.config.check_quorum or self.config.pre_vote
+                                    or not self.is_voter()):
                 # A deposed leader (or one cut off by pre-vote) would otherwise
-                # never learn of the new term; tell it so it steps down.
+                # never learn of the new term; tell it so it steps down. Without
+                # either, a voter's next campaign carries its term to the
+                # group, but a learner never campaigns: it must answer, or a
+                # learner whose term ran ahead (stale candidates' requests)
+                # is never replicated to again (simulator, seed 1839 on 5 nodes).
                 return False, HeartbeatResponse(src=self.node_id, dst=msg.src, term=self.term,
                                                 directory_id=self.directory_id)
             if isinstance(msg, VoteRequest):
