@@ -630,6 +630,11 @@ class RaftNode:
         self.elector.configure(membership.voter_ids, pinned)
         self._voter_pins = tuple((m.node_id, m.directory_id) for m in membership.voters)
         self._unpinned = frozenset(membership.unpinned())
+        # A node that left the configuration forgets its directory: the same
+        # id added again later is a new machine, to be pinned to what it
+        # answers from then, not to its previous life's directory.
+        for gone in set(self._heard) - membership.node_ids:
+            del self._heard[gone]
         if self.role is Role.LEADER:
             members = membership.node_ids - {self.id}
             for gone in set(self.progress) - members:

@@ -390,3 +390,33 @@ def test_without_identity_nothing_is_pinned() -> None:
     assert not node.membership.voters[0].directory_id
     first = node.log.entry(1)
     assert first.kind == EntryKind.NOOP  # no pins: the first entry stays a NOOP
+
+
+def test_a_removed_node_added_again_is_pinned_to_its_new_directory() -> None:
+    """Found by the chaos harness's churn: the leader remembered the directory a
+    removed node had answered from, pinned the same id re-added as a new
+    machine to it, and refused every promotion of it."""
+    env = cluster()
+    node = leader(env)
+    env.handle("add-node 4")
+    node.propose_membership(add_learner(node.membership, Member(4)))
+    env.handle("stabilize")
+    first = node.membership.member(4)
+    assert first is not None and first.directory_id == 401
+    node.propose_membership(remove(node.membership, 4))
+    env.handle("stabilize")
+    assert 4 not in node.membership.node_ids
+    env.handle("wipe 4")  # the same id comes back as a new machine
+    env.handle("isolate 4")
+    node.propose_membership(add_learner(node.membership, Member(4)))
+    env.handle("stabilize")
+    member = node.membership.member(4)
+    assert member is not None and member.directory_id == 0  # not its old directory
+    env.handle("heal")
+    env.handle("tick 1")
+    env.handle("stabilize")
+    member = node.membership.member(4)
+    assert member is not None and member.directory_id not in (0, 401)
+    node.propose_membership(promote(node.membership, 4))
+    env.handle("stabilize")
+    assert 4 in node.membership.voter_ids
