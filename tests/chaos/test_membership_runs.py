@@ -1,11 +1,14 @@
 """Membership changes under load, on real broker processes in a network namespace.
 
-Each run is a real group (NameServer, 3 or 5 brokers, spares started when
-they join), a real workload, and membership changes made through the nodes'
-admin apps while the producers send: replace every node one by one, grow
-3 -> 5, shrink 5 -> 3, remove the leader, wipe a follower's disk and repair
-it (and damage one so that `ledgermq node repair` must set it aside), and
-random churn mixed with kills and partitions. Every run must lose nothing
+Each run is a real group (NameServer, 3 brokers, spares started when they
+join), a real workload, and membership changes made through the nodes'
+admin apps while the producers send: replace every node one by one, wipe a
+follower's disk and repair it, and random churn mixed with kills and
+partitions. (CI budget: three runs. Grow 3 -> 5, shrink 5 -> 3, remove the
+leader and a damaged node repaired through `ledgermq node repair` are the
+other cells of `ledgermq chaos matrix --membership`, whose results are in
+docs/chaos.md; tests/ops/test_members.py makes the same changes through the
+CLI on a real deployment.) Every run must lose nothing
 acknowledged, duplicate nothing, carry out every step of its plan and end in
 the configuration intended; the plan runs end as soon as their plan is done
 (`--time-limit` is only their cap).
@@ -14,8 +17,6 @@ the configuration intended; the plan runs end as soon as their plan is done
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -87,37 +88,7 @@ def test_replace_every_node_of_a_three_node_group(tmp_path: Path) -> None:
     assert data_nodes(tmp_path, "removed") == ["n1", "n2", "n3"]
 
 
-def test_grow_three_to_five(tmp_path: Path) -> None:
-    needs_netns()
-    changes = assert_clean(membership_run(tmp_path, "grow:target=5"))
-    assert [(s["step"], s["nodes"]["node"]) for s in changes["steps"]] == [("add", 4),
-                                                                           ("add", 5)]
-    assert changes["final"]["voters"] == [1, 2, 3, 4, 5]
-    assert changes["route_nodes"] == [1, 2, 3, 4, 5]
 
-
-def test_shrink_five_to_three(tmp_path: Path) -> None:
-    needs_netns()
-    results = membership_run(tmp_path, "shrink:target=3", nodes=5)
-    changes = assert_clean(results)
-    removed = [s["nodes"]["node"] for s in changes["steps"]]
-    assert len(removed) == 2 and sorted(changes["removed"]) == sorted(removed)
-    assert changes["final"]["voters"] == sorted(set(range(1, 6)) - set(removed))
-    # Removed nodes are gone: not expected up, not expected to converge.
-    assert sorted(results["nodes"]["final"]) == [str(n) for n in changes["final"]["voters"]]
-    assert sorted(results["phases"]["convergence"]["nodes"]) == changes["final"]["voters"]
-
-
-def test_remove_the_leader(tmp_path: Path) -> None:
-    """Three voters: a spare joins first, then the leader hands over and is removed."""
-    needs_netns()
-    changes = assert_clean(membership_run(tmp_path, "remove-leader:count=1"))
-    add, remove = changes["steps"]
-    assert add["step"] == "add" and add["nodes"]["node"] == 4
-    assert remove["step"] == "remove-leader"
-    leader = remove["nodes"]["node"]
-    assert remove["checks"]["new_leader"] not in (None, leader)
-    assert leader not in changes["final"]["voters"] and len(changes["final"]["voters"]) == 3
 
 
 def test_a_wiped_node_cannot_vote_until_it_rejoins(tmp_path: Path) -> None:
@@ -140,27 +111,6 @@ def test_a_wiped_node_cannot_vote_until_it_rejoins(tmp_path: Path) -> None:
     assert [e["action"] for e in step["entries"]][-2:] == ["rejoin", "promote"]
     assert data_nodes(tmp_path, "wiped") == [f"n{node}"]  # kept, not deleted
 
-
-def test_a_damaged_node_is_repaired_through_the_cli(tmp_path: Path) -> None:
-    """`ledgermq chaos run` end to end: the damaged node refuses to start,
-    `ledgermq node repair` sets its directory aside, it rejoins; exit status 0."""
-    needs_netns()
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "ledgermq.cli", "chaos", "run", "--nodes", "3", "--nemesis",
-         "wipe-repair:mode=corrupt", "--time-limit", "40", "--rate", "40", "--on", "4",
-         "--off", "3", "--producers", "2", "--consumers", "1", "--seed", "5", "--out",
-         str(out)], capture_output=True, text=True, timeout=280)
-    results = json.loads((out / "results.json").read_text())
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert "membership: repair" in proc.stdout and "gap" in proc.stdout
-    changes = assert_clean(results)
-    [step] = changes["steps"]
-    assert step["checks"]["refused_to_start"]["refused"] is True
-    repair = step["checks"]["node_repair"]
-    assert repair["exit_status"] == 0 and repair["set_aside"], repair
-    assert all(Path(p).is_dir() for p in repair["set_aside"])  # the damaged files, kept
-    assert step["checks"]["identity_mismatch_seen"] is True
 
 
 def test_random_churn_with_kills_and_partitions(tmp_path: Path) -> None:
