@@ -12,6 +12,9 @@ virtual time one running node compacts, and now and then a follower lags:
   (`CommitLog.delete_before`), as the broker's retention does. Committed
   entries that go are remembered (`World.compacted`) for the final checks,
   which then cover the whole history, not only what the leader still holds.
+  The snapshot records the configuration in effect at its index
+  (`RaftGroupNode.membership_at`, as the broker's snapshotter does), checked
+  against the committed one there (membership runs, flush=sync).
 - *lag*: a follower is cut off both ways for 1.5-4 s, long enough for the
   others to compact past it; it catches up by snapshot install (the
   runtime's transfer, then `CommitLog.install` and the applier's `install`).
@@ -28,6 +31,7 @@ import random
 
 from commitlog.errors import StorageError
 from commitlog.snapshot import write_snapshot
+from dledger.membership import encode
 from dledger.testing.nodesim.apply import SnapshotApplier, digest, read_committed
 from dledger.testing.nodesim.world import Slot, World
 
@@ -55,12 +59,12 @@ async def compactor(h: World, until: float) -> None:
 
 def _lag(h: World, rng: random.Random, lagging: set[tuple[int, int]]) -> float:
     leader = h.leader()
-    followers = [n for n in h.slots if leader is None or n != leader.nid]
+    followers = [s.nid for s in h.in_play() if leader is None or s.nid != leader.nid]
     if not followers:
         return 0.0
     nid = rng.choice(followers)
     for other in h.slots:
-        if other != nid:
+        if other != nid:  # (every node: a spare added meanwhile is cut off too)
             for link in ((nid, other), (other, nid)):
                 if link not in h.net.blocked:
                     h.net.blocked.add(link)
@@ -90,9 +94,12 @@ def compact(h: World, slot: Slot) -> None:
         return
     term, end = log.term_at(index), log.entry_end(index)
     faults_before = h.fs.node_faults(slot.data_dir)
+    membership = node.membership_at(index)
+    h.check_snapshot_membership(slot, index, encode(membership), "wrote")
     try:
         info = write_snapshot(slot.data_dir, index, term, end, state,
-                              created_ms=int(h.clock.now * 1000))
+                              created_ms=int(h.clock.now * 1000),
+                              membership=encode(membership))
         node.note_snapshot(info)
         h.counts["snapshots"] += 1
         target = log.segments.base_of(end - 1)
@@ -116,6 +123,8 @@ def compact(h: World, slot: Slot) -> None:
             h.fail(f"n{slot.nid} deleted committed entry {entry.index} (term {entry.term}), "
                    f"but another node deleted {known} there")
             return
+        if h.membership and h.flush == "sync":
+            h.configs.note_committed(entry.index, entry.term)
     h.counts["compactions"] += 1
     h.counts["segments_deleted"] += deleted
     h.trace(f"n{slot.nid} snapshot {index} (term {term}); log now {log.first_index}.."
