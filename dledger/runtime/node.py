@@ -759,11 +759,15 @@ class RaftGroupNode:
         """Whether an inbound connection from a node not among the transport's
         peers is taken: a member, or a node never seen in any configuration
         (added by a configuration this node has not received yet); never a
-        node that was a member and was removed."""
+        node whose removal is committed. A removal only appended may still be
+        undone by the very node it removes: if that node wins the next
+        election, it must reach this one to truncate the entry."""
         core = self._core
         if core is None:
             return node_id in self.config.peers
-        return node_id in core.membership.node_ids or node_id not in self._known_nodes
+        return (node_id in core.membership.node_ids
+                or node_id in core.committed_membership.node_ids
+                or node_id not in self._known_nodes)
 
     def _connected(self, peer: int) -> bool:
         connected = getattr(self._transport, "connected", None)
