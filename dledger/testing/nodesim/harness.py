@@ -267,12 +267,14 @@ class Harness:
 
         def transport(group: str, node_id: int, peers: Any, deliver: Any,
                       bind_host: Any) -> SimTransport:
-            return SimTransport(self.net, node_id, loop, deliver,
-                                self._observe_send, self.stale_appends,
-                                bootstrap_peers=peers, open_peers=self.open_peers,
+            made = SimTransport(self.net, node_id, loop, deliver, self._observe_send,
+                                self.stale_appends, open_peers=self.open_peers,
                                 directory_id=directory_id)
+            transports.append(made)
+            return made
 
         directory_id = slot.directory_id
+        transports: list[SimTransport] = []
 
         def installed(info: SnapshotInfo) -> None:
             self.counts["installs"] += 1
@@ -293,6 +295,9 @@ class Harness:
             node = loop.run_sync(lambda: RaftGroupNode(
                 self.node_config(slot), lambda entries: holder[0].apply(entries), io=io,
                 on_install=installed))
+            # The predicate the runtime hands `PeerTransport` (which nodes
+            # not in the configuration it takes connections from).
+            transports[0].accept_peer = node._accept_peer
             factory = self.options.applier or RecordingApplier
             applier = factory(node.log, slot.data_dir, record)
             holder.append(applier)

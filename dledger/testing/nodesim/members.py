@@ -33,10 +33,13 @@ converges only once every wiped node is repaired.
 
 Wipes pick a member pinned to the disk it holds, and only while every voter
 of the committed configuration is up, pinned to its disk, and holds that
-configuration durably, and no other wiped node waits for its repair: a wipe
-is one fault, and the group is built to survive one (with a majority of
-empty disks nothing can tell a wiped node from a fresh one). Every draw
-comes from the run's membership rng.
+configuration durably, every other bootstrap node is up with a durable
+entry, and no other wiped node waits for its repair: a wipe is one fault,
+and the group is built to survive one. With a majority of empty disks
+nothing can tell a wiped node from a fresh one: an empty log reads as the
+bootstrap configuration, whose voters then include the wiped node and any
+other bootstrap node with an empty disk, removed or not (docs/raft.md,
+"Identity"). Every draw comes from the run's membership rng.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from dledger.membership import (
 )
 from dledger.raw_node import MembershipChangeRefused
 from dledger.runtime.node import NotLeaderError, ProposalUnknown, RaftGroupNode
-from dledger.testing.nodesim.durability import durable
+from dledger.testing.nodesim.durability import durable, durable_last
 from dledger.testing.nodesim.world import Slot, World
 
 # Plan kinds and their weights ("wipe" weighs what the seed draws).
@@ -276,7 +279,19 @@ class MembershipDriver:
         pinned = [h.slots[m.node_id] for m in current.voters + current.learners
                   if m.directory_id == h.slots[m.node_id].directory_id
                   and h.slots[m.node_id].state == "up"]
-        return self.rng.choice(pinned) if pinned else None
+        if not pinned:
+            return None
+        target = self.rng.choice(pinned)
+        for slot in h.slots.values():
+            if slot is not target and slot.nid in h.configs.bootstrap.voter_ids and (
+                    slot.state != "up" or slot.node is None
+                    or durable_last(h, slot) == (0, 0)):
+                # A node whose log is empty (or may be: it is down) sees the
+                # bootstrap configuration, and so would the wiped node: two
+                # empty logs of it are a quorum that looks like a fresh group
+                # to each other, even when one of them was removed long ago.
+                return None
+        return target
 
     def _wipe(self, current: Membership) -> None:
         found = self._leader()

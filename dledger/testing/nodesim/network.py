@@ -17,13 +17,13 @@ that the real transport does would.
 
 Membership: like `PeerTransport`, a `SimTransport` talks to the members of
 its node's configuration (`set_peers`) and admits a message from a node it
-does not list only if that node was never in any configuration it was
-given (nor among its bootstrap peers): a member it has not heard of yet, which
-it then answers (a *learned* peer); a node that was a member and was removed
-is refused, so a removed node that keeps running is cut off by every node
-that knows of its removal. `open_peers` lifts both filters (everything is
-delivered and sent, whatever the configuration), for the seeds that test
-the core alone against a removed node's messages.
+does not list only if the node's own `accept_peer` predicate (the one the
+runtime hands `PeerTransport`, set by the harness) admits it: a member it
+has not heard of yet, which it then answers (a *learned* peer); a node whose
+removal it knows is refused, so a removed node that keeps running is cut off
+by every node that knows of its removal. `open_peers` lifts both filters
+(everything is delivered and sent, whatever the configuration), for the
+seeds that test the core alone against a removed node's messages.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,8 +168,7 @@ class SimTransport:
                  deliver: Callable[[list[Message]], None],
                  observe: Callable[[int, Sequence[Message]], None] | None = None,
                  extra: Callable[[int, Sequence[Message]], list[Message]] | None = None,
-                 bootstrap_peers: Iterable[int] = (), open_peers: bool = False,
-                 directory_id: int = 0) -> None:
+                 open_peers: bool = False, directory_id: int = 0) -> None:
         self._network = network
         self._observe = observe
         # Legal messages the node could have sent along with these (the
@@ -185,9 +184,10 @@ class SimTransport:
         # like the TCP transport, nothing goes to a node outside it but the
         # learned ones (see the module docstring).
         self._peers: frozenset[int] | None = None
-        self._known: set[int] = set(bootstrap_peers)
         self._learned: set[int] = set()
         self._open = open_peers
+        # `RaftGroupNode._accept_peer`, once the node is built (None: admit).
+        self.accept_peer: Callable[[int], bool] | None = None
         # Stamped on every message sent, as `PeerTransport` does: the
         # snapshot transfer's messages leave under the node's directory too.
         self._stamp = directory_id or None
@@ -223,21 +223,22 @@ class SimTransport:
 
     def set_peers(self, peers: Mapping[int, tuple[str, int]]) -> None:
         self._peers = frozenset(peers) - {self._node_id}
-        self._known |= self._peers
-        # A learned node that a configuration listed and dropped is refused.
-        self._learned = {n for n in self._learned if n in self._peers or n not in self._known}
+        # Learned peers stay while the predicate admits them.
+        self._learned = {n for n in self._learned if n in self._peers or self._accepts(n)}
 
     def admits(self, src: int) -> bool:
         """Whether a message from `src` is taken (`PeerTransport`'s HELLO
-        check with the node's `accept_peer`); an admitted unlisted sender is
-        answered from now on."""
+        check); an admitted unlisted sender is answered from now on."""
         if self._peers is None or src in self._peers:
             return True
-        if src in self._known:
+        if not self._accepts(src):
             self.refused += 1
-            return False  # a member once, removed since
+            return False
         self._learned.add(src)
         return True
+
+    def _accepts(self, node_id: int) -> bool:
+        return self.accept_peer is None or self.accept_peer(node_id)
 
     def _routable(self, dst: int) -> bool:
         return self._open or self._peers is None or dst in self._peers or dst in self._learned
