@@ -217,7 +217,7 @@ class MembershipDriver:
             return room >= 1 and count < MAX_VOTERS and bool(voters)
         if op == "resize":
             return (count <= MIN_VOTERS and room >= MAX_VOTERS - count) or count > MIN_VOTERS
-        return self._wipe_target(current, leader) is not None
+        return bool(self._wipe_targets(current, leader))
 
     def _plan_for(self, op: str, voters: list[int], learners: list[int]) -> Plan:
         rng = self.rng
@@ -266,40 +266,37 @@ class MembershipDriver:
 
     # ----------------------------------------------------------------- wipes
 
-    def _wipe_target(self, current: Membership, leader: RaftGroupNode) -> Slot | None:
+    def _wipe_targets(self, current: Membership, leader: RaftGroupNode) -> list[Slot]:
+        """The members a wipe may hit now (see the module docstring)."""
         h = self.h
         core = leader.core
         if h.repairs_pending or core is None or core.membership_pending:
-            return None
+            return []
         for m in current.voters:
             slot = h.slots[m.node_id]
             if slot.state != "up" or slot.node is None or m.directory_id != slot.directory_id \
                     or not durable(h, slot, core.membership_index):
-                return None  # a voter that is down, unpinned, or could lose the pins
-        pinned = [h.slots[m.node_id] for m in current.voters + current.learners
-                  if m.directory_id == h.slots[m.node_id].directory_id
-                  and h.slots[m.node_id].state == "up"]
-        if not pinned:
-            return None
-        target = self.rng.choice(pinned)
-        for slot in h.slots.values():
-            if slot is not target and slot.nid in h.configs.bootstrap.voter_ids and (
-                    slot.state != "up" or slot.node is None
-                    or durable_last(h, slot) == (0, 0)):
-                # A node whose log is empty (or may be: it is down) sees the
-                # bootstrap configuration, and so would the wiped node: two
-                # empty logs of it are a quorum that looks like a fresh group
-                # to each other, even when one of them was removed long ago.
-                return None
-        return target
+                return []  # a voter that is down, unpinned, or could lose the pins
+        # A node whose log is empty (or may be: it is down) sees the bootstrap
+        # configuration, and so would the wiped node: two empty logs of it
+        # are a quorum that looks like a fresh group to each other, even when
+        # one of them was removed long ago.
+        blank = {slot.nid for slot in h.slots.values()
+                 if slot.nid in h.configs.bootstrap.voter_ids
+                 and (slot.state != "up" or slot.node is None
+                      or durable_last(h, slot) == (0, 0))}
+        return [h.slots[m.node_id] for m in current.voters + current.learners
+                if m.directory_id == h.slots[m.node_id].directory_id
+                and h.slots[m.node_id].state == "up" and not blank - {m.node_id}]
 
     def _wipe(self, current: Membership) -> None:
         found = self._leader()
-        if found is None or found[1].core is None:
+        if found is None:
             return
-        target = self._wipe_target(current, found[1])
-        if target is None:
+        targets = self._wipe_targets(current, found[1])
+        if not targets:
             return
+        target = self.rng.choice(targets)
         was_voter = target.nid in current.voter_ids
         self.h.wipe(target)
         self.h.repairs_pending.add(target.nid)
