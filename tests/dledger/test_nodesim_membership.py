@@ -22,7 +22,7 @@ from ledgermq.broker.nodesim_apply import BrokerApplier
 from ledgermq.cli import app
 from ledgermq.cli.commands.sim_real_node import seed_options
 
-SEEDS_3 = range(1, 31)
+SEEDS_3 = range(41, 71)
 SEEDS_5 = range(1, 11)
 COMPACTION_SHARE = 0.5
 BUG_BUDGET = 100  # seeds per switch

@@ -265,6 +265,9 @@ class Harness:
             if slot.node is not None:  # applied live, not replayed at start
                 check_acked(self, slot, entry.index, entry.term, "applied")
 
+        directory_id = slot.directory_id  # (this incarnation's: a wipe replaces it)
+        transports: list[SimTransport] = []
+
         def transport(group: str, node_id: int, peers: Any, deliver: Any,
                       bind_host: Any) -> SimTransport:
             made = SimTransport(self.net, node_id, loop, deliver, self._observe_send,
@@ -272,9 +275,6 @@ class Harness:
                                 directory_id=directory_id)
             transports.append(made)
             return made
-
-        directory_id = slot.directory_id
-        transports: list[SimTransport] = []
 
         def installed(info: SnapshotInfo) -> None:
             self.counts["installs"] += 1

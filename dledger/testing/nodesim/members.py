@@ -39,7 +39,10 @@ and the group is built to survive one. With a majority of empty disks
 nothing can tell a wiped node from a fresh one: an empty log reads as the
 bootstrap configuration, whose voters then include the wiped node and any
 other bootstrap node with an empty disk, removed or not (docs/raft.md,
-"Identity"). Every draw comes from the run's membership rng.
+"Identity"). No wipes under flush=async: there a power cut of a quorum may
+take committed entries, which stops a node on the divergence for good, and
+with a wiped voter besides, a three-voter group has no quorum left to repair
+either. Every draw comes from the run's membership rng.
 """
 
 from __future__ import annotations
@@ -270,7 +273,7 @@ class MembershipDriver:
         """The members a wipe may hit now (see the module docstring)."""
         h = self.h
         core = leader.core
-        if h.repairs_pending or core is None or core.membership_pending:
+        if h.flush != "sync" or h.repairs_pending or core is None or core.membership_pending:
             return []
         for m in current.voters:
             slot = h.slots[m.node_id]
