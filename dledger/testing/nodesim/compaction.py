@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import random
 
+import commitlog
 from commitlog.errors import StorageError
 from commitlog.snapshot import write_snapshot
 from dledger.membership import encode
@@ -105,7 +106,11 @@ def compact(h: World, slot: Slot) -> None:
         target = log.segments.base_of(end - 1)
         if target <= log.segments.bases[0]:
             return
-        going = read_committed(log, log.first_index, index)
+        going = [e for e in read_committed(log, log.first_index, index) if e.position < target]
+        # Remembered before the deletion: a fault may stop it halfway, with
+        # some of these segments already gone.
+        if not _remember(h, slot, going):
+            return
         deleted = log.delete_before(target)
     except (OSError, StorageError) as exc:
         if h.fs.node_faults(slot.data_dir) > faults_before:
@@ -115,17 +120,21 @@ def compact(h: World, slot: Slot) -> None:
             return
         h.fail(f"n{slot.nid} compaction at {index} failed: {exc!r}")
         return
-    for entry in going:
-        if entry.index >= log.first_index:
-            break
-        known = h.compacted.setdefault(entry.index, (entry.term, digest(entry.body)))
-        if h.flush == "sync" and known != (entry.term, digest(entry.body)):
-            h.fail(f"n{slot.nid} deleted committed entry {entry.index} (term {entry.term}), "
-                   f"but another node deleted {known} there")
-            return
-        if h.membership and h.flush == "sync":
-            h.configs.note_committed(entry.index, entry.term)
     h.counts["compactions"] += 1
     h.counts["segments_deleted"] += deleted
     h.trace(f"n{slot.nid} snapshot {index} (term {term}); log now {log.first_index}.."
             f"{log.last_index} ({deleted} segments deleted)")
+
+
+def _remember(h: World, slot: Slot, going: list[commitlog.Entry]) -> bool:
+    """Record committed entries the node is about to delete (`World.compacted`);
+    False on a violation (flush=sync: another node deleted another entry there)."""
+    for entry in going:
+        known = h.compacted.setdefault(entry.index, (entry.term, digest(entry.body)))
+        if h.flush == "sync" and known != (entry.term, digest(entry.body)):
+            h.fail(f"n{slot.nid} deleted committed entry {entry.index} (term {entry.term}), "
+                   f"but another node deleted {known} there")
+            return False
+        if h.membership and h.flush == "sync":
+            h.configs.note_committed(entry.index, entry.term)
+    return True

@@ -5,11 +5,13 @@ with; the harness fills it as things happen and never asks a node for it:
 
 - every CONFIG entry that any leader sent, by (index, term), decoded
   (`observe_entries`, from the AppendRequests the transports see: a
-  committed entry reached a quorum of at least three voters, so it left its
+  committed entry reached a quorum of at least two voters, so it left its
   leader in one);
-- the committed configurations, in index order (`note_committed`, from the
-  durability checks' record of committed terms), each checked to be a
-  single-server change of the one before (flush=sync: under flush=async a
+- the committed configurations (`note_committed`, from the durability
+  checks' record of committed terms and from compaction), checked in index
+  order once every index up to them was seen committed (`advance`: a node
+  that installed a snapshot skips ahead), each to be a single-server change
+  of the one before that re-pins no voter (flush=sync: under flush=async a
   power cut of a quorum may replace committed entries);
 - identity: the data directories that replaced a wiped one
   (`replacement_dirs`), until a CONFIG entry makes that directory a voter

@@ -59,6 +59,7 @@ from dledger.messages import (
     VoteRequest,
     VoteResponse,
 )
+from dledger.runtime.snapshot_transfer import SnapshotAck
 from dledger.testing.nodesim.world import Slot, World
 
 # (last term, last index) of a voter no candidate's log is as up to date as.
@@ -100,6 +101,13 @@ def observe_send(h: World, node_id: int, messages: Sequence[Message]) -> None:
     hs: HardState | None = None
     for msg in messages:
         if isinstance(msg, (VoteRequest, VoteResponse)) and msg.pre_vote:
+            continue
+        if isinstance(msg, SnapshotAck):
+            # A transfer acknowledgement echoes its offer's term and says only
+            # which bytes are staged (a node whose disk was just wiped answers
+            # the chunks of a transfer still aimed at its predecessor): the
+            # install itself is acknowledged by the core, after its term is
+            # durable.
             continue
         if hs is None:
             hs = durable_hard_state(h, slot)
