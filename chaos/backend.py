@@ -17,6 +17,19 @@ A spec with `secure=True` runs the cluster with authentication and TLS on
 every port: the backend makes the run's secrets and a throwaway CA at start
 (`chaos.security`) and `client_security` is what the harness's clients
 present.
+
+Membership changes (`chaos.membership`): a spec with `spares=K` knows K more
+nodes (ids `nodes+1 .. nodes+K`) whose addresses are in every node's
+`[peers]` but not in `initial_members`, so a spare never campaigns and waits
+to be added; spares are started on demand (`start_node`, like any node) and
+`admin=True` gives the NameServer and every node an admin app, through which
+the changes are made. The backend keeps the harness's view of the group:
+`node_ids` is the current members (what every other nemesis targets, what
+the final checks expect up and caught up), `removed` the nodes taken out of
+the group (stopped, their data set aside, never expected back). Data
+directories are never deleted: a wiped one is moved under `wiped/`, a
+removed node's under `removed/`, both in the run directory, so the audit of
+`data/` compares only the final members while nothing is lost for inspection.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ import abc
 import atexit
 import contextlib
 import itertools
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +48,8 @@ from chaos.readiness import Readiness
 from chaos.security import OPEN, ClientSecurity, SecurityFiles
 
 # Fault kinds a nemesis may need; the backend says which it can inject.
-FAULTS = ("partition", "loss", "delay", "kill", "pause", "power-loss", "file", "clock")
+FAULTS = ("partition", "loss", "delay", "kill", "pause", "power-loss", "file", "clock",
+          "membership")
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,24 @@ class ClusterSpec:
     # Authentication and TLS on every port (chaos.security): the backend makes
     # the run's secrets and certificates at start and configures every server.
     secure: bool = False
+    # Membership changes (chaos.membership): this many spare nodes known to
+    # everyone but not bootstrap members, and admin apps on every server.
+    spares: int = 0
+    admin: bool = False
+
+    def __post_init__(self) -> None:
+        if self.spares < 0:
+            raise ValueError("spares must be >= 0")
+
+    @property
+    def original_ids(self) -> list[int]:
+        """The bootstrap members (`initial_members`)."""
+        return list(range(1, self.nodes + 1))
+
+    @property
+    def all_ids(self) -> list[int]:
+        """Every node the run knows: the bootstrap members, then the spares."""
+        return list(range(1, self.nodes + self.spares + 1))
 
 
 class CannotInject(RuntimeError):
@@ -119,9 +152,79 @@ class Backend(abc.ABC):
     def _unregister(self) -> None:
         _live.discard(self)
 
+    # The harness's view of the group (see the module docstring): None until a
+    # membership change, then the members as the group last reported them.
+    _members: tuple[int, ...] | None = None
+    _removed: tuple[int, ...] = ()
+
     @property
     def node_ids(self) -> list[int]:
-        return list(range(1, self.spec.nodes + 1))
+        """The group's current members (the bootstrap members until a change)."""
+        if self._members is not None:
+            return list(self._members)
+        return self.spec.original_ids
+
+    @property
+    def all_node_ids(self) -> list[int]:
+        """Every node of the run, spares included."""
+        return self.spec.all_ids
+
+    @property
+    def removed(self) -> list[int]:
+        """Nodes taken out of the group (stopped; not expected back)."""
+        return list(self._removed)
+
+    def set_members(self, members: list[int] | set[int] | frozenset[int]) -> None:
+        """The group's members as it reported them after a change."""
+        unknown = set(members) - set(self.all_node_ids)
+        if unknown:
+            raise ValueError(f"nodes {sorted(unknown)} are not nodes of this run")
+        self._members = tuple(sorted(members))
+        self._removed = tuple(n for n in self._removed if n not in self._members)
+
+    def mark_removed(self, node: int) -> None:
+        """`node` left the group: not a member, not expected up at the end."""
+        if self._members is not None and node in self._members:
+            self._members = tuple(n for n in self._members if n != node)
+        elif self._members is None:
+            self._members = tuple(n for n in self.spec.original_ids if n != node)
+        if node not in self._removed:
+            self._removed = (*self._removed, node)
+
+    # membership support ------------------------------------------------------
+    def admin_url(self, node: int) -> str:
+        """The node's admin app (spec.admin): where membership changes are asked."""
+        raise CannotInject("membership changes: this backend has no admin apps for nodes")
+
+    @property
+    def namesrv_admin_url(self) -> str:
+        raise CannotInject("membership changes: this backend has no NameServer admin app")
+
+    def raft_address(self, node: int) -> str:
+        """Where the other members reach `node`'s Raft transport (`member add --address`)."""
+        raise CannotInject("membership changes: this backend cannot name Raft addresses")
+
+    def set_aside_data(self, node: int, why: str) -> Path | None:
+        """Move the (stopped) node's data directory out of `data/` into `<why>/`
+        of the run directory, so the node starts with an empty one; returns
+        where it went (None: it had none). Never deletes anything."""
+        raise CannotInject("membership changes: this backend cannot set data directories aside")
+
+    def provision(self, node: int) -> None:
+        """Make `node` ready to join as a new machine: a configuration in which it
+        is not a bootstrap member (so it waits to be added), no data directory."""
+        raise CannotInject("membership changes: this backend cannot provision nodes")
+
+    def stop_node(self, node: int, timeout: float = 15.0) -> bool:
+        """Stop the node gracefully (SIGTERM, then SIGKILL); True once it exited."""
+        if not self.node_alive(node):
+            return True
+        self.signal_node(node, signal.SIGCONT)  # a paused node cannot act on SIGTERM
+        self.signal_node(node, signal.SIGTERM)
+        if self.wait_node_exit(node, timeout):
+            return True
+        self.signal_node(node, signal.SIGKILL)
+        return self.wait_node_exit(node, 10.0)
 
     # lifecycle ---------------------------------------------------------------
     @abc.abstractmethod

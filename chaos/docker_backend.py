@@ -325,6 +325,8 @@ class DockerBackend(Backend):
         except RuntimeError as exc:
             caps["power-loss"] = caps["file"] = f"volume mountpoint unavailable: {exc}"
         caps["clock"] = "the image has no libfaketime; use the netns backend for clock faults"
+        caps["membership"] = ("spare nodes and membership changes are implemented for the netns "
+                              "backend only; use it for membership nemeses")
         self._caps = caps
         for fault, why in sorted(caps.items()):
             if why is not None:

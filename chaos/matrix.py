@@ -2,6 +2,7 @@
 
     python -m chaos.matrix --out chaos-matrix [--time-limit 60] [--only NAME,...]
                            [--security open|secure|open,secure] [--secure] [--retention]
+                           [--membership]
 
 Part 1 (must be valid): flush=sync, replicate=sync, every nemesis alone and
 the power-loss composites, on 3 and 5 nodes, `--time-limit` seconds each.
@@ -29,6 +30,16 @@ off must still report lost acknowledged messages with retention on (the
 expired ones never hide a loss). The rows add `expired`,
 `expired_unknown`, segments deleted, the highest first index and the
 installs per cell.
+
+Membership is a third (`--membership`): instead of the cells above, the
+membership cells (`MEMBERSHIP`, chaos.membership) on flush=sync,
+replicate=sync: replace every node of a 3-node group one by one, grow 3 -> 5,
+shrink 5 -> 3, remove the leader twice, wipe a follower's disk and repair it,
+damage one and repair it with `ledgermq node repair`, and random churn mixed
+with kills and partitions. Each must be valid (0 lost, 0 duplicated, every
+step done, the intended configuration reached); the rows add each step with
+its availability gap. `--time-limit` is a cap for the plan cells: they end
+when their plan is carried out.
 
 Writes one run directory per cell and `matrix.json` (one summary row per
 run, with the nodes that did not come back); exits 1 if a sync cell is
@@ -77,6 +88,26 @@ BITES: tuple[tuple[str, str, str, str, str, dict[str, Any]], ...] = (
 
 
 SECURITIES = ("open", "secure")
+
+# (name, nemesis, nodes, schedule (kind, on s, off s)): plan cells take one
+# step per period and end when done; churn runs for the whole time limit.
+MEMBERSHIP: tuple[tuple[str, str, int, tuple[str, float, float]], ...] = (
+    ("membership-replace-each-3n", "replace-each", 3, ("fixed", 2, 4)),
+    ("membership-grow-3n", "grow:target=5", 3, ("fixed", 2, 4)),
+    ("membership-shrink-5n", "shrink:target=3", 5, ("fixed", 2, 4)),
+    ("membership-remove-leader-3n", "remove-leader:count=2", 3, ("fixed", 2, 4)),
+    ("membership-wipe-repair-3n", "wipe-repair:mode=wipe", 3, ("fixed", 5, 4)),
+    ("membership-corrupt-repair-3n", "wipe-repair:mode=corrupt", 3, ("fixed", 5, 4)),
+    ("membership-churn-kill-partition-3n", "membership,kill,partition-halves", 3,
+     ("random", 8, 6)),
+)
+
+
+def membership_cells() -> list[dict[str, Any]]:
+    """The membership dimension: each cell must be valid."""
+    return [{"name": name, "nemesis": spec, "nodes": nodes, "flush": "sync",
+             "replicate": "sync", "expect": "valid", "secure": False,
+             "schedule": schedule} for name, spec, nodes, schedule in MEMBERSHIP]
 
 
 def cells(nodes: list[int], securities: tuple[str, ...] = ("open",)) -> list[dict[str, Any]]:
@@ -152,6 +183,20 @@ def cell_passed(expect: str, results: dict[str, Any]) -> bool:
     return True
 
 
+def membership_row(results: dict[str, Any]) -> dict[str, Any]:
+    """A membership run's figures for its matrix row (nothing for other runs)."""
+    changes = results.get("membership")
+    if changes is None:
+        return {}
+    counts = results["checker"]["counts"]
+    return {"lost": counts["lost"], "duplicated": counts["duplicated"],
+            "final_voters": (changes["final"] or {}).get("voters"),
+            "intended": changes["intended"],
+            "steps": [{"step": s["step"], "nodes": s["nodes"], "ok": s["ok"],
+                       "seconds": s["seconds"], "gap_s": s["gap_s"]} for s in changes["steps"]],
+            "membership_problems": changes["problems"]}
+
+
 def retention_row(results: dict[str, Any]) -> dict[str, Any]:
     """A retention run's figures for its matrix row (nothing for other runs)."""
     kept = results.get("retention")
@@ -184,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retention", action="store_true",
                         help="the retention cells instead (small segments, small "
                              "retention_bytes, frequent snapshots; see chaos.retention)")
+    parser.add_argument("--membership", action="store_true",
+                        help="the membership cells instead (replace each node, grow, shrink, "
+                             "remove the leader, wipe and repair, churn; chaos.membership)")
     parser.add_argument("--retention-bytes", type=int, default=RetentionSpec.retention_bytes)
     parser.add_argument("--segment-size-bytes", type=int,
                         default=RetentionSpec.segment_size_bytes)
@@ -196,8 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     try:
         node_counts = [int(n) for n in args.nodes.split(",")]
-        planned = (retention_cells(node_counts) if args.retention
-                   else cells(node_counts, securities))
+        if args.membership:
+            planned = membership_cells()
+        elif args.retention:
+            planned = retention_cells(node_counts)
+        else:
+            planned = cells(node_counts, securities)
         retention = RetentionSpec(retention_bytes=args.retention_bytes,
                                   segment_size_bytes=args.segment_size_bytes,
                                   snapshot_interval_bytes=args.segment_size_bytes // 2)
@@ -210,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         config = RunConfig(out=base / cell["name"], nodes=cell["nodes"], nemesis=cell["nemesis"],
                            time_limit=args.time_limit, rate=args.rate, flush=cell["flush"],
                            replicate=cell["replicate"], seed=args.seed,
-                           schedule=Schedule("fixed", 10, 10), log_level="WARNING",
+                           schedule=Schedule(*cell.get("schedule", ("fixed", 10, 10))),
+                           log_level="WARNING",
                            broker_config=cell.get("broker_config", {}),
                            secure=cell["secure"],
                            retention=retention if cell.get("retention") else None)
@@ -231,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                      "restart_failures": len(nodes["restart_failures"]),
                      "down_at_end": nodes["down_at_end"], "allowed_down": nodes["allowed_down"],
                      "invalid_because": results["invalid_because"],
-                     **retention_row(results)})
+                     **retention_row(results), **membership_row(results)})
         (base / "matrix.json").write_text(json.dumps(rows, indent=1) + "\n")
         main_log(f"matrix: {cell['name']}: {'PASS' if passed else 'FAIL'} {rows[-1]}")
     (base / "matrix.json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import random
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -58,6 +58,17 @@ class Nemesis(abc.ABC):
     @abc.abstractmethod
     def stop(self, ctx: Context) -> dict[str, Any]:
         """Heal the fault; returns what was done."""
+
+    # Stopped after the other nemeses of a period (their faults healed first):
+    # the membership nemeses, whose period end repairs and reconciles.
+    stop_last: ClassVar[bool] = False
+
+    @property
+    def finished(self) -> bool:
+        """Whether a nemesis with a plan has carried all of it out (the membership
+        nemeses: replace every node, grow to five...); a fault never is. A run
+        whose nemeses are all finished stops its fault phase early."""
+        return False
 
 
 def _cut_between(ctx: Context, side_a: list[int], side_b: list[int]) -> None:
@@ -214,7 +225,12 @@ class _Restarting(Nemesis):
         self.may_stay_down = flag in _TRUE
 
     def restart(self, ctx: Context, nodes: list[int]) -> dict[str, Any]:
-        """Start every dead node of `nodes`, then wait for each to answer."""
+        """Start every dead node of `nodes`, then wait for each to answer.
+
+        A node a membership change took out of the group meanwhile is not
+        restarted (it is gone: its data set aside, chaos.membership)."""
+        gone = [n for n in nodes if n in ctx.backend.removed]
+        nodes = [n for n in nodes if n not in gone]
         for node in nodes:
             if not ctx.backend.node_alive(node):
                 ctx.backend.start_node(node)
@@ -232,6 +248,8 @@ class _Restarting(Nemesis):
             ctx.log(f"chaos: node {node} did not come back after {self.name}: {ready.reason}"
                     + (" (allowed: may_stay_down)" if self.may_stay_down else ""))
         detail: dict[str, Any] = {"restarted": started, "failed": failed}
+        if gone:
+            detail["not_restarted_removed"] = gone
         if failures:
             detail["failures"] = failures
         return detail
@@ -442,21 +460,23 @@ REGISTRY: dict[str, type[Nemesis]] = {cls.name: cls for cls in (
     KillLeader, Pause, PauseLeader, PowerLoss, Truncate, Bitflip, ClockSkew)}
 
 
-def parse(spec: str) -> list[Nemesis]:
+def parse(spec: str, registry: Mapping[str, type[Nemesis]] | None = None) -> list[Nemesis]:
     """'kill-leader,loss:probability=0.5' -> nemesis instances (comma separated,
-    parameters after a colon as key=value pairs joined by '+')."""
+    parameters after a colon as key=value pairs joined by '+'); `registry`:
+    the names known (default: the faults of this module)."""
+    registry = REGISTRY if registry is None else registry
     out: list[Nemesis] = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, raw = part.partition(":")
-        if name not in REGISTRY:
-            raise ValueError(f"unknown nemesis {name!r}; known: {', '.join(sorted(REGISTRY))}")
+        if name not in registry:
+            raise ValueError(f"unknown nemesis {name!r}; known: {', '.join(sorted(registry))}")
         params: dict[str, Any] = {}
         for item in filter(None, raw.split("+")):
             key, sep, value = item.partition("=")
             if not sep:
                 raise ValueError(f"nemesis parameter {item!r} must be key=value")
             params[key] = value
-        out.append(REGISTRY[name](**params))
+        out.append(registry[name](**params))
     return out
 
 

@@ -27,6 +27,14 @@ Faults:
   rewrites; FAKETIME_DONT_FAKE_MONOTONIC=1 keeps monotonic time real.
 - power loss and file faults: the node's data directory, under the run's
   `data/<group>/n<N>/` (see `chaos.disk_faults`).
+- membership changes (`spec.spares`, `spec.admin`): spares get addresses
+  127.0.0.(10+N) like every node and are in every node's `[peers]`, not in
+  `initial_members`; they start only when a nemesis starts them. Admin apps
+  listen on 127.0.0.1:8080 (NameServer) and 127.0.0.(10+N):8080 (nodes).
+  A wiped or removed node's data directory is moved under the run's
+  `wiped/` or `removed/` (never deleted). Not with proxied links: a
+  member's Raft address is one address in the group's configuration, while
+  the proxy needs one per source node.
 
 Teardown (`close`, also from atexit and after Ctrl-C) kills only the PIDs this
 backend started, removes its chain and deletes its namespace.
@@ -60,7 +68,9 @@ CLONE_NEWNET = 0x40000000
 RAFT_PORT = 7000
 CLIENT_PORT = 9000
 PROXY_PORT_BASE = 7100
+ADMIN_PORT = 8080
 NAMESRV = "127.0.0.1:9876"
+NAMESRV_ADMIN = "127.0.0.1:8080"
 
 
 def node_ip(node: int) -> str:
@@ -124,6 +134,7 @@ class NetnsBackend(Backend):
         self._proxy_thread: threading.Thread | None = None
         self._faketime = faketime_library()
         self._closed = False
+        self._set_aside = 0  # numbers the directories moved out of data/
 
     # ------------------------------------------------------------ environment
 
@@ -173,6 +184,14 @@ class NetnsBackend(Backend):
             caps["clock"] = "nodes were not started under libfaketime in this run"
         else:
             caps["clock"] = None
+        if not self.spec.admin:
+            caps["membership"] = "the run was started without admin apps (no membership nemesis)"
+        elif self.spec.proxied:
+            caps["membership"] = ("membership changes cannot be combined with the delay proxy: "
+                                  "a member's Raft address is one address in the group's "
+                                  "configuration, the proxy needs one per source node")
+        else:
+            caps["membership"] = None
         self._caps = caps
         for fault, why in sorted(caps.items()):
             if why is not None:
@@ -195,12 +214,14 @@ class NetnsBackend(Backend):
             if self.spec.secure:
                 # Every address a client or a peer dials: the NameServer's, each node's.
                 self.security = generate(self.out / "security", [
-                    NAMESRV.rsplit(":", 1)[0], *(node_ip(n) for n in self.node_ids)])
+                    NAMESRV.rsplit(":", 1)[0], *(node_ip(n) for n in self.all_node_ids)])
                 namesrv_security = self.security.namesrv_args()
+            if self.spec.admin:
+                namesrv_security += ["--admin-listen", NAMESRV_ADMIN]
             self._spawn("namesrv", [sys.executable, "-m", "ledgermq.cli", "namesrv", "--listen",
                                     NAMESRV, "--broker-expiry-ms", "5000", "--log-level",
                                     "WARNING", *namesrv_security], clock_file=None)
-            for node in self.node_ids:
+            for node in self.all_node_ids:
                 self._write_config(node)
                 if self._faketime and self.spec.faketime:
                     self.set_clock_offset(node, 0.0)
@@ -292,7 +313,9 @@ class NetnsBackend(Backend):
             answers=lambda: readiness.ping(address, 2.0, self.client_thread_init(), security),
             tail=lambda: readiness.log_tail(self._log_path(name), start), timeout=timeout)
 
-    def _write_config(self, node: int) -> None:
+    def _write_config(self, node: int, bootstrap: list[int] | None = None) -> None:
+        """Node `node`'s TOML. `bootstrap`: its `initial_members` (default: the
+        run's original nodes when it has spares; else every node, the default)."""
         s = self.spec
         values: dict[str, object] = {
             "group": s.group, "node_id": node, "data_dir": str(self.data_dir(node)),
@@ -300,10 +323,15 @@ class NetnsBackend(Backend):
             "log_level": s.log_level, "segment_size_bytes": s.segment_size_bytes,
             "namesrv_register_interval_ms": 500, "member_expiry_ms": 3000,
             **(self.security.broker_settings() if self.security else {}), **s.extra}
+        if bootstrap is not None or s.spares:
+            values["initial_members"] = list(bootstrap if bootstrap is not None
+                                             else s.original_ids)
+        if s.admin:
+            values["admin_listen"] = f"{node_ip(node)}:{ADMIN_PORT}"
         raft = {"tick_ms": s.tick_ms, "election_timeout_ticks": s.election_timeout_ticks,
                 "heartbeat_interval_ticks": s.heartbeat_interval_ticks}
         peers = {}
-        for peer in self.node_ids:
+        for peer in self.all_node_ids:
             address = f"{node_ip(peer)}:{RAFT_PORT}"
             if s.proxied and peer != node:
                 address = f"{node_ip(node)}:{PROXY_PORT_BASE + peer}"
@@ -344,6 +372,44 @@ class NetnsBackend(Backend):
 
     def data_dir(self, node: int) -> Path:
         return self.out / "data" / self.spec.group / f"n{node}"
+
+    # ------------------------------------------------------------ membership
+
+    def admin_url(self, node: int) -> str:
+        self.require("membership")
+        scheme = "https" if self.security is not None else "http"
+        return f"{scheme}://{node_ip(node)}:{ADMIN_PORT}"
+
+    @property
+    def namesrv_admin_url(self) -> str:
+        self.require("membership")
+        scheme = "https" if self.security is not None else "http"
+        return f"{scheme}://{NAMESRV_ADMIN}"
+
+    def raft_address(self, node: int) -> str:
+        return f"{node_ip(node)}:{RAFT_PORT}"
+
+    def set_aside_data(self, node: int, why: str) -> Path | None:
+        if self.node_alive(node):
+            raise RuntimeError(f"n{node} is running: stop it before moving its data aside")
+        source = self.data_dir(node)
+        if not source.exists():
+            return None
+        self._set_aside += 1
+        target = self.out / why / self.spec.group / f"n{node}-{self._set_aside}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(source), str(target))
+        return target
+
+    def provision(self, node: int) -> None:
+        if self.node_alive(node):
+            raise RuntimeError(f"n{node} is running: it cannot be provisioned anew")
+        if self.data_dir(node).exists():
+            raise RuntimeError(f"n{node} still has a data directory: set it aside first")
+        # A new machine is not a bootstrap member of the group it joins (else
+        # its empty log's bootstrap configuration would make it a voter).
+        self._write_config(node, [n for n in self.spec.original_ids if n != node]
+                           or [n for n in self.all_node_ids if n != node])
 
     def run_on(self, node: int, argv: list[str], timeout: float = 30.0) -> tuple[int, str]:
         result = subprocess.run(["ip", "netns", "exec", self.ns, *argv], capture_output=True,
@@ -390,7 +456,7 @@ class NetnsBackend(Backend):
 
     def _start_proxy(self) -> None:
         links = [Link((node_ip(a), PROXY_PORT_BASE + b), (node_ip(b), RAFT_PORT), node_ip(a))
-                 for a in self.node_ids for b in self.node_ids if a != b]
+                 for a in self.all_node_ids for b in self.all_node_ids if a != b]
         self._proxy = LinkProxy(links, seed=self.seed)
         started = threading.Event()
         failure: list[BaseException] = []
@@ -441,4 +507,7 @@ class NetnsBackend(Backend):
         found = {"logs": str(self.out / "logs")}
         for node in self.node_ids:
             found[f"n{node}"] = str(self.data_dir(node))
+        for why in ("removed", "wiped", "damaged"):
+            if (self.out / why).is_dir():
+                found[why] = str(self.out / why)
         return found

@@ -27,6 +27,17 @@ told were deleted as `expired`, never as valid reads, and every other one
 as lost; a retention run in which no node deleted a segment is not valid
 (it did not test what it was asked to).
 
+With a membership nemesis (chaos.membership), the run knows spare nodes
+(`spares`, by default as many as its nemeses need) and starts admin apps;
+the nemeses add, remove, replace and repair nodes through them, and the
+harness's view of the group (the nodes every other nemesis targets, the
+nodes expected up, converged and routed at the end) follows the
+configuration the leader reports. After the drain the run reads the final
+configuration from the leader and through `ledgermq member list` on the
+NameServer, and the topic's route; `results.json`'s `membership` section
+lists every step with its availability gap (chaos.membership_report) and
+why the membership part is not valid, if it is not.
+
 A run is valid only when the checker finds nothing, the run finished, every
 node that is up caught up, and every node came back (chaos.node_report;
 `may_stay_down=1` on a nemesis is the explicit way to accept a node that
@@ -55,11 +66,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos import catalog
+from chaos import membership as membership_lib
 from chaos import nemesis as nemesis_lib
 from chaos.backend import Backend, ClusterSpec
 from chaos.checker import check
 from chaos.convergence import check_converged
 from chaos.history import History
+from chaos.members_api import MemberApi, configuration
+from chaos.membership_report import final_problems, step_gaps, summary
 from chaos.node_report import node_report
 from chaos.report import write_report
 from chaos.retention import (
@@ -72,6 +87,10 @@ from chaos.retention import (
 from chaos.schedule import Schedule, run_schedule
 from chaos.stats import latencies, latency_summary, unavailability
 from chaos.workload import Workload, WorkloadSpec, find_leader, node_status, wait_leader
+from ledgermq.base.address import split_host_port
+from ledgermq.base.codes import RequestCode
+from ledgermq.base.errors import LedgerMQError
+from ledgermq.wire import RpcClient
 
 
 @dataclass
@@ -104,6 +123,8 @@ class RunConfig:
     # Retention small enough to delete segments during the run (chaos.retention);
     # None: the brokers' defaults (72 h, no size limit: nothing is deleted).
     retention: RetentionSpec | None = None
+    # Spare nodes for the membership nemeses (None: as many as they need).
+    spares: int | None = None
 
 
 @dataclass
@@ -116,6 +137,8 @@ class NodeState:
     final: dict[int, dict[str, Any]] | None = None
     # Retention runs: what the status monitor saw of each node.
     retention: dict[str, dict[str, Any]] | None = None
+    # Membership runs: the final configuration, route and operator's view.
+    membership: dict[str, Any] | None = None
 
 
 def make_backend(config: RunConfig, spec: ClusterSpec, log: Callable[[str], None],
@@ -135,8 +158,11 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
     """Run one chaos test; returns results (also written to `out`)."""
     seed = config.seed if config.seed is not None else random.randrange(1 << 31)
     rng = random.Random(seed)
-    nemeses = nemesis_lib.parse(config.nemesis)
+    nemeses = catalog.parse(config.nemesis)
     wanted = nemesis_lib.needs(nemeses)
+    changes_members = "membership" in wanted
+    spares = config.spares if config.spares is not None else \
+        membership_lib.spares_for(nemeses, config.nodes)
     extra = dict(config.broker_config)
     segment_size = ClusterSpec.segment_size_bytes
     if config.retention is not None:
@@ -145,7 +171,8 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
     spec = ClusterSpec(nodes=config.nodes, flush=config.flush, replicate=config.replicate,
                        proxied="delay" in wanted, faketime="clock" in wanted,
                        log_level=config.log_level, extra=extra, secure=config.secure,
-                       segment_size_bytes=segment_size)
+                       segment_size_bytes=segment_size, spares=spares,
+                       admin=changes_members)
     out = Path(config.out)
     if (out / "history.jsonl").exists() or (out / "data").exists():
         # An earlier run's data directories would be started as this run's
@@ -155,7 +182,8 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
     history = History(out / "history.jsonl")
     params = {**asdict(config), "out": str(out), "seed": seed,
               "retention": config.retention.to_json() if config.retention else None,
-              "schedule": asdict(config.schedule), "nemeses": [n.name for n in nemeses]}
+              "schedule": asdict(config.schedule), "nemeses": [n.name for n in nemeses],
+              "spares": spares}
     log(f"chaos: run {json.dumps(params, default=str)}")
     backend = make_backend(config, spec, log, seed)
     outcome: dict[str, Any] = {}
@@ -188,6 +216,8 @@ def run(config: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]
         "capabilities": backend.capabilities(),
         "collected": collected,
     }
+    if changes_members:
+        results["membership"] = membership_results(ops, node_state.membership, nemeses, spec)
     if config.retention is not None:
         results["retention"] = summarize(
             config.retention, node_state.retention,
@@ -213,11 +243,33 @@ def verdict_reasons(results: dict[str, Any]) -> list[str]:
     reasons += results["nodes"]["problems"]
     if results.get("retention") is not None:
         reasons += retention_problems(results["retention"])
+    if results.get("membership") is not None:
+        reasons += results["membership"]["problems"]
     convergence = results["phases"].get("convergence")
     if convergence is not None and not convergence["converged"]:
         reasons.append(f"nodes {convergence['behind']} did not catch up with the leader's "
                        f"commit index {convergence['target_commit']} after the drain")
     return reasons
+
+
+def membership_results(ops: list[Any], final: dict[str, Any] | None,
+                       nemeses: list[nemesis_lib.Nemesis], spec: ClusterSpec) -> dict[str, Any]:
+    """The membership section of results.json: steps with their gaps, the
+    final configuration against the intended one, and what is wrong."""
+    steps = step_gaps(ops)
+    original = spec.original_ids
+    intended = membership_lib.intention(nemeses, original,
+                                        [n for n in spec.all_ids if n not in original])
+    final = final or {}
+    problems = final_problems(steps, final.get("configuration"), final.get("believed", []),
+                              intended, final.get("route_nodes"), final.get("cli"))
+    if not final:
+        problems.append("the final configuration was not read (the run did not get there)")
+    return {"initial_voters": original, "spares": [n for n in spec.all_ids if n not in original],
+            "intended": intended, "final": final.get("configuration"),
+            "believed_members": final.get("believed"), "removed": final.get("removed"),
+            "route_nodes": final.get("route_nodes"), "cli": final.get("cli"),
+            "steps": steps, "summary": summary(steps), "problems": problems}
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
@@ -268,11 +320,16 @@ def _run_clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_lib.
         log(f"chaos: client side failed: {failure[0]!r}")
 
 
+def member_addresses(backend: Backend) -> dict[int, str]:
+    """Client addresses of the group's current members (they change with membership)."""
+    return {n: backend.client_address(n) for n in backend.node_ids}
+
+
 async def _clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_lib.Nemesis],
                    history: History, rng: random.Random, outcome: dict[str, Any],
                    node_state: NodeState, log: Callable[[str], None],
                    loop: asyncio.AbstractEventLoop) -> None:
-    addresses = {n: backend.client_address(n) for n in backend.node_ids}
+    addresses = member_addresses(backend)
     security = backend.client_security
     status_of = functools.partial(node_status, security=security)
     t0 = time.monotonic()
@@ -309,7 +366,6 @@ async def _exercise(config: RunConfig, backend: Backend, nemeses: list[nemesis_l
                     loop: asyncio.AbstractEventLoop, workload: Workload,
                     phase: Callable[[str], None]) -> None:
     """The workload under the nemeses, the final heal, the drain, convergence."""
-    addresses = {n: backend.client_address(n) for n in backend.node_ids}
     security = backend.client_security
     status_of = functools.partial(node_status, security=security)
     if security.secure:
@@ -319,15 +375,15 @@ async def _exercise(config: RunConfig, backend: Backend, nemeses: list[nemesis_l
     await workload.start()
 
     def leader() -> int | None:
-        return asyncio.run_coroutine_threadsafe(find_leader(addresses, security),
-                                                loop).result(10)
+        return asyncio.run_coroutine_threadsafe(
+            find_leader(member_addresses(backend), security), loop).result(10)
 
     ctx = nemesis_lib.Context(backend, rng, leader, log, restarts=node_state.restarts)
     try:
         await run_schedule(nemeses, config.schedule, ctx, history, config.time_limit, rng)
         phase("healed")
-        outcome["leader_after_heal"] = await wait_leader(addresses, config.recovery_timeout,
-                                                         security)
+        outcome["leader_after_heal"] = await wait_leader(member_addresses(backend),
+                                                         config.recovery_timeout, security)
         node_state.final = await _check_nodes(backend, config.final_node_timeout, log)
         # Give sends in flight at the heal a chance to finish against the new leader.
         await asyncio.sleep(2.0)
@@ -341,18 +397,74 @@ async def _exercise(config: RunConfig, backend: Backend, nemeses: list[nemesis_l
     # leader's commit (a replica that lost its tail to a power cut included).
     final = node_state.final or {}
     down = [n for n, state in final.items() if not state.get("ready")]
-    outcome["convergence"] = await check_converged(addresses, status_of,
+    outcome["convergence"] = await check_converged(member_addresses(backend), status_of,
                                                    config.convergence_timeout, down)
     if not outcome["convergence"]["converged"]:
         log(f"chaos: nodes {outcome['convergence']['behind']} did not catch up with the "
             f"leader's commit {outcome['convergence']['target_commit']}")
+    if backend.spec.admin:
+        node_state.membership = await _final_membership(backend, workload.spec.topic, log)
+
+
+async def _final_membership(backend: Backend, topic: str,
+                            log: Callable[[str], None]) -> dict[str, Any]:
+    """After the drain: the leader's configuration, what the harness believed, the
+    topic's route, and the operator's view through the NameServer."""
+    api = MemberApi(backend, log)
+    view = await asyncio.to_thread(api.leader_view)
+    routed = await route_nodes(backend, topic)
+    cli = await asyncio.to_thread(member_list_cli, backend)
+    return {"configuration": configuration(view), "believed": backend.node_ids,
+            "removed": backend.removed, "route_nodes": routed, "cli": cli}
+
+
+async def route_nodes(backend: Backend, topic: str) -> list[int] | None:
+    """The nodes the NameServer routes `topic` to (by client address), None if unread."""
+    host, port = split_host_port(backend.namesrv_address)
+    by_address = {backend.client_address(n): n for n in backend.all_node_ids}
+    try:
+        async with asyncio.timeout(10):
+            client = await RpcClient.connect(host, port, role="admin", name="chaos-route",
+                                             timeout=5.0,
+                                             **backend.client_security.anonymous().as_admin())
+            try:
+                route = await client.request(RequestCode.GET_ROUTE, {"topic": topic})
+            finally:
+                await client.close()
+    except (OSError, TimeoutError, LedgerMQError):
+        return None
+    nodes = {by_address.get(n.get("address"), -1) for g in route.get("groups", [])
+             for n in g.get("nodes", [])}
+    return sorted(nodes)
+
+
+def member_list_cli(backend: Backend) -> dict[str, Any]:
+    """`ledgermq member list --json` through the NameServer's admin app, as an operator."""
+    argv = [sys.executable, "-m", "ledgermq.cli", "member", "list", "--json",
+            "--admin", backend.namesrv_admin_url]
+    if backend.security is not None:
+        argv += ["--access-key", "admin", "--secret-file", str(backend.security.admin_secret_file),
+                 "--tls-ca-file", str(backend.security.ca_file)]
+    try:
+        status, output = backend.run_on(backend.node_ids[0], argv, timeout=60.0)
+    except Exception as exc:  # reported as the operator's view failing
+        return {"error": repr(exc), "configuration": None}
+    if status != 0:
+        return {"error": f"exit status {status}: {output[-1000:]}", "configuration": None}
+    try:
+        answer = json.loads(output[output.index("{"):])
+    except ValueError:
+        return {"error": f"not JSON: {output[-1000:]}", "configuration": None}
+    views = answer.get("groups", {"": answer})
+    view = views.get(backend.spec.group) or next(iter(views.values()), None)
+    return {"error": None, "configuration": configuration(view)}
 
 
 async def _check_nodes(backend: Backend, timeout: float,
                        log: Callable[[str], None]) -> dict[int, dict[str, Any]]:
     """Every node's state after the final heal: alive and answering PING, or why not."""
     final: dict[int, dict[str, Any]] = {}
-    for node in backend.node_ids:
+    for node in backend.node_ids:  # the members: removed nodes are gone on purpose
         ready = await asyncio.to_thread(backend.wait_node, node, timeout)
         final[node] = ready.as_dict()
         if not ready.ready:

@@ -74,11 +74,23 @@ async def run_schedule(nemeses: list[Nemesis], schedule: Schedule, ctx: Context,
                 await _act(nemesis, "start", ctx, history)
                 active.append(nemesis)
             await sleep_until(time.monotonic() + length)
-            for nemesis in reversed(active):
+            for nemesis in _stop_order(active):
                 await _act(nemesis, "stop", ctx, history)
             active.clear()
+            if all(n.finished for n in nemeses):
+                # Every plan is carried out (chaos.membership): one more quiet
+                # period under load, so the last step's aftermath is measured.
+                ctx.log("chaos: every nemesis has finished its plan")
+                await sleep_until(time.monotonic() + schedule.off_s)
+                return
         await sleep_until(deadline)
     finally:
         # The final heal: also after a cancellation (Ctrl-C), nothing stays broken.
-        for nemesis in reversed(active):
+        for nemesis in _stop_order(active):
             await asyncio.shield(_act(nemesis, "stop", ctx, history))
+
+
+def _stop_order(active: list[Nemesis]) -> list[Nemesis]:
+    """Last started, first stopped; nemeses that repair at a period's end
+    (`stop_last`, the membership nemeses) after the faults are healed."""
+    return sorted(reversed(active), key=lambda n: n.stop_last)

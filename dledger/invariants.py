@@ -45,14 +45,34 @@ Under flush=async a differing state or snapshot is counted
 (`state_divergences`), not raised: the contract lets a quorum's power loss
 replace committed entries, and a node that applied one of them is checked
 at the end instead.
+
+Membership changes (`dledger.membership`; the simulator's
+`dledger.testing.membership`), in both modes unless marked:
+- every committed configuration is a single-server change of the previous
+  committed one, and a voter's pinned directory changes only from unpinned
+  (anything else takes a rejoin, which makes it a learner) (sync only:
+  async may replace committed entries);
+- a leader's log holds at most one uncommitted CONFIG entry of its own term
+  (one change in flight; checked by the simulator as the leader writes);
+- identity: a data directory that replaced a wiped one is not entitled to
+  vote until a CONFIG entry makes it a voter again (rejoin, then promote):
+  no leader is elected from such a directory, and no leader counted a vote
+  it granted (`observe_election`, which reads the grants the node counted);
+- commit claims and the durability checks count voters only (of the
+  claiming leader's configuration), each only with the directory it is
+  pinned to; a voter whose directory is a wiped one's replacement counts as
+  abstaining (it can vote for no one), never as a holder of anything; the
+  look-ahead election check asks each possible candidate's own
+  configuration which votes it would count.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from dledger.entry import Entry, HardState
+from dledger.entry import Entry, EntryKind, HardState
+from dledger.membership import UNPINNED, Membership, decode, single_server_change
 from dledger.messages import AppendResponse, Message, VoteRequest, VoteResponse
 
 
@@ -142,6 +162,7 @@ def check_electable_complete(
     committed: Entry,
     candidates: Mapping[int, tuple[bool, int, int]],
     voters: Mapping[int, tuple[int, int]],
+    views: Mapping[int, tuple[frozenset[int], int]] | None = None,
 ) -> str | None:
     """Leader completeness, looking ahead: no node lacking a committed entry can be elected.
 
@@ -151,15 +172,23 @@ def check_electable_complete(
     every voter whose log is not more up to date (§5.4.1). In correct Raft a
     quorum of durable logs holds the entry and refuses any candidate without
     it; a Figure-8 commit breaks this at once, before any crash is needed.
+
+    `views[candidate]` (membership changes): the voters whose votes that
+    candidate would count (its own configuration's, identity permitting) and
+    its quorum size; without it every voter counts toward len(voters) // 2 + 1.
     """
     quorum = len(voters) // 2 + 1
     for node_id, (holds, last_term, last_index) in candidates.items():
         if holds:
             continue
+        counted: Collection[int] = voters.keys()
+        if views is not None:
+            counted, quorum = views[node_id]
         votes = sum(
             1
-            for v_term, v_index in voters.values()
-            if last_term > v_term or (last_term == v_term and last_index >= v_index)
+            for v, (v_term, v_index) in voters.items()
+            if v in counted
+            and (last_term > v_term or (last_term == v_term and last_index >= v_index))
         )
         if votes >= quorum:
             return (
@@ -210,6 +239,38 @@ def check_claim_durable(
             f"node {node_id} set commit to {entry.index}/{entry.term}, durable on only "
             f"{holders} of {len(durable_term_at)} nodes"
         )
+    return None
+
+
+def check_claim_quorum(
+    node_id: int, entry: Entry, holders: int, abstaining: int, voters: int
+) -> str | None:
+    """A leader's commit index names an entry durable on a quorum of its voters:
+    `holders` voters hold it durably under their pinned directory, `abstaining`
+    ones are replacements of wiped directories (they vote for no one)."""
+    if holders + abstaining < voters // 2 + 1:
+        return (
+            f"node {node_id} set commit to {entry.index}/{entry.term}, durable on only "
+            f"{holders} of {voters} voters" + (f" ({abstaining} abstaining)" if abstaining else "")
+        )
+    return None
+
+
+def check_config_step(
+    prev_index: int, prev: Membership, index: int, new: Membership
+) -> str | None:
+    """Committed configurations follow each other by single-server changes, and
+    a voter that stays a voter keeps its pinned directory (or is pinned)."""
+    if not single_server_change(prev, new):
+        return (f"committed configuration {index} changes more than one voter after "
+                f"{prev_index}: {sorted(prev.voter_ids)} -> {sorted(new.voter_ids)}")
+    for node_id in prev.voter_ids & new.voter_ids:
+        before = prev.member(node_id)
+        after = new.member(node_id)
+        assert before is not None and after is not None
+        if before.directory_id not in (UNPINNED, after.directory_id):
+            return (f"committed configuration {index} re-pins voter {node_id} from "
+                    f"directory {before.directory_id} to {after.directory_id} without a rejoin")
     return None
 
 
@@ -293,6 +354,15 @@ class SafetyChecker:
         self.snapshots: dict[tuple[int, int], int] = {}
         self.states: dict[int, tuple[int, int]] = {}
         self.state_divergences = 0
+        # Membership: the last committed configuration (index, config) and the
+        # count of committed changes; directories that replaced a wiped one,
+        # per node, until a CONFIG entry makes them a voter; granted votes
+        # (term, voter, candidate) -> the voter's directory.
+        self.bootstrap: Membership | None = None
+        self.last_config: tuple[int, Membership] | None = None
+        self.config_changes = 0
+        self.replacement_dirs: dict[int, set[int]] = {}
+        self.grants: dict[tuple[int, int, int], int] = {}
 
     @staticmethod
     def _raise(problem: str | None) -> None:
@@ -312,8 +382,47 @@ class SafetyChecker:
     def observe_written(self, entries: Iterable[Entry], prev_term: int) -> None:
         for entry in entries:
             self._raise(check_log_matching(self.seen, entry, prev_term))
-            self.seen.setdefault((entry.index, entry.term), (entry, prev_term))
+            if (entry.index, entry.term) not in self.seen:
+                self.seen[(entry.index, entry.term)] = (entry, prev_term)
+                if entry.kind == EntryKind.CONFIG and self.replacement_dirs:
+                    self._legitimise(decode(entry.data))
             prev_term = entry.term
+
+    # -- identity
+
+    def observe_wipe(self, node_id: int, new_directory: int) -> None:
+        """`node_id` restarted on an empty data directory `new_directory`."""
+        self.replacement_dirs.setdefault(node_id, set()).add(new_directory)
+
+    def _legitimise(self, membership: Membership) -> None:
+        for m in membership.voters:
+            dirs = self.replacement_dirs.get(m.node_id)
+            if dirs is not None and m.directory_id in dirs:
+                dirs.discard(m.directory_id)
+
+    def entitled(self, node_id: int, directory_id: int) -> bool:
+        """May `node_id` vote from `directory_id` (not a wiped one's unpromoted replacement)?"""
+        dirs = self.replacement_dirs.get(node_id)
+        return not dirs or directory_id not in dirs
+
+    def observe_election(self, leader: int, term: int, directory_id: int,
+                         counted: Iterable[int]) -> None:
+        """`leader` won `term` from `directory_id`, counting the grants of `counted`."""
+        if not self.entitled(leader, directory_id):
+            raise SafetyViolation(
+                f"node {leader} elected in term {term} from directory {directory_id}, "
+                "a wiped node's replacement not yet rejoined and promoted")
+        for voter in counted:
+            if voter == leader:
+                continue
+            granted_from = self.grants.get((term, voter, leader))
+            if granted_from is None:
+                raise SafetyViolation(
+                    f"leader {leader} of term {term} counted a vote {voter} never granted")
+            if not self.entitled(voter, granted_from):
+                raise SafetyViolation(
+                    f"leader {leader} of term {term} counted the vote of node {voter} from "
+                    f"directory {granted_from}, a wiped node's replacement not yet promoted")
 
     def observe_committed(self, entries: Iterable[Entry], in_term: int | None = None) -> None:
         """`entries` are committed, as seen by a node in term `in_term` (default: each
@@ -325,9 +434,23 @@ class SafetyChecker:
                     raise SafetyViolation(problem)
                 self.committed_lost += 1
                 self.committed_in.pop(entry.index, None)
+            elif entry.kind == EntryKind.CONFIG and entry.index not in self.committed:
+                self._committed_config(entry)
             self.committed[entry.index] = entry
             seen_in = max(entry.term, in_term) if in_term is not None else entry.term
             self.committed_in.setdefault(entry.index, seen_in)
+
+    def _committed_config(self, entry: Entry) -> None:
+        new = decode(entry.data)
+        prev = self.last_config
+        if prev is None and self.bootstrap is not None:
+            prev = (0, self.bootstrap)
+        if prev is not None and prev[0] < entry.index and not self.flush_async:
+            self._raise(check_config_step(prev[0], prev[1], entry.index, new))
+        if prev is None or prev[0] < entry.index:
+            if prev is not None and prev[1].voter_ids != new.voter_ids:
+                self.config_changes += 1
+            self.last_config = (entry.index, new)
 
     def observe_claim(
         self, node_id: int, entry: Entry, durable_term_at: list[Callable[[int], int | None]]
@@ -342,6 +465,8 @@ class SafetyChecker:
         # flush=async acknowledges written, unsynced entries by design.
         term_at = _anything_durable if self.flush_async else durable_term_at
         self._raise(check_message_durable(msg, durable, term_at))
+        if isinstance(msg, VoteResponse) and msg.granted and not msg.pre_vote:
+            self.grants.setdefault((msg.term, msg.src, msg.dst), msg.directory_id)
 
     def observe_snapshot(self, index: int, term: int, digest: int) -> None:
         """A node took or installed a snapshot of state `digest` at (index, term)."""
@@ -370,10 +495,17 @@ class SafetyChecker:
         self,
         candidates: Mapping[int, tuple[bool, int, int]],
         voters: Mapping[int, tuple[int, int]],
+        views: Mapping[int, tuple[frozenset[int], int]] | None = None,
     ) -> None:
         latest = self.latest_committed()
         if latest is not None and not self.flush_async:
-            self._raise(check_electable_complete(latest, candidates, voters))
+            self._raise(check_electable_complete(latest, candidates, voters, views))
+
+    def observe_leader_claim(self, node_id: int, entry: Entry, holders: int, abstaining: int,
+                             voters: int) -> None:
+        """A leader moved its commit index to `entry` (flush=sync only)."""
+        if not self.flush_async:
+            self._raise(check_claim_quorum(node_id, entry, holders, abstaining, voters))
 
     def observe_durable_logs(
         self, durable_term_at: Mapping[int, Callable[[int], int | None]]

@@ -49,11 +49,16 @@ Rules
    leader that has committed an entry of its term, never removing itself.
    A leader pins the unpinned members it has heard from, with one CONFIG
    entry at a time (its first entry of a term, instead of the NOOP, when it
-   can). Identity rules of the node's own (when `Config.directory_id` is
-   set): it refuses votes while its own configuration pins it to another
-   directory (its disk was wiped), or pins others but not it, or while its
-   log is empty and the candidate's is not (a fresh or wiped directory votes
-   only in a group that has written nothing yet).
+   can): every log of a group that tracks identity starts with pins of a
+   quorum (the leader and the voters that elected it). Once a configuration
+   pins a quorum of its voters, a candidate counts only the grants of pinned
+   voters from their pinned directory (`election.VoteTally`), and no change
+   may leave fewer than a quorum pinned. A node whose own configuration pins
+   it to another directory (its disk was wiped) does not campaign. Votes are
+   granted on term, vote and log alone: identity is the counting side's
+   business, since the granting side may lag behind a rejoin (refusing
+   there left groups without a leader in the simulator, seeds 30650 and
+   32089 with membership changes on every seed; see docs/raft.md).
 """
 
 from __future__ import annotations
@@ -98,7 +103,7 @@ from dledger.ready import Ready, SoftState
 from dledger.storage import CONFIG_ENTRIES_HOOK, LogStorage, LogUnavailable, SnapshotMeta
 from election.elector import Elector, RandomSource, TickAction
 from election.roles import Role
-from election.votes import VoteOutcome
+from election.votes import VoteOutcome, strict_identity
 
 __all__ = [
     "FollowerStatus",
@@ -243,7 +248,11 @@ class RaftNode:
         self._membership: Membership = base
         self._membership_index = -1
         self._voter_pins: tuple[tuple[int, int], ...] = ()
+        self._unpinned: frozenset[int] = frozenset()
         self._sync_membership()
+        # Leader: the voters (node, pinned directory) its commit index was last
+        # counted over (the simulator checks the claim against them).
+        self.commit_voters: tuple[tuple[int, int], ...] = ()
 
     # ------------------------------------------------------------ observation
 
@@ -276,8 +285,9 @@ class RaftNode:
 
     @property
     def membership_pending(self) -> bool:
-        """The CONFIG entry in effect is not committed yet."""
-        return self._membership_index > self.commit
+        """The CONFIG entry in effect is not committed yet (the log's last
+        CONFIG entry: they are the same but under the `config_on_commit` bug)."""
+        return self.configs.current[0] > self.commit
 
     @property
     def committed_membership(self) -> Membership:
@@ -326,8 +336,15 @@ class RaftNode:
     def tick(self) -> None:
         """One unit of logical time."""
         action = self.elector.tick()
-        if action & TickAction.CAMPAIGN and self._may_campaign():
-            self.campaign()
+        if action & TickAction.CAMPAIGN:
+            if self._may_campaign():
+                self.campaign()
+            else:
+                # A learner (or a node pinned elsewhere) heard no leader for an
+                # election timeout: it cannot campaign, but its leader lease
+                # is over, or it would ignore the candidates of newer terms
+                # forever (and one of them may need its vote once promoted).
+                self.elector.leader_id = 0
         if action & TickAction.STEPPED_DOWN:
             self.progress = {}
         if action & TickAction.HEARTBEAT:
@@ -390,10 +407,15 @@ class RaftNode:
     def campaign(self, transfer: bool = False) -> None:
         """Start an election now (pre-vote first unless disabled or a transfer).
         A node that is not a voter of its configuration (under its own data
-        directory) never campaigns."""
+        directory) never campaigns. A node that tracks identity and holds an
+        empty log runs a pre-vote round even with pre-vote off: it cannot tell
+        whether it is a member of a new group or a wiped one, so it asks
+        before it raises its term (a wiped node raising terms again and again
+        kept a group from electing a leader in the simulator, seed 32865)."""
         if self.role is Role.LEADER or not self._may_campaign():
             return
-        if not self.elector.config.pre_vote or transfer:
+        pre_vote = self.elector.config.pre_vote or (self._dir and self.log.last_index == 0)
+        if not pre_vote or transfer:
             self._campaign_for_real(transfer)
             return
         self.elector.become_pre_candidate()
@@ -607,6 +629,12 @@ class RaftNode:
             m.node_id: m.directory_id for m in membership.voters + membership.learners}
         self.elector.configure(membership.voter_ids, pinned)
         self._voter_pins = tuple((m.node_id, m.directory_id) for m in membership.voters)
+        self._unpinned = frozenset(membership.unpinned())
+        # A node that left the configuration forgets its directory: the same
+        # id added again later is a new machine, to be pinned to what it
+        # answers from then, not to its previous life's directory.
+        for gone in set(self._heard) - membership.node_ids:
+            del self._heard[gone]
         if self.role is Role.LEADER:
             members = membership.node_ids - {self.id}
             for gone in set(self.progress) - members:
@@ -619,33 +647,13 @@ class RaftNode:
     def _may_campaign(self) -> bool:
         return self.elector.is_voter()
 
-    def _may_grant(self, msg: VoteRequest) -> bool:
-        """The membership rules of granting a vote (rule 7); the term, vote and
-        log rules are the elector's."""
-        if self.bugs.ignore_directory_id:
-            return True
-        m = self._membership
-        if not m.identity_matches(msg.src, msg.directory_id):
-            return False  # the candidate answers from another disk than its pinned one
-        if not self._dir:
-            return True  # this node does not track identity
-        me = m.member(self.id)
-        if me is not None and me.directory_id not in (UNPINNED, self._dir):
-            return False  # we lost our disk: what we voted for is forgotten
-        if (me is None or me.directory_id == UNPINNED) and len(m.unpinned()) < len(
-                m.voters) + len(m.learners):
-            return False  # the group pins its members, not us (yet)
-        # An empty log: a fresh directory, or a wiped one that has not heard
-        # from a leader yet. It votes only where nothing was ever written.
-        return self.log.last_index > 0 or msg.last_index == 0
-
     def _refuse_change(self, current: Membership, new: Membership) -> str | None:
         """Why `new` may not follow `current` now, or None."""
-        if self._membership_index > self.commit and not self.bugs.two_changes_at_once:
-            return (f"a configuration change is pending (entry {self._membership_index}, "
-                    f"commit {self.commit})")
         if self.commit < self._term_start:
             return "the leader has not committed an entry of its term yet"
+        if self.membership_pending and not self.bugs.two_changes_at_once:
+            return (f"a configuration change is pending (entry {self.configs.current[0]}, "
+                    f"commit {self.commit})")
         if new == current:
             return "the new configuration equals the current one"
         if not single_server_change(current, new):
@@ -661,15 +669,22 @@ class RaftNode:
             assert learner is not None and voter is not None
             if learner.directory_id not in (UNPINNED, voter.directory_id):
                 return f"node {node_id} would change its directory while promoted"
-            heard = self._heard.get(node_id, 0)
-            if voter.directory_id not in (UNPINNED, heard):
-                return (f"learner {node_id} answers from directory {heard}, "
-                        f"not {voter.directory_id}")
             pr = self.progress.get(node_id)
             match = pr.match if pr is not None else 0
             if self.commit - match > self.config.promote_lag_max:
                 return (f"learner {node_id} has not caught up (match {match}, "
                         f"commit {self.commit})")
+            if self._dir and voter.directory_id == UNPINNED:
+                # Its votes would not count (election.VoteTally) until pinned,
+                # which the leader does as soon as it hears from it.
+                return f"learner {node_id} is not pinned yet"
+            heard = self._heard.get(node_id, 0)
+            if voter.directory_id not in (UNPINNED, heard):
+                return (f"learner {node_id} answers from directory {heard}, "
+                        f"not {voter.directory_id}")
+        if self._dir and _strict(current) and not _strict(new):
+            return ("fewer than a quorum of the new voters would be pinned (votes would "
+                    "not count): remove unpinned voters first, or wait for them to be pinned")
         for node_id in sorted(new.voter_ids & current.voter_ids):
             old_dir = current.member(node_id).directory_id  # type: ignore[union-attr]
             new_dir = new.member(node_id).directory_id  # type: ignore[union-attr]
@@ -691,7 +706,7 @@ class RaftNode:
     def _maybe_pin(self) -> None:
         """Leader: pin the unpinned members it has heard from (one entry at a time)."""
         if (not self._dir or self.elector.transferee or self.commit < self._term_start
-                or self._membership_index > self.commit or not self._membership.unpinned()):
+                or self.membership_pending or not self._unpinned):
             return
         new = self._pins_due()
         if new is not None:
@@ -758,7 +773,6 @@ class RaftNode:
             self.log.last_index,
             self.log.last_term(),
             check_log=not self.bugs.skip_log_up_to_date_check,
-            allowed=self._may_grant(msg),
         )
         self._outbox.append(response)
 
@@ -971,6 +985,8 @@ class RaftNode:
             if pr.decrease(msg.index, match_hint):
                 self._send_append(msg.src)
             return
+        if msg.directory_id and msg.src in self._unpinned:
+            self._maybe_pin()  # first heard from: pin it (when no change is pending)
         if not pr.update(msg.index):
             return
         if pr.state is ProgressState.PROBE or pr.snapshot_done():
@@ -978,8 +994,8 @@ class RaftNode:
         # The new commit rides on the next append or heartbeat (rule 6).
         if self._maybe_commit():
             self._after_commit()
-            if self.role is not Role.LEADER:
-                return
+            if self.role is not Role.LEADER or msg.src not in self.progress:
+                return  # stepped down, or the commit took `msg.src` out of the group
         self._fill_window(msg.src)
         if self.elector.transferee == msg.src and pr.match == self.log.last_index:
             self._outbox.append(TimeoutNow(self.id, msg.src, self.term, directory_id=self._dir))
@@ -991,7 +1007,7 @@ class RaftNode:
         self._identify(pr, msg.directory_id)
         self.elector.mark_active(msg.src, msg.directory_id)
         pr.recent_active = True
-        if msg.src in self._membership.unpinned() and msg.directory_id:
+        if msg.directory_id and msg.src in self._unpinned:
             self._maybe_pin()
         if 0 <= msg.last_index < pr.match:
             pr.lost_tail(msg.last_index)
@@ -1036,6 +1052,7 @@ class RaftNode:
         if self.log.term(candidate) != self.term and not self.bugs.commit_old_term_by_counting:
             return False  # only current-term entries commit by counting (Figure 8)
         self.commit = candidate
+        self.commit_voters = self._voter_pins
         return True
 
     def _tick_resend(self) -> None:
@@ -1065,6 +1082,11 @@ class RaftNode:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _strict(m: Membership) -> bool:
+    """A quorum of `m`'s voters is pinned (`election.strict_identity`)."""
+    return strict_identity(m.voter_ids, {v.node_id: v.directory_id for v in m.voters})
 
 
 def _not_config(kind: int) -> None:

@@ -40,4 +40,5 @@ __all__ = [
     "check_transition",
     "log_up_to_date",
     "quorum_size",
+    "strict_identity",
 ]

@@ -28,7 +28,8 @@ Rules
    but this node); a node need not be a voter itself (a learner, a joining
    node), and then the owner does not campaign. `pinned` maps a voter to the
    data directory it is known by (`dledger.membership`): a grant, or a
-   check-quorum answer, from another directory is not counted.
+   check-quorum answer, from another directory is not counted, and once a
+   quorum of voters is pinned only pinned voters' grants count (`VoteTally`).
 """
 
 from __future__ import annotations
@@ -275,15 +276,25 @@ class Elector:
             )
             return True, None
         if msg.term < self.term:
-            if msg.from_leader and (self.config.check_quorum or self.config.pre_vote):
+            if msg.from_leader and (self.config.check_quorum or self.config.pre_vote
+                                    or not self.is_voter()):
                 # A deposed leader (or one cut off by pre-vote) would otherwise
-                # never learn of the new term; tell it so it steps down.
+                # never learn of the new term; tell it so it steps down. Without
+                # either, a voter's next campaign carries its term to the
+                # group, but a learner never campaigns: it must answer, or a
+                # learner whose term ran ahead (stale candidates' requests)
+                # is never replicated to again (simulator, seed 1839 on 5 nodes).
                 return False, HeartbeatResponse(src=self.node_id, dst=msg.src, term=self.term,
                                                 directory_id=self.directory_id)
-            if isinstance(msg, VoteRequest) and msg.pre_vote:
+            if isinstance(msg, VoteRequest):
+                # Tell a candidate of an older term about ours (Figure 2: reply
+                # false with currentTerm). Without it a candidate that only
+                # nodes of newer terms can hear (their configurations no longer
+                # list it, so they never ask it for votes) campaigns forever in
+                # its old term (found by the simulator with membership changes).
                 return False, VoteResponse(
-                    src=self.node_id, dst=msg.src, term=self.term, granted=False, pre_vote=True,
-                    directory_id=self.directory_id,
+                    src=self.node_id, dst=msg.src, term=self.term, granted=False,
+                    pre_vote=msg.pre_vote, directory_id=self.directory_id,
                 )
             return False, None
         return True, None
@@ -296,17 +307,15 @@ class Elector:
         own_last_index: int,
         own_last_term: int,
         check_log: bool = True,
-        allowed: bool = True,
     ) -> VoteResponse:
         """Answer a vote request that passed `filter_term`, recording a real vote.
 
         `check_log=False` exists only for bug injection (a vote without the
         up-to-date check lets a stale node win and lose committed entries).
-        `allowed=False`: the owner refuses whatever the rules below say (the
-        membership rules: a candidate from another data directory than the
-        one it is pinned to, or this node's own directory not entitled to vote).
+        Identity is not checked here: the candidate counts only the votes of
+        the directories it knows (`VoteTally`).
         """
-        can_vote = allowed and (
+        can_vote = (
             self.vote == request.src
             or (self.vote == 0 and self.leader_id == 0)
             or (request.pre_vote and request.term > self.term)

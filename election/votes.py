@@ -46,26 +46,43 @@ def identity_matches(pinned: Mapping[int, int], node_id: int, directory_id: int)
     return expected == 0 or expected == directory_id
 
 
+def strict_identity(voters: frozenset[int], pinned: Mapping[int, int]) -> bool:
+    """A quorum of `voters` is pinned: from then on only pinned voters' votes count."""
+    return sum(1 for v in voters if pinned.get(v, 0)) >= quorum_size(len(voters))
+
+
 class VoteTally:
     """Votes received in one round (pre-vote or real vote).
 
     Invariant: each voter is counted once; a duplicated or re-ordered response
-    cannot change a recorded answer. A grant from a voter pinned (in `pinned`)
-    to another data directory than the answer's counts as a refusal: that node
-    lost its disk, and with it the memory of the votes it cast.
+    cannot change a recorded answer. Identity (`pinned`: voter -> data
+    directory, 0 = unpinned): a grant from another directory than the pinned
+    one counts as a refusal (that node lost its disk, and with it the memory
+    of the votes it cast); and once a quorum of the voters is pinned, only
+    pinned voters' grants count (`strict`): an unpinned voter's grant counts
+    only before that (a group's first election). A wiped node that a
+    candidate does not know to be pinned cannot then lend it a vote.
     """
 
-    __slots__ = ("_answers", "_pinned", "_voters")
+    __slots__ = ("_answers", "_pinned", "_strict", "_voters")
 
     def __init__(self, voters: frozenset[int], pinned: Mapping[int, int] | None = None) -> None:
         self._voters = voters
         self._pinned: Mapping[int, int] = pinned or {}
+        self._strict = strict_identity(voters, self._pinned)
         self._answers: dict[int, bool] = {}
+
+    def counts(self, voter: int, directory_id: int) -> bool:
+        """Would a grant of `voter` from `directory_id` count?"""
+        expected = self._pinned.get(voter, 0)
+        if self._strict:
+            return expected != 0 and expected == directory_id
+        return expected == 0 or expected == directory_id
 
     def record(self, voter: int, granted: bool, directory_id: int = 0) -> VoteOutcome:
         """Record one answer (first one wins) and return the round's outcome."""
         if voter in self._voters and voter not in self._answers:
-            self._answers[voter] = granted and identity_matches(self._pinned, voter, directory_id)
+            self._answers[voter] = granted and self.counts(voter, directory_id)
         return self.outcome()
 
     def outcome(self) -> VoteOutcome:

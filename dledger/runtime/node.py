@@ -566,9 +566,11 @@ class RaftGroupNode:
         self._installed: SnapshotMeta | None = None  # the last snapshot installed
         # The configuration the transport was last told about, and every node
         # id seen in any configuration (a node seen and then dropped was
-        # removed: its connections are refused).
+        # removed: its connections are refused). Not `peers`: that is an
+        # address book, and a spare or wiped node must accept a leader added
+        # to the group by a configuration it has not received yet.
         self._peers_of: Membership | None = None
-        self._known_nodes: set[int] = set(config.peers)
+        self._known_nodes: set[int] = set()
         # Leader: the configuration each outgoing snapshot transfer carries.
         self._transfer_membership: dict[int, Membership | None] = {}
 
@@ -956,15 +958,19 @@ class RaftGroupNode:
     # ------------------------------------------------------- leadership transfer
 
     async def transfer_leadership(self, to: int, timeout: float = 3.0) -> bool:
-        """Hand leadership to `to`; True once `to` is known to lead."""
+        """Hand leadership to `to`; True once `to` is known to lead. Returns
+        False as soon as another node is known to lead instead (the target
+        lost its campaign): `leader_id` then names the node that won."""
         core = self._require_core()
         if to == self.config.node_id:
             return core.role is Role.LEADER
         if core.role is not Role.LEADER or not core.transfer_leadership(to):
             return False
         self._wake.set()
-        return await self._wait_for(
-            lambda: core.role is not Role.LEADER and core.leader_id == to, timeout)
+        await self._wait_for(
+            lambda: core.role is not Role.LEADER and core.leader_id not in (0, self.config.node_id),
+            timeout)
+        return core.role is not Role.LEADER and core.leader_id == to
 
     # ---------------------------------------------------------------- driver
 

@@ -35,6 +35,14 @@ and followers too far behind install a leader's snapshot (Ready.snapshot,
 installed before the Ready's entries). A node restarts from its durable
 snapshot plus the log after it. The checks read a compacted entry through
 the node's snapshot (`term_at`, `entries_of`).
+
+Membership: every node has a data-directory id (drawn from the run's
+identity rng) and starts from the bootstrap configuration of the first
+`node_count` nodes. `add_node` starts a new, empty node (a member once a
+configuration adds it, `dledger.testing.membership`), `wipe` restarts a node
+on an empty disk under a new directory id, `decommission` stops a removed
+node for good. The checks count voters of the configuration that matters
+(the claiming leader's, each candidate's own) under their pinned directory.
 """
 
 from __future__ import annotations
@@ -46,9 +54,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dledger.config import Bugs, Config
-from dledger.entry import Entry, segment_placement
+from dledger.entry import Entry, EntryKind, segment_placement
 from dledger.invariants import SafetyChecker, SafetyViolation
 from dledger.log import UNLIMITED, CommittedDivergence
+from dledger.membership import Membership, bootstrap
 from dledger.messages import AppendRequest, InstallSnapshot, Message
 from dledger.raw_node import NotLeader, RaftNode
 from dledger.ready import Ready
@@ -56,6 +65,7 @@ from dledger.storage import LogUnavailable
 from dledger.testing.compaction import SnapshotSim
 from dledger.testing.disk import SimDisk
 from dledger.testing.faults import CLASSIC, FaultProfile
+from dledger.testing.membership import MembershipSim
 from dledger.testing.network import SimNetwork
 from dledger.testing.statemachine import SimStateMachine
 from election.config import ElectionConfig
@@ -126,6 +136,7 @@ class SimStats:
     stale_appends: int = 0
     # Restarts of a node whose durable log starts after a snapshot.
     snapshot_restarts: int = 0
+    wipes: int = 0
     trace: deque[str] = field(default_factory=lambda: deque(maxlen=60))
 
 
@@ -147,8 +158,15 @@ class SimCluster:
         compaction: bool = False,
         compaction_rng: random.Random | None = None,
         install_mutant: str | None = None,
+        identity_rng: random.Random | None = None,
+        promote_lag_max: int = 0,
+        membership: bool = False,
+        membership_rng: random.Random | None = None,
     ) -> None:
         self.rng = rng or random.Random(seed)
+        # Directory ids come from their own rng: the main one's draws stay as they were.
+        self.identity_rng = identity_rng or random.Random(f"identity:{seed}")
+        self.promote_lag_max = promote_lag_max
         # Compaction draws come from their own rng (see dledger.testing.compaction).
         self.snapshots = SnapshotSim(
             self, compaction_rng or random.Random(f"compaction:{seed}"), compaction,
@@ -158,6 +176,14 @@ class SimCluster:
         self.flush_async = flush_async
         self.node_ids = list(range(1, node_count + 1))
         self.voters = frozenset(self.node_ids)
+        self.bootstrap: Membership = bootstrap(dict.fromkeys(self.node_ids, ""))
+        self.directory = {n: self._new_directory() for n in self.node_ids}
+        # Removed nodes stopped for good when the group is healed.
+        self.decommissioned: set[int] = set()
+        # Configuration of a crashed node's durable log (what it restarts with).
+        self._crashed_view: dict[int, Membership] = {}
+        # Voters (with pins) of the configuration of the last leader claim.
+        self._claim_voters: tuple[tuple[int, int], ...] = ()
         self.bugs = bugs
         self.place = segment_placement(segment_size_bytes)
         self.network = SimNetwork(self.rng, self.node_ids)
@@ -189,6 +215,7 @@ class SimCluster:
         self._queue: list[tuple[int, int, _Event]] = []
         self._seq = 0
         self.checker = SafetyChecker(flush_async=flush_async)
+        self.checker.bootstrap = self.bootstrap
         self.stats = SimStats()
         self.proposals: list[Proposal] = []
         self._by_position: dict[tuple[int, int], Proposal] = {}
@@ -222,6 +249,9 @@ class SimCluster:
             self._start(n)
             self._schedule(self.rng.randint(1, self.tick_period[n]), _Tick(n))
         self.snapshots.start()
+        # Membership plans and wipes (their own rng, like compaction's).
+        self.members = MembershipSim(
+            self, membership_rng or random.Random(f"membership:{seed}"), membership, node_count)
 
     # ---------------------------------------------------------------- events
 
@@ -275,10 +305,73 @@ class SimCluster:
 
     # ------------------------------------------------------------- lifecycle
 
+    def _new_directory(self) -> int:
+        return self.identity_rng.randrange(1, 1 << 63)
+
+    def add_node(self, n: int) -> None:
+        """Start node `n` on a new, empty disk; it joins once a configuration adds it."""
+        if n in self.disks:
+            raise ValueError(f"node {n} exists")
+        self.node_ids.append(n)
+        self.directory[n] = self._new_directory()
+        self.disks[n] = SimDisk()
+        self.generation[n] = 0
+        self.syncing[n] = None
+        self.tick_period[n] = self.rng.randint(*self.profile.tick_period_units)
+        self.paused_until[n] = 0
+        self.missed_ticks[n] = 0
+        self._pause_burst[n] = False
+        self.flush_every[n] = self.rng.randint(2, 6)
+        self._ticks_since_flush[n] = 0
+        self._flushing[n] = False
+        self._claimed[n] = 0
+        self.applied_logs[n] = {}
+        self.nodes[n] = None
+        if self.network.node_ids is not self.node_ids:
+            self.network.node_ids.append(n)
+        self.log(f"add node {n} directory={self.directory[n]:#x}")
+        self.restart(n)
+
+    def wipe(self, n: int) -> None:
+        """Node `n` loses its disk: it restarts empty, under a new directory id."""
+        if n in self.stopped or n in self.decommissioned:
+            return
+        self.crash(n)
+        old = self.directory[n]
+        self.disks[n] = SimDisk()
+        self._crashed_view.pop(n, None)
+        self.directory[n] = self._new_directory()
+        self.checker.observe_wipe(n, self.directory[n])
+        self.stats.wipes += 1
+        self.log(f"wipe {n}: directory {old:#x} -> {self.directory[n]:#x}")
+        self.restart(n)
+
+    def decommission(self, n: int) -> None:
+        """A removed node is stopped for good (what the runtime does once it learns it)."""
+        if n in self.decommissioned:
+            return
+        self.crash(n)
+        self.decommissioned.add(n)
+        self.log(f"decommission {n}")
+
+    def view_of(self, n: int) -> Membership:
+        """The configuration node `n` acts on: in memory, or its durable log's when down."""
+        node = self.nodes[n]
+        if node is not None:
+            return node.membership
+        view = self._crashed_view.get(n)
+        if view is None:
+            view = self.disks[n].durable_membership() or self.bootstrap
+            self._crashed_view[n] = view
+        return view
+
     def _start(self, n: int) -> None:
         config = Config(
             node_id=n,
             voters=self.voters,
+            membership=self.bootstrap,
+            directory_id=self.directory[n],
+            promote_lag_max=self.promote_lag_max,
             election=self.election,
             append_entries_max=self.append_entries_max,
             append_bytes_max=2048,
@@ -309,12 +402,11 @@ class SimCluster:
         self.applied_logs[n] = {}
         self.machines.pop(n, None)
         lost = self.disks[n].crash(self.rng)
+        self._crashed_view.pop(n, None)
         self.stats.crashes += 1
         self.stats.writes_lost += lost
         self.log(f"crash {n} (lost {lost} unsynced writes)")
-        self.checker.observe_durable_logs(
-            {m: self.disks[m].durable_term_any for m in self.node_ids}
-        )
+        self._check_durable_quorum()
         self._check_electable()
 
     def _kill(self, n: int) -> None:
@@ -351,7 +443,7 @@ class SimCluster:
         self._after_step(n)
 
     def restart(self, n: int) -> None:
-        if self.nodes[n] is not None or n in self.stopped:
+        if self.nodes[n] is not None or n in self.stopped or n in self.decommissioned:
             return
         self._start(n)
         node = self.nodes[n]
@@ -369,7 +461,7 @@ class SimCluster:
 
     def running_ids(self) -> list[int]:
         """Nodes that are not stopped for good (alive or crashed and restartable)."""
-        return [n for n in self.node_ids if n not in self.stopped]
+        return [n for n in self.node_ids if n not in self.stopped and n not in self.decommissioned]
 
     # --------------------------------------------------------------- handlers
 
@@ -431,6 +523,8 @@ class SimCluster:
             if before is None:
                 self.stats.elections += 1
                 self.log(f"leader {n} term={node.term} last={node.log.last_index}")
+                self.checker.observe_election(n, node.term, self.directory[n],
+                                              node.elector.elected_by)
                 if self.rng.random() < self.leader_kill_probability:
                     self.call_at(self.now + self.rng.randint(1, 30), lambda: self._kill(n))
                 if self.on_new_leader is not None:
@@ -455,11 +549,44 @@ class SimCluster:
             return
         entries = self.entries_of(n, low + 1, node.commit + 1)
         self.checker.observe_committed(entries, node.term)
-        last = entries[-1]
-        self.checker.observe_claim(
-            n, last, [self.disks[m].durable_term_any for m in self.node_ids]
-        )
+        if node.role is Role.LEADER:
+            # Check the claim over the voters the leader counted (its
+            # configuration when the index moved: the latest in its log, or
+            # under config_on_commit the committed one). A follower's
+            # configuration may lag the one its leader counted.
+            last = entries[-1]
+            self._claim_voters = node.commit_voters
+            holders, abstaining = self._holders(self._claim_voters, last.index, last.term)
+            self.checker.observe_leader_claim(n, last, holders, abstaining,
+                                              len(self._claim_voters))
         self._check_electable()
+
+    def _holders(self, voters: tuple[tuple[int, int], ...], index: int,
+                 term: int) -> tuple[int, int]:
+        """(voters holding entry (index, term) durably under their pinned directory,
+        voters abstaining: a wiped node's replacement, which votes for no one)."""
+        holders = abstaining = 0
+        for v, pinned in voters:
+            directory = self.directory.get(v)
+            if directory is None or v in self.stopped:
+                continue
+            if not self.checker.entitled(v, directory):
+                abstaining += 1
+            elif pinned in (0, directory) and self.disks[v].durable_term_any(index) == term:
+                holders += 1
+        return holders, abstaining
+
+    def _check_durable_quorum(self) -> None:
+        """After a crash: the latest committed entry is still durable on a quorum
+        of the voters that committed the latest claim (flush=sync only)."""
+        latest = self.checker.latest_committed()
+        if self.flush_async or latest is None or not self._claim_voters:
+            return
+        holders, abstaining = self._holders(self._claim_voters, latest.index, latest.term)
+        if holders + abstaining < len(self._claim_voters) // 2 + 1:
+            raise SafetyViolation(
+                f"committed entry {latest.index}/{latest.term} durable on only {holders} of "
+                f"{len(self._claim_voters)} voters")
 
     def _send(self, n: int, messages: tuple[Message, ...]) -> None:
         disk = self.disks[n]
@@ -518,6 +645,9 @@ class SimCluster:
                 first = ready.entries[0].index
                 prev_term = node.log.term_or_none(first - 1)
                 self.checker.observe_written(ready.entries, prev_term or 0)
+                if node.role is Role.LEADER and any(
+                        e.kind == EntryKind.CONFIG for e in ready.entries):
+                    self._check_one_change(node)
                 self._check_electable()
             durable = disk.durable_hard_state
             disk.write(ready.hard_state, ready.entries)
@@ -557,6 +687,17 @@ class SimCluster:
             self._apply(n, ready.committed_entries)
         node.advance(ready)
 
+    def _check_one_change(self, leader: RaftNode) -> None:
+        """A leader's log holds at most one uncommitted CONFIG entry of its term."""
+        first = max(leader.commit + 1, leader.log.first_index())
+        mine = [e.index for e in leader.log.entries(first, leader.log.last_index + 1,
+                                                     UNLIMITED, UNLIMITED)
+                if e.kind == EntryKind.CONFIG and e.term == leader.term]
+        if len(mine) > 1:
+            raise SafetyViolation(
+                f"leader {leader.id} of term {leader.term} holds {len(mine)} uncommitted "
+                f"configuration entries of its term: {mine} (commit {leader.commit})")
+
     def _check_electable(self) -> None:
         if self.flush_async:
             return  # a crash may lose committed entries by contract
@@ -565,17 +706,39 @@ class SimCluster:
             return
         candidates: dict[int, tuple[bool, int, int]] = {}
         voters: dict[int, tuple[int, int]] = {}
+        views: dict[int, tuple[frozenset[int], int]] = {}
+        directory = self.directory
         for n in self.node_ids:
+            if n in self.stopped or n in self.decommissioned:
+                continue
             disk = self.disks[n]
-            voters[n] = disk.durable_last()
+            durable_last = disk.durable_last()
+            if self.checker.entitled(n, directory[n]):
+                voters[n] = durable_last
+            view = self.view_of(n)
+            if not view.can_vote(n, directory[n]):
+                continue  # it never campaigns
             node = self.nodes[n]
             if node is None:
                 holds = disk.durable_term_any(latest.index) == latest.term
-                candidates[n] = (holds, voters[n][0], voters[n][1])
+                candidates[n] = (holds, durable_last[0], durable_last[1])
             else:
                 holds = self.term_at(n, latest.index) == latest.term
                 candidates[n] = (holds, node.log.last_term(), node.log.last_index)
-        self.checker.observe_electable(candidates, voters)
+            views[n] = self._electorate(view)
+        self.checker.observe_electable(candidates, voters, views)
+
+    def _electorate(self, view: Membership) -> tuple[frozenset[int], int]:
+        """The nodes whose votes a candidate with configuration `view` counts,
+        and its quorum: pinned voters under their directory once a quorum is
+        pinned, else every voter not pinned elsewhere (`election.VoteTally`'s
+        rule, restated)."""
+        strict = sum(1 for m in view.voters if m.directory_id) >= len(view.voters) // 2 + 1
+        counted = frozenset(
+            m.node_id for m in view.voters
+            if (m.directory_id == self.directory.get(m.node_id) if strict
+                else m.directory_id in (0, self.directory.get(m.node_id))))
+        return counted, len(view.voters) // 2 + 1
 
     def _apply(self, n: int, entries: tuple[Entry, ...]) -> None:
         node = self.nodes[n]

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import random
 
-from dledger.entry import Entry, HardState
+from dledger.entry import Entry, EntryKind, HardState
+from dledger.membership import Membership, decode
 from dledger.storage import MemoryLogStorage
 from dledger.testing.statemachine import SimSnapshot
 
@@ -178,6 +179,15 @@ class SimDisk:
         if index > self.volatile.last_index():
             return None
         return self.volatile.term(index)
+
+    def durable_membership(self) -> Membership | None:
+        """The configuration a node restarted from this disk would start with
+        (None: the bootstrap one)."""
+        for entry in reversed(self.durable_entries):
+            if entry.kind == EntryKind.CONFIG:
+                return decode(entry.data)
+        snap = self.durable_snapshot
+        return snap.meta.membership if snap is not None else None
 
     def durable_term_any(self, index: int) -> int | None:
         """Term of durable entry `index` regardless of the volatile view (crash analysis)."""

@@ -21,6 +21,16 @@ status, log, compact (`compact 1 5`: node 1's storage drops entries <= 5, or
 <= its applied index without a number) and report-snapshot (`report-snapshot
 1 3 ok|fail`: the leader hears how the transfer to 3 went). A Ready's
 snapshot is installed into the node's storage before its entries.
+
+Membership: `add-nodes N identity=true segment=4096` (CONFIG entries
+outgrow the default 256-byte segments) gives node n the data-directory id
+100 * n + 1 (each wipe adds one); `add-node 4` starts an extra node outside
+the bootstrap configuration; `member 1 add-learner|promote|remove|rejoin 4
+[unpinned]` asks node 1 to propose that change; `wipe 3` restarts node 3 on
+empty storage under a new directory id; `membership [ids]` prints each
+node's configuration in effect. CONFIG entries print as `CONF v=1@101,2 l=4`
+(voters, learners, @ the pinned directory); vote messages print the
+sender's directory id when it has one.
 """
 
 from __future__ import annotations
@@ -31,6 +41,17 @@ from collections.abc import Callable
 from dledger.config import Config
 from dledger.entry import Entry, EntryKind, segment_placement
 from dledger.log import UNLIMITED
+from dledger.membership import (
+    Member,
+    Membership,
+    MembershipError,
+    add_learner,
+    bootstrap,
+    decode,
+    promote,
+    rejoin,
+    remove,
+)
 from dledger.messages import (
     AppendRequest,
     AppendResponse,
@@ -42,19 +63,34 @@ from dledger.messages import (
     VoteRequest,
     VoteResponse,
 )
-from dledger.raw_node import NotLeader, RaftNode
+from dledger.raw_node import MembershipChangeRefused, NotLeader, RaftNode
 from dledger.ready import Ready
 from dledger.storage import MemoryLogStorage
 from election.config import ElectionConfig
 
 _KIND_NAMES: dict[int, str] = {
     EntryKind.MESSAGES: "MSG", EntryKind.NOOP: "NOOP", EntryKind.CONTROL: "CTRL",
+    EntryKind.CONFIG: "CONF",
 }
+
+
+def format_membership(m: Membership) -> str:
+    """`v=1@101,2 l=4`: voters, learners, each with @ its pinned directory."""
+
+    def member(x: Member) -> str:
+        return f"{x.node_id}@{x.directory_id}" if x.directory_id else str(x.node_id)
+
+    text = "v=" + ",".join(member(x) for x in m.voters)
+    if m.learners:
+        text += " l=" + ",".join(member(x) for x in m.learners)
+    return text
 
 
 def format_entry(entry: Entry) -> str:
     text = f"{entry.index}/{entry.term} {_KIND_NAMES.get(entry.kind, entry.kind)}@{entry.position}"
-    if entry.data:
+    if entry.kind == EntryKind.CONFIG:
+        text += " " + format_membership(decode(entry.data))
+    elif entry.data:
         text += f" {entry.data.decode(errors='replace')!r}"
     return text
 
@@ -64,10 +100,13 @@ def format_message(msg: Message) -> str:
     if isinstance(msg, VoteRequest):
         name = "PreVote" if msg.pre_vote else "Vote"
         extra = " transfer" if msg.transfer else ""
+        extra += f" dir={msg.directory_id}" if msg.directory_id else ""
         return f"{head} {name} term={msg.term} last={msg.last_index}/{msg.last_term}{extra}"
     if isinstance(msg, VoteResponse):
         name = "PreVoteResp" if msg.pre_vote else "VoteResp"
-        return f"{head} {name} term={msg.term} {'granted' if msg.granted else 'rejected'}"
+        extra = f" dir={msg.directory_id}" if msg.directory_id else ""
+        return (f"{head} {name} term={msg.term} {'granted' if msg.granted else 'rejected'}"
+                f"{extra}")
     if isinstance(msg, AppendRequest):
         entries = ", ".join(format_entry(e) for e in msg.entries)
         return (
@@ -125,7 +164,13 @@ class InteractionEnv:
             "log": self._log,
             "compact": self._compact,
             "report-snapshot": self._report_snapshot,
+            "add-node": self._add_node,
+            "member": self._member,
+            "wipe": self._wipe,
+            "membership": self._membership,
         }
+        # Identity: each node's data-directory id (0: not tracked).
+        self.directories: dict[int, int] = {}
 
     # ------------------------------------------------------------- dispatch
 
@@ -164,17 +209,24 @@ class InteractionEnv:
             "heartbeat": int(kwargs.get("heartbeat", "1")),
             "entries_max": int(kwargs.get("entries_max", "64")),
             "preferred": int(kwargs.get("preferred", "0")),
+            "count": count,
+            "identity": _flag(kwargs.get("identity", "false")),
+            "segment": int(kwargs.get("segment", "256")),
         }
         for n in range(1, count + 1):
             self.storages[n] = MemoryLogStorage()
-            self._start(n, count)
+            self.directories[n] = 100 * n + 1 if self._config["identity"] else 0
+            self._start(n)
         self._print(f"added nodes 1..{count}")
 
-    def _start(self, n: int, count: int) -> None:
+    def _start(self, n: int) -> None:
         c = self._config
+        count = int(c["count"])
         config = Config(
             node_id=n,
             voters=frozenset(range(1, count + 1)),
+            membership=bootstrap(dict.fromkeys(range(1, count + 1), "")),
+            directory_id=self.directories.get(n, 0),
             election=ElectionConfig(
                 election_timeout_ticks=int(c["election_timeout"]),
                 heartbeat_interval_ticks=int(c["heartbeat"]),
@@ -185,7 +237,7 @@ class InteractionEnv:
             append_entries_max=int(c["entries_max"]),
         )
         # Seeded per node: randomized timeouts are the same on every run.
-        place = segment_placement(256)
+        place = segment_placement(int(c["segment"]))
         self.nodes[n] = RaftNode(config, self.storages[n], random.Random(n), place)
 
     def _tick(self, args: list[str], kwargs: dict[str, str]) -> None:
@@ -303,7 +355,7 @@ class InteractionEnv:
         self.queue = [m for m in self.queue if m.dst != n and m.src != n]
 
     def _restart(self, args: list[str], kwargs: dict[str, str]) -> None:
-        self._start(int(args[0]), len(self.nodes))
+        self._start(int(args[0]))
 
     def _transfer(self, args: list[str], kwargs: dict[str, str]) -> None:
         ok = self._node(args[0]).transfer_leadership(int(args[1]))
@@ -327,6 +379,10 @@ class InteractionEnv:
                 line += f" | {peer}:{pr.state} match={pr.match} next={pr.next}"
                 if pr.pending_snapshot:
                     line += f" snap={pr.pending_snapshot}"
+                if pr.learner:
+                    line += " learner"
+                if pr.identity_mismatch:
+                    line += f" identity-mismatch(dir={pr.directory_id})"
             self._print(line)
 
     def _log(self, args: list[str], kwargs: dict[str, str]) -> None:
@@ -345,6 +401,63 @@ class InteractionEnv:
 
     def _report_snapshot(self, args: list[str], kwargs: dict[str, str]) -> None:
         self._node(args[0]).report_snapshot(int(args[1]), args[2] == "ok")
+
+    # ------------------------------------------------------------- membership
+
+    def _add_node(self, args: list[str], kwargs: dict[str, str]) -> None:
+        n = int(args[0])
+        if n in self.nodes:
+            raise ValueError(f"node {n} exists")
+        self.storages[n] = MemoryLogStorage()
+        self.directories[n] = 100 * n + 1 if self._config["identity"] else 0
+        self._start(n)
+        self._print(f"added node {n}" + (f" dir={self.directories[n]}"
+                                          if self.directories[n] else ""))
+
+    def _member(self, args: list[str], kwargs: dict[str, str]) -> None:
+        """`member <leader> add-learner|promote|remove|rejoin <node> [unpinned]`."""
+        node = self._node(args[0])
+        op, target = args[1], int(args[2])
+        current = node.membership
+        try:
+            if op == "add-learner":
+                pinned = len(args) < 4 or args[3] != "unpinned"
+                new = add_learner(current, Member(
+                    target, "", self.directories.get(target, 0) if pinned else 0))
+            elif op == "promote":
+                new = promote(current, target)
+            elif op == "remove":
+                new = remove(current, target)
+            elif op == "rejoin":
+                new = rejoin(current, target, self.directories[target])
+            else:
+                raise ValueError(f"unknown membership operation {op!r}")
+            index, term = node.propose_membership(new)
+        except (MembershipError, MembershipChangeRefused) as exc:
+            self._print(f"refused: {exc}")
+        except NotLeader as exc:
+            self._print(f"rejected: {exc}")
+        else:
+            self._print(f"proposed at {index}/{term}: {format_membership(new)}")
+
+    def _wipe(self, args: list[str], kwargs: dict[str, str]) -> None:
+        n = int(args[0])
+        self._crash(args, kwargs)
+        old = self.directories.get(n, 0)
+        self.directories[n] = old + 1 if old else 0
+        self.storages[n] = MemoryLogStorage()
+        self._start(n)
+        self._print(f"wiped {n}: directory {old} -> {self.directories[n]}, empty log")
+
+    def _membership(self, args: list[str], kwargs: dict[str, str]) -> None:
+        for n in self._ids(args):
+            node = self.nodes[n]
+            if node is None:
+                self._print(f"{n}: down")
+                continue
+            pending = " pending" if node.membership_pending else ""
+            self._print(f"{n}: {format_membership(node.membership)} "
+                        f"index={node.membership_index}{pending}")
 
 
 def parse_transcript(text: str) -> list[tuple[list[str], str, str]]:

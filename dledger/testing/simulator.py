@@ -22,6 +22,15 @@ snapshots (a `FarBehind` scenario in `far_behind_probability` of those
 seeds makes sure of one), and the final checks compare whole logs, the
 snapshot-covered prefix included, and every state machine against the
 final log. `RunResult` counts compactions, installs and snapshot transfers.
+
+Membership changes (`SimOptions.membership`: the share of seeds with them,
+drawn from a third rng) run plans of single-server changes during the fault
+phase (`dledger.testing.membership`): add, promote, remove, replace, grow
+and shrink, and wipes of a node's disk followed by its repair. Every seed
+tracks identity (each node has a data-directory id; the first leader pins
+the members). When the group heals, removed nodes are decommissioned and
+the run converges only once every wiped node is repaired and every member
+of the configuration in effect has caught up.
 """
 
 from __future__ import annotations
@@ -78,12 +87,17 @@ class SimOptions:
     far_behind_probability: float = 0.5
     # Deliberately broken install in the simulated driver (see compaction.py).
     install_mutant: str | None = None
+    # Share of seeds with membership changes and wipes (drawn from the
+    # membership rng: 0.0 leaves the group as bootstrapped).
+    membership: float = 0.5
 
     def __post_init__(self) -> None:
         if self.flush not in FLUSH_MODES:
             raise ValueError(f"flush must be one of {FLUSH_MODES}, not {self.flush!r}")
         if not 0.0 <= self.compaction <= 1.0:
             raise ValueError("compaction is a share of seeds, 0.0 to 1.0")
+        if not 0.0 <= self.membership <= 1.0:
+            raise ValueError("membership is a share of seeds, 0.0 to 1.0")
         if self.install_mutant is not None and self.install_mutant not in INSTALL_MUTANTS:
             raise ValueError(f"install_mutant must be one of {INSTALL_MUTANTS}")
         if self.profile is not None:
@@ -122,6 +136,16 @@ class RunResult:
     snapshot_restarts: int = 0
     # flush=async: states or snapshots that differed at an index (allowed loss).
     state_divergences: int = 0
+    # Membership: whether this seed changed the group, and what happened.
+    membership: bool = False
+    config_changes: int = 0
+    membership_plans: int = 0
+    membership_plans_done: int = 0
+    membership_refusals: int = 0
+    nodes_added: int = 0
+    nodes_removed: int = 0
+    wipes: int = 0
+    repairs: int = 0
 
     @property
     def ok(self) -> bool:
@@ -144,14 +168,20 @@ def run_seed(
     compaction_rng = random.Random(f"compaction:{seed}")
     compaction = compaction_rng.random() < options.compaction
     far_behind = compaction and compaction_rng.random() < options.far_behind_probability
+    membership_rng = random.Random(f"membership:{seed}")
+    membership = membership_rng.random() < options.membership
     cluster = SimCluster(
         seed, options.nodes, options.bugs, segment_size_bytes=options.segment_size_bytes,
         trace=trace, profile=profile, flush_async=flush == "async", rng=rng,
         compaction=compaction, compaction_rng=compaction_rng,
         install_mutant=options.install_mutant,
+        promote_lag_max=membership_rng.choice((0, 0, 4)),
+        membership=membership, membership_rng=membership_rng,
     )
     cluster.log(f"profile {profile.name} flush={flush} figure8={figure8}"
-                + (f" compaction far_behind={far_behind}" if compaction else ""))
+                + (f" compaction far_behind={far_behind}" if compaction else "")
+                + (" membership" if membership else ""))
+    cluster.members.start(options.fault_phase_units)
     if far_behind:
         # Late enough for a log to compact, early enough to finish in the phase.
         at = compaction_rng.randint(options.fault_phase_units // 5,
@@ -161,7 +191,7 @@ def run_seed(
     try:
         _fault_phase(cluster, options, figure8)
         violation = _liveness_phase(cluster, options)
-        if violation is None:
+        if violation is None and not _quorum_stopped(cluster):
             violation = _final_checks(cluster)
     except (SafetyViolation, InvariantViolation) as exc:
         violation = f"{type(exc).__name__}: {exc}"
@@ -197,6 +227,15 @@ def run_seed(
         transfer_failures=cluster.snapshots.transfer_failures,
         snapshot_restarts=cluster.stats.snapshot_restarts,
         state_divergences=cluster.checker.state_divergences,
+        membership=membership,
+        config_changes=cluster.checker.config_changes,
+        membership_plans=sum(cluster.members.stats.plans.values()),
+        membership_plans_done=cluster.members.stats.plans_done,
+        membership_refusals=sum(cluster.members.stats.refused.values()),
+        nodes_added=cluster.members.stats.nodes_added,
+        nodes_removed=cluster.members.stats.removed,
+        wipes=cluster.stats.wipes,
+        repairs=cluster.members.stats.repairs_done,
     )
 
 
@@ -305,30 +344,60 @@ def _liveness_phase(cluster: SimCluster, options: SimOptions) -> str | None:
     cluster.network.faults.delay_control = CLASSIC.delay_control
     cluster.network.faults.delay_replication = CLASSIC.delay_replication
     cluster.log("heal: network healed, all nodes restarted")
+    cluster.members.heal()
     for n in cluster.node_ids:
         cluster.restart(n)
-    deadline = cluster.now + options.liveness_phase_units
+    # A repair copies a whole log to a wiped node before promoting it: the
+    # slowest profiles (one-entry batches behind slow fsyncs) need longer.
+    units = options.liveness_phase_units * (2 if cluster.members.enabled else 1)
+    deadline = cluster.now + units
     while cluster.now < deadline:
         cluster.run_until(cluster.now + 50)
-        if len(cluster.running_ids()) < len(cluster.node_ids) // 2 + 1:
+        if _quorum_stopped(cluster):
             cluster.log(f"a quorum stopped after detecting lost data: {sorted(cluster.stopped)}")
             return None
         if _converged(cluster):
             return None
-    return f"liveness: no convergence {options.liveness_phase_units} units after heal: " + (
+    return f"liveness: no convergence {units} units after heal: " + (
         _describe(cluster)
     )
+
+
+def _quorum_stopped(cluster: SimCluster) -> bool:
+    """So many voters stopped for good (lost committed data) that no quorum is
+    left, in the last committed configuration or in one a live node acts on
+    (an uncommitted one may be the one the group needs)."""
+    if not cluster.stopped:
+        return False
+    last = cluster.checker.last_config
+    views = [last[1] if last is not None else cluster.bootstrap]
+    views += [node.membership for node in cluster.alive()]
+    for view in views:
+        running = sum(1 for v in view.voter_ids if v not in cluster.stopped)
+        if running < len(view.voters) // 2 + 1:
+            return True
+    return False
 
 
 def _converged(cluster: SimCluster) -> bool:
     nodes = cluster.alive()
     leaders = [n for n in nodes if n.role is Role.LEADER]
-    if len(nodes) != len(cluster.running_ids()) or len(leaders) != 1:
+    if len(nodes) != len(cluster.running_ids()) or not leaders:
         return False
-    leader = leaders[0]
+    leader = max(leaders, key=lambda n: n.term)
+    # A node outside the leader's configuration may still believe it leads
+    # an older term (removed before it heard so, without check-quorum): it
+    # can commit nothing, and nobody it could reach answers in its term.
+    if any(n is not leader and n.id in leader.membership.node_ids for n in leaders):
+        return False
     if leader.log.last_term() != leader.term or leader.commit != leader.log.last_index:
         return False
+    if leader.membership_pending or not cluster.members.settled():
+        return False
+    members = leader.membership.node_ids
     for node in nodes:
+        if node.id not in members:
+            continue  # joined and cut again, or removed and not told: not replicated to
         if node.term != leader.term or node.leader_id != leader.id:
             return False
         if node.commit != leader.commit or node.applied != leader.commit:
@@ -353,9 +422,11 @@ def _final_checks(cluster: SimCluster) -> str | None:
     leaders = [node for node in cluster.alive() if node.role is Role.LEADER]
     if not leaders:
         return None  # a quorum stopped (flush=async): nothing left to compare
-    leader = leaders[0]
-    # Whole logs: the entries a node's snapshot covers, then those it stores.
-    logs = {n: cluster.disks[n].full_log() for n in cluster.running_ids()}
+    leader = max(leaders, key=lambda n: n.term)
+    # Whole logs: the entries a node's snapshot covers, then those it stores,
+    # of every member (a node outside the configuration is no longer replicated to).
+    members = leader.membership.node_ids
+    logs = {n: cluster.disks[n].full_log() for n in cluster.running_ids() if n in members}
     problem = check_prefixes_identical(logs, leader.commit)
     if problem:
         return problem
@@ -366,6 +437,11 @@ def _final_checks(cluster: SimCluster) -> str | None:
     if problem:
         return problem
     for n in cluster.running_ids():
+        if n not in members and cluster.flush_async:
+            # Outside the configuration nobody replicates to it, so it cannot
+            # learn that committed entries it applied were lost (flush=async
+            # allows the loss; the runtime stops a node it finds removed).
+            continue
         problem = check_applied_match(n, cluster.applied_logs[n], final_log)
         if problem:
             return problem
@@ -385,11 +461,15 @@ def _final_checks(cluster: SimCluster) -> str | None:
     return None
 
 
-def replay_hint(seed: int, nodes: int, flush: str = "sync", compaction: float | None = None) -> str:
-    """The command that replays a seed (`compaction`: a share other than the default)."""
+def replay_hint(seed: int, nodes: int, flush: str = "sync", compaction: float | None = None,
+                membership: float | None = None) -> str:
+    """The command that replays a seed (`compaction`, `membership`: shares other
+    than the defaults)."""
     extra = ""
     if compaction is not None and compaction != SimOptions.compaction:
         extra = f" --compaction {compaction}"
+    if membership is not None and membership != SimOptions.membership:
+        extra += f" --membership {membership}"
     return f"replay with: ledgermq sim --seed {seed} --nodes {nodes} --flush {flush}{extra} --trace"
 
 

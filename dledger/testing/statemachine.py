@@ -10,15 +10,19 @@ A `SimSnapshot` is that state at one index: the meta the Raft core sees
 (`SnapshotMeta`), the digest, and the entries it summarises (a real state
 machine keeps only their effect; the simulator keeps them so that the final
 checks can rebuild a replica's whole log, prefix included, and count every
-acknowledged write).
+acknowledged write). A snapshot records the configuration in effect at its
+index (`SnapshotMeta.membership`: the last CONFIG entry applied, None when
+there was none), as a real driver must.
 """
 
 from __future__ import annotations
 
+import bisect
 import zlib
 from dataclasses import dataclass
 
-from dledger.entry import Entry
+from dledger.entry import Entry, EntryKind
+from dledger.membership import Membership, decode
 from dledger.storage import SnapshotMeta
 
 EMPTY_DIGEST = 0
@@ -67,6 +71,21 @@ class SimStateMachine:
         # _digests[k] is the digest at index _base + k.
         self._base = 0 if snapshot is None else snapshot.index
         self._digests = [digest]
+        # (index, configuration) of every CONFIG entry applied, in order.
+        self._config_index: list[int] = []
+        self._configs: list[Membership] = []
+        for entry in self._entries:
+            self._note_config(entry)
+
+    def _note_config(self, entry: Entry) -> None:
+        if entry.kind == EntryKind.CONFIG:
+            self._config_index.append(entry.index)
+            self._configs.append(decode(entry.data))
+
+    def membership_at(self, index: int) -> Membership | None:
+        """The configuration of the last CONFIG entry at or below `index` (None: none)."""
+        k = bisect.bisect_right(self._config_index, index)
+        return self._configs[k - 1] if k else None
 
     @property
     def index(self) -> int:
@@ -85,6 +104,7 @@ class SimStateMachine:
             raise ValueError(f"state machine at {self.index} handed entry {entry.index}")
         self._entries.append(entry)
         self._digests.append(chain(self.digest, entry))
+        self._note_config(entry)
         return self.digest
 
     def snapshot(self, index: int) -> SimSnapshot:
@@ -92,5 +112,5 @@ class SimStateMachine:
         if not self._base <= index <= self.index or index < 1:
             raise ValueError(f"no state at {index}: machine holds {self._base}..{self.index}")
         entry = self._entries[index - 1]
-        meta = SnapshotMeta(index, entry.term, entry.end_position)
+        meta = SnapshotMeta(index, entry.term, entry.end_position, self.membership_at(index))
         return SimSnapshot(meta, self.digest_at(index), tuple(self._entries[:index]))

@@ -170,8 +170,10 @@ async def remove_member(node: RaftRuntime, node_id: int, *, force: bool = False,
         others = sorted(healthy_voters(node) - {node_id})
         if not others:
             raise ReconfigureError("no healthy voter to hand leadership to")
-        if not await node.transfer_leadership(others[0], timeout):
+        if not await node.transfer_leadership(others[0], timeout) and (
+                node.role == "leader" or not node.leader_id):
             raise ReconfigureError(f"n{others[0]} did not take over within {timeout:g}s", 503)
+        # The target, or whoever won instead of it, leads now.
         raise LeadershipMoved(node.leader_id or others[0])
     if node_id in current.voter_ids and not force:
         left = current.voter_ids - {node_id}
@@ -187,11 +189,24 @@ async def remove_member(node: RaftRuntime, node_id: int, *, force: bool = False,
 async def replace(node: RaftRuntime, old_id: int, new_id: int, address: str,
                   directory_id: int = 0, *, client_address: str = "",
                   timeout: float = 60.0) -> list[Step]:
-    """Add `new_id`, promote it, then remove `old_id`: voters never fewer than now."""
-    if node.membership.member(old_id) is None:
+    """Add `new_id`, promote it, then remove `old_id`: voters never fewer than now.
+
+    Resumable: each step is skipped when already done, so a retry (after the
+    old node, leading, handed leadership over: LeadershipMoved) finishes the
+    replacement on the new leader instead of failing on the add."""
+    current = node.membership
+    if old_id == new_id:
+        raise ReconfigureError("the old and the new node are the same", 400)
+    if current.member(old_id) is None:
+        if new_id in current.voter_ids:
+            return []  # already replaced
         raise ReconfigureError(f"n{old_id} is not a member of the group", 400)
-    steps = await add(node, new_id, address, directory_id, client_address=client_address,
-                      timeout=timeout)
+    steps: list[Step] = []
+    if new_id in current.learner_ids:
+        steps.append(await _promote_when_caught_up(node, new_id, timeout))
+    elif new_id not in current.voter_ids:
+        steps += await add(node, new_id, address, directory_id,
+                           client_address=client_address, timeout=timeout)
     # The old node may be dead (that is why it is replaced): the new voter
     # already restored the count, so its removal needs no health check.
     steps += await remove_member(node, old_id, force=True, timeout=timeout)
@@ -212,6 +227,14 @@ async def rejoin_member(node: RaftRuntime, node_id: int, directory_id: int = 0, 
             raise ReconfigureError(
                 f"n{node_id} has not been heard from: start it (with its new data directory) "
                 "first, or give its directory id", 409)
+        pinned = node.membership.member(node_id)
+        if pinned is not None and pinned.directory_id == directory_id:
+            # Not heard from its new directory yet: the id heard is the old,
+            # wiped one, and pinning it again would never let it vote.
+            raise ReconfigureError(
+                f"n{node_id} still answers from its pinned directory {directory_id}: it has "
+                "not restarted on its new one yet (or was not wiped); retry once it has, or "
+                "give --directory-id", 409)
     steps = [await _commit(node, "rejoin", node_id,
                            lambda m: rejoin(m, node_id, directory_id), timeout)]
     if not learner:
@@ -229,6 +252,8 @@ def members_view(node: RaftRuntime) -> dict[str, Any]:
         row: dict[str, Any] = {
             "node_id": m.node_id, "address": m.address, "client_address": m.client_address,
             "directory_id": m.directory_id,
+            # Also as text: JavaScript's numbers round 63-bit ids (the dashboard).
+            "directory_hex": f"{m.directory_id:016x}",
             "role": membership.role_of(m.node_id), "self": m.node_id == node.node_id,
             "leader": m.node_id == node.leader_id,
         }
@@ -236,6 +261,7 @@ def members_view(node: RaftRuntime) -> dict[str, Any]:
         if f is not None:
             row.update({"match": f.match, "lag": f.lag, "state": f.state,
                         "heard_directory_id": f.directory_id,
+                        "heard_directory_hex": f"{f.directory_id:016x}",
                         "identity_mismatch": f.identity_mismatch})
         rows.append(row)
     return {

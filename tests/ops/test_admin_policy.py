@@ -55,7 +55,7 @@ def _app(auth: AdminAuth, calls: list[str]) -> web.Application:
 
 def _concrete(path: str) -> str:
     return (path.replace("{topic}", "Orders").replace("{group}", "cg")
-            .replace("{msg_id}", "broker-a@0000000000000000"))
+            .replace("{msg_id}", "broker-a@0000000000000000").replace("{action}", "add"))
 
 
 def test_a_non_admin_reads_but_cannot_write() -> None:

@@ -189,3 +189,49 @@ async def _retention_page(cluster: OpsCluster, chromium: str, artifacts: Path) -
         shot = await page.screenshot(artifacts / "dashboard-retention.png")
         print(f"dashboard screenshot: {shot}")
         assert shot.stat().st_size > 10_000
+
+
+_MEMBERS = """(() => [...document.querySelectorAll('[data-members-group] tr[data-member]')].map(
+  r => [Number(r.dataset.member), r.dataset.role, r.dataset.mismatch]))()"""
+
+
+def test_dashboard_members_page(tmp_path: Path) -> None:
+    """The Members page shows the group's configuration live: three voters,
+    then a spare added as a learner through the admin API appears without a
+    reload."""
+    chromium = find_chromium()
+    require(chromium is not None, "headless Chromium (Debian package 'chromium')")
+    artifacts = Path(os.environ.get("LEDGERMQ_ARTIFACTS") or tmp_path / "artifacts")
+    cluster = OpsCluster(tmp_path / "cluster", nodes=4)
+    cluster.settings["initial_members"] = [1, 2, 3]
+    cluster.start()
+    try:
+        loop.run(_members_page(cluster, chromium, artifacts))
+    finally:
+        cluster.stop()
+
+
+async def _members_page(cluster: OpsCluster, chromium: str, artifacts: Path) -> None:
+    from ops.support import TOKEN, http
+
+    await wait_leader(cluster)
+    async with Browser(chromium) as browser:
+        page = await browser.open(f"{cluster.namesrv_url}/#/members")
+
+        async def rows(expected: int):
+            found = await page.evaluate(_MEMBERS) or []
+            return found if len(found) == expected else None
+
+        first = await until(lambda: rows(3), 30, "three voters on the page")
+        assert sorted(first) == [[1, "voter", "0"], [2, "voter", "0"], [3, "voter", "0"]]
+        spare = cluster.peers[4]
+        status, answer = await http(
+            "POST", f"{cluster.namesrv_url}/api/v1/members/add",
+            {"group": cluster.group, "node_id": 4, "address": spare.raft,
+             "client_address": spare.client, "learner": True}, token=TOKEN)
+        assert status == 200, answer
+        later = await until(lambda: rows(4), 30, "the learner on the page")
+        assert [4, "learner", "0"] in later
+        shot = await page.screenshot(artifacts / "dashboard-members.png")
+        print(f"dashboard screenshot: {shot}")
+        assert shot.stat().st_size > 10_000

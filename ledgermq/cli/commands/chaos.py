@@ -7,9 +7,13 @@ injected on this machine. `--secure` runs the cluster with authentication and
 TLS on every port and the workload as an ACL user (docs/chaos.md).
 `--retention-bytes N` runs the brokers with retention small enough to delete
 segments during the run (small segments, frequent snapshots; chaos.retention)
-and reports what was deleted and installed. `chaos matrix` runs `python -m
+and reports what was deleted and installed. The membership nemeses
+(`replace-each`, `grow`, `shrink`, `remove-leader`, `wipe-repair`,
+`membership`) add, remove, replace and repair nodes through the admin apps;
+the run gets the spare nodes they need (`--spares` to say how many) and
+prints each step with its availability gap. `chaos matrix` runs `python -m
 chaos.matrix` (exit 1 when a cell fails; `--retention` for the retention
-cells).
+cells, `--membership` for the membership cells).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ def register(app: typer.Typer) -> None:
     @chaos.command("list")
     def list_nemeses() -> None:
         """List the nemeses, what each needs and what it does."""
-        from chaos.nemesis import REGISTRY
+        from chaos.catalog import REGISTRY
 
         for name, cls in REGISTRY.items():
             typer.echo(f"{name:20} [{', '.join(cls.needs)}]\n    {cls.doc}")
@@ -73,6 +77,8 @@ def register(app: typer.Typer) -> None:
         snapshot_interval_entries: int = typer.Option(200, "--snapshot-interval-entries",
                                                       help="With retention: a snapshot every "
                                                       "this many entries."),
+        spares: int = typer.Option(-1, help="Spare nodes for the membership nemeses "
+                                   "(-1: as many as they need)."),
     ) -> None:
         """Run one chaos test; the report lands in --out (index.html, results.json)."""
         import time
@@ -108,7 +114,8 @@ def register(app: typer.Typer) -> None:
                            rate=rate, flush=flush, replicate=replicate, backend=backend,
                            seed=seed, schedule=Schedule(schedule, on, off),
                            producers=producers, consumers=consumers, secure=secure,
-                           broker_config=broker_config, retention=retention)
+                           broker_config=broker_config, retention=retention,
+                           spares=None if spares < 0 else spares)
         try:
             results = run_chaos(config, log=main_log)
         except CannotInject as exc:
@@ -128,5 +135,14 @@ def register(app: typer.Typer) -> None:
                        f"{kept['nodes_installed']}); expired {check['counts']['expired']}, "
                        f"expired_unknown {check['counts']['expired_unknown']}, lost "
                        f"{check['counts']['lost']}")
+        if "membership" in results:
+            changes = results["membership"]
+            for step in changes["steps"]:
+                typer.echo(f"membership: {step['step']} {step['nodes']}: "
+                           f"{'ok' if step['ok'] else 'FAILED'} in {step['seconds']} s, "
+                           f"gap {step['gap_s']} s")
+            final = changes["final"] or {}
+            typer.echo(f"membership: final voters {final.get('voters')} learners "
+                       f"{final.get('learners')}, intended {changes['intended']}")
         typer.echo(f"report: {directory / 'index.html'}")
         raise typer.Exit(0 if results["valid"] else 1)

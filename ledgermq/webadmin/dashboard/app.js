@@ -302,12 +302,12 @@ const pages = {
       }
       const rows = g.members.map((m) => {
         const mismatch = m.identity_mismatch ? `<span class="badge role-unreachable"
-          title="the node answers from directory ${esc(m.heard_directory_id)}">wiped? rejoin
+          title="the node answers from directory ${esc(m.heard_directory_hex)}">wiped? rejoin
           </span>` : "";
         return `<tr data-member="${esc(m.node_id)}" data-role="${esc(m.role)}"
           data-mismatch="${m.identity_mismatch ? 1 : 0}">
           <td>n${esc(m.node_id)}${m.leader ? ' <span class="badge role-leader">leader</span>' : ""}
-          </td><td>${esc(m.role)}</td><td>${esc(m.address)}</td><td>${esc(m.directory_id)}</td>
+          </td><td>${esc(m.role)}</td><td>${esc(m.address)}</td><td><code>${esc(m.directory_hex)}</code></td>
           <td>${esc(m.match ?? "")}</td><td>${esc(m.lag ?? "")}</td><td>${esc(m.state ?? "")}</td>
           <td>${mismatch}</td></tr>`;
       }).join("");

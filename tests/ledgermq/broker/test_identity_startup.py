@@ -38,8 +38,9 @@ def _config(tmp_path: Path, data_dir: Path, *, node_id: int = 1, **values: Any) 
     return path
 
 
-def _run_broker(config: Path) -> dict[str, Any]:
-    """Start the broker, wait until it leads, return its status, stop it by PID."""
+def _run_broker(config: Path, lead: bool = True) -> dict[str, Any]:
+    """Start the broker, wait until it leads (or, `lead` False, answers for
+    2 s without leading), return its status, stop it by PID."""
     child = spawn("broker", [sys.executable, "-m", "ledgermq.cli", "broker", "--config",
                              str(config)], _READY)
     try:
@@ -48,11 +49,16 @@ def _run_broker(config: Path) -> dict[str, Any]:
 
         async def leading() -> dict[str, Any]:
             import asyncio
-            for _ in range(400):
+            status = None
+            for _ in range(400 if lead else 40):
                 status = await node_status(address)
                 if status and status.get("leader_ready"):
+                    if not lead:
+                        raise AssertionError("the broker leads")
                     return status
                 await asyncio.sleep(0.05)
+            if not lead and status:
+                return status
             raise TimeoutError("the broker did not lead")
 
         return run(leading())
@@ -155,12 +161,18 @@ def test_a_directory_from_before_identities_is_adopted(
         tmp_path: Path, used_dir: tuple[Path, dict[str, Any]], copy: Path) -> None:
     (copy / IDENTITY_FILE).unlink()
     old = used_dir[1]
-    status = _run_broker(_config(tmp_path, copy))
+    # This log was written with identities on: its configuration pins the
+    # node's old directory. Adopted under a new id (a directory without an
+    # identity may be a restored backup whose votes are stale), the node
+    # keeps its log but its campaign is not counted, so this one-node group
+    # does not elect it: the safe side. (A log from before identities has no
+    # pins; its first leader pins the adopted id: tests/dledger cover that.)
+    status = _run_broker(_config(tmp_path, copy), lead=False)
     ident = status["identity"]
     assert ident["how"] == "adopted" and ident["format_version"] == 1
     assert ident["directory_id"] != old["identity"]["directory_id"]
-    # Its log and term were kept: the adopted node went on from them.
-    assert status["term"] > old["term"] and status["last_index"] > old["last_index"]
+    assert status["last_index"] >= old["last_index"] and status["term"] >= old["term"]
+    assert status["role"] != "leader"
     assert read_identity(str(copy)) is not None
 
 
