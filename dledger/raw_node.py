@@ -1121,6 +1121,11 @@ def _configs_of(storage: LogStorage, bootstrap: Membership) -> ConfigHistory:
             batch = storage.entries(lo, last + 1, _SCAN_BYTES)
             found += [e for e in batch if e.kind == EntryKind.CONFIG]
             lo = batch[-1].index + 1
+    base = history.current[0]
     for entry in found:
-        history.add(entry.index, _decode(entry))
+        # The log may still hold entries below its snapshot (the CommitLog
+        # deletes whole segments only): the snapshot's configuration covers
+        # the CONFIG entries among them.
+        if entry.index > base:
+            history.add(entry.index, _decode(entry))
     return history

@@ -12,6 +12,9 @@ virtual time one running node compacts, and now and then a follower lags:
   (`CommitLog.delete_before`), as the broker's retention does. Committed
   entries that go are remembered (`World.compacted`) for the final checks,
   which then cover the whole history, not only what the leader still holds.
+  The snapshot records the configuration in effect at its index
+  (`RaftGroupNode.membership_at`, as the broker's snapshotter does), checked
+  against the committed one there (membership runs, flush=sync).
 - *lag*: a follower is cut off both ways for 1.5-4 s, long enough for the
   others to compact past it; it catches up by snapshot install (the
   runtime's transfer, then `CommitLog.install` and the applier's `install`).
@@ -26,8 +29,10 @@ from __future__ import annotations
 import asyncio
 import random
 
+import commitlog
 from commitlog.errors import StorageError
 from commitlog.snapshot import write_snapshot
+from dledger.membership import encode
 from dledger.testing.nodesim.apply import SnapshotApplier, digest, read_committed
 from dledger.testing.nodesim.world import Slot, World
 
@@ -55,12 +60,12 @@ async def compactor(h: World, until: float) -> None:
 
 def _lag(h: World, rng: random.Random, lagging: set[tuple[int, int]]) -> float:
     leader = h.leader()
-    followers = [n for n in h.slots if leader is None or n != leader.nid]
+    followers = [s.nid for s in h.in_play() if leader is None or s.nid != leader.nid]
     if not followers:
         return 0.0
     nid = rng.choice(followers)
     for other in h.slots:
-        if other != nid:
+        if other != nid:  # (every node: a spare added meanwhile is cut off too)
             for link in ((nid, other), (other, nid)):
                 if link not in h.net.blocked:
                     h.net.blocked.add(link)
@@ -90,15 +95,22 @@ def compact(h: World, slot: Slot) -> None:
         return
     term, end = log.term_at(index), log.entry_end(index)
     faults_before = h.fs.node_faults(slot.data_dir)
+    membership = node.membership_at(index)
+    h.check_snapshot_membership(slot, index, encode(membership), "wrote")
     try:
         info = write_snapshot(slot.data_dir, index, term, end, state,
-                              created_ms=int(h.clock.now * 1000))
+                              created_ms=int(h.clock.now * 1000),
+                              membership=encode(membership))
         node.note_snapshot(info)
         h.counts["snapshots"] += 1
         target = log.segments.base_of(end - 1)
         if target <= log.segments.bases[0]:
             return
-        going = read_committed(log, log.first_index, index)
+        going = [e for e in read_committed(log, log.first_index, index) if e.position < target]
+        # Remembered before the deletion: a fault may stop it halfway, with
+        # some of these segments already gone.
+        if not _remember(h, slot, going):
+            return
         deleted = log.delete_before(target)
     except (OSError, StorageError) as exc:
         if h.fs.node_faults(slot.data_dir) > faults_before:
@@ -108,15 +120,21 @@ def compact(h: World, slot: Slot) -> None:
             return
         h.fail(f"n{slot.nid} compaction at {index} failed: {exc!r}")
         return
-    for entry in going:
-        if entry.index >= log.first_index:
-            break
-        known = h.compacted.setdefault(entry.index, (entry.term, digest(entry.body)))
-        if h.flush == "sync" and known != (entry.term, digest(entry.body)):
-            h.fail(f"n{slot.nid} deleted committed entry {entry.index} (term {entry.term}), "
-                   f"but another node deleted {known} there")
-            return
     h.counts["compactions"] += 1
     h.counts["segments_deleted"] += deleted
     h.trace(f"n{slot.nid} snapshot {index} (term {term}); log now {log.first_index}.."
             f"{log.last_index} ({deleted} segments deleted)")
+
+
+def _remember(h: World, slot: Slot, going: list[commitlog.Entry]) -> bool:
+    """Record committed entries the node is about to delete (`World.compacted`);
+    False on a violation (flush=sync: another node deleted another entry there)."""
+    for entry in going:
+        known = h.compacted.setdefault(entry.index, (entry.term, digest(entry.body)))
+        if h.flush == "sync" and known != (entry.term, digest(entry.body)):
+            h.fail(f"n{slot.nid} deleted committed entry {entry.index} (term {entry.term}), "
+                   f"but another node deleted {known} there")
+            return False
+        if h.membership and h.flush == "sync":
+            h.configs.note_committed(entry.index, entry.term)
+    return True

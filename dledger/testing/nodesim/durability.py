@@ -26,6 +26,21 @@ checks ask the `SimFileSystem` what a power cut *now* would keep:
   once, before the crash that would lose the entry). A leader that counts
   its own unsynced write, or a follower that commits a stale suffix, is
   caught at the claim rather than only if a later crash happens to expose it.
+
+Quorums are of voters, never learners, each voter counted under the data
+directory its configuration pins it to; a voter whose pinned directory was
+wiped abstains (it can vote for nobody until it rejoined). Which
+configuration: with membership changes the commit a node claims may have
+been counted by its leader with the configuration in effect at the entry or
+any later one (a configuration takes effect on append, one change in
+flight), so a quorum of any of them will do (`quorum_configs`); the
+look-ahead election asks each candidate's own configuration
+(`electable_without`). Without membership changes both are the bootstrap
+configuration, every node a voter.
+
+Committed CONFIG entries are handed to `World.configs` as they are seen
+committed (flush=sync), which checks each committed configuration against
+the one before it (configs.py).
 """
 
 from __future__ import annotations
@@ -35,8 +50,7 @@ from collections.abc import Sequence
 
 from commitlog.checkpoint import HardState, decode_hard_state, read_checkpoint, read_hard_state
 from commitlog.install import MARKER as INSTALL_MARKER
-from dledger.entry import Entry, EntryKind
-from dledger.invariants import check_electable_complete
+from dledger.membership import UNPINNED, Membership
 from dledger.messages import (
     AppendRequest,
     AppendResponse,
@@ -45,6 +59,7 @@ from dledger.messages import (
     VoteRequest,
     VoteResponse,
 )
+from dledger.runtime.snapshot_transfer import SnapshotAck
 from dledger.testing.nodesim.world import Slot, World
 
 # (last term, last index) of a voter no candidate's log is as up to date as.
@@ -87,6 +102,13 @@ def observe_send(h: World, node_id: int, messages: Sequence[Message]) -> None:
     for msg in messages:
         if isinstance(msg, (VoteRequest, VoteResponse)) and msg.pre_vote:
             continue
+        if isinstance(msg, SnapshotAck):
+            # A transfer acknowledgement echoes its offer's term and says only
+            # which bytes are staged (a node whose disk was just wiped answers
+            # the chunks of a transfer still aimed at its predecessor): the
+            # install itself is acknowledged by the core, after its term is
+            # durable.
+            continue
         if hs is None:
             hs = durable_hard_state(h, slot)
         if msg.term > hs.term:
@@ -121,24 +143,66 @@ def observe_send(h: World, node_id: int, messages: Sequence[Message]) -> None:
 
 def check_acked(h: World, slot: Slot, index: int, term: int, what: str) -> None:
     """Entry `index` of `term` was applied, or a client told it committed
-    (flush=sync): it must be durable on a quorum."""
+    (flush=sync): it must be durable on a quorum of the voters of a
+    configuration the committing leader may have counted with
+    (`quorum_configs`), each voter only under the directory it is pinned to
+    (`_holders`)."""
     if h.flush != "sync":
         return
-    held = 0
+    held: set[int] = set()
     for other in h.slots.values():
         node = other.node
         if other.state != "up" or node is None:
-            held += 1  # cannot tell without reading its files: assume it does
+            held.add(other.nid)  # cannot tell without reading its files: assume it does
             continue
         log = node.log
         if index < log.first_index:
-            held += 1  # deleted below a snapshot: committed and applied there
+            held.add(other.nid)  # deleted below a snapshot: committed and applied there
         elif index <= log.last_index and log.term_at(index) == term \
                 and durable(h, other, index):
-            held += 1
-    if held < len(h.slots) // 2 + 1:
-        h.fail(f"n{slot.nid} {what} entry {index} (term {term}), but it is durable on {held} "
-               f"of {len(h.slots)} nodes")
+            held.add(other.nid)
+    best, voters = -1, 0
+    for membership in quorum_configs(h, slot, index):
+        count = _holders(h, membership, held)
+        if count >= len(membership.voters) // 2 + 1:
+            return
+        if count > best:
+            best, voters = count, len(membership.voters)
+    h.fail(f"n{slot.nid} {what} entry {index} (term {term}), but it is durable on {best} "
+           f"of {voters} voters")
+
+
+def _holders(h: World, membership: Membership, held: set[int]) -> int:
+    """Voters of `membership` that hold the entry (those in `held`) under the
+    directory they are pinned to, plus those whose pinned directory was
+    wiped: such a node cannot vote until it rejoined (it refuses every
+    candidate and no candidate counts it), so it abstains, and a quorum that
+    lost a disk still keeps any node lacking the entry from being elected
+    (`electable_without` checks that separately)."""
+    count = 0
+    for m in membership.voters:
+        directory = h.slots[m.node_id].directory_id
+        if m.directory_id not in (UNPINNED, directory) or m.node_id in held:
+            count += 1
+    return count
+
+
+def quorum_configs(h: World, slot: Slot, index: int) -> list[Membership]:
+    """The configurations a leader that committed `index` may have counted
+    with, as far as the node in `slot` and the run can tell: its own in effect
+    at `index` and every later one in its log (a leader counts with the
+    configuration in effect, which may be one change past the committed one),
+    and (membership runs) every configuration any leader sent past it (a
+    follower may not have received the leader's newest yet)."""
+    node = slot.node
+    core = node.core if node is not None else None
+    if core is None:
+        return [node.membership if node is not None else h.configs.bootstrap]
+    base = core.configs.at(index)[0]
+    out = [m for i, m in core.configs.items() if i >= base]
+    if h.membership:
+        out += h.configs.configs_after(base)
+    return out
 
 
 def durable_last(h: World, slot: Slot) -> tuple[int, int]:
@@ -175,27 +239,66 @@ def check_claim(h: World, slot: Slot, commit: int) -> None:
         return  # compacted (committed long ago), or a claim the log cannot name yet
     term = log.term_at(commit)
     check_acked(h, slot, commit, term, "claims committed")
-    candidates: dict[int, tuple[bool, int, int]] = {}
+    problem = electable_without(h, commit, term)
+    if problem:
+        h.fail(f"n{slot.nid} claims entry {commit} (term {term}) committed, but {problem}")
+
+
+def electable_without(h: World, commit: int, term: int) -> str | None:
+    """Raft's leader completeness, looking ahead: a node lacking entry
+    (commit, term) that could win an election now against the durable logs
+    of the others (`dledger.invariants.check_electable_complete`, with each
+    candidate's own configuration: its voters, the votes it would count, and
+    the votes each voter would grant it).
+
+    A candidate is a running node its own configuration lets campaign (a
+    voter, under the directory it is pinned to). A voter grants its vote to a
+    candidate whose log is at least as up to date as its durable log, unless
+    its configuration pins the candidate to another directory; a voter that
+    is down, or holds a wiped disk's replacement directory, grants nothing
+    (the replacement refuses to vote until it rejoined: it forgot its votes).
+    The candidate counts a grant only from the directory it pins that voter
+    to (any, if unpinned)."""
     voters: dict[int, tuple[int, int]] = {}
     for other in h.slots.values():
         onode = other.node
-        if other.state != "up" or onode is None:
-            # Its files cannot be read without a restart: as a candidate it
-            # holds the entry, as a voter it refuses everyone (the check stays
-            # sound, only weaker).
-            candidates[other.nid] = (True, 0, 0)
+        if other.state != "up" or onode is None \
+                or not h.configs.entitled(other.nid, other.directory_id):
+            # A node that is down cannot be read without a restart: as a
+            # candidate it is taken to hold the entry, as a voter to refuse
+            # everyone (the check stays sound, only weaker).
             voters[other.nid] = UNBEATABLE_LOG
+        else:
+            voters[other.nid] = durable_last(h, other)
+    for cand in h.slots.values():
+        cnode = cand.node
+        if cand.state != "up" or cnode is None:
             continue
-        olog = onode.log
-        holds = (olog.first_index <= commit <= olog.last_index
-                 and olog.term_at(commit) == term) or commit < olog.first_index
-        candidates[other.nid] = (holds, olog.term_at(olog.last_index), olog.last_index)
-        voters[other.nid] = durable_last(h, other)
-    # Only (index, term) of the entry appear in the report.
-    named = Entry(commit, term, EntryKind.MESSAGES, b"", 0)
-    problem = check_electable_complete(named, candidates, voters)
-    if problem:
-        h.fail(f"n{slot.nid} claims entry {commit} (term {term}) committed, but {problem}")
+        view = cnode.membership
+        if not view.can_vote(cand.nid, cand.directory_id):
+            continue  # it never campaigns
+        clog = cnode.log
+        if (clog.first_index <= commit <= clog.last_index and clog.term_at(commit) == term) \
+                or commit < clog.first_index:
+            continue
+        last_index = clog.last_index
+        last_term = clog.term_at(last_index)
+        votes = 0
+        for m in view.voters:
+            vslot = h.slots[m.node_id]
+            if m.directory_id not in (UNPINNED, vslot.directory_id):
+                continue  # not counted: another directory answers for that voter
+            vnode = vslot.node
+            if vnode is not None and vslot is not cand \
+                    and not vnode.membership.identity_matches(cand.nid, cand.directory_id):
+                continue  # it refuses a candidate pinned to another directory
+            v_term, v_index = voters[m.node_id]
+            if last_term > v_term or (last_term == v_term and last_index >= v_index):
+                votes += 1
+        if votes >= len(view.voters) // 2 + 1:
+            return (f"node {cand.nid} (last {last_index}/{last_term}) lacks committed entry "
+                    f"{commit}/{term} yet could win {votes} votes")
+    return None
 
 
 def check_commits(h: World) -> None:
@@ -222,7 +325,13 @@ def check_commits(h: World) -> None:
                 h.fail(f"n{slot.nid} committed entry {index} in term {term}, but term {known} "
                        "was committed there before")
                 return
+            if h.membership:
+                h.configs.note_committed(index, term)
         h.commit_checked[slot.nid] = top
+    if h.membership:
+        problem = h.configs.advance()
+        if problem:
+            h.fail(problem)
 
 
 def observe_replace(h: World, path: str) -> None:

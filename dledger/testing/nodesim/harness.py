@@ -17,6 +17,15 @@ With `compaction`, the state machine is snapshotted now and then during the
 faults and the log below the snapshot deleted (`compaction.py`), so a node
 cut off or down for long enough catches up by snapshot install.
 
+With `membership`, the group starts with `nodes` voters and `SPARES` more
+nodes running as non-members (`NodeConfig.initial_voters`); `members.py`
+changes the group through the leader's `change_membership` while the faults
+run, and wipes nodes' disks (`wipe`: a new, empty data directory under a new
+directory id). Every node knows the bootstrap members' addresses and its own,
+as a real deployment's new node does; the others learn of it from the
+configuration. A removed node keeps running; the convergence and state
+checks then cover the members of the final configuration only.
+
 `run.py` drives the phases; then `checks.py` compares what every node
 applied, the final logs and the client's acknowledged proposals. Everything random comes from
 `random.Random(seed)`, so a run is a pure function of (seed, options).
@@ -34,6 +43,7 @@ import commitlog
 from commitlog.snapshot import SnapshotInfo
 from dledger.config import NO_BUGS, Bugs
 from dledger.log import UNLIMITED, CommittedDivergence
+from dledger.membership import Membership, MembershipError, decode
 from dledger.messages import AppendRequest, Message
 from dledger.runtime.node import NodeConfig, NodeIO, NotLeaderError, ProposalUnknown, RaftGroupNode
 from dledger.testing.nodesim.apply import (
@@ -43,12 +53,14 @@ from dledger.testing.nodesim.apply import (
     SnapshotApplier,
     digest,
 )
+from dledger.testing.nodesim.configs import ConfigBook
 from dledger.testing.nodesim.durability import (
     check_acked,
     check_commits,
     observe_replace,
     observe_send,
 )
+from dledger.testing.nodesim.elections import observe_elections
 from dledger.testing.nodesim.network import SimNetwork, SimTransport
 from dledger.testing.nodesim.simfs import FAULT_NAMES, NO_FAULTS, SimFileSystem
 from dledger.testing.nodesim.vtime import Scheduler, SimLoop, VirtualClock
@@ -58,6 +70,25 @@ from dledger.testing.nodesim.world import Proposal, Slot
 GROUP = "sim"
 TICK_MS = 50
 ELECTION_TICKS = 10
+# Membership runs: nodes beyond the bootstrap ones, running as non-members
+# until added (ids nodes+1 .. nodes+SPARES; a removed id is never reused).
+SPARES = 4
+# Share of membership seeds whose transports admit and reach every node
+# (no peer filter): the core alone must ignore a removed node's messages.
+OPEN_PEERS_SHARE = 0.25
+# What membership runs count (members.py and the harness): plans started by
+# kind, changes committed by kind, refusals, wipes and repairs, and checks run.
+PLAN_KINDS = ("add_learner", "add_voter", "promote", "remove_learner", "remove_voter",
+              "replace", "grow", "shrink", "repair")
+MEMBERSHIP_COUNTS = (
+    *(f"plan_{k}" for k in PLAN_KINDS), *(f"done_{k}" for k in PLAN_KINDS),
+    "plans_abandoned",
+    "learners_added", "promotions", "removals", "rejoins", "leader_removals",
+    "transfers", "changes_committed", "refused_changes", "refused_not_caught_up",
+    "refused_not_heard", "refused_pending", "impatient_proposals", "change_timeouts",
+    "wipes", "wiped_vote_requests", "removed_running", "removed_sends", "open_peers_runs",
+    "snapshot_configs_checked",
+)
 
 
 @dataclass(frozen=True)
@@ -75,6 +106,8 @@ class NodeSimOptions:
     segment_size: int = 16 * 1024
     # Snapshots and log deletion below them (needs a `SnapshotApplier`).
     compaction: bool = False
+    # Membership changes and disk wipes during the faults (members.py).
+    membership: bool = False
 
 
 @dataclass
@@ -119,7 +152,20 @@ class Harness:
         self.nemesis_rng = random.Random(rng.getrandbits(64))
         self.client_loop = SimLoop(self.clock, "client")
         self.scheduler.loops.append(self.client_loop)
-        self.slots = {n: Slot(n, f"/sim/n{n}") for n in range(1, options.nodes + 1)}
+        # Its own stream (never drawn from `rng`): runs without membership
+        # changes replay exactly as before it existed.
+        self.member_rng = random.Random(f"membership/{seed}")
+        self.membership = options.membership
+        self.bootstrap_ids = frozenset(range(1, options.nodes + 1))
+        spares = SPARES if options.membership else 0
+        self.slots = {n: Slot(n, f"/sim/n{n}") for n in range(1, options.nodes + spares + 1)}
+        if options.membership:
+            for slot in self.slots.values():
+                slot.directory_id = self._new_directory()
+        self.open_peers = options.membership and self.member_rng.random() < OPEN_PEERS_SHARE
+        self.configs = ConfigBook(self.node_config(self.slots[1]).bootstrap_membership())
+        self.removed: set[int] = set()
+        self.repairs_pending: set[int] = set()
         for slot in self.slots.values():
             self.fs.set_faults(slot.data_dir, NO_FAULTS)
         self.fs.on_replace = lambda path: observe_replace(self, path)
@@ -133,6 +179,8 @@ class Harness:
             ("crashes", "restarts", "pauses", "partitions", "node_failures", "divergences",
              "restart_faults", "stale_appends", "snapshots", "compactions",
              "segments_deleted", "installs", "lags"), 0)
+        if options.membership:
+            self.counts.update(dict.fromkeys(MEMBERSHIP_COUNTS, 0))
         self.healing = False
         self.leader_killer = False
         # Share of a leader's AppendRequests followed by a stale one (nemesis).
@@ -172,9 +220,12 @@ class Harness:
     # ---------------------------------------------------------- node lifecycle
 
     def node_config(self, slot: Slot) -> NodeConfig:
-        peers = {n: ("sim", n) for n in self.slots}
+        known = self.bootstrap_ids | {slot.nid} if self.membership else self.slots
+        peers = {n: ("sim", n) for n in sorted(known)}
         return NodeConfig(
             GROUP, slot.nid, peers, slot.data_dir, flush=self.flush, replicate="sync",
+            initial_voters=self.bootstrap_ids if self.membership else frozenset(),
+            directory_id=slot.directory_id,
             tick_ms=TICK_MS, election_timeout_ticks=ELECTION_TICKS,
             commitlog=commitlog.CommitLogConfig(
                 segment_size_bytes=self.options.segment_size, index_file_records=64,
@@ -214,14 +265,21 @@ class Harness:
             if slot.node is not None:  # applied live, not replayed at start
                 check_acked(self, slot, entry.index, entry.term, "applied")
 
+        directory_id = slot.directory_id  # (this incarnation's: a wipe replaces it)
+        transports: list[SimTransport] = []
+
         def transport(group: str, node_id: int, peers: Any, deliver: Any,
                       bind_host: Any) -> SimTransport:
-            return SimTransport(self.net, node_id, loop, deliver,
-                                self._observe_send, self.stale_appends)
+            made = SimTransport(self.net, node_id, loop, deliver, self._observe_send,
+                                self.stale_appends, open_peers=self.open_peers,
+                                directory_id=directory_id)
+            transports.append(made)
+            return made
 
         def installed(info: SnapshotInfo) -> None:
             self.counts["installs"] += 1
             self.trace(f"n{slot.nid} installed snapshot {info.index} (term {info.term})")
+            self.check_snapshot_membership(slot, info.index, info.membership, "installed")
             applier = holder[0]
             assert isinstance(applier, SnapshotApplier), "install without a snapshot applier"
             applier.install(info)
@@ -237,6 +295,9 @@ class Harness:
             node = loop.run_sync(lambda: RaftGroupNode(
                 self.node_config(slot), lambda entries: holder[0].apply(entries), io=io,
                 on_install=installed))
+            # The predicate the runtime hands `PeerTransport` (which nodes
+            # not in the configuration it takes connections from).
+            transports[0].accept_peer = node._accept_peer
             factory = self.options.applier or RecordingApplier
             applier = factory(node.log, slot.data_dir, record)
             holder.append(applier)
@@ -284,6 +345,63 @@ class Harness:
         self.counts["restarts"] += 1
         self.start(slot)
 
+    def _new_directory(self) -> int:
+        return self.member_rng.getrandbits(63) or 1
+
+    def wipe(self, slot: Slot) -> None:
+        """The node's disk is replaced by an empty one: the process dies, every
+        file of its data directory is gone, and it starts again under a new
+        directory id (`NodeConfig.directory_id`), with term 0 and no vote."""
+        if slot.state == "up":
+            self._abandon(slot)
+            self.net.detach_node(slot.nid)
+        self.fs.kill(slot.data_dir)
+        self.fs.rmtree(slot.data_dir)
+        slot.state = "down"
+        slot.directory_id = self._new_directory()
+        self.configs.wiped(slot.nid, slot.directory_id)
+        self.counts["wipes"] += 1
+        self.trace(f"n{slot.nid} disk wiped: new directory {slot.directory_id}")
+        self.start(slot)
+
+    def in_play(self) -> list[Slot]:
+        """The nodes the nemesis picks from: those that are or were members (a
+        spare never added only waits)."""
+        if not self.membership:
+            return list(self.slots.values())
+        ids = set(self.bootstrap_ids)
+        for membership in self.configs.seen.values():
+            ids |= membership.node_ids
+        return [s for s in self.slots.values() if s.nid in ids]
+
+    def members(self) -> frozenset[int]:
+        """The members of the leading node's configuration (every node when the
+        group never changes; the bootstrap ones while nobody leads)."""
+        if not self.membership:
+            return frozenset(self.slots)
+        leader = self.leader()
+        if leader is None or leader.node is None:
+            return self.bootstrap_ids
+        return leader.node.membership.node_ids
+
+    def check_snapshot_membership(self, slot: Slot, index: int, raw: bytes | None,
+                                  what: str) -> None:
+        """A snapshot's configuration is the committed one in effect at its
+        index (flush=sync; None in the snapshot: the bootstrap one)."""
+        if not self.membership or self.flush != "sync":
+            return
+        try:
+            recorded = decode(raw) if raw is not None else self.configs.bootstrap
+        except MembershipError as exc:
+            self.fail(f"n{slot.nid} {what} snapshot {index} with an unusable membership: {exc}")
+            return
+        truth = self.configs.committed_at(index)
+        self.counts["snapshot_configs_checked"] += truth is not None
+        if truth is not None and recorded != truth:
+            self.fail(f"n{slot.nid} {what} snapshot {index} recording voters "
+                      f"{_describe(recorded)}, but the committed configuration there is "
+                      f"{_describe(truth)}")
+
     def watch(self) -> None:
         """React to nodes that failed (called often from the client loop)."""
         for slot in self.slots.values():
@@ -318,7 +436,10 @@ class Harness:
     def _observe_send(self, src: int, messages: Sequence[Message]) -> None:
         if self.on_send is not None:
             self.on_send(src, messages)  # a scenario may cut links before these leave
+        observe_elections(self, src, messages)
         observe_send(self, src, messages)
+        if src in self.removed:
+            self.counts["removed_sends"] += len(messages)
 
     def stale_appends(self, src: int, messages: Sequence[Message]) -> list[Message]:
         """Older, still legal slices of the leader's log to send along.
@@ -464,9 +585,10 @@ class Harness:
         if leader is None or leader.node is None or not leader.node.leader_ready:
             return "no ready leader"
         lnode = leader.node
+        members = self.members()
         for slot in self.slots.values():
-            if slot.state == "diverged":
-                continue
+            if slot.state == "diverged" or slot.nid not in members:
+                continue  # (a removed node, or a spare never added, may lag)
             node = slot.node
             if slot.state != "up" or node is None:
                 return f"n{slot.nid} is down"
@@ -481,6 +603,8 @@ class Harness:
                         f"{lnode.commit_index}/{lnode.last_index}")
         if not self.heal_acked:
             return "no proposal acknowledged since the heal"
+        if self.repairs_pending:
+            return f"wiped nodes {sorted(self.repairs_pending)} not repaired yet"
         return None
 
     async def liveness(self, deadline: float) -> None:
@@ -505,6 +629,12 @@ class Harness:
         return out
 
 
-def replay_hint(seed: int, nodes: int, compaction: float = 0.0) -> str:
+def replay_hint(seed: int, nodes: int, compaction: float = 0.0,
+                membership: float = 0.0) -> str:
     extra = " --compaction 1" if compaction else ""
+    extra += " --membership 1" if membership else ""
     return f"ledgermq sim --real-node{extra} --seed {seed} --nodes {nodes} --trace"
+
+
+def _describe(m: Membership) -> str:
+    return f"{sorted(m.voter_ids)} (learners {sorted(m.learner_ids)})"

@@ -14,6 +14,16 @@ stalled connection does. Faults: loss, duplication, long delays, partitions
 (blocked directed links); a `CodecError` from `_deliver` (the core refused a
 message) drops everything in flight on that link, as the connection reset
 that the real transport does would.
+
+Membership: like `PeerTransport`, a `SimTransport` talks to the members of
+its node's configuration (`set_peers`) and admits a message from a node it
+does not list only if the node's own `accept_peer` predicate (the one the
+runtime hands `PeerTransport`, set by the harness) admits it: a member it
+has not heard of yet, which it then answers (a *learned* peer); a node whose
+removal it knows is refused, so a removed node that keeps running is cut off
+by every node that knows of its removal. `open_peers` lifts both filters
+(everything is delivered and sent, whatever the configuration), for the
+seeds that test the core alone against a removed node's messages.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +58,9 @@ class _Endpoint:
     loop: asyncio.AbstractEventLoop
     deliver: Callable[[list[Message]], None]
     incarnation: int
+    # Whether the node takes a message from this sender (its transport's
+    # peer filter); None: from anyone.
+    admits: Callable[[int], bool] | None = None
 
 
 @dataclass
@@ -70,9 +83,10 @@ class SimNetwork:
         self.counts: Counter[str] = Counter()
 
     def attach(self, node_id: int, loop: asyncio.AbstractEventLoop,
-               deliver: Callable[[list[Message]], None]) -> int:
+               deliver: Callable[[list[Message]], None],
+               admits: Callable[[int], bool] | None = None) -> int:
         self._incarnations += 1
-        self._endpoints[node_id] = _Endpoint(loop, deliver, self._incarnations)
+        self._endpoints[node_id] = _Endpoint(loop, deliver, self._incarnations, admits)
         return self._incarnations
 
     def detach(self, node_id: int, incarnation: int) -> None:
@@ -127,6 +141,10 @@ class SimNetwork:
         if (src, dst) in self.blocked:
             self.counts["partitioned"] += 1
             return
+        if target.admits is not None and not target.admits(src):
+            # The real transport refuses the sender's connection.
+            self.counts["refused_peer"] += 1
+            return
         try:
             messages = decode_batch(payload, MAX_FRAME)
             for msg in messages:
@@ -150,7 +168,7 @@ class SimTransport:
                  deliver: Callable[[list[Message]], None],
                  observe: Callable[[int, Sequence[Message]], None] | None = None,
                  extra: Callable[[int, Sequence[Message]], list[Message]] | None = None,
-                 ) -> None:
+                 open_peers: bool = False, directory_id: int = 0) -> None:
         self._network = network
         self._observe = observe
         # Legal messages the node could have sent along with these (the
@@ -163,12 +181,22 @@ class SimTransport:
         self.closed = False
         self.payloads = 0
         # The configuration's members (None: everyone, until the node says);
-        # like the TCP transport, nothing goes to a node outside it.
+        # like the TCP transport, nothing goes to a node outside it but the
+        # learned ones (see the module docstring).
         self._peers: frozenset[int] | None = None
+        self._learned: set[int] = set()
+        self._open = open_peers
+        # `RaftGroupNode._accept_peer`, once the node is built (None: admit).
+        self.accept_peer: Callable[[int], bool] | None = None
+        # Stamped on every message sent, as `PeerTransport` does: the
+        # snapshot transfer's messages leave under the node's directory too.
+        self._stamp = directory_id or None
         self.unroutable = 0
+        self.refused = 0
 
     async def start(self) -> tuple[str, int]:
-        self._incarnation = self._network.attach(self._node_id, self._loop, self._deliver)
+        self._incarnation = self._network.attach(self._node_id, self._loop, self._deliver,
+                                                 None if self._open else self.admits)
         return ("sim", self._node_id)
 
     def send(self, messages: Sequence[Message]) -> None:
@@ -180,12 +208,12 @@ class SimTransport:
             self._observe(self._node_id, messages)
         links: dict[tuple[int, str], list[Message]] = {}
         for msg in messages:
-            if self._peers is not None and msg.dst not in self._peers:
+            if not self._routable(msg.dst):
                 self.unroutable += 1
                 continue
             links.setdefault((msg.dst, msg.channel), []).append(msg)
         for (dst, channel), batch in links.items():
-            for payload in encode_batches(batch, MAX_PAYLOAD):
+            for payload in encode_batches(batch, MAX_PAYLOAD, self._stamp):
                 self.payloads += 1
                 self._network.send(self._node_id, dst, channel, payload)
 
@@ -193,8 +221,28 @@ class SimTransport:
         self.closed = True
         self._network.detach(self._node_id, self._incarnation)
 
-    def set_peers(self, peers: dict[int, tuple[str, int]]) -> None:
+    def set_peers(self, peers: Mapping[int, tuple[str, int]]) -> None:
         self._peers = frozenset(peers) - {self._node_id}
+        # Learned peers stay while the predicate admits them.
+        self._learned = {n for n in self._learned if n in self._peers or self._accepts(n)}
+
+    def admits(self, src: int) -> bool:
+        """Whether a message from `src` is taken (`PeerTransport`'s HELLO
+        check); an admitted unlisted sender is answered from now on."""
+        if self._peers is None or src in self._peers:
+            return True
+        if not self._accepts(src):
+            self.refused += 1
+            return False
+        self._learned.add(src)
+        return True
+
+    def _accepts(self, node_id: int) -> bool:
+        return self.accept_peer is None or self.accept_peer(node_id)
+
+    def _routable(self, dst: int) -> bool:
+        return self._open or self._peers is None or dst in self._peers or dst in self._learned
 
     def stats(self) -> dict[str, Any]:
-        return {"payloads": self.payloads, "unroutable": self.unroutable}
+        return {"payloads": self.payloads, "unroutable": self.unroutable,
+                "refused": self.refused}

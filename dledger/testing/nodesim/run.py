@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 from commitlog import fileio
 from dledger.testing.nodesim.checks import final_checks
 from dledger.testing.nodesim.compaction import compactor
-from dledger.testing.nodesim.harness import Harness, NodeSimOptions, NodeSimResult
+from dledger.testing.nodesim.harness import SPARES, Harness, NodeSimOptions, NodeSimResult
+from dledger.testing.nodesim.members import MembershipDriver
 from dledger.testing.nodesim.nemesis import nemesis
 from dledger.testing.nodesim.runtime_bugs import planted
 
@@ -28,13 +29,19 @@ def run_seed(seed: int, options: NodeSimOptions | None = None,
     result = NodeSimResult(seed, options.nodes, h.flush)
     with fileio.use(h.fs), planted(options.runtime_bug), _quiet():
         try:
-            h.trace(f"seed={seed} nodes={options.nodes} flush={h.flush}")
+            h.trace(f"seed={seed} nodes={options.nodes} flush={h.flush}"
+                    + (f" membership (+{SPARES} spares)" if options.membership else "")
+                    + (" open peers" if h.open_peers else ""))
             for slot in h.slots.values():
                 h.start(slot)
             h.client_loop.create_task(h.client())
             h.client_loop.create_task(nemesis(h, options.fault_s))
             if options.compaction:
                 h.client_loop.create_task(compactor(h, options.fault_s))
+            if options.membership:
+                h.counts["open_peers_runs"] = int(h.open_peers)
+                driver = MembershipDriver(h, h.member_rng, options.nodes, SPARES)
+                h.client_loop.create_task(driver.run(options.fault_s))
             stop = lambda: h.violation is not None or h.done  # noqa: E731
             h.scheduler.run_until(options.fault_s, stop)
             if h.violation is None:

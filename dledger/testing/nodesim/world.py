@@ -17,6 +17,7 @@ from typing import Protocol
 from dledger.messages import Message
 from dledger.runtime.node import RaftGroupNode
 from dledger.testing.nodesim.apply import Applier
+from dledger.testing.nodesim.configs import ConfigBook
 from dledger.testing.nodesim.network import SimNetwork
 from dledger.testing.nodesim.simfs import SimFileSystem
 from dledger.testing.nodesim.vtime import SimLoop, VirtualClock
@@ -36,6 +37,9 @@ class Slot:
     faults_at_start: int = 0
     failure_seen: bool = False
     disk_mode: str = "normal"  # normal | slow
+    # The id of the data directory the node holds now (membership runs: a
+    # wipe gives it a new one; 0 elsewhere: identity not tracked).
+    directory_id: int = 0
     # (index, term, digest) applied by each incarnation
     applied: dict[int, list[tuple[int, int, str]]] = field(default_factory=dict)
 
@@ -81,6 +85,14 @@ class World(Protocol):
     # entries some node deleted, index -> (term, body digest).
     compact_rng: random.Random
     compacted: dict[int, tuple[int, str]]
+    # Membership (members.py): whether this run changes its group, the
+    # configurations and identities seen (configs.py), the nodes whose
+    # removal committed (they keep running), and the wiped nodes that wait
+    # for their repair (rejoin, then promote).
+    membership: bool
+    configs: ConfigBook
+    removed: set[int]
+    repairs_pending: set[int]
 
     def trace(self, text: str) -> None: ...
 
@@ -95,3 +107,12 @@ class World(Protocol):
     def crash(self, slot: Slot) -> None: ...
 
     def restart(self, slot: Slot) -> None: ...
+
+    def wipe(self, slot: Slot) -> None: ...
+
+    def in_play(self) -> list[Slot]: ...
+
+    def members(self) -> frozenset[int]: ...
+
+    def check_snapshot_membership(self, slot: Slot, index: int, raw: bytes | None,
+                                  what: str) -> None: ...

@@ -11,7 +11,9 @@ of seeds where nodes compact their logs and followers install snapshots
 (default 0.5; with `--real-node` default 0, see `sim_real_node`; the summary
 counts compactions, installs, snapshot transfers and restarts from a
 snapshot); `--install-mutant stale_state` breaks the simulated install on
-purpose.
+purpose. `--membership SHARE` (with `--real-node`, default 0) sets the share
+of seeds where an operator adds, promotes, removes and replaces nodes and
+wipes and repairs disks while the faults run (see `sim_real_node`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ def register(app: typer.Typer) -> None:
                  "core simulator, 0 for --real-node)."),
         install_mutant: str | None = typer.Option(
             None, help="Break the simulated snapshot install on purpose: stale_state."),
+        membership: float | None = typer.Option(
+            None, min=0.0, max=1.0,
+            help="Share of seeds with membership changes and disk wipes (--real-node; "
+                 "default 0)."),
     ) -> None:
         """Run the deterministic Raft simulator over a range of seeds."""
         import json
@@ -62,7 +68,10 @@ def register(app: typer.Typer) -> None:
             from ledgermq.cli.commands import sim_real_node
 
             sim_real_node.run([seed] if seed is not None else list(range(start, start + seeds)),
-                              nodes, flush or "mix", trace, json_output, bug, compaction or 0.0)
+                              nodes, flush or "mix", trace, json_output, bug, compaction or 0.0,
+                              membership or 0.0)
+        if membership is not None:
+            raise typer.BadParameter("--membership applies to --real-node only")
         flush = flush or "sync"
         try:
             bugs = Bugs.only(bug) if bug else Bugs()

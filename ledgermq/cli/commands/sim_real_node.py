@@ -13,6 +13,15 @@ alone, so a seed replays alike; 1 = every seed, default 0). Those seeds need
 a snapshottable state machine: the broker's applier when it is one
 (`SnapshotApplier`), else the simulator's own `RecordingApplier` (a hash
 chain over the applied entries); the others run the broker's applier.
+
+`--membership SHARE` turns membership changes on in that share of the seeds
+(drawn per seed from the seed alone, independently of compaction; default
+0): the group starts with `--nodes` voters and four spare nodes, and while
+the faults run an operator adds learners, promotes, removes (the leader too,
+after handing leadership over), replaces, grows to five and shrinks to three
+voters, and wipes nodes' disks and repairs them (dledger/testing/nodesim/
+members.py). The summary then counts the plans by kind and the changes
+committed by kind (learners added, promotions, removals, rejoins, repairs).
 """
 
 from __future__ import annotations
@@ -22,20 +31,50 @@ import random
 import time
 from collections import Counter
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from dledger.testing.nodesim import NodeSimOptions
 
 COMPACTION_SEGMENT_BYTES = 4096
 
 
 def compacts(seed: int, share: float) -> bool:
     """Whether `seed` runs with compaction at this share (a function of the seed)."""
-    return share >= 1.0 or (share > 0.0 and random.Random(f"compaction-share/{seed}").random()
-                            < share)
+    return _drawn(f"compaction-share/{seed}", share)
+
+
+def changes_members(seed: int, share: float) -> bool:
+    """Whether `seed` runs with membership changes at this share (a function of the seed)."""
+    return _drawn(f"membership-share/{seed}", share)
+
+
+def _drawn(stream: str, share: float) -> bool:
+    return share >= 1.0 or (share > 0.0 and random.Random(stream).random() < share)
+
+
+def seed_options(seed: int, base: NodeSimOptions, compaction: float,
+                 membership: float) -> NodeSimOptions:
+    """What `seed` runs with under these shares (the tests use it too, so a
+    seed they pin replays with the command the summary prints)."""
+    from dledger.testing.nodesim.apply import RecordingApplier, SnapshotApplier
+    from ledgermq.broker.nodesim_apply import BrokerApplier
+
+    options = base
+    if compacts(seed, compaction):
+        snapshot_applier = BrokerApplier if issubclass(BrokerApplier, SnapshotApplier) \
+            else RecordingApplier
+        options = replace(options, compaction=True, segment_size=COMPACTION_SEGMENT_BYTES,
+                          applier=snapshot_applier)
+    if changes_members(seed, membership):
+        options = replace(options, membership=True)
+    return options
 
 
 def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: bool,
-        bug: str | None, compaction: float = 0.0) -> None:
+        bug: str | None, compaction: float = 0.0, membership: float = 0.0) -> None:
     from rich.console import Console
 
     from dledger.config import Bugs
@@ -60,8 +99,6 @@ def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: 
                              applier=BrokerApplier)
     snapshot_applier = BrokerApplier if issubclass(BrokerApplier, SnapshotApplier) \
         else RecordingApplier
-    compacting = replace(options, compaction=True, segment_size=COMPACTION_SEGMENT_BYTES,
-                         applier=snapshot_applier)
     console = Console()
     totals: Counter[str] = Counter()
     modes: Counter[str] = Counter()
@@ -71,9 +108,11 @@ def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: 
         printer = None
         if trace:
             printer = lambda line, s=s: console.print(f"seed={s} {line}", markup=False)  # noqa: E731
-        on = compacts(s, compaction)
-        result = run_seed(s, compacting if on else options, trace=printer)
+        chosen = seed_options(s, options, compaction, membership)
+        on, members = chosen.compaction, chosen.membership
+        result = run_seed(s, chosen, trace=printer)
         totals["compaction_runs"] += on
+        totals["membership_runs"] += members
         modes[result.flush] += 1
         totals["steps"] += result.steps
         totals.update(result.counts)
@@ -81,11 +120,13 @@ def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: 
             failures.append(result)
             if not json_output:
                 print_failure(console, result, nodes, trace,
-                              replay_hint(s, nodes, 1.0 if on else 0.0))
+                              replay_hint(s, nodes, 1.0 if on else 0.0,
+                                          1.0 if members else 0.0))
     elapsed = time.perf_counter() - began
     summary = {
         "simulator": "real-node", "nodes": nodes, "first_seed": seed_list[0],
         "compaction": compaction, "compaction_applier": snapshot_applier.__name__,
+        "membership": membership,
         "runs": len(seed_list), "flush_sync": modes["sync"], "flush_async": modes["async"],
         "violations": len(failures), "failed_seeds": [r.seed for r in failures],
         "seconds": round(elapsed, 2),

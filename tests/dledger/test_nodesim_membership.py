@@ -1,0 +1,136 @@
+"""Membership changes in the real-node simulator (dledger/testing/nodesim/members.py):
+a fixed seed budget passes with zero violations and every kind of change
+actually happens in it (counted, not assumed); a seed replays exactly; each
+membership bug switch of `dledger.config.Bugs` is caught at its pinned seed.
+
+Seeds run as `ledgermq sim --real-node --membership 1 --compaction 0.5`
+does (`sim_real_node.seed_options`, the broker's apply path), so a failure
+here replays with the command the CLI prints.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from typer.testing import CliRunner
+
+from dledger.config import Bugs
+from dledger.testing.nodesim import NodeSimOptions, run_seed
+from ledgermq.broker.nodesim_apply import BrokerApplier
+from ledgermq.cli import app
+from ledgermq.cli.commands.sim_real_node import seed_options
+
+SEEDS_3 = range(41, 71)
+SEEDS_5 = range(1, 11)
+COMPACTION_SHARE = 0.5
+BUG_BUDGET = 100  # seeds per switch
+
+# First failing seed of each membership switch (3 nodes, --membership 1,
+# no compaction, flush mix), recorded by
+# `ledgermq sim --real-node --membership 1 --bug NAME`, and the check that
+# catches it.
+CAUGHT = {
+    # The commit counts a learner: an entry durable on the leader and a
+    # learner only is applied (durability: quorum of voters).
+    "learner_in_quorum": (7, "durable on 1 of 3 voters"),
+    # The driver's impatient proposals go through (one change in flight).
+    "two_changes_at_once": (15, "while another was in flight"),
+    # A wiped node's vote is counted though it forgot what it voted for
+    # (elections: identity).
+    "ignore_directory_id": (6, "not the one its configuration pins"),
+    # The elector keeps the committed configuration: a removed voter's
+    # vote is counted (elections).
+    "config_on_commit": (4, "no member of its configuration"),
+}
+
+
+def _options(seed: int, nodes: int, bug: str = "", compaction: float = COMPACTION_SHARE,
+             ) -> NodeSimOptions:
+    base = NodeSimOptions(nodes=nodes, applier=BrokerApplier,
+                          bugs=Bugs.only(bug) if bug else Bugs())
+    return seed_options(seed, base, compaction, 1.0)
+
+
+def _sweep(nodes: int, seeds: range) -> Counter[str]:
+    totals: Counter[str] = Counter()
+    failed = []
+    for seed in seeds:
+        options = _options(seed, nodes)
+        assert options.membership
+        result = run_seed(seed, options)
+        if not result.ok:
+            failed.append((seed, result.violation))
+        totals.update(result.counts)
+        totals["compaction_runs"] += options.compaction
+    assert not failed, failed
+    return totals
+
+
+def test_three_node_seeds_pass_and_every_kind_of_change_happens() -> None:
+    totals = _sweep(3, SEEDS_3)
+    print(dict(sorted(totals.items())))
+    # Every plan kind ran to its end at least once.
+    for kind in ("add_learner", "add_voter", "promote", "remove_learner", "remove_voter",
+                 "replace", "grow", "shrink", "repair"):
+        assert totals[f"done_{kind}"] > 0, kind
+    # The single steps, counted as they committed.
+    for step in ("learners_added", "promotions", "removals", "rejoins", "wipes"):
+        assert totals[step] > 0, step
+    # The leader removed after handing leadership over; removed nodes that
+    # kept running and sending (refused by the others' transports, or
+    # delivered in the open-peer seeds); wiped nodes asking for votes.
+    assert totals["leader_removals"] > 0 and totals["transfers"] > 0
+    assert totals["removed_running"] > 0 and totals["removed_sends"] > 0
+    assert totals["net_refused_peer"] > 0 and totals["open_peers_runs"] > 0
+    assert totals["wiped_vote_requests"] > 0
+    # The core's refusals the driver retries past: a learner not caught up
+    # yet, and a change proposed while another is pending.
+    assert totals["refused_not_caught_up"] > 0 and totals["refused_pending"] > 0
+    # Under faults, with compaction: learners and repaired nodes catch up by
+    # snapshot install, and snapshots record the configuration in effect.
+    assert totals["compaction_runs"] > 0 and totals["installs"] > 0
+    assert totals["snapshot_configs_checked"] > 0
+    assert totals["crashes"] > 0 and totals["partitions"] > 0
+
+
+def test_five_node_seeds_pass_and_shrink() -> None:
+    totals = _sweep(5, SEEDS_5)
+    assert totals["done_shrink"] > 0 and totals["done_grow"] > 0
+    assert totals["done_repair"] > 0
+
+
+def test_a_membership_seed_replays_exactly() -> None:
+    first = run_seed(3, _options(3, 3))
+    again = run_seed(3, _options(3, 3))
+    assert (first.trace, first.steps, first.counts, first.violation) == (
+        again.trace, again.steps, again.counts, again.violation)
+    assert first.counts["changes_committed"] > 0
+
+
+@pytest.mark.parametrize(("bug", "first", "what"),
+                         [(b, s, w) for b, (s, w) in sorted(CAUGHT.items())])
+def test_membership_bug_switch_is_caught(bug: str, first: int, what: str) -> None:
+    for seed in range(1, BUG_BUDGET + 1):
+        result = run_seed(seed, _options(seed, 3, bug, compaction=0.0))
+        if not result.ok:
+            print(f"{bug}: first failing seed {seed}: {result.violation}")
+            assert seed == first, f"first failing seed moved: {seed}"
+            assert result.violation is not None and what in result.violation
+            return
+    pytest.fail(f"{bug} not caught in {BUG_BUDGET} seeds")
+
+
+def test_the_cli_runs_membership_seeds_and_counts_the_changes() -> None:
+    result = CliRunner().invoke(app, ["sim", "--real-node", "--membership", "1", "--seeds", "4",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert summary["violations"] == 0 and summary["membership_runs"] == 4
+    assert summary["changes_committed"] > 0 and summary["learners_added"] > 0
+
+
+def test_membership_needs_the_real_node_simulator() -> None:
+    result = CliRunner().invoke(app, ["sim", "--membership", "1", "--seeds", "1"])
+    assert result.exit_code != 0 and "--real-node" in result.output
