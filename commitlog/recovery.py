@@ -178,6 +178,12 @@ def recover(data_dir: str, segments: SegmentFiles, index: IndexFiles,
             if segments.lengths[position] == 0:
                 stop = _Stop(position, "empty segment file")
                 break
+            if prev is None:
+                # Nothing valid before this segment: a crash lost the earlier
+                # segment's unsynced writes but kept a later one's. Whatever
+                # follows lies past a hole, so it cannot be the log.
+                stop = _Stop(position, "segment after one holding no valid entry")
+                break
             continue
         try:
             if length - (position - base) < HEADER_SIZE:

@@ -11,9 +11,10 @@ of seeds where nodes compact their logs and followers install snapshots
 (default 0.5; with `--real-node` default 0, see `sim_real_node`; the summary
 counts compactions, installs, snapshot transfers and restarts from a
 snapshot); `--install-mutant stale_state` breaks the simulated install on
-purpose. `--membership SHARE` (with `--real-node`, default 0) sets the share
-of seeds where an operator adds, promotes, removes and replaces nodes and
-wipes and repairs disks while the faults run (see `sim_real_node`).
+purpose. `--membership SHARE` (default 0.5 for the core simulator, 0 with
+`--real-node`) sets the share of seeds where an operator adds, promotes,
+removes and replaces nodes and wipes and repairs disks while the faults run
+(the summary counts configuration changes, wipes and repairs).
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def register(app: typer.Typer) -> None:
             None, help="Break the simulated snapshot install on purpose: stale_state."),
         membership: float | None = typer.Option(
             None, min=0.0, max=1.0,
-            help="Share of seeds with membership changes and disk wipes (--real-node; "
-                 "default 0)."),
+            help="Share of seeds with membership changes and disk wipes (default 0.5 for the "
+                 "core simulator, 0 for --real-node)."),
     ) -> None:
         """Run the deterministic Raft simulator over a range of seeds."""
         import json
@@ -70,8 +71,6 @@ def register(app: typer.Typer) -> None:
             sim_real_node.run([seed] if seed is not None else list(range(start, start + seeds)),
                               nodes, flush or "mix", trace, json_output, bug, compaction or 0.0,
                               membership or 0.0)
-        if membership is not None:
-            raise typer.BadParameter("--membership applies to --real-node only")
         flush = flush or "sync"
         try:
             bugs = Bugs.only(bug) if bug else Bugs()
@@ -81,13 +80,15 @@ def register(app: typer.Typer) -> None:
         try:
             options = SimOptions(nodes=nodes, bugs=bugs, flush=flush, profile=profile,
                                  compaction=0.5 if compaction is None else compaction,
+                                 membership=0.5 if membership is None else membership,
                                  install_mutant=install_mutant)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
         seed_list = [seed] if seed is not None else list(range(start, start + seeds))
         counted = ("steps", "elections", "proposals", "committed", "acked", "crashes",
                    "compactions", "installs", "snapshots_sent", "transfer_failures",
-                   "snapshot_restarts")
+                   "snapshot_restarts", "config_changes", "wipes", "repairs", "nodes_added",
+                   "nodes_removed")
         totals = dict.fromkeys(("runs", *counted, "compaction_runs", "runs_with_install"), 0)
         failures = []
         modes: Counter[str] = Counter()
@@ -110,7 +111,7 @@ def register(app: typer.Typer) -> None:
             if not result.ok:
                 failures.append(result)
                 if not json_output:
-                    hint = replay_hint(s, nodes, flush, compaction)
+                    hint = replay_hint(s, nodes, flush, compaction, membership)
                     if install_mutant:
                         hint += f" --install-mutant {install_mutant}"
                     print_failure(console, result, nodes, trace, hint)
