@@ -58,10 +58,12 @@ class VoteTally:
     cannot change a recorded answer. Identity (`pinned`: voter -> data
     directory, 0 = unpinned): a grant from another directory than the pinned
     one counts as a refusal (that node lost its disk, and with it the memory
-    of the votes it cast); and once a quorum of the voters is pinned, only
-    pinned voters' grants count (`strict`): an unpinned voter's grant counts
-    only before that (a group's first election). A wiped node that a
-    candidate does not know to be pinned cannot then lend it a vote.
+    of the votes it cast). An unpinned voter's grant counts: refusing it once
+    a quorum is pinned (as this tally once did) left a 3-node group unable to
+    ever elect again when its leader died before hearing from the third
+    node (slow to start: `tests/dledger/test_node_process.py`). The cost, in
+    docs/raft.md "Identity": a node wiped before any configuration the
+    candidate holds pinned it can lend that candidate a vote.
     """
 
     __slots__ = ("_answers", "_pinned", "_strict", "_voters")
@@ -75,8 +77,6 @@ class VoteTally:
     def counts(self, voter: int, directory_id: int) -> bool:
         """Would a grant of `voter` from `directory_id` count?"""
         expected = self._pinned.get(voter, 0)
-        if self._strict:
-            return expected != 0 and expected == directory_id
         return expected == 0 or expected == directory_id
 
     def record(self, voter: int, granted: bool, directory_id: int = 0) -> VoteOutcome:

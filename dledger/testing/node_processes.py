@@ -110,7 +110,15 @@ class ProcessCluster:
             if leader:
                 return leader
             await asyncio.sleep(poll)
-        raise AssertionError(f"no ready leader within {timeout} s")
+        # Say what each node believes: a stuck election is debugged from this.
+        seen = {}
+        for node_id in sorted(self.procs):
+            st = await self.status(node_id)
+            seen[node_id] = None if st is None else {
+                k: st.get(k) for k in ("role", "term", "vote", "leader_id", "last_index",
+                                       "commit_index", "membership_index", "directory_id",
+                                       "failed")}
+        raise AssertionError(f"no ready leader within {timeout} s: {seen}")
 
     async def propose(self, node_id: int, data: bytes, timeout: float = 3.0) -> dict[str, Any]:
         client = await self.client(node_id)
