@@ -66,12 +66,11 @@ class VoteTally:
     candidate holds pinned it can lend that candidate a vote.
     """
 
-    __slots__ = ("_answers", "_pinned", "_strict", "_voters")
+    __slots__ = ("_answers", "_pinned", "_voters")
 
     def __init__(self, voters: frozenset[int], pinned: Mapping[int, int] | None = None) -> None:
         self._voters = voters
         self._pinned: Mapping[int, int] = pinned or {}
-        self._strict = strict_identity(voters, self._pinned)
         self._answers: dict[int, bool] = {}
 
     def counts(self, voter: int, directory_id: int) -> bool:
