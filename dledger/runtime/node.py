@@ -250,6 +250,9 @@ class Transport(Protocol):
     def set_peers(self, peers: dict[int, tuple[str, int]]) -> None:
         """Talk to exactly these nodes (the configuration's members) from now on."""
 
+    def connected(self, peer: int) -> bool:
+        """Whether a live link to `peer` exists (status and health checks)."""
+
 
 # (group, node_id, peers, deliver, bind_host) -> transport
 TransportFactory = Callable[
@@ -649,7 +652,7 @@ class RaftGroupNode:
                     f.match, f.next, f.state, f.inflight, st.last_index - f.match,
                     learner=f.learner, directory_id=f.directory_id,
                     identity_mismatch=f.identity_mismatch,
-                    connected=self._connected(peer))
+                    connected=self._transport.connected(peer))
                            for peer, f in st.progress.items()},
                 transport=self._transport.stats())
         return NodeStatus(
@@ -771,9 +774,6 @@ class RaftGroupNode:
                 or node_id in core.committed_membership.node_ids
                 or node_id not in self._known_nodes)
 
-    def _connected(self, peer: int) -> bool:
-        connected = getattr(self._transport, "connected", None)
-        return bool(connected(peer)) if connected is not None else False
 
     # -------------------------------------------------------------- lifecycle
 

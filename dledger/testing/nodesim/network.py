@@ -221,6 +221,13 @@ class SimTransport:
         self.closed = True
         self._network.detach(self._node_id, self._incarnation)
 
+    def connected(self, peer: int) -> bool:
+        """The simulated network has no connections: a member (or a learned
+        peer) is reachable unless this transport is closed; partitions drop
+        messages instead."""
+        return (not self.closed and bool(self._incarnation)
+                and (self._peers is None or peer in self._peers or peer in self._learned))
+
     def set_peers(self, peers: Mapping[int, tuple[str, int]]) -> None:
         self._peers = frozenset(peers) - {self._node_id}
         # Learned peers stay while the predicate admits them.
