@@ -65,8 +65,24 @@ class AuditResult:
         return VIOLATION not in sev
 
 
-def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
-    """Run every check with ``eng`` (``LocalEngine`` or ``SparkEngine``)."""
+@dataclass
+class Prepared:
+    """What both ways of running the audit start from: the inventory, the small files
+    decoded into each replica's ``ReplicaMeta``, their findings, and the history."""
+
+    replicas: list[inputs.Replica]
+    files: list[inputs.FileInfo]
+    groups: dict[int, checks.GroupState]
+    out: Findings
+    bulk: list[inputs.FileInfo]
+    hist_msgs: list[history.HistMsg]
+    nops: int
+    digests: dict[int, pd.DataFrame]
+    timings: dict[str, float]
+
+
+def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
+    """Discover the files, read the small ones and the history."""
     tm: dict[str, float] = {}
     t0 = time.perf_counter()
     replicas_ = inputs.parse_group_specs(opts.specs, eng.lister)
@@ -129,6 +145,24 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     if opts.history:
         hist_msgs, nops = history.read_history(opts.history)
         digests = history.send_digests(hist_msgs, {st.name: gid for gid, st in groups.items()})
+    return Prepared(replicas_, files, groups, out, bulk, hist_msgs, nops, digests, tm)
+
+
+def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
+    """Run every check with ``eng`` (``LocalEngine`` or ``SparkEngine``).
+
+    An engine with a ``flow`` (``SparkEngine``) runs the distributed audit
+    (``distributed``): the driver receives findings and counts only. The
+    in-process engine assembles every replica's arrays here.
+    """
+    if getattr(eng, "flow", None) is not None:
+        from spark_audit import distributed
+
+        return distributed.run(opts, eng)
+    prep = prepare(opts, eng)
+    replicas_, files, groups, out = prep.replicas, prep.files, prep.groups, prep.out
+    bulk, hist_msgs, nops, digests, tm = (prep.bulk, prep.hist_msgs, prep.nops, prep.digests,
+                                          prep.timings)
     want_crcs = bool(digests)
 
     # Pass 1: every bulk file once; the reference replica's records fully decoded.

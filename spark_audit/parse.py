@@ -221,12 +221,15 @@ def _resync(data: bytes, start: int, base: int) -> int:
 
 
 def scan_segment(buf: Buffer, base_position: int,
-                 max_entry_size: int = fmt.DEFAULT_MAX_ENTRY_SIZE) -> SegmentScan:
+                 max_entry_size: int = fmt.DEFAULT_MAX_ENTRY_SIZE, bodies: bool = True
+                 ) -> SegmentScan:
     """Walk the entry headers of one segment that starts at log position ``base_position``.
 
     Every valid header becomes a row (with ``crc_ok`` false when only its body
     CRC fails). Damaged headers are reported and skipped by scanning for the
     next plausible header; bytes after the last valid entry are a torn tail.
+    With ``bodies`` false the body CRCs are not computed (every ``crc_ok`` is
+    true): the walk alone, for a second read of a file already checked.
     """
     mv = memoryview(buf).cast("B")
     n = len(mv)
@@ -286,7 +289,7 @@ def scan_segment(buf: Buffer, base_position: int,
         if position != base_position + off:
             probs.append((off, index, "position_mismatch",
                           f"header position {position} found at {base_position + off}"))
-        ok = crc(mv[off + 48:off + size]) == bcrc
+        ok = not bodies or crc(mv[off + 48:off + size]) == bcrc
         if not ok:
             probs.append((off, index, "body_crc", f"body CRC mismatch in entry {index}"))
         if version == fmt.FORMAT_VERSION and kind == fmt.KIND_NOOP and size != 48:

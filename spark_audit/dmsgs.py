@@ -1,0 +1,394 @@
+"""Distributed pass 2: messages against ConsumeQueues, duplicates and histories, by key.
+
+Once pass 1 fixed each group's committed index, each replica's agreement
+and the sources of the committed log, the driver knows every replica's
+queue bounds, which topic deletions it applied and which replica each
+committed index is read from. Map (one call per file):
+
+- segment: its message records (``parse.parse_messages``), keyed by
+  ``(OFFSET, group, position // OFFSET_CHUNK)``; the committed ones (read
+  from this replica) also by ``(IDS, group, bucket of the producer id)``;
+- ConsumeQueue file: its units, keyed by the position they point at, and by
+  ``(SLOT, group, queue and slot range)`` for queues whose files differ
+  between replicas; holes and order along the file go to the driver;
+- the history's keys: by identity and by the position of their message id.
+
+Reduce: per position range, every replica's units of each queue joined with
+its messages of that queue at the same position (dangling, size, tag,
+twice-indexed units, messages without a unit, units beyond the commit) and
+the history's positions; per slot range, the replicas' units of one slot
+(``cq_slot_conflict``); per identity bucket, committed messages sharing an
+identity (``duplicate_client_id``) and the history's identities. Findings
+keep their first examples and counts (``hits``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import pyarrow as pa
+
+from spark_audit import checks, flow, parse
+from spark_audit.hits import Hit, Hits
+from spark_audit.inputs import FileInfo
+
+OFFSET_CHUNK = 1 << 27  # log bytes per reduce call (positions)
+SLOT_CHUNK = 1 << 20  # queue slots per reduce call
+ID_BUCKETS = 64  # producer-id buckets per group
+
+SEG, CQ, KEYS = "seg", "cq", "keys"
+MSGS, UNITS, KEYS_OFF, KEYS_ID, CIDS, NAMES = 1, 2, 3, 4, 5, 6  # block kinds
+
+MSG_DTYPE = np.dtype([
+    ("rid", "<i4"), ("index", "<i8"), ("phys", "<i8"), ("size", "<i4"), ("tag", "<i8"),
+    ("topic", "<i8"), ("queue", "<i4"), ("dead", "?"), ("committed", "?"), ("pid", "<i8"),
+    ("seq", "<i8"),
+])
+UNIT_DTYPE = np.dtype([
+    ("rid", "<i4"), ("fid", "<i4"), ("slot", "<i8"), ("offset", "<i8"), ("tag", "<i8"),
+    ("size", "<i4"), ("topic", "<i8"), ("queue", "<i4"),
+])
+CID_DTYPE = np.dtype([("pid", "<i8"), ("seq", "<i8"), ("index", "<i8"), ("phys", "<i8"),
+                      ("span", "<i4")])
+KID_DTYPE = np.dtype([("pid", "<i8"), ("seq", "<i8")])
+KOFF_DTYPE = np.dtype([("phys", "<i8")])
+
+
+def topic_hash(name: str) -> int:
+    """A stable 63-bit id of a topic name (the same in every process)."""
+    h = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+@dataclass(frozen=True)
+class Task:
+    tid: int
+    info: FileInfo | None
+    mode: str
+    keys: pa.Table | None = None  # KEYS: the history's lookup keys
+
+    @property
+    def cost(self) -> float:
+        if self.info is None:
+            return 1e5
+        return self.info.length * (5.0 if self.mode == SEG else 1.0) + 1e5
+
+
+@dataclass
+class Params:
+    """What pass 2's map and reduce calls need (small: per group and replica)."""
+
+    max_entry_size: int
+    max_examples: int
+    ref: dict[int, int]
+    # per group and replica: (committed, must_index, log_start) as ``checks.QueueBounds``
+    bounds: dict[int, dict[int, tuple[int, int, int]]]
+    dead: dict[int, dict[int, dict[str, int]]]  # per group, replica: topic -> D
+    spans: dict[int, list[tuple[int, int, int]]]  # per group: the committed log's sources
+    slot_queues: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- map
+
+
+def map_file(task: Task, buf: parse.Buffer | None, p: Params) -> Iterator[flow.Block]:
+    t0, c0 = time.perf_counter(), time.process_time()
+    out: dict[str, Any] = {"tid": task.tid}
+    blocks: list[flow.Block] = []
+    if task.mode == KEYS:
+        blocks = _map_keys(task)
+    elif task.mode == SEG:
+        assert buf is not None and task.info is not None
+        blocks = _map_segment(task.info, buf, p, out)
+    else:
+        assert buf is not None and task.info is not None
+        blocks = _map_cq(task.info, buf, p, out)
+    out.update(wall=time.perf_counter() - t0, cpu=time.process_time() - c0)
+    yield flow.summary(task.info.gid if task.info else -1, task.tid, out)
+    yield from blocks
+
+
+def _map_keys(task: Task) -> list[flow.Block]:
+    k = task.keys
+    if k is None or not k.num_rows:
+        return []
+    blocks: list[flow.Block] = []
+    gid_all = k.column("gid").to_numpy()
+    for gid in np.unique(gid_all):
+        sel = gid_all == gid
+        pid = k.column("producer_id").to_numpy()[sel]
+        seq = k.column("sequence").to_numpy()[sel]
+        off = k.column("phys_offset").to_numpy()[sel]
+        ids = np.zeros(int((pid != 0).sum()), KID_DTYPE)
+        ids["pid"], ids["seq"] = pid[pid != 0], seq[pid != 0]
+        blocks += flow.split_rows(flow.IDS, int(gid), -1, KEYS_ID, ids, _bucket(ids["pid"]))
+        offs = np.zeros(int((off >= 0).sum()), KOFF_DTYPE)
+        offs["phys"] = off[off >= 0]
+        blocks += flow.split_rows(flow.OFFSET, int(gid), -1, KEYS_OFF, offs,
+                                  offs["phys"] // OFFSET_CHUNK)
+    return blocks
+
+
+def _bucket(pid: np.ndarray) -> np.ndarray:
+    b: np.ndarray = (pid.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(58)
+    return b.astype(np.int64) % ID_BUCKETS
+
+
+def _names_block(space: int, gid: int, chunks: np.ndarray, names: dict[int, str]
+                 ) -> list[flow.Block]:
+    data = msgpack.packb(names, use_bin_type=True)
+    return [flow.Block(space, gid, int(c), -1, NAMES, data) for c in np.unique(chunks)]
+
+
+def _map_segment(f: FileInfo, buf: parse.Buffer, p: Params, out: dict[str, Any]
+                 ) -> list[flow.Block]:
+    scan = parse.scan_segment(buf, f.start, p.max_entry_size, bodies=False)
+    ms = parse.parse_messages(buf, f.start, scan.entries)
+    m = ms.messages
+    hashes = np.array([topic_hash(t) for t in ms.topics] or [0], np.int64)
+    rows = np.zeros(len(m), MSG_DTYPE)
+    rows["rid"] = f.rid
+    rows["index"], rows["phys"], rows["size"] = m["index"], m["phys_offset"], m["size"]
+    rows["tag"], rows["queue"] = m["tag_hash"], m["queue_id"]
+    rows["topic"] = hashes[m["topic"]] if len(m) else 0
+    rows["pid"], rows["seq"] = m["producer_id"], m["sequence"]
+    dead = p.dead.get(f.gid, {}).get(f.rid, {})
+    for t, before in dead.items():
+        if t in ms.topics:
+            rows["dead"] |= (rows["topic"] == topic_hash(t)) & (rows["index"] < before)
+    spans = p.spans.get(f.gid, [])
+    span_no = np.full(len(m), -1, np.int32)
+    for k, (lo, hi, src) in enumerate(spans):
+        if src == f.rid:
+            span_no[(rows["index"] >= lo) & (rows["index"] <= hi)] = k
+    rows["committed"] = span_no >= 0
+    out.update(n=len(m), problems=[list(x[:4]) for x in ms.problems],
+               topics=sorted(set(ms.topics)))
+    names = {int(h): t for h, t in zip(hashes.tolist(), ms.topics, strict=False)}
+    chunk = rows["phys"] // OFFSET_CHUNK
+    blocks = list(flow.split_rows(flow.OFFSET, f.gid, f.rid, MSGS, rows, chunk))
+    blocks += _names_block(flow.OFFSET, f.gid, chunk, names)
+    c = rows["committed"] & (rows["pid"] != 0)
+    if c.any():
+        ids = np.zeros(int(c.sum()), CID_DTYPE)
+        ids["pid"], ids["seq"] = rows["pid"][c], rows["seq"][c]
+        ids["index"], ids["phys"], ids["span"] = rows["index"][c], rows["phys"][c], span_no[c]
+        blocks += flow.split_rows(flow.IDS, f.gid, f.rid, CIDS, ids, _bucket(ids["pid"]))
+    return blocks
+
+
+def _map_cq(f: FileInfo, buf: parse.Buffer, p: Params, out: dict[str, Any]
+            ) -> list[flow.Block]:
+    units, _ = parse.parse_cq_file(buf, f.start)
+    th = topic_hash(f.topic)
+    rows = np.zeros(len(units), UNIT_DTYPE)
+    rows["rid"], rows["fid"], rows["topic"], rows["queue"] = f.rid, f.fid, th, f.queue_id
+    rows["slot"], rows["offset"] = units["slot"], units["offset"]
+    rows["tag"], rows["size"] = units["tag_hash"], units["size"]
+    hits = Hits(p.max_examples + 1)
+    unit_order(hits, rows, f.gid, f.rid, f.topic, f.queue_id)
+    edge = [[int(rows["slot"][j]), int(rows["offset"][j]), f.fid] for j in (0, -1)] if len(
+        rows) else None
+    out.update(n=len(rows), hits=hits.dump(), edge=edge)
+    chunk = rows["offset"] // OFFSET_CHUNK
+    blocks = list(flow.split_rows(flow.OFFSET, f.gid, f.rid, UNITS, rows, chunk))
+    blocks += _names_block(flow.OFFSET, f.gid, chunk, {th: f.topic})
+    if (f.topic, f.queue_id) in p.slot_queues.get(f.gid, set()):
+        key = np.array([slot_chunk(th, f.queue_id, s) for s in
+                        np.unique(rows["slot"] // SLOT_CHUNK).tolist()], np.int64)
+        per = np.searchsorted(np.unique(rows["slot"] // SLOT_CHUNK), rows["slot"] // SLOT_CHUNK)
+        blocks += flow.split_rows(flow.SLOT, f.gid, f.rid, UNITS, rows, key[per])
+        blocks += _names_block(flow.SLOT, f.gid, key, {th: f.topic})
+    return blocks
+
+
+def slot_chunk(topic: int, queue: int, chunk: int) -> int:
+    """The key of one slot range of one queue."""
+    h = hashlib.blake2b(f"{topic}/{queue}/{chunk}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+def unit_order(hits: Hits, u: np.ndarray, gid: int, rid: int, topic: str, queue: int) -> None:
+    """Holes and offsets that do not increase along consecutive units (slot order)."""
+    if len(u) < 2:
+        return
+    slots, offs, fid = u["slot"], u["offset"], u["fid"]
+    key = ("lost_offsets", "cq_hole", gid, rid, topic, queue)
+    gaps = np.nonzero(np.diff(slots) > 1)[0] + 1
+    hits.add(key, len(gaps), [_unit_hit(fid, slots, offs, j, f"empty slot(s) before slot "
+                                        f"{slots[j]} after a non-empty slot")
+                              for j in gaps[:hits.limit]])
+    back = np.nonzero(np.diff(offs) <= 0)[0] + 1
+    hits.add(("index_validity", "cq_out_of_order", gid, rid, topic, queue), len(back), [
+        _unit_hit(fid, slots, offs, j, f"slot {slots[j]} offset {offs[j]} does not increase")
+        for j in back[:hits.limit]])
+
+
+def _unit_hit(fid: np.ndarray, slots: np.ndarray, offs: np.ndarray, j: int, detail: str,
+              index: int = -1) -> Hit:
+    return ((int(slots[j]),), {"fid": int(fid[j]), "slot": int(slots[j]),
+                               "phys_offset": int(offs[j]), "index": index, "detail": detail},
+            -1)
+
+
+# -------------------------------------------------------------------------- reduce
+
+
+def reduce(key: flow.Key, blocks: list[flow.Block], p: Params) -> bytes:
+    space, gid, _ = key
+    names: dict[int, str] = {}
+    for b in blocks:
+        if b.what == NAMES:
+            names.update({int(k): v for k, v in msgpack.unpackb(
+                b.data, raw=False, strict_map_key=False).items()})
+    if space == flow.OFFSET:
+        return _reduce_offsets(gid, blocks, names, p)
+    if space == flow.SLOT:
+        return _reduce_slots(gid, blocks, names, p)
+    return _reduce_ids(gid, blocks, p)
+
+
+def _reduce_offsets(gid: int, blocks: list[flow.Block], names: dict[int, str], p: Params
+                    ) -> bytes:
+    msgs = flow.unpack_rows(blocks, MSGS, MSG_DTYPE)
+    units = flow.unpack_rows(blocks, UNITS, UNIT_DTYPE)
+    koff = flow.unpack_rows(blocks, KEYS_OFF, KOFF_DTYPE)
+    hits = Hits(p.max_examples + 1)
+    out: dict[str, Any] = {"beyond": [], "counts": {}, "dead": {}, "queues": [], "hist": []}
+    msgs = msgs[np.lexsort((msgs["phys"], msgs["rid"]))]
+    units = units[np.lexsort((units["slot"], units["rid"]))]
+    ref = p.ref.get(gid, 0)
+    for rid in np.unique(msgs["rid"]).tolist():
+        out["counts"][rid] = int((msgs["rid"] == rid).sum())
+    mine = msgs[msgs["rid"] == ref]
+    for th in np.unique(mine["topic"][mine["dead"]]).tolist():
+        out["dead"][names[th]] = int((mine["dead"] & (mine["topic"] == th)).sum())
+    q_m = set(zip(msgs["topic"].tolist(), msgs["queue"].tolist(), strict=True))
+    out["queues"] = sorted([names[t], q] for t, q in q_m)
+    pairs = set(zip(msgs["rid"].tolist(), msgs["topic"].tolist(), msgs["queue"].tolist(),
+                    strict=True)) | set(zip(units["rid"].tolist(), units["topic"].tolist(),
+                                            units["queue"].tolist(), strict=True))
+    for rid, th, q in sorted(pairs):
+        bnd = p.bounds[gid][rid]
+        sm = (msgs["rid"] == rid) & (msgs["topic"] == th) & (msgs["queue"] == q) & ~msgs["dead"]
+        su = (units["rid"] == rid) & (units["topic"] == th) & (units["queue"] == q)
+        late = _queue(hits, gid, rid, names[th], q, msgs[sm], units[su],
+                      checks.QueueBounds(*bnd))
+        if late is not None:
+            out["beyond"].append([rid, names[th], q, *late])
+    if len(koff):
+        c = msgs[msgs["committed"] & np.isin(msgs["phys"], koff["phys"])]
+        out["hist"] = [[int(a), int(b), int(x)] for a, b, x in zip(
+            c["pid"], c["seq"], c["phys"], strict=True)]
+    out["hits"] = hits.dump()
+    return msgpack.packb(out, use_bin_type=True)
+
+
+def _queue(hits: Hits, gid: int, rid: int, topic: str, q: int, m: np.ndarray, u: np.ndarray,
+           bounds: checks.QueueBounds) -> list[int] | None:
+    """``checks.check_queue_replica`` over the units and messages of one position range
+    (holes and order along the slots are checked per file, ``unit_order``)."""
+    slots, offs = u["slot"], u["offset"]
+    m_off = m["phys"]
+    late_out = None
+    if len(u):
+        again = np.zeros(len(offs), bool)
+        if len(u) > 1:
+            order = np.argsort(offs, kind="stable")
+            again[order[1:][offs[order][1:] == offs[order][:-1]]] = True
+        tw = np.nonzero(again)[0]
+        hits.add(("duplicates", "indexed_twice", gid, rid, topic, q), len(tw), [
+            _unit_hit(u["fid"], slots, offs, j,
+                      f"message at {offs[j]} is indexed again at slot {slots[j]}")
+            for j in tw[:hits.limit]])
+        at = np.searchsorted(m_off, offs)
+        at_c = np.minimum(at, max(len(m_off) - 1, 0))
+        found = ((at < len(m_off)) & (m_off[at_c] == offs)) if len(m_off) else np.zeros(
+            len(offs), bool)
+        m_idx = np.where(found, m["index"][at_c] if len(m_off) else -1, -1)
+        dg = np.nonzero(~found & (offs >= bounds.log_start))[0]
+        hits.add(("index_validity", "cq_dangling", gid, rid, topic, q), len(dg), [
+            _unit_hit(u["fid"], slots, offs, j, f"slot {slots[j]} points at {offs[j]}, where "
+                                                f"no message of {topic}/{q} starts")
+            for j in dg[:hits.limit]])
+        if len(m_off):
+            m_size, m_tag = m["size"][at_c], m["tag"][at_c]
+            sb = np.nonzero(found & (u["size"] != m_size))[0]
+            hits.add(("index_validity", "cq_size_mismatch", gid, rid, topic, q), len(sb), [
+                _unit_hit(u["fid"], slots, offs, j, f"slot {slots[j]} size {u['size'][j]}, "
+                                                    f"message is {m_size[j]}", int(m_idx[j]))
+                for j in sb[:hits.limit]])
+            tb = np.nonzero(found & (u["tag"] != m_tag))[0]
+            hits.add(("index_validity", "cq_tag_mismatch", gid, rid, topic, q), len(tb), [
+                _unit_hit(u["fid"], slots, offs, j, f"slot {slots[j]} tag hash "
+                                                    f"{u['tag'][j]:#x}, message has "
+                                                    f"{m_tag[j]:#x}", int(m_idx[j]))
+                for j in tb[:hits.limit]])
+            late = np.nonzero(found & (m_idx > bounds.committed))[0]
+            if len(late):
+                j = late[0]
+                late_out = [len(late), int(slots[j]), int(offs[j]), int(m_idx[j])]
+    need = np.nonzero(m["index"] <= bounds.must_index)[0]
+    if len(need):
+        indexed = np.isin(m_off[need], offs) if len(u) else np.zeros(len(need), bool)
+        miss = need[~indexed]
+        hits.add(("index_validity", "cq_not_indexed", gid, rid, topic, q), len(miss), [
+            ((int(m_off[j]),), {"fid": -2, "slot": -1, "phys_offset": int(m_off[j]),
+                                "index": int(m["index"][j]),
+                                "detail": f"committed message at {m_off[j]} (entry "
+                                          f"{m['index'][j]}) has no unit in {topic}/{q}"}, -1)
+            for j in miss[:hits.limit]])
+    return late_out
+
+
+def _reduce_slots(gid: int, blocks: list[flow.Block], names: dict[int, str], p: Params
+                  ) -> bytes:
+    units = flow.unpack_rows(blocks, UNITS, UNIT_DTYPE)
+    units = units[np.lexsort((units["slot"], units["rid"]))]
+    hits = Hits(p.max_examples + 1)
+    for th, q in sorted(set(zip(units["topic"].tolist(), units["queue"].tolist(),
+                                strict=True))):
+        u = units[(units["topic"] == th) & (units["queue"] == q)]
+        slot, off, rid = u["slot"], u["offset"], u["rid"]
+        order = np.lexsort((off, slot))
+        s, o = slot[order], off[order]
+        clash = np.unique(s[1:][(s[1:] == s[:-1]) & (o[1:] != o[:-1])])
+        kept: list[Hit] = []
+        for c in clash[:hits.limit]:
+            at = np.nonzero(slot == c)[0]
+            kept.append(((int(c),), {
+                "slot": int(c), "count": 1,
+                "detail": "slot points at different offsets on replicas: " + ", ".join(
+                    f"rid {rid[j]}->{off[j]}" for j in at)}, -1))
+        hits.add(("duplicates", "cq_slot_conflict", gid, -1, names[th], q), len(clash), kept)
+    return msgpack.packb({"hits": hits.dump()}, use_bin_type=True)
+
+
+def _reduce_ids(gid: int, blocks: list[flow.Block], p: Params) -> bytes:
+    ids = flow.unpack_rows(blocks, CIDS, CID_DTYPE)
+    keys = flow.unpack_rows(blocks, KEYS_ID, KID_DTYPE)
+    ids = ids[np.lexsort((ids["phys"], ids["span"]))]  # the committed log's order
+    out: dict[str, Any] = {"dups": [], "hist": []}
+    pid, seq = ids["pid"], ids["seq"]
+    order = np.lexsort((seq, pid))
+    ps, ss = pid[order], seq[order]
+    same = (ps[1:] == ps[:-1]) & (ss[1:] == ss[:-1])
+    if same.any():
+        edge = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
+        for a, b in zip(np.nonzero(edge == 1)[0], np.nonzero(edge == -1)[0], strict=True):
+            rows = order[a:b + 1]
+            out["dups"].append([int(ps[a]), int(ss[a]), int(ids["index"][rows[1]]),
+                                int(ids["phys"][rows[1]]), len(rows) - 1,
+                                [int(x) for x in ids["phys"][rows]]])
+    if len(keys) and len(ids):
+        want = set(zip(keys["pid"].tolist(), keys["seq"].tolist(), strict=True))
+        out["hist"] = [[a, b, x] for a, b, x in zip(pid.tolist(), seq.tolist(),
+                                                    ids["phys"].tolist(), strict=True)
+                       if (a, b) in want]
+    return msgpack.packb(out, use_bin_type=True)
