@@ -68,9 +68,11 @@ class GroupLog:
     logs: dict[int, LogSummary] = field(default_factory=dict)
     pieces: list[tuple[hits.StreamKey, int, list[hits.Hit]]] = field(default_factory=list)
     ix: dict[int, list[dict]] = field(default_factory=dict)  # type: ignore[type-arg]
-    diff_ref: set[int] = field(default_factory=set)
+    # replica -> index ranges (``dlog.LOG_CHUNK``) where its MESSAGES entries are
+    # not the reference replica's (there it decodes its own records)
+    diff_ref: dict[int, set[int]] = field(default_factory=dict)
 
-    def add_reduced(self, out: dict) -> None:  # type: ignore[type-arg]
+    def add_reduced(self, out: dict, chunk: int) -> None:  # type: ignore[type-arg]
         for r in out["runs"]:
             self.runs.append(Run(r[0], r[1], r[2], r[3], r[4], bool(r[5]), bool(r[6]),
                                  bool(r[7]), r[8], r[9], tuple(r[10]), tuple(r[11])))
@@ -81,7 +83,8 @@ class GroupLog:
             self.probe_best[p[0]] = tuple(p[1:])
         for rid, part in out["ix"].items():
             self.ix.setdefault(int(rid), []).append(part)
-        self.diff_ref |= set(out["diff_ref"])
+        for rid in out["diff_ref"]:
+            self.diff_ref.setdefault(rid, set()).add(chunk)
 
     def seal(self) -> None:
         """Sort the runs and merge neighbours of one shape (split by index ranges)."""

@@ -92,22 +92,25 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
     t1 = time.perf_counter()
     glogs = {gid: dgroup.GroupLog() for gid in groups}
     summ: dict[int, dict[str, Any]] = {}
-    for (space, gid, _), data in res1:
+    for (space, gid, chunk), data in res1:
         v = _load(data)
         if space == flow.SUMMARY:
             summ[v["tid"]] = v
         else:
-            glogs[gid].add_reduced(v)
+            glogs[gid].add_reduced(v, chunk)
     problem_rows: list[ProblemRow] = []
     counts: dict[str, int] = defaultdict(int)
+    summ_by_fid: dict[int, dict[str, Any]] = {}
     deletions: dict[int, dict[int, list[tuple[int, str]]]] = {
         gid: {rid: [] for rid in st.replicas} for gid, st in groups.items()}
     seg_files: dict[tuple[int, int], list[tuple[int, list[int], list[int]]]] = defaultdict(list)
     cq_content: dict[tuple[int, int], dict[tuple[str, int], list[tuple[int, int, int]]]] = (
         defaultdict(lambda: defaultdict(list)))
     task_s: dict[str, float] = defaultdict(float)
+    seg_range: dict[int, tuple[int, int] | None] = {}
     for t in todo:
         s, f = summ[t.tid], t.info
+        summ_by_fid[f.fid] = s
         task_s[f"tasks_p1_{t.mode}_cpu_s"] += s["cpu"]
         task_s[f"tasks_p1_{t.mode}_wall_s"] += s["wall"]
         problem_rows += [ProblemRow(gid=f.gid, rid=f.rid, fid=f.fid, file_offset=p[0],
@@ -115,6 +118,7 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
                          for p in s.get("problems", [])]
         if t.mode == dlog.SEG:
             counts["entries"] += s["n"]
+            seg_range[f.fid] = (s["min_index"], s["max_index"]) if s["n"] else None
             deletions[f.gid][f.rid] += [(int(d), str(x)) for d, x in s["deletions"]]
             glogs[f.gid].pieces += hits.load(s["hits"])
             if s["n"]:
@@ -172,11 +176,35 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
         slot_queues[gid] = {q for q in qs if len({tuple(sorted(cq_content[(gid, rid)][q]))
                                                   for rid in st.replicas
                                                   if cq_content[(gid, rid)][q]}) > 1}
+    own = {gid: {rid: set(ch) for rid, ch in glogs[gid].diff_ref.items()} for gid in groups}
+    cq_fids = {(f.gid, f.rid, f.topic, f.queue_id, f.start): f.fid for f in prep.bulk
+               if f.kind == inputs.CQ}
     p2 = dmsgs.Params(opts.max_entry_size, opts.max_examples, refs, bounds, dead,
-                      {gid: st.sources for gid, st in groups.items()}, slot_queues)
-    todo2 = [dmsgs.Task(i, f, dmsgs.SEG if f.kind == inputs.SEGMENT else dmsgs.CQ)
-             for i, f in enumerate(f for f in prep.bulk if f.kind in (inputs.SEGMENT,
-                                                                       inputs.CQ))]
+                      {gid: st.sources for gid, st in groups.items()},
+                      {gid: sorted(st.replicas) for gid, st in groups.items()}, own, cq_fids,
+                      slot_queues)
+    todo2: list[dmsgs.Task] = []
+    for f in prep.bulk:
+        if f.kind != inputs.SEGMENT or seg_range.get(f.fid) is None:
+            continue
+        lo, hi = seg_range[f.fid]  # type: ignore[misc]
+        mine = own[f.gid].get(f.rid, set())
+        if f.rid == refs[f.gid] or any(lo // dlog.LOG_CHUNK <= c <= hi // dlog.LOG_CHUNK
+                                       for c in mine):
+            todo2.append(dmsgs.Task(len(todo2), f, dmsgs.SEG))
+    # One task per distinct ConsumeQueue content (topic, queue, first slot, length, CRC).
+    cq_size = {f.fid: (summ_by_fid[f.fid]["length"], summ_by_fid[f.fid]["crc"])
+               for f in prep.bulk if f.kind == inputs.CQ}
+    holders: dict[tuple[int, str, int, int, int, int], list[inputs.FileInfo]] = (
+        defaultdict(list))
+    for f in prep.bulk:
+        if f.kind == inputs.CQ:
+            ck = (f.gid, f.topic, f.queue_id, f.start, *cq_size[f.fid])
+            holders[ck if opts.share_identical else (*ck[:-1], f.rid)].append(f)
+    for fs in holders.values():
+        fs.sort(key=lambda f: f.rid)
+        todo2.append(dmsgs.Task(len(todo2), fs[0], dmsgs.CQ,
+                                mask=sum(1 << f.rid for f in fs)))
     gids = {st.name: gid for gid, st in groups.items()}
     if opts.history:
         todo2.append(dmsgs.Task(len(todo2), None, dmsgs.KEYS,
@@ -216,6 +244,7 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
             matched.add((gid, a, b, x))
     unit_edges: dict[tuple[int, int, str, int], list[tuple[int, list[list[int]]]]] = (
         defaultdict(list))
+    seg_fid = {(f.gid, f.rid, f.start): f.fid for f in prep.bulk if f.kind == inputs.SEGMENT}
     for t in todo2:
         s = summ2[t.tid]
         task_s[f"tasks_p2_{t.mode}_cpu_s"] += s["cpu"]
@@ -224,13 +253,26 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
         if f is None:
             continue
         if t.mode == dmsgs.SEG:
-            problem_rows += [ProblemRow(gid=f.gid, rid=f.rid, fid=f.fid, file_offset=p[0],
-                                        index=p[1], problem=p[2], detail=p[3])
-                             for p in s["problems"]]
+            counts["messages_decoded"] += s["n"]
+            for p in s["problems"]:
+                # A record the reference decoded for replicas sharing its entries there
+                # is wrong on each of them (the same bytes), at the same file offset.
+                chunk = p[1] // dlog.LOG_CHUNK
+                for rid in groups[f.gid].replicas:
+                    if rid == f.rid or (f.rid == refs[f.gid] and chunk not in own[f.gid].get(
+                            rid, set()) and (f.gid, rid, f.start) in seg_fid):
+                        problem_rows.append(ProblemRow(
+                            gid=f.gid, rid=rid, fid=seg_fid.get((f.gid, rid, f.start), f.fid),
+                            file_offset=p[0], index=p[1], problem=p[2], detail=p[3]))
         else:
-            q_pieces += hits.load(s["hits"])
-            if s["edge"] is not None:
-                unit_edges[(f.gid, f.rid, f.topic, f.queue_id)].append((f.start, s["edge"]))
+            for rid in (r for r in groups[f.gid].replicas if t.mask >> r & 1):
+                fid = cq_fids[(f.gid, rid, f.topic, f.queue_id, f.start)]
+                for key, n, hs in hits.load(s["hits"]):
+                    q_pieces.append(((*key[:3], rid, *key[4:]), n,
+                                     [(o, {**x, "fid": fid}, nx) for o, x, nx in hs]))
+                if s["edge"] is not None:
+                    unit_edges[(f.gid, rid, f.topic, f.queue_id)].append(
+                        (f.start, [[*e[:2], fid] for e in s["edge"]]))
     for (gid, rid, topic, q), files in unit_edges.items():
         files.sort()
         h = hits.Hits(opts.max_examples + 1)
@@ -280,7 +322,6 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
     found.append(checks.problem_findings(replicas.problems_table(problem_rows), starts, kinds,
                                          durable_end))
     counts["problems"] = len(problem_rows)
-    counts["messages_decoded"] = counts["messages"]
 
     hstats: dict[str, int] = {}
     if opts.history:
@@ -318,7 +359,7 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
 
 def _shared(out: Findings, gid: int, st: checks.GroupState, ref: int,
             bounds: dict[int, tuple[int, int, int]], dead: dict[int, dict[str, int]],
-            diff_ref: set[int],
+            diff_ref: dict[int, set[int]],
             cq_content: dict[tuple[int, int], dict[tuple[str, int], list[tuple[int, int, int]]]],
             msg_queues: set[tuple[str, int]], names: dict[tuple[int, int], str],
             counts: dict[str, int]) -> None:

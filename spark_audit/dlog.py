@@ -137,7 +137,8 @@ def _map_segment(task: Task, buf: parse.Buffer, p: Params, out: dict[str, Any]
     out.update(n=len(rows), problems=scan.problems,
                deletions=control.topic_deletions(buf, e), hits=hits.dump(),
                first=_edge(rows, 0), last=_edge(rows, -1),
-               min_index=int(rows["index"].min()) if len(rows) else 0)
+               min_index=int(rows["index"].min()) if len(rows) else 0,
+               max_index=int(rows["index"].max()) if len(rows) else 0)
     return list(flow.split_rows(flow.LOG, f.gid, f.rid, ENTRIES, rows,
                                 rows["index"] // LOG_CHUNK))
 

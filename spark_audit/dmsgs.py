@@ -34,7 +34,7 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 
-from spark_audit import checks, flow, parse
+from spark_audit import checks, dlog, flow, parse
 from spark_audit.hits import Hit, Hits
 from spark_audit.inputs import FileInfo
 
@@ -45,14 +45,16 @@ ID_BUCKETS = 64  # producer-id buckets per group
 SEG, CQ, KEYS = "seg", "cq", "keys"
 MSGS, UNITS, KEYS_OFF, KEYS_ID, CIDS, NAMES = 1, 2, 3, 4, 5, 6  # block kinds
 
+# ``mask``: bit r set when replica r holds this record (or unit): a record is
+# decoded once, from the reference replica, for every replica whose entries of
+# that index range are the reference's; a ConsumeQueue file once per content.
 MSG_DTYPE = np.dtype([
-    ("rid", "<i4"), ("index", "<i8"), ("phys", "<i8"), ("size", "<i4"), ("tag", "<i8"),
-    ("topic", "<i8"), ("queue", "<i4"), ("dead", "?"), ("committed", "?"), ("pid", "<i8"),
-    ("seq", "<i8"),
+    ("mask", "<i8"), ("index", "<i8"), ("phys", "<i8"), ("size", "<i4"), ("tag", "<i8"),
+    ("topic", "<i8"), ("queue", "<i4"), ("committed", "?"), ("pid", "<i8"), ("seq", "<i8"),
 ])
 UNIT_DTYPE = np.dtype([
-    ("rid", "<i4"), ("fid", "<i4"), ("slot", "<i8"), ("offset", "<i8"), ("tag", "<i8"),
-    ("size", "<i4"), ("topic", "<i8"), ("queue", "<i4"),
+    ("mask", "<i8"), ("fid", "<i4"), ("fstart", "<i8"), ("slot", "<i8"), ("offset", "<i8"),
+    ("tag", "<i8"), ("size", "<i4"), ("topic", "<i8"), ("queue", "<i4"),
 ])
 CID_DTYPE = np.dtype([("pid", "<i8"), ("seq", "<i8"), ("index", "<i8"), ("phys", "<i8"),
                       ("span", "<i4")])
@@ -72,6 +74,7 @@ class Task:
     info: FileInfo | None
     mode: str
     keys: pa.Table | None = None  # KEYS: the history's lookup keys
+    mask: int = 0  # CQ: the replicas holding this file's content
 
     @property
     def cost(self) -> float:
@@ -91,6 +94,12 @@ class Params:
     bounds: dict[int, dict[int, tuple[int, int, int]]]
     dead: dict[int, dict[int, dict[str, int]]]  # per group, replica: topic -> D
     spans: dict[int, list[tuple[int, int, int]]]  # per group: the committed log's sources
+    rids: dict[int, list[int]]
+    # per group and replica other than the reference: index ranges (``dlog.LOG_CHUNK``)
+    # where its MESSAGES entries differ from the reference's (it decodes its own there)
+    own: dict[int, dict[int, set[int]]]
+    # (group, replica, topic, queue, first slot) -> file id of each ConsumeQueue file
+    cq_fids: dict[tuple[int, int, str, int, int], int]
     slot_queues: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
 
 
@@ -108,7 +117,7 @@ def map_file(task: Task, buf: parse.Buffer | None, p: Params) -> Iterator[flow.B
         blocks = _map_segment(task.info, buf, p, out)
     else:
         assert buf is not None and task.info is not None
-        blocks = _map_cq(task.info, buf, p, out)
+        blocks = _map_cq(task.info, buf, p, out, task.mask)
     out.update(wall=time.perf_counter() - t0, cpu=time.process_time() - c0)
     yield flow.summary(task.info.gid if task.info else -1, task.tid, out)
     yield from blocks
@@ -149,24 +158,33 @@ def _names_block(space: int, gid: int, chunks: np.ndarray, names: dict[int, str]
 def _map_segment(f: FileInfo, buf: parse.Buffer, p: Params, out: dict[str, Any]
                  ) -> list[flow.Block]:
     scan = parse.scan_segment(buf, f.start, p.max_entry_size, bodies=False)
-    ms = parse.parse_messages(buf, f.start, scan.entries)
+    ents = scan.entries
+    ref = p.ref.get(f.gid, 0)
+    own = p.own.get(f.gid, {})
+    if f.rid != ref:  # only where this replica's entries are not the reference's
+        mine = own.get(f.rid, set())
+        ents = ents.copy()
+        ents["has_msgs"] &= np.isin(ents["index"] // dlog.LOG_CHUNK,
+                                    np.array(sorted(mine), np.int64))
+    ms = parse.parse_messages(buf, f.start, ents)
     m = ms.messages
     hashes = np.array([topic_hash(t) for t in ms.topics] or [0], np.int64)
     rows = np.zeros(len(m), MSG_DTYPE)
-    rows["rid"] = f.rid
     rows["index"], rows["phys"], rows["size"] = m["index"], m["phys_offset"], m["size"]
     rows["tag"], rows["queue"] = m["tag_hash"], m["queue_id"]
     rows["topic"] = hashes[m["topic"]] if len(m) else 0
     rows["pid"], rows["seq"] = m["producer_id"], m["sequence"]
-    dead = p.dead.get(f.gid, {}).get(f.rid, {})
-    for t, before in dead.items():
-        if t in ms.topics:
-            rows["dead"] |= (rows["topic"] == topic_hash(t)) & (rows["index"] < before)
-    spans = p.spans.get(f.gid, [])
+    rows["mask"] = 1 << f.rid
+    if f.rid == ref:
+        chunk = rows["index"] // dlog.LOG_CHUNK
+        for rid in p.rids.get(f.gid, []):
+            if rid != ref:
+                rows["mask"] |= np.where(np.isin(chunk, np.array(sorted(own.get(rid, set())),
+                                                                 np.int64)), 0, 1 << rid)
     span_no = np.full(len(m), -1, np.int32)
-    for k, (lo, hi, src) in enumerate(spans):
-        if src == f.rid:
-            span_no[(rows["index"] >= lo) & (rows["index"] <= hi)] = k
+    for k, (lo, hi, src) in enumerate(p.spans.get(f.gid, [])):
+        span_no[(rows["index"] >= lo) & (rows["index"] <= hi)
+                & (np.right_shift(rows["mask"], src) & 1).astype(bool)] = k
     rows["committed"] = span_no >= 0
     out.update(n=len(m), problems=[list(x[:4]) for x in ms.problems],
                topics=sorted(set(ms.topics)))
@@ -183,12 +201,13 @@ def _map_segment(f: FileInfo, buf: parse.Buffer, p: Params, out: dict[str, Any]
     return blocks
 
 
-def _map_cq(f: FileInfo, buf: parse.Buffer, p: Params, out: dict[str, Any]
+def _map_cq(f: FileInfo, buf: parse.Buffer, p: Params, out: dict[str, Any], mask: int
             ) -> list[flow.Block]:
     units, _ = parse.parse_cq_file(buf, f.start)
     th = topic_hash(f.topic)
     rows = np.zeros(len(units), UNIT_DTYPE)
-    rows["rid"], rows["fid"], rows["topic"], rows["queue"] = f.rid, f.fid, th, f.queue_id
+    rows["mask"], rows["fid"], rows["topic"], rows["queue"] = mask, f.fid, th, f.queue_id
+    rows["fstart"] = f.start
     rows["slot"], rows["offset"] = units["slot"], units["offset"]
     rows["tag"], rows["size"] = units["tag_hash"], units["size"]
     hits = Hits(p.max_examples + 1)
@@ -254,6 +273,11 @@ def reduce(key: flow.Key, blocks: list[flow.Block], p: Params) -> bytes:
     return _reduce_ids(gid, blocks, p)
 
 
+def _bits(mask: np.ndarray, rid: int) -> np.ndarray:
+    held: np.ndarray = (np.right_shift(mask, rid) & 1).astype(bool)
+    return held
+
+
 def _reduce_offsets(gid: int, blocks: list[flow.Block], names: dict[int, str], p: Params
                     ) -> bytes:
     msgs = flow.unpack_rows(blocks, MSGS, MSG_DTYPE)
@@ -261,27 +285,35 @@ def _reduce_offsets(gid: int, blocks: list[flow.Block], names: dict[int, str], p
     koff = flow.unpack_rows(blocks, KEYS_OFF, KOFF_DTYPE)
     hits = Hits(p.max_examples + 1)
     out: dict[str, Any] = {"beyond": [], "counts": {}, "dead": {}, "queues": [], "hist": []}
-    msgs = msgs[np.lexsort((msgs["phys"], msgs["rid"]))]
-    units = units[np.lexsort((units["slot"], units["rid"]))]
+    msgs = msgs[np.argsort(msgs["phys"], kind="stable")]
+    units = units[np.argsort(units["slot"], kind="stable")]
     ref = p.ref.get(gid, 0)
-    for rid in np.unique(msgs["rid"]).tolist():
-        out["counts"][rid] = int((msgs["rid"] == rid).sum())
-    mine = msgs[msgs["rid"] == ref]
-    for th in np.unique(mine["topic"][mine["dead"]]).tolist():
-        out["dead"][names[th]] = int((mine["dead"] & (mine["topic"] == th)).sum())
-    q_m = set(zip(msgs["topic"].tolist(), msgs["queue"].tolist(), strict=True))
-    out["queues"] = sorted([names[t], q] for t, q in q_m)
-    pairs = set(zip(msgs["rid"].tolist(), msgs["topic"].tolist(), msgs["queue"].tolist(),
-                    strict=True)) | set(zip(units["rid"].tolist(), units["topic"].tolist(),
-                                            units["queue"].tolist(), strict=True))
-    for rid, th, q in sorted(pairs):
-        bnd = p.bounds[gid][rid]
-        sm = (msgs["rid"] == rid) & (msgs["topic"] == th) & (msgs["queue"] == q) & ~msgs["dead"]
-        su = (units["rid"] == rid) & (units["topic"] == th) & (units["queue"] == q)
-        late = _queue(hits, gid, rid, names[th], q, msgs[sm], units[su],
-                      checks.QueueBounds(*bnd))
-        if late is not None:
-            out["beyond"].append([rid, names[th], q, *late])
+    out["queues"] = sorted([names[t], q] for t, q in set(zip(
+        msgs["topic"].tolist(), msgs["queue"].tolist(), strict=True)))
+    for rid in p.rids.get(gid, []):
+        m = msgs[_bits(msgs["mask"], rid)]
+        u = units[_bits(units["mask"], rid)]
+        if len(m):
+            out["counts"][rid] = len(m)
+        dead = np.zeros(len(m), bool)
+        for topic, before in p.dead.get(gid, {}).get(rid, {}).items():
+            dead |= (m["topic"] == topic_hash(topic)) & (m["index"] < before)
+            if rid == ref and dead.any():
+                out["dead"][topic] = out["dead"].get(topic, 0) + int(
+                    (dead & (m["topic"] == topic_hash(topic))).sum())
+        m = m[~dead]
+        bnd = checks.QueueBounds(*p.bounds[gid][rid])
+        for th, q in sorted(set(zip(m["topic"].tolist(), m["queue"].tolist(), strict=True))
+                            | set(zip(u["topic"].tolist(), u["queue"].tolist(), strict=True))):
+            mq = m[(m["topic"] == th) & (m["queue"] == q)]
+            uq = u[(u["topic"] == th) & (u["queue"] == q)]
+            starts = np.unique(uq["fstart"])
+            fids = np.array([p.cq_fids[(gid, rid, names[th], q, int(x))] for x in starts],
+                            np.int32)
+            ufid = fids[np.searchsorted(starts, uq["fstart"])] if len(uq) else uq["fid"]
+            late = _queue(hits, gid, rid, names[th], q, mq, uq, ufid, bnd)
+            if late is not None:
+                out["beyond"].append([rid, names[th], q, *late])
     if len(koff):
         c = msgs[msgs["committed"] & np.isin(msgs["phys"], koff["phys"])]
         out["hist"] = [[int(a), int(b), int(x)] for a, b, x in zip(
@@ -291,7 +323,7 @@ def _reduce_offsets(gid: int, blocks: list[flow.Block], names: dict[int, str], p
 
 
 def _queue(hits: Hits, gid: int, rid: int, topic: str, q: int, m: np.ndarray, u: np.ndarray,
-           bounds: checks.QueueBounds) -> list[int] | None:
+           ufid: np.ndarray, bounds: checks.QueueBounds) -> list[int] | None:
     """``checks.check_queue_replica`` over the units and messages of one position range
     (holes and order along the slots are checked per file, ``unit_order``)."""
     slots, offs = u["slot"], u["offset"]
@@ -304,7 +336,7 @@ def _queue(hits: Hits, gid: int, rid: int, topic: str, q: int, m: np.ndarray, u:
             again[order[1:][offs[order][1:] == offs[order][:-1]]] = True
         tw = np.nonzero(again)[0]
         hits.add(("duplicates", "indexed_twice", gid, rid, topic, q), len(tw), [
-            _unit_hit(u["fid"], slots, offs, j,
+            _unit_hit(ufid, slots, offs, j,
                       f"message at {offs[j]} is indexed again at slot {slots[j]}")
             for j in tw[:hits.limit]])
         at = np.searchsorted(m_off, offs)
@@ -314,19 +346,19 @@ def _queue(hits: Hits, gid: int, rid: int, topic: str, q: int, m: np.ndarray, u:
         m_idx = np.where(found, m["index"][at_c] if len(m_off) else -1, -1)
         dg = np.nonzero(~found & (offs >= bounds.log_start))[0]
         hits.add(("index_validity", "cq_dangling", gid, rid, topic, q), len(dg), [
-            _unit_hit(u["fid"], slots, offs, j, f"slot {slots[j]} points at {offs[j]}, where "
+            _unit_hit(ufid, slots, offs, j, f"slot {slots[j]} points at {offs[j]}, where "
                                                 f"no message of {topic}/{q} starts")
             for j in dg[:hits.limit]])
         if len(m_off):
             m_size, m_tag = m["size"][at_c], m["tag"][at_c]
             sb = np.nonzero(found & (u["size"] != m_size))[0]
             hits.add(("index_validity", "cq_size_mismatch", gid, rid, topic, q), len(sb), [
-                _unit_hit(u["fid"], slots, offs, j, f"slot {slots[j]} size {u['size'][j]}, "
+                _unit_hit(ufid, slots, offs, j, f"slot {slots[j]} size {u['size'][j]}, "
                                                     f"message is {m_size[j]}", int(m_idx[j]))
                 for j in sb[:hits.limit]])
             tb = np.nonzero(found & (u["tag"] != m_tag))[0]
             hits.add(("index_validity", "cq_tag_mismatch", gid, rid, topic, q), len(tb), [
-                _unit_hit(u["fid"], slots, offs, j, f"slot {slots[j]} tag hash "
+                _unit_hit(ufid, slots, offs, j, f"slot {slots[j]} tag hash "
                                                     f"{u['tag'][j]:#x}, message has "
                                                     f"{m_tag[j]:#x}", int(m_idx[j]))
                 for j in tb[:hits.limit]])
@@ -349,13 +381,19 @@ def _queue(hits: Hits, gid: int, rid: int, topic: str, q: int, m: np.ndarray, u:
 
 def _reduce_slots(gid: int, blocks: list[flow.Block], names: dict[int, str], p: Params
                   ) -> bytes:
-    units = flow.unpack_rows(blocks, UNITS, UNIT_DTYPE)
-    units = units[np.lexsort((units["slot"], units["rid"]))]
+    held = flow.unpack_rows(blocks, UNITS, UNIT_DTYPE)
+    per = [(rid, held[_bits(held["mask"], rid)]) for rid in p.rids.get(gid, [])]
+    units = np.concatenate([u for _, u in per]) if per else held
+    rids = np.concatenate([np.full(len(u), rid, np.int32) for rid, u in per]) if per else (
+        np.zeros(0, np.int32))
+    order = np.lexsort((units["slot"], rids))
+    units, rids = units[order], rids[order]
     hits = Hits(p.max_examples + 1)
     for th, q in sorted(set(zip(units["topic"].tolist(), units["queue"].tolist(),
                                 strict=True))):
-        u = units[(units["topic"] == th) & (units["queue"] == q)]
-        slot, off, rid = u["slot"], u["offset"], u["rid"]
+        sel = (units["topic"] == th) & (units["queue"] == q)
+        u, rid = units[sel], rids[sel]
+        slot, off = u["slot"], u["offset"]
         order = np.lexsort((off, slot))
         s, o = slot[order], off[order]
         clash = np.unique(s[1:][(s[1:] == s[:-1]) & (o[1:] != o[:-1])])
