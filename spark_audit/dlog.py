@@ -229,42 +229,106 @@ def _body_verdicts(hits: Hits, buf: parse.Buffer, f: FileInfo, rows: np.ndarray,
 # -------------------------------------------------------------------------- reduce
 
 
+def _by_replica(blocks: list[flow.Block], what: int, dtype: np.dtype, order: str
+                ) -> dict[int, np.ndarray]:
+    """Rows of each replica, blocks in the order of their first row's ``order`` field
+    (each block is one file's rows, already in file order), then sorted if needed."""
+    parts: dict[int, list[np.ndarray]] = {}
+    for b in blocks:
+        if b.what == what:
+            parts.setdefault(b.rid, []).append(tasks.unpack(b.data, dtype))
+    out = {}
+    for rid, ps in sorted(parts.items()):
+        ps.sort(key=lambda a: int(a[order][0]) if len(a) else 0)
+        rows = np.concatenate(ps) if len(ps) > 1 else ps[0]
+        if len(rows) > 1 and not bool((np.diff(rows[order]) > 0).all()):
+            rows = rows[np.lexsort((rows["fid"], rows[order]))]
+        out[rid] = rows
+    return out
+
+
 def reduce_log(key: flow.Key, blocks: list[flow.Block], p: Params) -> bytes:
     """Compare every replica's entries (and Raft-index records) of one index range."""
     _, gid, _ = key
-    ents = flow.unpack_rows(blocks, ENTRIES, ROW_DTYPE)
-    recs = flow.unpack_rows(blocks, RECORDS, IX_DTYPE)
-    e = ents[np.lexsort((ents["fid"], ents["position"], ents["rid"]))]
-    # One row per (replica, index): the first in log order, as the checks read them.
-    ri = np.empty(len(e), [("rid", "<i4"), ("index", "<i8")])
-    ri["rid"], ri["index"] = e["rid"], e["index"]
-    firsts = np.sort(np.unique(ri, return_index=True)[1])
-    d = e[firsts]
+    per = _by_replica(blocks, ENTRIES, ROW_DTYPE, "position")
+    ix_per = _by_replica(blocks, RECORDS, IX_DTYPE, "index")
+    # Every replica's rows in (replica, position) order, as the checks read them.
+    e = np.concatenate(list(per.values())) if per else np.zeros(0, ROW_DTYPE)
     out: dict[str, Any] = {"runs": [], "bad": [], "probe_rows": [], "probe_best": [],
                            "ix": {}, "diff_ref": []}
-    if len(d):
-        _versions(d, out, set(p.probes.get(gid, [])))
-        want = np.array(p.probes.get(gid, []), np.int64)
-        at = e[np.isin(e["index"], want)]
+    probes = set(p.probes.get(gid, []))
+    firsts: dict[int, np.ndarray] = {}  # each replica's first row per index
+    if per and _uniform(per):
+        _versions_uniform(per, out, probes)
+        firsts = per
+    elif len(e):
+        # One row per (replica, index): the first in log order.
+        ri = np.empty(len(e), [("rid", "<i4"), ("index", "<i8")])
+        ri["rid"], ri["index"] = e["rid"], e["index"]
+        d = e[np.sort(np.unique(ri, return_index=True)[1])]
+        _versions(d, out, probes)
+        firsts = {int(r): d[d["rid"] == r] for r in per}
+    if probes and len(e):
+        at = e[np.isin(e["index"], np.array(sorted(probes), np.int64))]
         out["probe_rows"] = [[int(r["rid"]), int(r["index"]), int(r["term"]),
                               int(r["position"]), int(r["size"])] for r in at]
     ref = p.ref.get(gid, 0)
-    mine = e[e["has_msgs"]]
-    ref_rows = mine[mine["rid"] == ref]
+    ref_rows = per.get(ref, np.zeros(0, ROW_DTYPE))
+    ref_rows = ref_rows[ref_rows["has_msgs"]]
     for rid in p.rids.get(gid, []):
         if rid == ref:
             continue
-        other = mine[mine["rid"] == rid]
+        other = per.get(rid, np.zeros(0, ROW_DTYPE))
+        other = other[other["has_msgs"]]
         same = (len(other) == len(ref_rows) and bool(ref_rows["crc_ok"].all())
                 and bool(other["crc_ok"].all())
                 and all(np.array_equal(other[n], ref_rows[n]) for n in parse.field_names(_VKEY)))
         if not same:
             out["diff_ref"].append(int(rid))
-    if len(recs) or len(d):
-        for rid in np.unique(np.concatenate([recs["rid"], d["rid"]])):
-            out["ix"][int(rid)] = _index_partial(recs[recs["rid"] == rid], d[d["rid"] == rid],
-                                                 gid, int(rid), p.max_examples + 1)
+    for rid in sorted(set(ix_per) | set(firsts)):
+        out["ix"][rid] = _index_partial(ix_per.get(rid, np.zeros(0, IX_DTYPE)),
+                                        firsts.get(rid, np.zeros(0, ROW_DTYPE)), gid, rid,
+                                        p.max_examples + 1)
     return msgpack.packb(out, use_bin_type=True)
+
+
+def _uniform(per: dict[int, np.ndarray]) -> bool:
+    """Every replica holds the same versions of the same indexes, once each, with the
+    same verdicts (the usual case: a range the replicas agree on)."""
+    rows = list(per.values())
+    r0 = rows[0]
+    if len(r0) > 1 and not bool((np.diff(r0["index"]) > 0).all()):
+        return False
+    names = (*parse.field_names(_VKEY), "refuted", "confirmed")
+    return all(len(r) == len(r0) and all(np.array_equal(r[n], r0[n]) for n in names)
+               for r in rows[1:])
+
+
+def _versions_uniform(per: dict[int, np.ndarray], out: dict[str, Any], probes: set[int]
+                      ) -> None:
+    """``_versions`` when every replica holds one identical version of each index."""
+    r0 = next(iter(per.values()))
+    u = r0["index"]
+    intact = np.zeros(len(r0), bool)
+    for r in per.values():
+        intact |= r["crc_ok"]
+    mask = sum(1 << rid for rid in per)
+    refuted, confirmed = r0["refuted"], r0["confirmed"]
+    brk = np.r_[True, (np.diff(u) != 1) | (refuted[1:] != refuted[:-1])
+                | (confirmed[1:] != confirmed[:-1]) | (intact[1:] != intact[:-1])]
+    lo_at = np.nonzero(brk)[0]
+    hi_at = np.r_[lo_at[1:] - 1, len(u) - 1]
+
+    def ver(j: int) -> list[int]:
+        return [int(r0["term"][j]), int(r0["position"][j]), int(r0["size"][j]),
+                int(r0["body_crc"][j])]
+
+    for a, b in zip(lo_at.tolist(), hi_at.tolist(), strict=True):
+        out["runs"].append([int(u[a]), int(u[b]), len(per), 1, int(not refuted[a]),
+                            int(refuted[a]), int(confirmed[a]), int(intact[a]), mask, mask,
+                            ver(a), ver(b)])
+    for j in np.nonzero(np.isin(u, np.array(sorted(probes), np.int64)))[0]:
+        out["probe_best"].append([int(u[j]), *ver(int(j))])
 
 
 def _versions(d: np.ndarray, out: dict[str, Any], probes: set[int]) -> None:
@@ -329,6 +393,11 @@ def _index_partial(ix: np.ndarray, en: np.ndarray, gid: int, rid: int, limit: in
                    ) -> dict[str, Any]:
     """One replica's Raft-index records against its entries, over one index range
     (``checks.check_index_files`` in pieces; see ``dgroup.index_findings``)."""
+    cols = ("position", "term", "size", "kind", "body_crc")
+    if (len(ix) == len(en) and bool(ix["rec_ok"].all())
+            and all(np.array_equal(ix[c], en[c]) for c in ("index", *cols))):
+        # Every entry has its record and every record its entry (the usual case).
+        return {"bad_crc": [0, 0, -1], "wrong": [], "missing": [0, 0], "extra": []}
     ix = ix[np.lexsort((ix["index"], ix["fstart"]))]
     # The last record of each index (files in start order), as the checks keep it.
     rev = ix[::-1]
@@ -338,7 +407,6 @@ def _index_partial(ix: np.ndarray, en: np.ndarray, gid: int, rid: int, limit: in
                                        int(bad["fid"][0]) if len(bad) else -1]}
     good = ix[ix["rec_ok"]]
     common, gi, ei = np.intersect1d(good["index"], en["index"], return_indices=True)
-    cols = ("position", "term", "size", "kind", "body_crc")
     a, b = good[gi], en[ei]
     wrong = np.zeros(len(common), bool)
     for c in cols:
