@@ -288,8 +288,7 @@ def _reduce_offsets(gid: int, blocks: list[flow.Block], names: dict[int, str], p
     msgs = msgs[np.argsort(msgs["phys"], kind="stable")]
     units = units[np.argsort(units["slot"], kind="stable")]
     ref = p.ref.get(gid, 0)
-    out["queues"] = sorted([names[t], q] for t, q in set(zip(
-        msgs["topic"].tolist(), msgs["queue"].tolist(), strict=True)))
+    out["queues"] = sorted([names[t], q] for t, q in _queues(msgs))
     fid_key = {fid: k[2:] for k, fid in p.cq_fids.items() if k[0] == gid}
     done: list[tuple[int, np.ndarray, np.ndarray, Any, Hits, list[list[Any]]]] = []
     for rid in p.rids.get(gid, []):
@@ -319,10 +318,7 @@ def _reduce_offsets(gid: int, blocks: list[flow.Block], names: dict[int, str], p
         u = units[ub]
         m = m[np.lexsort((m["phys"], m["queue"], m["topic"]))]
         u = u[np.lexsort((u["slot"], u["queue"], u["topic"]))]
-        mq_keys = np.stack([m["topic"], m["queue"].astype(np.int64)], axis=1)
-        uq_keys = np.stack([u["topic"], u["queue"].astype(np.int64)], axis=1)
-        for th, q in sorted(set(map(tuple, mq_keys.tolist())) | set(map(tuple,
-                                                                      uq_keys.tolist()))):
+        for th, q in sorted(_queues(m, True) | _queues(u, True)):
             mq = m[_range(m, th, q)]
             uq = u[_range(u, th, q)]
             starts = np.unique(uq["fstart"])
@@ -341,6 +337,17 @@ def _reduce_offsets(gid: int, blocks: list[flow.Block], names: dict[int, str], p
             c["pid"], c["seq"], c["phys"], strict=True)]
     out["hits"] = hits.dump()
     return msgpack.packb(out, use_bin_type=True)
+
+
+def _queues(rows: np.ndarray, by_queue: bool = False) -> set[tuple[int, int]]:
+    """The distinct (topic, queue) of rows (``by_queue``: rows sorted by them)."""
+    if not len(rows):
+        return set()
+    if not by_queue:
+        rows = rows[np.lexsort((rows["queue"], rows["topic"]))]
+    t, q = rows["topic"], rows["queue"]
+    at = np.r_[0, np.nonzero((t[1:] != t[:-1]) | (q[1:] != q[:-1]))[0] + 1]
+    return set(zip(t[at].tolist(), q[at].tolist(), strict=True))
 
 
 def _range(rows: np.ndarray, topic: int, queue: int) -> slice:
