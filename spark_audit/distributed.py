@@ -18,6 +18,7 @@ fault scenario.
 from __future__ import annotations
 
 import functools
+import struct
 import time
 from collections import defaultdict
 from typing import Any, Protocol
@@ -92,12 +93,14 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
     t1 = time.perf_counter()
     glogs = {gid: dgroup.GroupLog() for gid in groups}
     summ: dict[int, dict[str, Any]] = {}
+    task_s: dict[str, float] = defaultdict(float)
     for (space, gid, chunk), data in res1:
         v = _load(data)
         if space == flow.SUMMARY:
             summ[v["tid"]] = v
         else:
             glogs[gid].add_reduced(v, chunk)
+            task_s["tasks_p1_reduce_cpu_s"] += v["cpu"]
     problem_rows: list[ProblemRow] = []
     counts: dict[str, int] = defaultdict(int)
     summ_by_fid: dict[int, dict[str, Any]] = {}
@@ -106,7 +109,6 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
     seg_files: dict[tuple[int, int], list[tuple[int, list[int], list[int]]]] = defaultdict(list)
     cq_content: dict[tuple[int, int], dict[tuple[str, int], list[tuple[int, int, int]]]] = (
         defaultdict(lambda: defaultdict(list)))
-    task_s: dict[str, float] = defaultdict(float)
     seg_range: dict[int, tuple[int, int] | None] = {}
     for t in todo:
         s, f = summ[t.tid], t.info
@@ -222,10 +224,12 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
     matched: set[tuple[int, int, int, int]] = set()
     summ2: dict[int, dict[str, Any]] = {}
     for (space, gid, _), data in res2:
-        v = _load(data)
         if space == flow.SUMMARY:
+            v = _load(data)
             summ2[v["tid"]] = v
             continue
+        v = _load(data[:-8])
+        task_s["tasks_p2_reduce_cpu_s"] += struct.unpack("<d", data[-8:])[0]
         q_pieces += hits.load(v.get("hits", []))
         if space == flow.OFFSET:
             for rid, n in v["counts"].items():

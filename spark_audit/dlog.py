@@ -249,6 +249,7 @@ def _by_replica(blocks: list[flow.Block], what: int, dtype: np.dtype, order: str
 
 def reduce_log(key: flow.Key, blocks: list[flow.Block], p: Params) -> bytes:
     """Compare every replica's entries (and Raft-index records) of one index range."""
+    c0 = time.process_time()
     _, gid, _ = key
     per = _by_replica(blocks, ENTRIES, ROW_DTYPE, "position")
     ix_per = _by_replica(blocks, RECORDS, IX_DTYPE, "index")
@@ -289,6 +290,7 @@ def reduce_log(key: flow.Key, blocks: list[flow.Block], p: Params) -> bytes:
         out["ix"][rid] = _index_partial(ix_per.get(rid, np.zeros(0, IX_DTYPE)),
                                         firsts.get(rid, np.zeros(0, ROW_DTYPE)), gid, rid,
                                         p.max_examples + 1)
+    out["cpu"] = time.process_time() - c0
     return msgpack.packb(out, use_bin_type=True)
 
 
@@ -389,13 +391,19 @@ def _versions(d: np.ndarray, out: dict[str, Any], probes: set[int]) -> None:
         out["probe_best"].append([int(u[j]), *ver(int(j))])
 
 
+def _complete(ix: np.ndarray, en: np.ndarray) -> bool:
+    """One intact record per entry, agreeing with it, in the same order."""
+    return (len(ix) == len(en) and bool(ix["rec_ok"].all())
+            and all(np.array_equal(ix[c], en[c])
+                    for c in ("index", "position", "term", "size", "kind", "body_crc")))
+
+
 def _index_partial(ix: np.ndarray, en: np.ndarray, gid: int, rid: int, limit: int
                    ) -> dict[str, Any]:
     """One replica's Raft-index records against its entries, over one index range
     (``checks.check_index_files`` in pieces; see ``dgroup.index_findings``)."""
     cols = ("position", "term", "size", "kind", "body_crc")
-    if (len(ix) == len(en) and bool(ix["rec_ok"].all())
-            and all(np.array_equal(ix[c], en[c]) for c in ("index", *cols))):
+    if _complete(ix, en):
         # Every entry has its record and every record its entry (the usual case).
         return {"bad_crc": [0, 0, -1], "wrong": [], "missing": [0, 0], "extra": []}
     ix = ix[np.lexsort((ix["index"], ix["fstart"]))]
