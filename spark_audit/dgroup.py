@@ -16,7 +16,9 @@ grow with the log.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +27,10 @@ from spark_audit import checks, dlog, hits, retained, snapshots
 from spark_audit.checks import INFO, VIOLATION, Findings, GroupState, ReplicaMeta
 
 Version = tuple[int, int, int, int]  # term, position, size, body_crc
+
+
+def _version(v: list[int]) -> Version:
+    return v[0], v[1], v[2], v[3]
 
 
 @dataclass
@@ -67,20 +73,20 @@ class GroupLog:
     probe_best: dict[int, Version] = field(default_factory=dict)
     logs: dict[int, LogSummary] = field(default_factory=dict)
     pieces: list[tuple[hits.StreamKey, int, list[hits.Hit]]] = field(default_factory=list)
-    ix: dict[int, list[dict]] = field(default_factory=dict)  # type: ignore[type-arg]
+    ix: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     # replica -> index ranges (``dlog.LOG_CHUNK``) where its MESSAGES entries are
     # not the reference replica's (there it decodes its own records)
     diff_ref: dict[int, set[int]] = field(default_factory=dict)
 
-    def add_reduced(self, out: dict, chunk: int) -> None:  # type: ignore[type-arg]
+    def add_reduced(self, out: dict[str, Any], chunk: int) -> None:
         for r in out["runs"]:
             self.runs.append(Run(r[0], r[1], r[2], r[3], r[4], bool(r[5]), bool(r[6]),
-                                 bool(r[7]), r[8], r[9], tuple(r[10]), tuple(r[11])))
+                                 bool(r[7]), r[8], r[9], _version(r[10]), _version(r[11])))
         for b in out["bad"]:
             self.bad[(b[0], b[1])] = b
         self.probe_rows += out["probe_rows"]
         for p in out["probe_best"]:
-            self.probe_best[p[0]] = tuple(p[1:])
+            self.probe_best[p[0]] = (p[1], p[2], p[3], p[4])
         for rid, part in out["ix"].items():
             self.ix.setdefault(int(rid), []).append(part)
         for rid in out["diff_ref"]:
@@ -131,7 +137,7 @@ def _bridge(held: list[tuple[int, int]], through: int) -> tuple[int, list[tuple[
     if not held:
         return 0, []
     gaps: list[tuple[int, int]] = []
-    for (_, b0), (a1, _) in zip(held, held[1:], strict=False):
+    for (_, b0), (a1, _) in itertools.pairwise(held):
         lo, hi = b0 + 1, a1 - 1
         if hi > through:
             return b0, gaps
@@ -360,7 +366,7 @@ def _retained_away(out: Findings, state: GroupState, spanned: list[tuple[int, in
 def check_snapshots(g: GroupLog, state: GroupState) -> pa.Table:
     """``snapshots.check_snapshots`` on the rows pass 1 returned at the snapshots' indexes."""
     rows = sorted(g.probe_rows, key=lambda r: (r[0], r[3]))
-    cols = list(zip(*rows, strict=True)) if rows else [[], [], [], [], []]
+    cols: list[Any] = list(zip(*rows, strict=True)) if rows else [[], [], [], [], []]
     table = pa.table({name: pa.array(col, t) for name, col, t in zip(
         ("rid", "index", "term", "position", "size"), cols,
         (pa.int32(), pa.int64(), pa.int64(), pa.int64(), pa.int32()), strict=True)})

@@ -10,7 +10,7 @@
 What reaches the driver is bounded by the number of files, runs (one per
 stretch of the log where the replicas' agreement does not change) and
 findings; never a row per entry or per message. The result is an
-``audit.AuditResult`` with the same findings as the in-process engine
+``prepare.AuditResult`` with the same findings as the in-process engine
 (``audit.run_audit`` with ``LocalEngine``), which the tests check on every
 fault scenario.
 """
@@ -18,6 +18,7 @@ fault scenario.
 from __future__ import annotations
 
 import functools
+import itertools
 import struct
 import time
 from collections import defaultdict
@@ -27,7 +28,18 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 
-from spark_audit import audit, checks, dgroup, dlog, dmsgs, flow, hits, history, inputs, replicas
+from spark_audit import (
+    checks,
+    dgroup,
+    dlog,
+    dmsgs,
+    flow,
+    history,
+    hits,
+    inputs,
+    prepare,
+    replicas,
+)
 from spark_audit.checks import INFO, VIOLATION, Findings
 from spark_audit.engine import Engine
 from spark_audit.replicas import ProblemRow
@@ -70,13 +82,13 @@ def probes(st: checks.GroupState) -> list[int]:
     return sorted(i for i in want if i > 0)
 
 
-def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
-    prep = audit.prepare(opts, eng)
+def run(opts: prepare.AuditOptions, eng: FlowEngine) -> prepare.AuditResult:
+    prep = prepare.prepare(opts, eng)
     tm = prep.timings
     groups = prep.groups
     fl = eng.flow
     out = prep.out
-    refs = {gid: audit.reference_replica(st) for gid, st in groups.items()}
+    refs = {gid: prepare.reference_replica(st) for gid, st in groups.items()}
     seg_size = {gid: opts.segment_size or checks.infer_segment_size(
         sorted({s for m in st.replicas.values() for s in m.segment_starts}))
         for gid, st in groups.items()}
@@ -143,8 +155,8 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
         segs.sort()
         log = glogs[gid].logs[rid]
         log.first, log.last = segs[0][1], segs[-1][2]
-        dgroup.boundary_hits(glogs[gid], rid, [(a[2], b[1]) for a, b in zip(
-            segs, segs[1:], strict=False)], seg_size[gid], gid, opts.max_examples + 1)
+        dgroup.boundary_hits(glogs[gid], rid, [(a[2], b[1]) for a, b in itertools.pairwise(segs)],
+                             seg_size[gid], gid, opts.max_examples + 1)
         first_pos[(gid, rid)] = (np.array([x[1][2] for x in segs], np.int64),
                                  np.array([x[1][4] for x in segs], np.int64))
     found = [out.table()]
@@ -173,7 +185,7 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
                 must = min(must, m.dispatch.dispatched_index)
             bounds[gid][rid] = (st.committed, must,
                                 min(m.segment_starts) if m.segment_starts else 0)
-        dead[gid] = audit.dead_before(st, deletions[gid])
+        dead[gid] = prepare.dead_before(st, deletions[gid])
         qs = {q for rid in st.replicas for q in cq_content[(gid, rid)]}
         slot_queues[gid] = {q for q in qs if len({tuple(sorted(cq_content[(gid, rid)][q]))
                                                   for rid in st.replicas
@@ -232,8 +244,7 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
         task_s["tasks_p2_reduce_cpu_s"] += struct.unpack("<d", data[-8:])[0]
         q_pieces += hits.load(v.get("hits", []))
         if space == flow.OFFSET:
-            for rid, n in v["counts"].items():
-                counts["messages"] += n
+            counts["messages"] += sum(v["counts"].values())
             for b in v["beyond"]:
                 k = (gid, b[0], b[1], b[2])
                 cur = beyond.get(k)
@@ -249,38 +260,38 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
     unit_edges: dict[tuple[int, int, str, int], list[tuple[int, list[list[int]]]]] = (
         defaultdict(list))
     seg_fid = {(f.gid, f.rid, f.start): f.fid for f in prep.bulk if f.kind == inputs.SEGMENT}
-    for t in todo2:
-        s = summ2[t.tid]
-        task_s[f"tasks_p2_{t.mode}_cpu_s"] += s["cpu"]
-        task_s[f"tasks_p2_{t.mode}_wall_s"] += s["wall"]
-        f = t.info
-        if f is None:
+    for task2 in todo2:
+        s = summ2[task2.tid]
+        task_s[f"tasks_p2_{task2.mode}_cpu_s"] += s["cpu"]
+        task_s[f"tasks_p2_{task2.mode}_wall_s"] += s["wall"]
+        f2 = task2.info
+        if f2 is None:
             continue
-        if t.mode == dmsgs.SEG:
+        if task2.mode == dmsgs.SEG:
             counts["messages_decoded"] += s["n"]
             for p in s["problems"]:
                 # A record the reference decoded for replicas sharing its entries there
                 # is wrong on each of them (the same bytes), at the same file offset.
                 chunk = p[1] // dlog.LOG_CHUNK
-                for rid in groups[f.gid].replicas:
-                    if rid == f.rid or (f.rid == refs[f.gid] and chunk not in own[f.gid].get(
-                            rid, set()) and (f.gid, rid, f.start) in seg_fid):
+                for rid in groups[f2.gid].replicas:
+                    if rid == f2.rid or (f2.rid == refs[f2.gid] and chunk not in own[f2.gid].get(
+                            rid, set()) and (f2.gid, rid, f2.start) in seg_fid):
                         problem_rows.append(ProblemRow(
-                            gid=f.gid, rid=rid, fid=seg_fid.get((f.gid, rid, f.start), f.fid),
+                            gid=f2.gid, rid=rid, fid=seg_fid.get((f2.gid, rid, f2.start), f2.fid),
                             file_offset=p[0], index=p[1], problem=p[2], detail=p[3]))
         else:
-            for rid in (r for r in groups[f.gid].replicas if t.mask >> r & 1):
-                fid = cq_fids[(f.gid, rid, f.topic, f.queue_id, f.start)]
+            for rid in (r for r in groups[f2.gid].replicas if task2.mask >> r & 1):
+                fid = cq_fids[(f2.gid, rid, f2.topic, f2.queue_id, f2.start)]
                 for key, n, hs in hits.load(s["hits"]):
                     q_pieces.append(((*key[:3], rid, *key[4:]), n,
                                      [(o, {**x, "fid": fid}, nx) for o, x, nx in hs]))
                 if s["edge"] is not None:
-                    unit_edges[(f.gid, rid, f.topic, f.queue_id)].append(
-                        (f.start, [[*e[:2], fid] for e in s["edge"]]))
-    for (gid, rid, topic, q), files in unit_edges.items():
-        files.sort()
+                    unit_edges[(f2.gid, rid, f2.topic, f2.queue_id)].append(
+                        (f2.start, [[*e[:2], fid] for e in s["edge"]]))
+    for (gid, rid, topic, q), edges in unit_edges.items():
+        edges.sort()
         h = hits.Hits(opts.max_examples + 1)
-        for (_, a), (_, b) in zip(files, files[1:], strict=False):
+        for (_, a), (_, b) in itertools.pairwise(edges):
             u = np.zeros(2, dmsgs.UNIT_DTYPE)
             u["slot"], u["offset"], u["fid"] = [a[1][0], b[0][0]], [a[1][1], b[0][1]], [
                 a[1][2], b[0][2]]
@@ -331,7 +342,7 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
     if opts.history:
         t7 = time.perf_counter()
         rows = sorted(matched)
-        cols = list(zip(*rows, strict=True)) if rows else [[], [], [], []]
+        cols: list[Any] = list(zip(*rows, strict=True)) if rows else [[], [], [], []]
         table = pa.table({"gid": pa.array(cols[0], pa.int32()),
                           "producer_id": pa.array(cols[1], pa.int64()),
                           "sequence": pa.array(cols[2], pa.int64()),
@@ -357,7 +368,7 @@ def run(opts: audit.AuditOptions, eng: FlowEngine) -> audit.AuditResult:
     for f in files:
         by_kind[f.kind] += 1
     tm.update(task_s)
-    return audit.AuditResult(prep.replicas, files, groups, checks.concat_findings(found),
+    return prepare.AuditResult(prep.replicas, files, groups, checks.concat_findings(found),
                              {**counts, "files_by_kind": dict(by_kind)}, hstats, tm)
 
 
@@ -382,7 +393,7 @@ def _shared(out: Findings, gid: int, st: checks.GroupState, ref: int,
         n = sum(1 for q in qkeys
                 if sorted(cq_content[(gid, rid)].get(q, [])) == sorted(
                     cq_content[(gid, ref)].get(q, []))
-                and ref_kinds[q] <= audit._SHAREABLE)
+                and ref_kinds[q] <= prepare.SHAREABLE)
         if n:
             counts["cq_queues_shared"] += n
             out.add("index_validity", "cq_same_as_reference", INFO, gid=gid, rid=rid, count=n,
