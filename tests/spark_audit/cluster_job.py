@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from spark_audit import cli, planted, session
@@ -29,13 +30,23 @@ def main(argv: list[str]) -> int:
                                 driver_memory="1g",
                                 extra_conf={"spark.executor.memory": "512m",
                                             "spark.driver.host": "127.0.0.1",
-                                            "spark.driver.bindAddress": "127.0.0.1"})
+                                            "spark.driver.bindAddress": "127.0.0.1",
+                                            # Wait for both workers' executors.
+                                            "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+                                            "spark.scheduler.maxRegisteredResourcesWaitingTime":
+                                                "60s"})
     sc = spark.sparkContext
-    result: dict[str, object] = {
-        "master": sc.master, "default_parallelism": sc.defaultParallelism,
-        # Block managers: the driver's and one per executor.
-        "executors": sc._jsc.sc().getExecutorMemoryStatus().size() - 1,
-    }
+
+    def executors() -> int:  # block managers: the driver's and one per executor
+        n: int = sc._jsc.sc().getExecutorMemoryStatus().size() - 1
+        return n
+
+    end = time.monotonic() + 60
+    while executors() < 2 and time.monotonic() < end:
+        time.sleep(0.2)
+    result: dict[str, object] = {"master": sc.master,
+                                 "default_parallelism": sc.defaultParallelism,
+                                 "executors": executors()}
     clean = Path(work) / "clean"
     shutil.copytree(base, clean)
     rc = cli.run([str(clean / "data")], out=str(clean / "out"), master=master, spark=spark,
