@@ -33,6 +33,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 from spark_audit import checks, dlog, flow, parse
@@ -293,8 +294,8 @@ def _reduce_offsets(gid: int, blocks: list[flow.Block], names: dict[int, str], p
     koff = flow.unpack_rows(blocks, KEYS_OFF, KOFF_DTYPE)
     hits = Hits(p.max_examples + 1)
     out: dict[str, Any] = {"beyond": [], "counts": {}, "dead": {}, "queues": [], "hist": []}
-    msgs = msgs[np.argsort(msgs["phys"], kind="stable")]
-    units = units[np.argsort(units["slot"], kind="stable")]
+    msgs = _sorted_by(msgs, "phys")
+    units = _sorted_by(units, "slot")
     ref = p.ref.get(gid, 0)
     out["queues"] = sorted([names[t], q] for t, q in _queues(msgs))
     fid_key = {fid: k[2:] for k, fid in p.cq_fids.items() if k[0] == gid}
@@ -324,9 +325,12 @@ def _reduce_offsets(gid: int, blocks: list[flow.Block], names: dict[int, str], p
             dead |= (m["topic"] == topic_hash(topic)) & (m["index"] < before)
         m = m[~dead]
         u = units[ub]
-        m = m[np.lexsort((m["phys"], m["queue"], m["topic"]))]
-        u = u[np.lexsort((u["slot"], u["queue"], u["topic"]))]
-        for th, q in sorted(_queues(m, True) | _queues(u, True)):
+        # Already in position (slot) order: a stable sort by queue keeps it.
+        mc, mq_pairs = _queue_codes(m)
+        uc, uq_pairs = _queue_codes(u)
+        m = m[np.argsort(mc, kind="stable")]
+        u = u[np.argsort(uc, kind="stable")]
+        for th, q in sorted(set(mq_pairs) | set(uq_pairs)):
             mq = m[_range(m, th, q)]
             uq = u[_range(u, th, q)]
             starts = np.unique(uq["fstart"])
@@ -347,20 +351,35 @@ def _reduce_offsets(gid: int, blocks: list[flow.Block], names: dict[int, str], p
     return msgpack.packb(out, use_bin_type=True)
 
 
+def _sorted_by(rows: np.ndarray, name: str) -> np.ndarray:
+    """Rows in ``name`` order (stable; usually they already are)."""
+    v = rows[name]
+    if len(v) < 2 or bool((v[1:] >= v[:-1]).all()):
+        return rows
+    sorted_rows: np.ndarray = rows[np.argsort(v, kind="stable")]
+    return sorted_rows
+
+
+def _queue_codes(rows: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """A small integer per row's (topic, queue), numbered in (topic, queue) order, and
+    the distinct (topic, queue) in that order (hash-based: no sort of the rows)."""
+    if not len(rows):
+        return np.zeros(0, np.int64), []
+    ct, ut = pd.factorize(rows["topic"], sort=True)
+    comb = (ct.astype(np.int64) << 32) | rows["queue"].astype(np.int64)
+    codes, uniq = pd.factorize(comb, sort=True)
+    pairs = [(int(ut[c >> 32]), int(c & 0xFFFFFFFF)) for c in uniq.tolist()]
+    return codes.astype(np.int64), pairs
+
+
 def _twins(a: np.ndarray, b: np.ndarray) -> bool:
     """Two replicas hold the same rows (their bits in the rows' masks agree)."""
     return bool(np.array_equal(a, b))
 
 
-def _queues(rows: np.ndarray, by_queue: bool = False) -> set[tuple[int, int]]:
-    """The distinct (topic, queue) of rows (``by_queue``: rows sorted by them)."""
-    if not len(rows):
-        return set()
-    if not by_queue:
-        rows = rows[np.lexsort((rows["queue"], rows["topic"]))]
-    t, q = rows["topic"], rows["queue"]
-    at = np.r_[0, np.nonzero((t[1:] != t[:-1]) | (q[1:] != q[:-1]))[0] + 1]
-    return set(zip(t[at].tolist(), q[at].tolist(), strict=True))
+def _queues(rows: np.ndarray) -> set[tuple[int, int]]:
+    """The distinct (topic, queue) of rows."""
+    return set(_queue_codes(rows)[1])
 
 
 def _range(rows: np.ndarray, topic: int, queue: int) -> slice:
@@ -403,7 +422,7 @@ def _queue(hits: Hits, gid: int, rid: int, topic: str, q: int, m: np.ndarray, u:
     late_out = None
     if len(u):
         again = np.zeros(len(offs), bool)
-        if len(u) > 1:
+        if len(u) > 1 and not bool((offs[1:] > offs[:-1]).all()):
             order = np.argsort(offs, kind="stable")
             again[order[1:][offs[order][1:] == offs[order][:-1]]] = True
         tw = np.nonzero(again)[0]
@@ -440,7 +459,13 @@ def _queue(hits: Hits, gid: int, rid: int, topic: str, q: int, m: np.ndarray, u:
                 late_out = [len(late), int(slots[j]), int(offs[j]), int(m_idx[j])]
     need = np.nonzero(m["index"] <= bounds.must_index)[0]
     if len(need):
-        indexed = np.isin(m_off[need], offs) if len(u) else np.zeros(len(need), bool)
+        if (len(offs) >= len(need) and need[-1] == len(need) - 1
+                and np.array_equal(offs[:len(need)], m_off[:len(need)])):
+            indexed = np.ones(len(need), bool)  # the usual case: units are the messages
+        elif len(u):
+            indexed = np.isin(m_off[need], offs)
+        else:
+            indexed = np.zeros(len(need), bool)
         miss = need[~indexed]
         hits.add(("index_validity", "cq_not_indexed", gid, rid, topic, q), len(miss), [
             ((int(m_off[j]),), {"fid": -2, "slot": -1, "phys_offset": int(m_off[j]),
