@@ -11,9 +11,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from spark_audit import fmt
 
-_T = np.array(fmt.CRC_TABLES, np.uint32)
+def _tables() -> np.ndarray:
+    """Slice-by-4 tables of CRC32C (reflected polynomial 0x82F63B78, as ``fmt.crc``)."""
+    t0 = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+        t0.append(c)
+    tables = [t0]
+    for _ in range(3):
+        tables.append([(v >> 8) ^ t0[v & 0xFF] for v in tables[-1]])
+    return np.array(tables, np.uint32)
+
+
+_T = _tables()
 
 
 def crc_rows(rows: np.ndarray) -> np.ndarray:

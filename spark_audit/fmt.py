@@ -249,21 +249,3 @@ def encode_dispatch_checkpoint(dc: DispatchCheckpoint) -> bytes:
         "queues": [list(q) for q in dc.queues],
     })
     return body + struct.pack("<I", crc(body))
-
-
-def _crc_tables() -> list[list[int]]:
-    """Slice-by-4 tables of CRC32C (reflected polynomial 0x82F63B78)."""
-    t0 = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
-        t0.append(c)
-    tables = [t0]
-    for _ in range(3):
-        prev = tables[-1]
-        tables.append([(v >> 8) ^ t0[v & 0xFF] for v in prev])
-    return tables
-
-
-CRC_TABLES = _crc_tables()
