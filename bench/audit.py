@@ -7,8 +7,9 @@ group on ``--master`` (``local[2]`` by default) and prints one JSON line:
 entries and messages audited per second (overall and per core), wall
 times, where the time goes, the CPU actually used (the box may be shared)
 and the peak resident memory of the driver (this Python process, sampled
-during the audit) and of the JVM (in ``local[N]`` the JVM runs the
-executors too). JVM start and the first Python-worker job of the session
+during the audit) and of its JVM (in ``local[N]`` that JVM runs the
+executors too; with ``--standalone N`` the executors are the workers'
+JVMs). JVM start and the first Python-worker job of the session
 (``session.warm_up``) are timed apart and excluded from the rates.
 
 With ``--sizes A,B`` each size (entries per replica) runs in its own child
@@ -23,6 +24,7 @@ directory that is deleted at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -31,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -246,7 +249,16 @@ def run_one(a: argparse.Namespace, entries: int) -> dict[str, object]:
     cores = int(a.master[6:-1]) if a.master.startswith("local[") and a.master[6:-1].isdigit() \
         else os.cpu_count() or 1
     tmp = tempfile.mkdtemp(prefix="ledgermq-audit-bench-", dir=a.dir)
+    stack = contextlib.ExitStack()
     try:
+        if a.standalone:
+            from spark_audit import cluster
+
+            os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+            os.makedirs(os.path.join(tmp, "cluster"))
+            c = stack.enter_context(cluster.cluster(Path(tmp) / "cluster", workers=a.standalone,
+                                                    cores=1, memory="2g"))
+            a.master, cores = c.url, a.standalone
         t = time.perf_counter()
         write_replica(os.path.join(tmp, "g1", "n1"), entries, a.per_entry, a.msg_size,
                       a.segment_size)
@@ -259,7 +271,9 @@ def run_one(a: argparse.Namespace, entries: int) -> dict[str, object]:
         from spark_audit import cli, session
 
         t0 = time.perf_counter()
-        spark = session.get_session(a.master, progress=False)
+        spark = session.get_session(a.master, progress=False, extra_conf={
+            "spark.driver.host": "127.0.0.1",
+            "spark.scheduler.minRegisteredResourcesRatio": "1.0"} if a.standalone else None)
         session_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         session.warm_up(spark)
@@ -278,6 +292,7 @@ def run_one(a: argparse.Namespace, entries: int) -> dict[str, object]:
             summary = json.load(f)
         spark.stop()
     finally:
+        stack.close()
         shutil.rmtree(tmp, ignore_errors=True)
     ins = summary["inputs"]
     n_entries, messages = ins["entries"], ins["messages"]
@@ -340,13 +355,17 @@ def main() -> int:
     ap.add_argument("--segment-size", type=int, default=fmt.DEFAULT_SEGMENT_SIZE)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--dir", default=None, help="parent of the temporary data directory")
+    ap.add_argument("--standalone", type=int, default=0, metavar="WORKERS",
+                    help="start a standalone cluster of that many 1-core workers on this "
+                         "machine (spark_audit.cluster) and audit on it")
     a = ap.parse_args()
     if a.sizes:
         results = []
         for size in (int(x) for x in a.sizes.split(",")):
             args = [sys.executable, __file__, "--entries", str(size), "--per-entry",
                     str(a.per_entry), "--msg-size", str(a.msg_size), "--segment-size",
-                    str(a.segment_size), "--master", a.master]
+                    str(a.segment_size), "--master", a.master, "--standalone",
+                    str(a.standalone)]
             if a.dir:
                 args += ["--dir", a.dir]
             proc = subprocess.run(args, capture_output=True, text=True)

@@ -1,6 +1,6 @@
 """The audit on a real Spark standalone cluster: a master and two workers, separate JVMs.
 
-The cluster is started from the pyspark distribution (``standalone``), the
+The cluster is started from the pyspark distribution (``spark_audit.cluster``), the
 audit is submitted to it with ``spark-submit --master spark://...``
 (``cluster_job``): the planted suite's clean copy through the command line,
 and three planted faults (a flipped body on one follower, an acknowledged
@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 from support import have_java, require
 
+from spark_audit import cluster as standalone
 from spark_audit import planted
 from tests.chaos.histories import REAL_RUN
 
-from . import cluster_job, standalone
+from . import cluster_job
 
 pytestmark = pytest.mark.spark
 

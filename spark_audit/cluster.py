@@ -1,11 +1,13 @@
-"""A real Spark standalone cluster for the tests: one master and two workers.
+"""A throwaway Spark standalone cluster on this machine: one master, N workers.
 
-Each daemon is a separate JVM started with the pyspark distribution's
-``bin/spark-class`` (``org.apache.spark.deploy.master.Master``,
+For the tests (``test_standalone``) and the benchmark (``bench/audit.py
+--standalone``): each daemon is a separate JVM started with the pyspark
+distribution's ``bin/spark-class`` (``org.apache.spark.deploy.master.Master``,
 ``org.apache.spark.deploy.worker.Worker``), bound to 127.0.0.1 on free
-ports, with its own work and log directory under the test's temporary
-directory; ``cluster`` stops every process it started, by PID (each in its
-own session, so its executors go with it), whatever happens.
+ports, with its own work and log directory under ``work``; ``cluster``
+stops every process it started, by PID (each in its own session, so a
+worker's executors go with it), whatever happens. A real deployment starts
+the same daemons on its machines (docs/audit.md).
 """
 
 from __future__ import annotations
