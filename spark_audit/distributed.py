@@ -5,7 +5,7 @@
    and derives each group's committed prefix and agreement (``dgroup``).
 2. ``dmsgs``: the message records and ConsumeQueue units joined per (group,
    position range) with the bounds pass 1 fixed, units per (group, queue,
-   slot range), committed identities per (group, producer bucket).
+   slot range), committed identities per (group, identity bucket).
 
 What reaches the driver is bounded by the number of files, runs (one per
 stretch of the log where the replicas' agreement does not change) and
@@ -196,7 +196,8 @@ def run(opts: prepare.AuditOptions, eng: FlowEngine) -> prepare.AuditResult:
     p2 = dmsgs.Params(opts.max_entry_size, opts.max_examples, refs, bounds, dead,
                       {gid: st.sources for gid, st in groups.items()},
                       {gid: sorted(st.replicas) for gid, st in groups.items()}, own, cq_fids,
-                      slot_queues)
+                      slot_queues, {gid: st.committed // dmsgs.ID_RECORDS + 1
+                                    for gid, st in groups.items()})
     todo2: list[dmsgs.Task] = []
     for f in prep.bulk:
         if f.kind != inputs.SEGMENT or seg_range.get(f.fid) is None:

@@ -7,7 +7,7 @@ committed index is read from. Map (one call per file):
 
 - segment: its message records (``parse.parse_messages``), keyed by
   ``(OFFSET, group, position // OFFSET_CHUNK)``; the committed ones (read
-  from this replica) also by ``(IDS, group, bucket of the producer id)``;
+  from this replica) also by ``(IDS, group, bucket of the identity)``;
 - ConsumeQueue file: its units, keyed by the position they point at, and by
   ``(SLOT, group, queue and slot range)`` for queues whose files differ
   between replicas; holes and order along the file go to the driver;
@@ -42,7 +42,7 @@ from spark_audit.inputs import FileInfo
 
 OFFSET_CHUNK = 1 << 27  # log bytes per reduce call (positions)
 SLOT_CHUNK = 1 << 20  # queue slots per reduce call
-ID_BUCKETS = 64  # producer-id buckets per group
+ID_RECORDS = 1 << 18  # committed records per identity bucket, about
 
 SEG, CQ, KEYS = "seg", "cq", "keys"
 MSGS, UNITS, KEYS_OFF, KEYS_ID, CIDS, NAMES = 1, 2, 3, 4, 5, 6  # block kinds
@@ -103,6 +103,7 @@ class Params:
     # (group, replica, topic, queue, first slot) -> file id of each ConsumeQueue file
     cq_fids: dict[tuple[int, int, str, int, int], int]
     slot_queues: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
+    id_buckets: dict[int, int] = field(default_factory=dict)  # per group (``bucket``)
 
 
 # ----------------------------------------------------------------------------- map
@@ -113,7 +114,7 @@ def map_file(task: Task, buf: parse.Buffer | None, p: Params) -> Iterator[flow.B
     out: dict[str, Any] = {"tid": task.tid}
     blocks: list[flow.Block] = []
     if task.mode == KEYS:
-        blocks = _map_keys(task)
+        blocks = _map_keys(task, p)
     elif task.mode == SEG:
         assert buf is not None and task.info is not None
         blocks = _map_segment(task.info, buf, p, out)
@@ -125,7 +126,7 @@ def map_file(task: Task, buf: parse.Buffer | None, p: Params) -> Iterator[flow.B
     yield from blocks
 
 
-def _map_keys(task: Task) -> list[flow.Block]:
+def _map_keys(task: Task, p: Params) -> list[flow.Block]:
     k = task.keys
     if k is None or not k.num_rows:
         return []
@@ -138,7 +139,8 @@ def _map_keys(task: Task) -> list[flow.Block]:
         off = k.column("phys_offset").to_numpy()[sel]
         ids = np.zeros(int((pid != 0).sum()), KID_DTYPE)
         ids["pid"], ids["seq"] = pid[pid != 0], seq[pid != 0]
-        blocks += flow.split_rows(flow.IDS, int(gid), -1, KEYS_ID, ids, _bucket(ids["pid"]))
+        blocks += flow.split_rows(flow.IDS, int(gid), -1, KEYS_ID, ids,
+                                  bucket(ids["pid"], ids["seq"], p.id_buckets.get(int(gid), 1)))
         offs = np.zeros(int((off >= 0).sum()), KOFF_DTYPE)
         offs["phys"] = off[off >= 0]
         blocks += flow.split_rows(flow.OFFSET, int(gid), -1, KEYS_OFF, offs,
@@ -146,9 +148,13 @@ def _map_keys(task: Task) -> list[flow.Block]:
     return blocks
 
 
-def _bucket(pid: np.ndarray) -> np.ndarray:
-    b: np.ndarray = (pid.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(58)
-    return b.astype(np.int64) % ID_BUCKETS
+def bucket(pid: np.ndarray, seq: np.ndarray, n: int) -> np.ndarray:
+    """The identity bucket of each (producer id, sequence): every copy of one identity
+    lands in one bucket, and one producer's records spread over all of them."""
+    h = (pid.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (
+        seq.view(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F))
+    b: np.ndarray = (h >> np.uint64(33)).astype(np.int64) % max(n, 1)
+    return b
 
 
 def _names_block(space: int, gid: int, chunks: np.ndarray, names: dict[int, str]
@@ -199,7 +205,8 @@ def _map_segment(f: FileInfo, buf: parse.Buffer, p: Params, out: dict[str, Any]
         ids = np.zeros(int(c.sum()), CID_DTYPE)
         ids["pid"], ids["seq"] = rows["pid"][c], rows["seq"][c]
         ids["index"], ids["phys"], ids["span"] = rows["index"][c], rows["phys"][c], span_no[c]
-        blocks += flow.split_rows(flow.IDS, f.gid, f.rid, CIDS, ids, _bucket(ids["pid"]))
+        blocks += flow.split_rows(flow.IDS, f.gid, f.rid, CIDS, ids,
+                                  bucket(ids["pid"], ids["seq"], p.id_buckets.get(f.gid, 1)))
     return blocks
 
 
