@@ -259,7 +259,8 @@ def reduce_log(key: flow.Key, blocks: list[flow.Block], p: Params) -> bytes:
                            "ix": {}, "diff_ref": []}
     probes = set(p.probes.get(gid, []))
     firsts: dict[int, np.ndarray] = {}  # each replica's first row per index
-    if per and _uniform(per):
+    uniform = bool(per) and _uniform(per)
+    if uniform:
         _versions_uniform(per, out, probes)
         firsts = per
     elif len(e):
@@ -274,24 +275,41 @@ def reduce_log(key: flow.Key, blocks: list[flow.Block], p: Params) -> bytes:
         out["probe_rows"] = [[int(r["rid"]), int(r["index"]), int(r["term"]),
                               int(r["position"]), int(r["size"])] for r in at]
     ref = p.ref.get(gid, 0)
-    ref_rows = per.get(ref, np.zeros(0, ROW_DTYPE))
-    ref_rows = ref_rows[ref_rows["has_msgs"]]
-    for rid in p.rids.get(gid, []):
-        if rid == ref:
-            continue
-        other = per.get(rid, np.zeros(0, ROW_DTYPE))
-        other = other[other["has_msgs"]]
-        same = (len(other) == len(ref_rows) and bool(ref_rows["crc_ok"].all())
-                and bool(other["crc_ok"].all())
-                and all(np.array_equal(other[n], ref_rows[n]) for n in parse.field_names(_VKEY)))
-        if not same:
-            out["diff_ref"].append(int(rid))
+    out["diff_ref"] = _differ_from_ref(per, ref, p.rids.get(gid, []), uniform)
     for rid in sorted(set(ix_per) | set(firsts)):
         out["ix"][rid] = _index_partial(ix_per.get(rid, np.zeros(0, IX_DTYPE)),
                                         firsts.get(rid, np.zeros(0, ROW_DTYPE)), gid, rid,
                                         p.max_examples + 1)
     out["cpu"] = time.process_time() - c0
     return msgpack.packb(out, use_bin_type=True)
+
+
+def _differ_from_ref(per: dict[int, np.ndarray], ref: int, rids: list[int], uniform: bool
+                     ) -> list[int]:
+    """The replicas whose MESSAGES entries here are not the reference replica's (same
+    versions, every body intact), which decode their own records in pass 2."""
+    empty = np.zeros(0, ROW_DTYPE)
+    ref_all = per.get(ref, empty)
+    out = []
+    for rid in rids:
+        if rid == ref:
+            continue
+        other_all = per.get(rid, empty)
+        if uniform and rid in per and ref in per:
+            # Same versions of the same indexes: compare which are MESSAGES, and bodies.
+            same = (np.array_equal(other_all["has_msgs"], ref_all["has_msgs"])
+                    and bool(ref_all["crc_ok"][ref_all["has_msgs"]].all())
+                    and bool(other_all["crc_ok"][other_all["has_msgs"]].all()))
+        else:
+            ref_rows = ref_all[ref_all["has_msgs"]]
+            other = other_all[other_all["has_msgs"]]
+            same = (len(other) == len(ref_rows) and bool(ref_rows["crc_ok"].all())
+                    and bool(other["crc_ok"].all())
+                    and all(np.array_equal(other[n], ref_rows[n])
+                            for n in parse.field_names(_VKEY)))
+        if not same:
+            out.append(int(rid))
+    return out
 
 
 def _uniform(per: dict[int, np.ndarray]) -> bool:

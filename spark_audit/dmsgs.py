@@ -319,19 +319,20 @@ def _reduce_offsets(gid: int, blocks: list[flow.Block], names: dict[int, str], p
                      and d[3] == (bnd, dead_map)), None)
         if twin is not None:
             _copy_queue_findings(hits, out, twin[4], twin[5], rid, gid, fid_key, p)
-            if rid == ref:
+            if rid == ref and dead_map:
                 _count_dead(out, msgs[mb], dead_map)
             continue
         mine = Hits(p.max_examples + 1)
         beyond: list[list[Any]] = []
-        m = msgs[mb]
+        m = msgs if bool(mb.all()) else msgs[mb]
         if rid == ref:
             _count_dead(out, m, dead_map)
         dead = np.zeros(len(m), bool)
         for topic, before in dead_map.items():
             dead |= (m["topic"] == topic_hash(topic)) & (m["index"] < before)
-        m = m[~dead]
-        u = units[ub]
+        if dead.any():
+            m = m[~dead]
+        u = units if bool(ub.all()) else units[ub]
         # Already in position (slot) order: a stable sort by queue keeps it.
         mc, mq_pairs = _queue_codes(m)
         uc, uq_pairs = _queue_codes(u)

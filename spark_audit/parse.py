@@ -507,7 +507,9 @@ def parse_index_file(buf: Buffer, first_index: int) -> tuple[np.ndarray, list[Pr
         probs.append((n * fmt.INDEX_RECORD_SIZE, -1, "index_partial_record",
                       f"{len(mv) % fmt.INDEX_RECORD_SIZE} trailing bytes"))
     raw = np.frombuffer(mv[:n * fmt.INDEX_RECORD_SIZE], dtype=np.uint8).reshape(n, 32)
-    slots = np.nonzero(raw.any(axis=1))[0]
+    # A record is empty when its four 8-byte words are zero (faster than any() per byte).
+    words = raw.view("<u8")
+    slots = np.nonzero(words[:, 0] | words[:, 1] | words[:, 2] | words[:, 3])[0]
     rec = raw.view(INDEX_DTYPE)[slots, 0]
     wild = (rec["position"] > fmt.MAX_PLAUSIBLE) | (rec["term"] > fmt.MAX_PLAUSIBLE)
     for j in np.nonzero(wild)[0]:
@@ -515,7 +517,7 @@ def parse_index_file(buf: Buffer, first_index: int) -> tuple[np.ndarray, list[Pr
                       "implausible_value", f"index record position {int(rec['position'][j])}, "
                                            f"term {int(rec['term'][j])} outside [0, 2^63-1]"))
     slots, rec = slots[~wild], rec[~wild]
-    ok = crcvec.crc_rows(raw[slots, :28])
+    ok = crcvec.crc_rows(raw[:, :28] if len(slots) == n else raw[slots, :28])
     out = np.empty(len(slots), INDEX_OUT_DTYPE)
     out["index"] = slots.astype(np.int64) + first_index
     out["position"] = rec["position"].view(np.int64)
