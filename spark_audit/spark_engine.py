@@ -1,17 +1,22 @@
-"""The Spark engine: file tasks as Spark tasks, results as one Arrow row per file.
+"""The Spark engine: the distributed audit's keyed passes (``SparkFlow``).
 
-- Local files (the usual case on one machine): a DataFrame with one row per
-  partition id; ``mapInArrow`` looks up that partition's share of the tasks
-  (dealt by estimated cost, a few partitions per core), opens each file
-  itself (memory-mapped, so bytes never pass through the JVM) and yields one
-  row per file.
+``audit.run_audit`` runs the distributed audit on any engine with a
+``flow``: ``SparkFlow`` runs each pass as ``mapInArrow`` over the files and
+``groupBy("space", "gid", "chunk").applyInArrow`` over the blocks they emit
+(``flow``), and collects only the reduce calls' outputs. Files are read as
+the tasks below read them:
+
+- Local files (one machine, or paths every executor can open): a DataFrame
+  with one row per partition id; ``mapInArrow`` looks up that partition's
+  share of the work (dealt by estimated cost, a few partitions per core),
+  opens each file itself (memory-mapped, so bytes never pass through the
+  JVM).
 - Other URIs (``hdfs://``, ``s3a://``): Spark's ``binaryFile`` source reads
   the files (it refuses files over 2 GB; segments of 256 MiB by default, or
   RocketMQ's 1 GiB, fit) and ``mapInArrow`` parses each row's content.
 
-Either way a file's result crosses the JVM once, as a handful of binary
-columns (``tasks.RESULT_SCHEMA``): a few MB per 256 MiB segment. Rows are
-collected with ``toArrow``; nothing is cached or shuffled.
+``SparkEngine.run_tasks`` still runs the in-process engine's file tasks
+(``tasks``) on Spark, one Arrow row per file, collected with ``toArrow``.
 """
 
 from __future__ import annotations
