@@ -1,113 +1,172 @@
-"""Benchmark of the Spark audit: 3 replicas, >= 5 million 1 KiB messages in total.
+"""Benchmark of the Spark audit: 3 byte-identical replicas, at one or more sizes.
 
-Writes one replica by the format page (64 messages per entry, 256 MiB
-segments, 8 queues), copies it twice (replicas are byte-identical), audits the
-group on ``local[2]`` and prints one JSON line: entries and messages audited
-per second (overall and per core), wall times, where the time goes, and the
-CPU actually used (Python tasks, JVM, driver, whole machine: the box may be
-shared, and wall time under contention overstates the work). JVM
-start and the first Python-worker job of the session (``session.warm_up``)
-are timed separately and excluded from the rates; ``total_wall_s`` includes
-them. The data lives in a temporary directory that is deleted at the end.
+Writes one replica by the format page (``--per-entry`` messages of
+``--msg-size`` bytes per entry, 256 MiB segments, 8 queues; vectorized, so
+tens of millions of entries take seconds), copies it twice, audits the
+group on ``--master`` (``local[2]`` by default) and prints one JSON line:
+entries and messages audited per second (overall and per core), wall
+times, where the time goes, the CPU actually used (the box may be shared)
+and the peak resident memory of the driver (this Python process, sampled
+during the audit) and of its JVM (in ``local[N]`` that JVM runs the
+executors too; with ``--standalone N`` the executors are the workers'
+JVMs). JVM start and the first Python-worker job of the session
+(``session.warm_up``) are timed apart and excluded from the rates.
 
-    .venv/bin/python bench/audit.py [--messages 5000000] [--master local[2]]
+With ``--sizes A,B`` each size (entries per replica) runs in its own child
+process, one after the other, and a last line compares them (the driver's
+peak memory must not grow with the data). Data lives in a temporary
+directory that is deleted at the end.
+
+    .venv/bin/python bench/audit.py --per-entry 1 --msg-size 256 --sizes 1000000,8000000
+    .venv/bin/python bench/audit.py [--entries N | --messages N] [--master spark://...]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
-import struct
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+from pathlib import Path
+
+import numpy as np
 
 from spark_audit import fmt, parse, tasks
 
 TOPIC = b"bench"
 HOST = b"10.0.0.1:5000"
+TAGS = (b"", b"red")
 QUEUES = 8
+PRODUCER = 0x5EED
 
 
-def write_replica(root: str, n_msgs: int, per_entry: int, msg_size: int, seg_size: int) -> dict:
-    """Stream one replica's files to ``root``; returns counts."""
-    for d in ("commitlog", "index", "consumequeue"):
-        os.makedirs(os.path.join(root, d), exist_ok=True)
-    body_len = msg_size - 68 - len(TOPIC) - len(HOST) - 4
-    payload = bytes(range(256)) * (body_len // 256 + 2)
-    tags = [b"", b"red"]
-    tag_hash = [fmt.tag_hash(t) for t in tags]
-    pack = fmt.MESSAGE_HEADER.pack
-    units = {q: bytearray() for q in range(QUEUES)}
-    index = bytearray()
-    seg_file = None
-    seg_start = -1
-    end = 0
-    entries = 0
-    seq = 0
-    term = 1
-    while seq < n_msgs:
-        n = min(per_entry, n_msgs - seq)
-        recs = []
-        offs = []
-        at = 0
-        for k in range(n):
-            s = seq + k
-            tag = tags[s & 1]
-            size = 68 + len(TOPIC) + len(tag) + len(HOST) + body_len
-            recs.append(pack(size, s % QUEUES, 0, 0, 1_700_000_000_000 + s, 1_700_000_000_000 + s,
-                             0x5EED, s, 0, len(TOPIC), len(tag), 0, len(HOST), 0, body_len))
-            recs.append(TOPIC + tag + HOST + payload[s % 256:s % 256 + body_len])
-            offs.append((s % QUEUES, at, size, tag_hash[s & 1]))
-            at += size
-        body = b"".join(recs)
-        size = 48 + len(body)
-        pos = end if end % seg_size + size <= seg_size else (end // seg_size + 1) * seg_size
-        if pos - pos % seg_size != seg_start:
-            if seg_file:
-                seg_file.close()
-            seg_start = pos - pos % seg_size
-            seg_file = open(os.path.join(root, "commitlog", f"{seg_start:020d}"), "wb")  # noqa: SIM115
-        entries += 1
-        bcrc = fmt.crc(body)
-        head = fmt.ENTRY_HEADER.pack(fmt.ENTRY_MAGIC, 1, 1, 0, size, bcrc, entries, term, pos, 0)
-        seg_file.write(head + struct.pack("<I", fmt.crc(head)) + body)
-        rec = fmt.INDEX_RECORD.pack(pos, term, size, 1, bcrc)
-        index += rec + struct.pack("<I", fmt.crc(rec))
-        for q, at, msize, th in offs:
-            units[q] += fmt.CQ_UNIT.pack(pos + 48 + at, msize, th)
-        end = pos + size
-        seq += n
-    seg_file.close()
-    per_file = fmt.DEFAULT_INDEX_FILE_RECORDS * 32
-    for i in range(0, len(index), per_file):
-        with open(os.path.join(root, "index", f"{1 + i // 32:020d}"), "wb") as f:
-            f.write(index[i:i + per_file])
-    cq_file = fmt.DEFAULT_CQ_UNITS_PER_FILE * 20
-    for q, buf in units.items():
-        d = os.path.join(root, "consumequeue", TOPIC.decode(), str(q))
-        os.makedirs(d, exist_ok=True)
-        for i in range(0, len(buf), cq_file):
-            with open(os.path.join(d, f"{i // 20:020d}"), "wb") as f:
-                f.write(buf[i:i + cq_file])
+def _records(first: int, n: int, size: int) -> np.ndarray:
+    """Messages ``first..first+n-1`` as an (n, size) byte array (records of one size:
+    the body is shortened by the tag, which alternates between none and "red")."""
+    seq = np.arange(first, first + n, dtype=np.int64)
+    head = np.zeros(n, parse.MESSAGE_DTYPE)
+    tag_len = np.where(seq & 1, len(TAGS[1]), 0)
+    head["size"] = size
+    head["queue_id"] = seq % QUEUES
+    head["born_ts"] = 1_700_000_000_000 + seq
+    head["store_ts"] = 1_700_000_000_000 + seq
+    head["producer_id"] = PRODUCER
+    head["sequence"] = seq
+    head["topic_len"] = len(TOPIC)
+    head["tags_len"] = tag_len
+    head["host_len"] = len(HOST)
+    head["body_len"] = size - fmt.MESSAGE_HEADER_SIZE - len(TOPIC) - len(HOST) - tag_len
+    out = np.empty((n, size), np.uint8)
+    out[:, :fmt.MESSAGE_HEADER_SIZE] = head.view(np.uint8).reshape(n, fmt.MESSAGE_HEADER_SIZE)
+    payload = bytes(range(256)) * (size // 256 + 2)
+    for parity, tag in enumerate(TAGS):
+        tail = TOPIC + tag + HOST
+        tail += payload[:size - fmt.MESSAGE_HEADER_SIZE - len(tail)]
+        out[(parity - first) % 2::2, fmt.MESSAGE_HEADER_SIZE:] = np.frombuffer(tail, np.uint8)
+    return out
+
+
+class _Appender:
+    """Fixed-size files of fixed-size records, written as they fill (index, queues)."""
+
+    def __init__(self, directory: str, per_file: int, record: int, first: int) -> None:
+        self.dir, self.per_file, self.record, self.first = directory, per_file, record, first
+        self.parts: list[np.ndarray] = []
+        self.n = 0  # records written or buffered
+        os.makedirs(directory, exist_ok=True)
+
+    def add(self, rows: np.ndarray) -> None:
+        """Records as bytes (a uint8 array of whole records)."""
+        self.parts.append(rows.reshape(-1))
+        self.n += rows.size // self.record
+        self.flush(False)
+
+    def flush(self, final: bool = True) -> None:
+        data = np.concatenate(self.parts) if self.parts else np.zeros(0, np.uint8)
+        self.parts = []
+        done = self.n - len(data) // self.record  # records already in files
+        while len(data) and (final or (done % self.per_file) + len(data) // self.record
+                             >= self.per_file):
+            room = self.per_file - done % self.per_file
+            take = min(room, len(data) // self.record)
+            name = os.path.join(self.dir, f"{self.first + done - done % self.per_file:020d}")
+            with open(name, "ab") as f:
+                f.write(data[:take * self.record].tobytes())
+            data, done = data[take * self.record:], done + take
+        if len(data):
+            self.parts = [data]
+
+
+def write_replica(root: str, n_entries: int, per_entry: int, msg_size: int,
+                  seg_size: int = fmt.DEFAULT_SEGMENT_SIZE) -> dict[str, int]:
+    """One replica of ``n_entries`` entries of ``per_entry`` messages, in ``root``."""
+    entry = fmt.ENTRY_HEADER_SIZE + per_entry * msg_size
+    per_seg = seg_size // entry
+    os.makedirs(os.path.join(root, "commitlog"), exist_ok=True)
+    index = _Appender(os.path.join(root, "index"), fmt.DEFAULT_INDEX_FILE_RECORDS,
+                      fmt.INDEX_RECORD_SIZE, 1)
+    queues = [_Appender(os.path.join(root, "consumequeue", TOPIC.decode(), str(q)),
+                        fmt.DEFAULT_CQ_UNITS_PER_FILE, fmt.CQ_UNIT_SIZE, 0)
+              for q in range(QUEUES)]
+    tag_hash = np.array([fmt.tag_hash(t) for t in TAGS], np.uint64)
+    done, seg, end = 0, 0, 0
+    while done < n_entries:
+        k = min(per_seg, n_entries - done)
+        start = seg * seg_size
+        body = _records(done * per_entry, k * per_entry, msg_size).reshape(k, -1)
+        crc = fmt.crc
+        bcrc = np.fromiter((crc(row) for row in body), np.uint32, k)
+        pos = start + np.arange(k, dtype=np.int64) * entry
+        head = np.zeros(k, parse.HEADER_DTYPE)
+        head["magic"], head["version"], head["kind"] = fmt.ENTRY_MAGIC, 1, fmt.KIND_MESSAGES
+        head["size"], head["body_crc"] = entry, bcrc
+        head["index"] = np.arange(done + 1, done + k + 1)
+        head["term"], head["position"] = 1, pos
+        raw = head.view(np.uint8).reshape(k, fmt.ENTRY_HEADER_SIZE)
+        head["header_crc"] = np.fromiter((crc(row[:44]) for row in raw), np.uint32, k)
+        with open(os.path.join(root, "commitlog", f"{start:020d}"), "wb") as f:
+            f.write(np.concatenate([raw, body], axis=1).tobytes())
+        rec = np.zeros(k, parse.INDEX_DTYPE)
+        rec["position"], rec["term"], rec["size"], rec["kind"] = pos, 1, entry, 1
+        rec["body_crc"] = bcrc
+        rr = rec.view(np.uint8).reshape(k, fmt.INDEX_RECORD_SIZE)
+        rec["record_crc"] = np.fromiter((crc(row[:28]) for row in rr), np.uint32, k)
+        index.add(rec.view(np.uint8))
+        seq = np.arange(done * per_entry, (done + k) * per_entry, dtype=np.int64)
+        units = np.zeros(len(seq), parse.CQ_DTYPE)
+        units["offset"] = (np.repeat(pos, per_entry) + fmt.ENTRY_HEADER_SIZE
+                           + np.tile(np.arange(per_entry) * msg_size, k))
+        units["size"], units["tag_hash"] = msg_size, tag_hash[seq & 1]
+        for q in range(QUEUES):
+            queues[q].add(units[seq % QUEUES == q].view(np.uint8))
+        done += k
+        end = int(pos[-1]) + entry
+        seg += 1
+    index.flush()
+    for a in queues:
+        a.flush()
     with open(os.path.join(root, "checkpoint"), "wb") as f:
-        f.write(fmt.encode_checkpoint(fmt.Checkpoint(entries, end, term, 1)))
+        f.write(fmt.encode_checkpoint(fmt.Checkpoint(n_entries, end, 1, 1)))
     with open(os.path.join(root, "hardstate"), "wb") as f:
-        f.write(fmt.encode_hardstate(fmt.HardState(term, 1, entries)))
+        f.write(fmt.encode_hardstate(fmt.HardState(1, 1, n_entries)))
     with open(os.path.join(root, "consumequeue", "checkpoint"), "wb") as f:
         f.write(fmt.encode_dispatch_checkpoint(fmt.DispatchCheckpoint(
-            entries, end, tuple((TOPIC.decode(), q, len(b) // 20) for q, b in units.items()))))
-    return {"entries": entries, "messages": n_msgs, "bytes": end}
+            n_entries, end, tuple((TOPIC.decode(), q, a.n) for q, a in enumerate(queues)))))
+    return {"entries": n_entries, "messages": n_entries * per_entry, "bytes": end}
 
 
-def parse_rate(root: str) -> dict:
+def parse_rate(root: str) -> dict[str, float]:
     """In-process parse of the first segment: the per-core cost of the pure parsers."""
     path = os.path.join(root, "commitlog", f"{0:020d}")
     buf = tasks.read_local(path)
     warm = memoryview(buf)[:1 << 20]
-    parse.parse_messages(warm, 0, parse.scan_segment(warm, 0).entries)  # warm imports
+    parse.scan_segment(warm, 0)
     t = time.perf_counter()
     scan = parse.scan_segment(buf, 0)
     t_scan = time.perf_counter() - t
@@ -117,7 +176,7 @@ def parse_rate(root: str) -> dict:
     return {"segment_bytes": len(buf), "entries": len(scan.entries),
             "messages": len(m.messages), "scan_s": round(t_scan, 3),
             "decode_s": round(t_msgs, 3),
-            "scan_mb_per_s": round(len(buf) / t_scan / 1e6),
+            "scan_entries_per_s": round(len(scan.entries) / t_scan),
             "decode_messages_per_s": round(len(m.messages) / t_msgs)}
 
 
@@ -129,6 +188,41 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process in MB (Linux /proc), 0 when unreadable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class PeakRss:
+    """Samples the resident memory of processes every 50 ms; keeps each one's peak."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.peak = dict.fromkeys(pids, 0.0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            for name, pid in self.pids.items():
+                self.peak[name] = max(self.peak[name], rss_mb(pid))
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def machine_cpu() -> tuple[float, float]:
@@ -151,23 +245,23 @@ def cpu_pressure() -> float | None:
         return None
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--messages", type=int, default=5_000_000, help="total over 3 replicas")
-    ap.add_argument("--per-entry", type=int, default=64)
-    ap.add_argument("--msg-size", type=int, default=1024)
-    ap.add_argument("--segment-size", type=int, default=fmt.DEFAULT_SEGMENT_SIZE)
-    ap.add_argument("--master", default="local[2]")
-    ap.add_argument("--dir", default=None, help="parent of the temporary data directory")
-    a = ap.parse_args()
+def run_one(a: argparse.Namespace, entries: int) -> dict[str, object]:
     cores = int(a.master[6:-1]) if a.master.startswith("local[") and a.master[6:-1].isdigit() \
-        else os.cpu_count()
+        else os.cpu_count() or 1
     tmp = tempfile.mkdtemp(prefix="ledgermq-audit-bench-", dir=a.dir)
+    stack = contextlib.ExitStack()
     try:
+        if a.standalone:
+            from spark_audit import cluster
+
+            os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+            os.makedirs(os.path.join(tmp, "cluster"))
+            c = stack.enter_context(cluster.cluster(Path(tmp) / "cluster", workers=a.standalone,
+                                                    cores=1, memory="2g"))
+            a.master, cores = c.url, a.standalone
         t = time.perf_counter()
-        per_replica = -(-a.messages // 3)
-        write_replica(os.path.join(tmp, "g1", "n1"), per_replica, a.per_entry,
-                      a.msg_size, a.segment_size)
+        write_replica(os.path.join(tmp, "g1", "n1"), entries, a.per_entry, a.msg_size,
+                      a.segment_size)
         for n in ("n2", "n3"):
             # Real copies (not hard links): each replica has its own page-cache pages.
             shutil.copytree(os.path.join(tmp, "g1", "n1"), os.path.join(tmp, "g1", n))
@@ -177,7 +271,9 @@ def main() -> int:
         from spark_audit import cli, session
 
         t0 = time.perf_counter()
-        spark = session.get_session(a.master, progress=False)
+        spark = session.get_session(a.master, progress=False, extra_conf={
+            "spark.driver.host": "127.0.0.1",
+            "spark.scheduler.minRegisteredResourcesRatio": "1.0"} if a.standalone else None)
         session_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         session.warm_up(spark)
@@ -185,64 +281,115 @@ def main() -> int:
         out = os.path.join(tmp, "out")
         jvm = spark.sparkContext._gateway.proc.pid
         before = (cpu_seconds(jvm), os.times(), machine_cpu(), cpu_pressure())
+        rss0 = rss_mb(os.getpid())
         t1 = time.perf_counter()
-        rc = cli.run([os.path.join(tmp, "g1")], out=out, master=a.master, spark=spark,
-                     progress=False)
+        with PeakRss({"driver": os.getpid(), "jvm": jvm}) as peak:
+            rc = cli.run([os.path.join(tmp, "g1")], out=out, master=a.master, spark=spark,
+                         progress=False)
         audit_s = time.perf_counter() - t1
         after = (cpu_seconds(jvm), os.times(), machine_cpu(), cpu_pressure())
         with open(os.path.join(out, "summary.json")) as f:
             summary = json.load(f)
         spark.stop()
-        entries = summary["inputs"]["entries"]
-        messages = summary["inputs"]["messages"]
-        tm = summary["timings_s"]
-        phases = ("discover_s", "read_small_s", "scan_job_s", "log_checks_s", "decode_job_s",
-                  "queue_checks_s", "duplicate_checks_s")
-        result = {
-            "bench": "spark_audit", "master": a.master, "cores": cores, "valid": summary["valid"],
-            "exit_code": rc, "replicas": 3, "messages": messages, "entries": entries,
-            "messages_decoded": summary["inputs"]["messages_decoded"],
-            "bytes": summary["inputs"]["bytes"], "segments": summary["inputs"]["segments"],
-            "cq_units": summary["inputs"]["cq"],
-            "cq_units_decoded": summary["inputs"]["cq_units_decoded"],
-            "index_records": summary["inputs"]["index"],
-            "session_start_s": round(session_s, 2), "worker_warmup_s": round(warm_s, 2),
-            "audit_wall_s": round(audit_s, 2),
-            "total_wall_s": round(session_s + warm_s + audit_s, 2),
-            "messages_per_s_incl_warmup": round(messages / (audit_s + warm_s)),
-            "entries_per_s": round(entries / audit_s),
-            "entries_per_s_per_core": round(entries / audit_s / cores),
-            "messages_per_s": round(messages / audit_s),
-            "messages_per_s_per_core": round(messages / audit_s / cores),
-            "mb_per_s": round(summary["inputs"]["bytes"] / audit_s / 1e6),
-            "breakdown_s": {
-                "discover_and_small_files": round(tm["discover_s"] + tm["read_small_s"], 2),
-                "spark_scan_job": tm["scan_job_s"],
-                "assemble_and_log_checks_driver": tm["log_checks_s"],
-                "decode_job_and_problems": tm["decode_job_s"],
-                "queue_checks_driver": tm["queue_checks_s"],
-                "duplicate_checks_driver": tm["duplicate_checks_s"],
-                "reports": round(audit_s - sum(tm[k] for k in phases), 2),
-            },
-            "task_cpu_s": {k[6:-6]: v for k, v in tm.items()
-                           if k.startswith("tasks_") and k.endswith("_cpu_s")},
-            "task_wall_s": {k[6:-7]: v for k, v in tm.items()
-                            if k.startswith("tasks_") and k.endswith("_wall_s")},
-            "cpu_during_audit_s": {
-                "python_tasks": round(sum(v for k, v in tm.items()
-                                          if k.startswith("tasks_") and k.endswith("_cpu_s")), 2),
-                "jvm": round(after[0] - before[0], 2),
-                "driver_python": round(sum(after[1][:2]) - sum(before[1][:2]), 2),
-                "whole_machine_busy": round(after[2][0] - before[2][0], 2),
-                "whole_machine_available": round(after[2][1] - before[2][1], 2),
-                "cpu_pressure_some_avg10": [before[3], after[3]],
-            },
-            "pure_parse_one_segment": pure, "generate_s": round(gen_s, 1),
-        }
-        print(json.dumps(result))
-        return 0 if rc == 0 else 1
     finally:
+        stack.close()
         shutil.rmtree(tmp, ignore_errors=True)
+    ins = summary["inputs"]
+    n_entries, messages = ins["entries"], ins["messages"]
+    tm = summary["timings_s"]
+    phases = ("discover_s", "read_small_s", "pass1_job_s", "log_checks_s", "pass2_job_s",
+              "queue_checks_s", "duplicate_checks_s")
+    task_cpu = {k[6:-6]: v for k, v in tm.items() if k.startswith("tasks_") and
+                k.endswith("_cpu_s")}
+    return {
+        "bench": "spark_audit", "master": a.master, "cores": cores, "valid": summary["valid"],
+        "exit_code": rc, "replicas": 3, "entries_per_replica": entries,
+        "per_entry": a.per_entry, "msg_size": a.msg_size, "entries": n_entries,
+        "messages": messages, "messages_decoded": ins.get("messages_decoded"),
+        "bytes": ins["bytes"], "segments": ins["segments"], "cq_units": ins["cq"],
+        "index_records": ins["index"], "runs": ins.get("runs"),
+        "session_start_s": round(session_s, 2), "worker_warmup_s": round(warm_s, 2),
+        "audit_wall_s": round(audit_s, 2),
+        "total_wall_s": round(session_s + warm_s + audit_s, 2),
+        "entries_per_s": round(n_entries / audit_s),
+        "entries_per_s_per_core": round(n_entries / audit_s / cores),
+        "messages_per_s": round(messages / audit_s),
+        "messages_per_s_per_core": round(messages / audit_s / cores),
+        "mb_per_s": round(ins["bytes"] / audit_s / 1e6),
+        "driver_rss_before_mb": round(rss0),
+        "driver_peak_rss_mb": round(peak.peak["driver"]),
+        "jvm_peak_rss_mb": round(peak.peak["jvm"]),
+        "breakdown_s": {
+            "discover_and_small_files": round(tm["discover_s"] + tm["read_small_s"], 2),
+            "pass1_spark_job": tm["pass1_job_s"],
+            "log_checks_driver": tm["log_checks_s"],
+            "pass2_spark_job": tm["pass2_job_s"],
+            "queue_checks_driver": tm["queue_checks_s"],
+            "duplicate_checks_driver": tm["duplicate_checks_s"],
+            "reports": round(audit_s - sum(tm[k] for k in phases), 2),
+        },
+        "task_cpu_s": task_cpu,
+        "cpu_during_audit_s": {
+            "python_tasks_map": round(sum(task_cpu.values()), 2),
+            "jvm": round(after[0] - before[0], 2),
+            "driver_python": round(sum(after[1][:2]) - sum(before[1][:2]), 2),
+            "python_workers_and_rest": round(after[1][2] + after[1][3] - before[1][2]
+                                             - before[1][3], 2),
+            "whole_machine_busy": round(after[2][0] - before[2][0], 2),
+            "whole_machine_available": round(after[2][1] - before[2][1], 2),
+            "cpu_pressure_some_avg10": [before[3], after[3]],
+        },
+        "pure_parse_one_segment": pure, "generate_s": round(gen_s, 1),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--entries", type=int, default=0, help="entries per replica")
+    ap.add_argument("--messages", type=int, default=5_000_000,
+                    help="total over 3 replicas (when --entries is not given)")
+    ap.add_argument("--sizes", default="", help="entries per replica, comma-separated: "
+                                                "one child process per size, then a comparison")
+    ap.add_argument("--per-entry", type=int, default=64)
+    ap.add_argument("--msg-size", type=int, default=1024)
+    ap.add_argument("--segment-size", type=int, default=fmt.DEFAULT_SEGMENT_SIZE)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--dir", default=None, help="parent of the temporary data directory")
+    ap.add_argument("--standalone", type=int, default=0, metavar="WORKERS",
+                    help="start a standalone cluster of that many 1-core workers on this "
+                         "machine (spark_audit.cluster) and audit on it")
+    a = ap.parse_args()
+    if a.sizes:
+        results = []
+        for size in (int(x) for x in a.sizes.split(",")):
+            args = [sys.executable, __file__, "--entries", str(size), "--per-entry",
+                    str(a.per_entry), "--msg-size", str(a.msg_size), "--segment-size",
+                    str(a.segment_size), "--master", a.master, "--standalone",
+                    str(a.standalone)]
+            if a.dir:
+                args += ["--dir", a.dir]
+            proc = subprocess.run(args, capture_output=True, text=True)
+            if proc.returncode not in (0, 1) or not proc.stdout.strip():
+                print(proc.stderr[-4000:], file=sys.stderr)
+                return 2
+            line = proc.stdout.strip().splitlines()[-1]
+            print(line, flush=True)
+            results.append(json.loads(line))
+        lo, hi = results[0], results[-1]
+        print(json.dumps({
+            "bench": "spark_audit_sizes", "entries": [r["entries"] for r in results],
+            "entries_per_s_per_core": [r["entries_per_s_per_core"] for r in results],
+            "audit_wall_s": [r["audit_wall_s"] for r in results],
+            "driver_peak_rss_mb": [r["driver_peak_rss_mb"] for r in results],
+            "driver_peak_rss_growth": round(hi["driver_peak_rss_mb"]
+                                            / max(lo["driver_peak_rss_mb"], 1) - 1, 3),
+            "jvm_peak_rss_mb": [r["jvm_peak_rss_mb"] for r in results],
+        }))
+        return 0 if all(r["valid"] for r in results) else 1
+    entries = a.entries or -(-a.messages // 3 // a.per_entry)
+    result = run_one(a, entries)
+    print(json.dumps(result))
+    return 0 if result["exit_code"] == 0 else 1
 
 
 if __name__ == "__main__":

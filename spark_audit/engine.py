@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from spark_audit import fmt, inputs, tasks
+from spark_audit import flow, fmt, inputs, tasks
 from spark_audit.inputs import FileInfo
 
 
@@ -67,3 +67,14 @@ def decode_small(kind: str, data: bytes
     if kind == inputs.SNAPSHOT_META:
         return fmt.parse_snapshot_meta(data)
     return fmt.parse_dispatch_checkpoint(data)
+
+
+class LocalFlowEngine(LocalEngine):
+    """The distributed audit (``distributed``) with its map and reduce calls run in this
+    process: what the Spark engine computes, without a JVM (tests, small data)."""
+
+    name = "python-flow"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flow = flow.LocalFlow()

@@ -1,27 +1,32 @@
-"""The Spark engine: file tasks as Spark tasks, results as one Arrow row per file.
+"""The Spark engine: the distributed audit's keyed passes (``SparkFlow``).
 
-- Local files (the usual case on one machine): a DataFrame with one row per
-  partition id; ``mapInArrow`` looks up that partition's share of the tasks
-  (dealt by estimated cost, a few partitions per core), opens each file
-  itself (memory-mapped, so bytes never pass through the JVM) and yields one
-  row per file.
+``audit.run_audit`` runs the distributed audit on any engine with a
+``flow``: ``SparkFlow`` runs each pass as ``mapInArrow`` over the files and
+``groupBy("space", "gid", "chunk").applyInArrow`` over the blocks they emit
+(``flow``), and collects only the reduce calls' outputs. Files are read as
+the tasks below read them:
+
+- Local files (one machine, or paths every executor can open): a DataFrame
+  with one row per partition id; ``mapInArrow`` looks up that partition's
+  share of the work (dealt by estimated cost, a few partitions per core),
+  opens each file itself (memory-mapped, so bytes never pass through the
+  JVM).
 - Other URIs (``hdfs://``, ``s3a://``): Spark's ``binaryFile`` source reads
   the files (it refuses files over 2 GB; segments of 256 MiB by default, or
   RocketMQ's 1 GiB, fit) and ``mapInArrow`` parses each row's content.
 
-Either way a file's result crosses the JVM once, as a handful of binary
-columns (``tasks.RESULT_SCHEMA``): a few MB per 256 MiB segment. Rows are
-collected with ``toArrow``; nothing is cached or shuffled.
+``SparkEngine.run_tasks`` still runs the in-process engine's file tasks
+(``tasks``) on Spark, one Arrow row per file, collected with ``toArrow``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from spark_audit import inputs, tasks
+from spark_audit import flow, inputs, tasks
 from spark_audit.inputs import FileInfo
 
 if TYPE_CHECKING:
@@ -44,6 +49,7 @@ class SparkEngine:
         self.spark = spark
         self.partitions = max(1, partitions_per_core * spark.sparkContext.defaultParallelism)
         self.lister = inputs.Lister(self._list)
+        self.flow = SparkFlow(spark, self.partitions)
 
     def _list(self, path: str) -> list[tuple[str, bool, int]]:
         if inputs.is_local(path):
@@ -112,3 +118,72 @@ class SparkEngine:
 
     def close(self) -> None:
         pass
+
+
+class SparkFlow:
+    """``flow.Flow`` on Spark: ``mapInArrow`` over the files, then
+    ``groupBy("space", "gid", "chunk").applyInArrow`` per key, then ``toArrow``.
+
+    Local files (paths every executor can open: one machine, or a shared
+    file system) are dealt by estimated cost into partitions of a
+    ``spark.range`` and opened by the task (memory-mapped); other URIs are
+    read by Spark's ``binaryFile`` source. What is collected is the reduce
+    calls' outputs only.
+    """
+
+    def __init__(self, spark: SparkSession, partitions: int) -> None:
+        self.spark = spark
+        self.partitions = partitions
+
+    def run(self, items: list[Any], map_fn: flow.MapFn, reduce_fn: flow.ReduceFn,
+            cost: Callable[[Any], float]) -> list[flow.Output]:
+        if not items:
+            return []
+        red = flow.reduce_or_pass(reduce_fn)
+
+        def reducer(table: pa.Table) -> pa.Table:
+            blocks = flow.table_to_blocks(table)
+            key = blocks[0].key
+            return pa.Table.from_pydict({"space": [key[0]], "gid": [key[1]], "chunk": [key[2]],
+                                         "data": [red(key, blocks)]}, schema=flow.OUT_SCHEMA)
+
+        local = [it for it in items if it.info is None or inputs.is_local(it.info.path)]
+        remote = [it for it in items if it not in local]
+        frames = []
+        if local:
+            parts = flow.balance(local, self.partitions, cost)
+
+            def run_part(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                for batch in batches:
+                    for j in batch.column(0).to_pylist():
+                        for it in parts[j]:
+                            blocks = list(flow.map_local(it, map_fn))
+                            if blocks:
+                                yield flow.blocks_to_batch(blocks)
+
+            frames.append(self.spark.range(0, len(parts), 1, len(parts)).mapInArrow(
+                run_part, _spark_schema(flow.BLOCK_SCHEMA)))
+        if remote:
+            by_key: dict[str, list[Any]] = {}
+            for it in remote:
+                by_key.setdefault(inputs.path_key(it.info.path), []).append(it)
+
+            def run_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                for batch in batches:
+                    paths, content = batch.column(0), batch.column(1)
+                    for i in range(batch.num_rows):
+                        for it in by_key[inputs.path_key(paths[i].as_py())]:
+                            blocks = list(map_fn(it, content[i].as_buffer()))
+                            if blocks:
+                                yield flow.blocks_to_batch(blocks)
+
+            raw = (self.spark.read.format("binaryFile")
+                   .load(sorted({it.info.path for it in remote})).select("path", "content"))
+            frames.append(raw.mapInArrow(run_rows, _spark_schema(flow.BLOCK_SCHEMA)))
+        df = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+        out = (df.groupBy("space", "gid", "chunk")
+               .applyInArrow(reducer, _spark_schema(flow.OUT_SCHEMA)).toArrow())
+        space, gid, chunk = (out.column(n).to_pylist() for n in ("space", "gid", "chunk"))
+        data = out.column("data")
+        return [((space[i], gid[i], chunk[i]), data[i].as_buffer().to_pybytes())
+                for i in range(out.num_rows)]

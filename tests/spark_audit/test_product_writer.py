@@ -236,3 +236,17 @@ def test_spark_audits_product_files_like_the_local_engine(spark, written):
            "phys_offset", "count"]
     assert sorted(res.findings.select(key).to_pylist(), key=repr) == sorted(
         local.findings.select(key).to_pylist(), key=repr)
+
+
+def test_the_distributed_audit_reads_product_files_the_same(written):
+    from spark_audit.engine import LocalFlowEngine
+
+    opts = AuditOptions([written])
+    key = ["check", "kind", "severity", "gid", "rid", "fid", "file_offset", "index", "topic",
+           "queue_id", "slot", "phys_offset", "count", "detail"]
+    a, b = run_audit(opts, LocalEngine()), run_audit(opts, LocalFlowEngine())
+    assert sorted(a.findings.select(key).to_pylist(), key=repr) == sorted(
+        b.findings.select(key).to_pylist(), key=repr)
+    # The clean group's identical replicas share the reference's records.
+    assert b.counts["messages"] == a.counts["messages"]
+    assert b.counts["messages_decoded"] < b.counts["messages"]

@@ -298,3 +298,24 @@ def test_spark_finds_the_same_across_a_retained_away_gap(spark, bases):
         local.findings.select(key).to_pylist(), key=repr)
     (st,), (lst,) = res.groups.values(), local.groups.values()
     assert st.retained_away == lst.retained_away and len(st.retained_away) == 1
+
+
+@pytest.mark.parametrize("damage", ["none", "stopped_replica_damaged"])
+def test_the_distributed_audit_finds_the_same_across_a_gap(bases, damage):
+    """The distributed passes (in this process) give the in-process rows and ranges."""
+    from spark_audit.engine import LocalFlowEngine
+
+    g = _stopped_group(bases, f"flow_{damage}")
+    if damage != "none":
+        n1 = os.path.join(g, "n1")
+        rr.flip_body_byte(n1, 30)
+        rr.cut_segment_inside(n1, 45)
+    opts = AuditOptions([g], [_history(bases, f"flow_{damage}")], max_examples=10_000)
+    local, res = run_audit(opts, LocalEngine()), run_audit(opts, LocalFlowEngine())
+    key = ["check", "kind", "severity", "gid", "rid", "fid", "file_offset", "index", "slot",
+           "phys_offset", "count", "detail"]
+    assert sorted(res.findings.select(key).to_pylist(), key=repr) == sorted(
+        local.findings.select(key).to_pylist(), key=repr)
+    (st,), (lst,) = res.groups.values(), local.groups.values()
+    assert st.retained_away == lst.retained_away and len(st.retained_away) == 1
+    assert res.history_stats == local.history_stats

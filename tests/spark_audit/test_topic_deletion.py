@@ -86,3 +86,20 @@ def test_a_replica_that_indexes_dead_messages_is_caught(tmp_path):
     assert ("index_validity", "cq_dangling", 1) in got
     assert ("duplicates", "cq_slot_conflict", -1) in got
     assert {rid for _, _, rid in got} == {1, -1}
+
+
+def test_the_distributed_audit_reads_deletions_the_same(tmp_path):
+    """Resurrected and not-yet-deleted messages: the distributed passes (in this
+    process) give the in-process rows."""
+    from spark_audit.engine import LocalFlowEngine
+
+    skip = {"orders": DELETE_AT}
+    _write(str(tmp_path / "g"), {"n1": skip, "n2": None, "n3": None},
+           n3={"dispatched_index": 25})
+    opts = AuditOptions([str(tmp_path / "g")])
+    key = ["check", "kind", "severity", "gid", "rid", "fid", "index", "topic", "queue_id",
+           "slot", "phys_offset", "count", "detail"]
+    a, b = run_audit(opts, LocalEngine()), run_audit(opts, LocalFlowEngine())
+    assert sorted(a.findings.select(key).to_pylist(), key=repr) == sorted(
+        b.findings.select(key).to_pylist(), key=repr)
+    assert "topic_deleted" in b.findings.column("kind").to_pylist()
