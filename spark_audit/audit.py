@@ -22,6 +22,7 @@ from spark_audit import (
     bodies,
     checks,
     control,
+    digest,
     distributed,
     engine,
     history,
@@ -93,6 +94,7 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     seg_slices = _assemble(todo, results, data, topics, units, cq_problems, problem_rows,
                            counts, opts.share_identical)
 
+    span_digests = {gid: _digests(data[gid], spans) for gid, spans in prep.digest_spans.items()}
     found = [out.table()]
     for gid in groups:
         data[gid].assign_identities(opts.share_identical)
@@ -205,7 +207,17 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     # whichever core ran them); wall above CPU is waiting for a core.
     tm.update(task_s)
     return AuditResult(replicas_, files, groups, checks.concat_findings(found),
-                       {**counts, "files_by_kind": dict(by_kind)}, hstats, tm)
+                       {**counts, "files_by_kind": dict(by_kind)}, hstats, tm, span_digests)
+
+
+def _digests(g: replicas.Group, spans: list[digest.Span]
+             ) -> dict[digest.Span, dict[int, tuple[int, str]]]:
+    """Every replica's digest of every span (``digest``), from its entry rows."""
+    out: dict[digest.Span, dict[int, tuple[int, str]]] = {s: {} for s in spans}
+    for rid, rep in g.replicas.items():
+        for span, d in zip(spans, digest.of_spans(rep.entries, spans), strict=True):
+            out[span][rid] = d
+    return out
 
 
 def _assemble(todo: list[tasks.FileTask], results: list[tasks.FileResult],
@@ -322,11 +334,7 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
     dead = dead or {}
     bounds = {}
     for rid, m in st.replicas.items():
-        must = min(st.committed, m.agree_end)
-        if m.dispatch is not None:
-            must = min(must, m.dispatch.dispatched_index)
-        bounds[rid] = checks.QueueBounds(st.committed, must,
-                                         min(m.segment_starts) if m.segment_starts else 0)
+        bounds[rid] = checks.queue_bounds(st, m)
     ref = g.replicas[g.ref]
     slices = {g.ref: replicas.queue_slices(g.messages(g.ref), topics)}
     same = {}

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from spark_audit import checks, control, engine, fmt, history, inputs
+from spark_audit import checks, control, digest, engine, fmt, history, inputs, window
 from spark_audit.checks import INFO, VIOLATION, Findings
 
 if TYPE_CHECKING:
@@ -32,6 +32,11 @@ class AuditOptions:
     # False: decode and validate every replica from its own bytes, sharing
     # nothing between identical replicas (slower; cross-checks the sharing).
     share_identical: bool = True
+    # Per group name: the window audited (``window``: a cut, a start); absent: all.
+    bounds: dict[str, window.Bounds] = field(default_factory=dict)
+    # Per group name: the index spans whose per-replica digests to compute
+    # (``digest``, for the nightly manifest).
+    digests: dict[str, digest.Plan] = field(default_factory=dict)
 
 
 @dataclass
@@ -44,6 +49,9 @@ class AuditResult:
     counts: dict[str, int | dict[str, int]]
     history_stats: dict[str, int]
     timings: dict[str, float]
+    # Per group id: span (lo, hi) -> replica id -> (entries, digest) (``digest``).
+    digests: dict[int, dict[tuple[int, int], dict[int, tuple[int, str]]]] = field(
+        default_factory=dict)
 
     @property
     def valid(self) -> bool:
@@ -65,6 +73,8 @@ class Prepared:
     nops: int
     digests: dict[int, pd.DataFrame]
     timings: dict[str, float]
+    # Per group id: the index spans whose per-replica digests the passes compute.
+    digest_spans: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
@@ -120,8 +130,17 @@ def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
         elif f.kind == inputs.OTHER:
             out.add("corruption", "unknown_file", INFO, gid=f.gid, rid=f.rid, fid=f.fid,
                     detail=f"{f.path} is not part of the format (reported, not read)")
-    bulk = [f for f in inventory if f.kind in inputs.BULK_KINDS]
     tm["read_small_s"] = time.perf_counter() - t1
+    if opts.bounds:
+        if opts.history:
+            raise ValueError("the history check needs the whole log: --history cannot be "
+                             "combined with --cut or --from")
+        t2 = time.perf_counter()
+        files = window.apply(opts.bounds, eng, inventory, groups, opts.max_entry_size)
+        tm["window_s"] = time.perf_counter() - t2
+    bulk = [f for f in files if f.kind in inputs.BULK_KINDS]
+    spans = {gid: digest.plan_spans(opts.digests[st.name], st)
+             for gid, st in groups.items() if st.name in opts.digests}
 
     # The history first: when it records body digests, records are decoded with
     # their body CRCs, to compare every replica's bodies with the bodies sent.
@@ -131,7 +150,7 @@ def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
     if opts.history:
         hist_msgs, nops = history.read_history(opts.history)
         digests = history.send_digests(hist_msgs, {st.name: gid for gid, st in groups.items()})
-    return Prepared(replicas_, files, groups, out, bulk, hist_msgs, nops, digests, tm)
+    return Prepared(replicas_, files, groups, out, bulk, hist_msgs, nops, digests, tm, spans)
 
 
 def reference_replica(st: checks.GroupState) -> int:
