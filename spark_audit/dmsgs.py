@@ -121,7 +121,7 @@ def map_file(task: Task, buf: parse.Buffer | None, p: Params) -> Iterator[flow.B
         blocks = _map_segment(task.info, inputs.clip(buf, task.info), p, out)
     else:
         assert buf is not None and task.info is not None
-        blocks = _map_cq(task.info, buf, p, out, task.mask)
+        blocks = _map_cq(task.info, inputs.clip(buf, task.info), p, out, task.mask)
     out.update(wall=time.perf_counter() - t0, cpu=time.process_time() - c0)
     yield flow.summary(task.info.gid if task.info else -1, task.tid, out)
     yield from blocks

@@ -369,7 +369,7 @@ def _night(opts: NightOptions) -> int:
             m = manifest.load(opts.state_dir, name) or manifest.empty(name, opts.block)
             plans.append(plan_group(name, groups[name], m, firsts[name], opts))
     except (ValueError, OSError) as exc:  # ManifestError is a ValueError
-        error = str(exc)
+        error, plans = str(exc), []
     tally = {p.name: Tally() for p in plans}
     tonight_time = time.time()
     if not error:

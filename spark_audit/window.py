@@ -228,17 +228,19 @@ def place(log: ReplicaLog, b: Bounds) -> Placed:
 # ------------------------------------------------------------------- the views
 
 
+# Every view ends where the file ended when it was listed (``f.length``): a live
+# broker appends to its last segment and ConsumeQueue files meanwhile, and every
+# pass of the audit must read the same bytes.
+
+
 def _segment_view(f: FileInfo, p: Placed) -> FileInfo | None:
     end = f.start + f.length
     if p.empty or (p.read_from is not None and end <= p.read_from) or (
             p.read_to is not None and f.start >= p.read_to):
         return None
     start = p.read_from - f.start if p.read_from is not None and f.start <= p.read_from else 0
-    stop = p.read_to - f.start if p.read_to is not None and p.read_to < end else -1
-    if not start and stop < 0:
-        return f
-    return dataclasses.replace(f, view=View(start, stop),
-                               length=(stop if stop >= 0 else f.length) - start)
+    stop = p.read_to - f.start if p.read_to is not None and p.read_to < end else f.length
+    return dataclasses.replace(f, view=View(start, stop), length=stop - start)
 
 
 def _index_view(f: FileInfo, p: Placed, b: Bounds) -> FileInfo | None:
@@ -247,11 +249,8 @@ def _index_view(f: FileInfo, p: Placed, b: Bounds) -> FileInfo | None:
     if p.empty or (n and last < b.lo) or (b.hi and f.start > b.hi):
         return None
     start = (b.lo - f.start) * fmt.INDEX_RECORD_SIZE if n and b.lo > f.start else 0
-    stop = (b.hi - f.start + 1) * fmt.INDEX_RECORD_SIZE if b.hi and b.hi < last else -1
-    if not start and stop < 0:
-        return f
-    return dataclasses.replace(f, view=View(start, stop),
-                               length=(stop if stop >= 0 else f.length) - start)
+    stop = (b.hi - f.start + 1) * fmt.INDEX_RECORD_SIZE if b.hi and b.hi < last else f.length
+    return dataclasses.replace(f, view=View(start, stop), length=stop - start)
 
 
 def _cq_view(eng: Engine, f: FileInfo, p: Placed, b: Bounds) -> FileInfo | None:
@@ -259,8 +258,8 @@ def _cq_view(eng: Engine, f: FileInfo, p: Placed, b: Bounds) -> FileInfo | None:
     past the cut or its last one before the window (units increase along a queue)."""
     if p.empty:
         return None
-    v = View(pos_lo=p.read_from or 0, pos_hi=-1 if p.read_to is None else p.read_to,
-             open_tail=bool(b.hi))
+    v = View(end=f.length, pos_lo=p.read_from or 0,
+             pos_hi=-1 if p.read_to is None else p.read_to, open_tail=bool(b.hi))
     n = f.length // fmt.CQ_UNIT_SIZE
     if n:
         first = fmt.CQ_UNIT.unpack(eng.read_range(f.path, 0, fmt.CQ_UNIT_SIZE))
