@@ -59,8 +59,11 @@ def print_summary(summary: dict[str, Any], out: str) -> None:
                   if g["shared_first_index"] else "nothing")
         kept = ", ".join(f"{r['replica']} {r['first_index']}..{r['last_index']}"
                          for r in summary["replicas"] if r["group"] == g["group"])
+        w = g["window"]
+        seen = (f"; window {w['from']}..{w['cut'] or 'end'}"
+                if w["from"] > 1 or w["cut"] else "")
         print(f"group {g['group']}: committed {g['committed_index']}, shared {shared}; {kept}"
-              f"{report.retained_away_text(g)}")
+              f"{report.retained_away_text(g)}{seen}")
     print(f"audit {'PASSED' if summary['valid'] else 'FAILED'}: {out}/summary.json, "
           f"{out}/report.html")
 
