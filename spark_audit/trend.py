@@ -195,7 +195,7 @@ def _night_rows(root: Path, row: NightRow) -> str:
                 f"<td colspan=12><code>{_E(row.error or '')}</code></td></tr>")
     n = row.night
     css, word = _verdict_word(n)
-    groups = sorted(n.groups.items()) or [("", None)]
+    groups: list[tuple[str, GroupNight | None]] = [*sorted(n.groups.items())] or [("", None)]
     span = f" rowspan={len(groups)}" if len(groups) > 1 else ""
     head = (f"<td{span}><a href='nights/{_E(n.night)}/night.json'>{_E(n.night)}</a></td>"
             f"<td class={css}{span}>{word}</td><td{span}>{_utc(n.finished)}</td>"

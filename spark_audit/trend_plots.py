@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
-from matplotlib.axes import Axes  # noqa: E402  (after choosing the backend)
-from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-from spark_audit.nights import GroupNight, Night, NightRow  # noqa: E402
+from spark_audit.nights import GroupNight, Night, NightRow
 
 PASSED, FAILED, UNREADABLE_INPUTS = "#2e7d32", "#c62828", "#757575"
 NAN = float("nan")
-_RC = {"svg.fonttype": "none", "svg.hashsalt": "ledgermq-audit-trend", "font.size": 9}
+# Text stays text in the SVG; ids are stable from one run to the next.
+_RC: dict[Any, Any] = {"svg.fonttype": "none", "svg.hashsalt": "ledgermq-audit-trend",
+                       "font.size": 9}
 
 
 def _label(night_id: str) -> str:

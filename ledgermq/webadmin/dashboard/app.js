@@ -128,8 +128,9 @@ async function auditBanner() {
   const { resp, body } = await request("audit");
   if (resp.status === 401) throw new AuthRequired(body.error ? body.error.message : "");
   if (resp.status === 404) {
-    return `<div class="card audit audit-none" id="audit" data-state="none"><b>No audit
-      yet</b> <span class="muted">${esc(body.error ? body.error.message : "")}</span></div>`;
+    const why = body.error ? body.error.message : "";
+    return `<div class="card audit audit-none" id="audit" data-state="none">
+      <b class="audit-verdict">No audit yet</b> <span class="muted">${esc(why)}</span></div>`;
   }
   if (!resp.ok) {
     const err = body.error || {};
@@ -140,14 +141,14 @@ async function auditBanner() {
     .map(encodeURIComponent).join("/")}">nightly report</a>` : "";
   if (body.state === "unreadable") {
     return `<div class="card audit audit-unreadable" id="audit" data-state="unreadable">
-      <b>Audit verdict unreadable</b>: <span id="audit-problem">${esc(body.problem)}</span>
-      ${link}</div>`;
+      <b class="audit-verdict">Audit verdict unreadable</b>:
+      <span id="audit-problem">${esc(body.problem)}</span>${link}</div>`;
   }
   const v = body.verdict;
   const word = { passed: "PASSED", failed: v.exit === 2 ? "FAILED (inputs unreadable)" :
     "FAILED", stale: "STALE" }[body.state];
   const finished = v.finished * 1000;
-  const stale = body.state === "stale" ? ` — the last night passed, but finished more than
+  const stale = body.state === "stale" ? ` — it passed, but that was more than
     ${esc(Math.round(body.stale_after_s / 3600 * 10) / 10)} h ago: is the nightly audit
     still running?` : "";
   const groups = Object.entries(v.groups).map(([name, g]) =>
@@ -158,16 +159,16 @@ async function auditBanner() {
   const findings = kinds.length ? kinds.map(([k, n]) =>
     `<span class="badge role-unreachable" data-kind="${esc(k)}">${esc(k)} ${esc(n)}</span>`)
     .join(" ") : "no violation";
+  const took = v.duration_s < 10 ? v.duration_s.toFixed(2) : Math.round(v.duration_s);
   const since = body.state !== "passed" && body.last_success ?
     `; last passed ${when(body.last_success * 1000, Date.now())}` : "";
   return `<div class="card audit audit-${esc(body.state)}" id="audit"
       data-state="${esc(body.state)}" data-night="${esc(v.night)}">
-    <b>Audit ${word}</b> night <code>${esc(v.night)}</code>, finished
+    <b class="audit-verdict">Audit ${word}</b> night <code>${esc(v.night)}</code>, finished
       ${when(finished, Date.now())}${stale}<br>
     groups: ${groups || "none"} · findings: <span id="audit-findings">${findings}</span> ·
     ${esc(v.entries_audited.toLocaleString())} entries (${size(v.bytes_audited)}) audited in
-    ${esc(v.duration_s < 10 ? v.duration_s.toFixed(2) : Math.round(v.duration_s))} s${since}${link}
-    </div>`;
+    ${esc(took)} s${since}${link}</div>`;
 }
 
 const pages = {
