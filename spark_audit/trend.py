@@ -198,7 +198,8 @@ def _night_rows(root: Path, row: NightRow) -> str:
     groups: list[tuple[str, GroupNight | None]] = [*sorted(n.groups.items())] or [("", None)]
     span = f" rowspan={len(groups)}" if len(groups) > 1 else ""
     head = (f"<td{span}><a href='nights/{_E(n.night)}/night.json'>{_E(n.night)}</a></td>"
-            f"<td class={css}{span}>{word}</td><td{span}>{_utc(n.finished)}</td>"
+            f"<td class={css}{span}>{word}</td>"
+            f"<td{span}>{time.strftime('%Y-%m-%d %H:%M', time.gmtime(n.finished))}</td>"
             f"<td{span}>{_secs(n.duration_s)}</td><td{span}>{n.entries_audited:,}</td>"
             f"<td{span}>{n.bytes_audited:,}</td><td{span}>{_E(_kinds(n.findings))}</td>")
     out = []
@@ -233,7 +234,7 @@ def page(state: State, max_nights: int = DEFAULT_MAX_NIGHTS) -> str:
             parts.append(f"<h3>{_E(title)}</h3><img alt='{_E(title)}' data-plot='{_E(title)}'"
                          f" src='data:image/svg+xml;base64,{data}'>")
     parts.append("<h2>Nights</h2><table id=nights><thead><tr><th>night</th><th>verdict</th>"
-                 "<th>finished</th><th>took</th><th>entries</th><th>bytes</th>"
+                 "<th>finished (UTC)</th><th>took</th><th>entries</th><th>bytes</th>"
                  "<th>violations</th><th>group</th><th>cut</th><th>new</th>"
                  "<th>re-verified</th><th>dropped</th><th>verified through</th>"
                  "<th>run reports</th></tr></thead><tbody>")

@@ -13,6 +13,7 @@ text, so the page stays searchable and small.
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,8 +45,8 @@ def _svg(fig: Figure) -> str:
 
 
 def _x_axis(ax: Axes, rows: Sequence[NightRow]) -> None:
-    """Night labels (thinned to about 20) and a red band on each unreadable night."""
-    step = max(1, len(rows) // 20)
+    """Night labels (thinned to at most 12) and a red band on each unreadable night."""
+    step = max(1, math.ceil(len(rows) / 12))
     ticks = list(range(0, len(rows), step))
     ax.set_xticks(ticks, [_label(rows[i].night_id) for i in ticks], rotation=45, ha="right")
     ax.set_xlim(-0.6, len(rows) - 0.4)
@@ -84,7 +85,7 @@ def findings_per_group(rows: Sequence[NightRow]) -> str:
         ax.set_ylabel("violations")
         ax.set_title(f"group {name}" + ("" if any(bottom) else ": no violation"), loc="left")
         if any(bottom):
-            ax.legend(loc="upper left", fontsize=7, ncols=3)
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
         _x_axis(ax, rows)
     return _svg(fig)
 
@@ -122,9 +123,9 @@ def agreement_per_group(rows: Sequence[NightRow]) -> str:
                        lw=1, label=rep)
         left.set_title(f"group {name}: agreement end vs cut (Raft index)", loc="left")
         right.set_title(f"group {name}: lag behind the longest log (entries)", loc="left")
-        left.legend(loc="upper left", fontsize=7)
+        left.legend(loc="lower left", fontsize=7)
         if replicas:
-            right.legend(loc="upper left", fontsize=7)
+            right.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
         for ax in (left, right):
             _x_axis(ax, rows)
     return _svg(fig)

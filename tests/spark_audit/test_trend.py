@@ -43,6 +43,7 @@ def four_nights(base, tmp_path_factory):
     """clean, body flipped on one follower, diverged term, clean."""
     state = tmp_path_factory.mktemp("four") / "state"
     docs = build_state(state, base, [None, "body_flip", "diverged_term", None])
+    trend.write_outputs(str(state))  # read by the tests that do not change the state
     return state, docs
 
 
@@ -108,7 +109,6 @@ def read_page(state: Path) -> _Page:
 
 def test_every_night_is_on_the_page_with_its_verdict_and_ranges(four_nights) -> None:
     state, docs = four_nights
-    trend.write_outputs(str(state))
     page = read_page(state)
     # One row per night and group, newest first.
     assert [(r["night"], r["verdict"]) for r in page.rows] == [
@@ -132,7 +132,6 @@ def test_every_night_is_on_the_page_with_its_verdict_and_ranges(four_nights) -> 
 
 def test_the_plots_show_the_nights_and_the_kinds_found(four_nights) -> None:
     state, docs = four_nights
-    trend.write_outputs(str(state))
     plots = read_page(state).plots
     assert set(plots) == {"Findings per night, per group", "Replica agreement per group",
                           "Data audited per night", "Time taken per night"}
@@ -149,7 +148,6 @@ def test_the_plots_show_the_nights_and_the_kinds_found(four_nights) -> None:
 
 def test_audit_prom_is_the_latest_night(four_nights) -> None:
     state, docs = four_nights
-    trend.write_outputs(str(state))
     m = prom(state)
     last = docs[-1]
     assert m[("ledgermq_audit_passed", ())] == 1
@@ -332,8 +330,8 @@ def test_free_text_is_escaped_and_outputs_are_replaced_atomically(base, tmp_path
                                                         "latest.json", "nights"]
 
 
-def test_the_command_line(four_nights, capsys) -> None:
-    state, _ = four_nights
+def test_the_command_line(state_copy, capsys) -> None:
+    state, _ = state_copy
     assert trend.main([str(state), "--max-nights", "2"]) == 0
     assert len(read_page(state).plots) == 4
     assert re.search(r"The last 2 night\(s\)", (state / "index.html").read_text())
