@@ -13,6 +13,10 @@ secret the caller's admin token, if any, is passed on. Path parameters are
 checked to be valid names before anything is forwarded (a `..%2F..%2Fx` topic
 is a 400 here, never a path on a broker).
 
+`/api/v1/audit` answers the nightly consistency audit's latest verdict from
+the reports directory (namesrv/audit_verdict.py; the same verdict is on
+/metrics and the dashboard's banner).
+
 This is what the dashboard and the CLI talk to: it is not a broker, so killing
 any broker leaves the page and the commands working (docs/operations.md).
 """
