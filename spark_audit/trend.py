@@ -2,8 +2,8 @@
 
 ``write_outputs(DIR)`` reads the nightly state directory (``nights``: every
 ``nights/<night_id>/night.json`` and ``latest.json``, each checked before it
-is believed) and writes, each atomically (a temporary file renamed over the
-old one):
+is believed, by the rules of ``ledgermq.base.audit_night``) and writes, each
+atomically (a temporary file renamed over the old one):
 
 - ``DIR/index.html``: one self-contained page: the latest verdict, the plots
   of the last nights (``trend_plots``, SVG embedded as data URIs) and a table
@@ -32,8 +32,9 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
+from ledgermq.base.audit_night import GroupNight, Night, Range
 from spark_audit import trend_plots
-from spark_audit.nights import GroupNight, Night, NightRow, Range, State, read_state
+from spark_audit.nights import NightRow, State, read_state
 
 DEFAULT_MAX_NIGHTS = 90  # nights in the plots; the table lists every night
 INDEX, PROM = "index.html", "audit.prom"

@@ -23,7 +23,8 @@ matplotlib.use("Agg")
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from spark_audit.nights import GroupNight, Night, NightRow
+from ledgermq.base.audit_night import GroupNight, Night
+from spark_audit.nights import NightRow
 
 PASSED, FAILED, UNREADABLE_INPUTS = "#2e7d32", "#c62828", "#757575"
 NAN = float("nan")

@@ -85,7 +85,6 @@ async def _audit_banner(page, cluster: OpsCluster, work: Path, artifacts: Path) 
     state = cluster.reports_dir / "audit"
     now = time.time()
     docs = build_state(state, base, [None, None], now=now - 2 * DAY)
-    trend.write_outputs(str(state))
     b = await until(lambda: banner("stale"), 20, "the stale verdict on the page")
     assert "STALE" in b["text"] and "36 h ago" in b["text"] and b["report"] == [200, True]
     docs.append(audit_night(base, state, now - 3600, previous=docs[-1]))

@@ -23,9 +23,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from spark_audit import nights, trend
+from tests.ledgermq.base.night_forgeries import FORGERIES
 from tests.spark_audit.nightly_state import (
     DAY,
-    FORGERIES,
     audit_night,
     build_state,
     night_id,
@@ -43,7 +43,6 @@ def four_nights(base, tmp_path_factory):
     """clean, body flipped on one follower, diverged term, clean."""
     state = tmp_path_factory.mktemp("four") / "state"
     docs = build_state(state, base, [None, "body_flip", "diverged_term", None])
-    trend.write_outputs(str(state))  # read by the tests that do not change the state
     return state, docs
 
 
@@ -169,7 +168,6 @@ def test_audit_prom_is_the_latest_night(four_nights) -> None:
 def test_a_failed_latest_night_exports_its_findings_by_kind(base, tmp_path) -> None:
     state = tmp_path / "state"
     docs = build_state(state, base, [None, "body_flip"])
-    trend.write_outputs(str(state))
     m = prom(state)
     assert m[("ledgermq_audit_passed", ())] == 0
     assert m[("ledgermq_audit_exit_code", ())] == 1
@@ -216,27 +214,29 @@ def failed_doc(four_nights):
 
 
 @pytest.mark.parametrize("name", sorted(FORGERIES))
-def test_a_forged_night_is_refused_naming_the_file(failed_doc, tmp_path, name) -> None:
+def test_a_forged_night_is_listed_as_unreadable_naming_the_file(failed_doc, tmp_path,
+                                                               name) -> None:
+    """The report's reader refuses each forgery the shared rules refuse
+    (tests/ledgermq/base/test_audit_night.py), on a night the real audit wrote."""
     forge, fragment = FORGERIES[name]
-    path = tmp_path / "night.json"
+    path = tmp_path / "nights" / failed_doc["night"] / "night.json"
+    path.parent.mkdir(parents=True)
     path.write_bytes(forge(failed_doc))
-    with pytest.raises(nights.NightError) as err:
-        nights.read_night(path)
-    assert str(path) in str(err.value) and fragment in str(err.value), str(err.value)
+    st = nights.read_state(tmp_path)
+    (row,) = st.nights
+    assert row.night is None and st.readable == []
+    assert str(path) in row.error and fragment in row.error, row.error
 
 
 def test_the_untouched_document_is_accepted(failed_doc, tmp_path) -> None:
     """The forgeries' base is itself believable: each refusal is the forgery's doing."""
-    path = tmp_path / "night.json"
+    path = tmp_path / "nights" / failed_doc["night"] / "night.json"
+    path.parent.mkdir(parents=True)
     path.write_text(json.dumps(failed_doc))
-    assert nights.read_night(path, failed_doc["night"]).findings == failed_doc["findings"]
-
-
-def test_an_oversized_file_is_refused_unread(failed_doc, tmp_path) -> None:
-    path = tmp_path / "night.json"
-    path.write_bytes(json.dumps(failed_doc).encode() + b" " * nights.MAX_FILE_BYTES)
-    with pytest.raises(nights.NightError, match="more than a night file may hold"):
-        nights.read_night(path)
+    (tmp_path / "latest.json").write_text(json.dumps(failed_doc))
+    st = nights.read_state(tmp_path)
+    assert st.latest is not None and st.latest.findings == failed_doc["findings"]
+    assert [r.night for r in st.nights] == [st.latest]
 
 
 def test_bad_nights_are_listed_as_unreadable_not_skipped(state_copy, capsys) -> None:

@@ -4,10 +4,11 @@
 State directories are made by the real audit on copies of the recorded real
 run (tests/spark_audit/nightly_state.py), with spark_audit.trend writing
 index.html and audit.prom as the nightly runner does. The reader must refuse
-every forgery the audit's own reader refuses; the NameServer's gauges must be
-audit.prom's, name for name and value for value; and a real `ledgermq
-namesrv` process must answer 404 without a verdict, the verdict with one,
-and a corrupt or ambiguous state as `unreadable` with the reason, never a 500.
+every forgery the shared rules (ledgermq.base.audit_night) refuse; the
+NameServer's gauges must be audit.prom's, name for name and value for value;
+and a real `ledgermq namesrv` process must answer 404 without a verdict, the
+verdict with one, and a corrupt or ambiguous state as `unreadable` with the
+reason, never a 500.
 """
 
 from __future__ import annotations
@@ -25,24 +26,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ledgermq.namesrv import audit_verdict
 from ledgermq.namesrv.metrics import AuditCollector
-from spark_audit import trend
-from tests.spark_audit.nightly_state import DAY, FORGERIES, build_state, unpack
+from tests.ledgermq.base.night_forgeries import FORGERIES
+from tests.spark_audit.nightly_state import DAY, build_state, unpack
 
 HOUR = 3600.0
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    return unpack(tmp_path_factory.mktemp("verdict") / "base")
-
-
-@pytest.fixture(scope="module")
-def two_nights(base, tmp_path_factory):
+def two_nights(tmp_path_factory):
     """A clean night, then one with a body flipped on a follower (the latest)."""
+    base = unpack(tmp_path_factory.mktemp("verdict") / "base")
     state = tmp_path_factory.mktemp("two") / "state"
-    docs = build_state(state, base, [None, "body_flip"])
-    trend.write_outputs(str(state))
-    return state, docs
+    return state, build_state(state, base, [None, "body_flip"])
 
 
 @pytest.fixture
@@ -70,12 +65,14 @@ def helps(text: str) -> dict[str, tuple[str, str]]:
 
 @pytest.mark.parametrize("name", sorted(FORGERIES))
 def test_the_namesrv_refuses_what_the_audit_refuses(two_nights, tmp_path, name) -> None:
+    """Each forgery the shared rules refuse (tests/ledgermq/base/test_audit_night.py),
+    as the latest.json of a real night, is the verdict ``unreadable`` with the reason."""
     forge, fragment = FORGERIES[name]
-    path = tmp_path / "night.json"
+    path = tmp_path / "latest.json"
     path.write_bytes(forge(two_nights[1][1]))
-    with pytest.raises(audit_verdict.Unbelievable) as err:
-        audit_verdict.check_night(audit_verdict.load(path), path)
-    assert str(path) in str(err.value) and fragment in str(err.value), str(err.value)
+    v = audit_verdict.read_verdict(str(tmp_path))
+    assert (v.state, v.night, v.age_s) == ("unreadable", None, None)
+    assert str(path) in v.problem and fragment in v.problem, v.problem
 
 
 def test_the_states(two_nights, reports, tmp_path) -> None:
