@@ -106,7 +106,7 @@ def test_a_damaged_manifest_is_refused(tmp_path, raw) -> None:
     path = tmp_path / "manifest" / "broker-a.json"
     path.parent.mkdir()
     path.write_bytes(raw)
-    with pytest.raises(ManifestError, match="manifest .*broker-a.json") as err:
+    with pytest.raises(ManifestError, match=r"manifest .*broker-a\.json") as err:
         manifest.load(str(tmp_path), "broker-a")
     assert "JSON" in str(err.value) or "sha256" in str(err.value)
 

@@ -27,7 +27,7 @@ import pytest
 from ops.support import TOKEN, OpsCluster, until
 from typer.testing import CliRunner
 
-from ledgermq.base import loop
+from ledgermq.base import audit_night, loop
 from ledgermq.broker.launcher import node_status, wait_leader
 from ledgermq.cli import app
 from ledgermq.client import Producer
@@ -69,6 +69,9 @@ class Nights:
             args += ["--cut", f"{self.group}={cut}"]
         code, out = await asyncio.to_thread(run_cli, *args)
         doc = json.loads((self.state / "latest.json").read_text())
+        # What the report and the NameServer will read of it, they believe.
+        assert audit_night.read_latest(self.state).doc == doc
+        assert (self.state / "index.html").is_file() and (self.state / "audit.prom").is_file()
         self.docs.append(doc)
         return code, out, doc
 

@@ -4,6 +4,8 @@ is about V / N, and retention's deletions are dropped, never taken for losses.""
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -61,7 +63,7 @@ def test_spans_never_cross_a_block(lo, length, block) -> None:
     parts = digest.split(lo, lo + length - 1, block)
     assert sum(b - a + 1 for a, b in parts) == length
     assert all(a // block == b // block for a, b in parts)
-    assert all(p[1] + 1 == q[0] for p, q in zip(parts, parts[1:], strict=False))
+    assert all(p[1] + 1 == q[0] for p, q in itertools.pairwise(parts))
 
 
 def test_the_stalest_spans_go_first_and_make_contiguous_windows() -> None:
