@@ -165,7 +165,8 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         counts["messages"] += sum(g.message_count(r) for r in g.replicas)
         counts["messages_decoded"] += len(g.pool)
         found.append(queue_checks(g, st, units, topics, names, counts, opts.max_examples,
-                                  opts.share_identical, dead_before(st, deletions[gid])))
+                                  opts.share_identical, dead_before(
+                                      st, deletions[gid], opts.deletions.get(st.name))))
     counts["cq_units_decoded"] = sum(len(u) for u in units.values())
     tm["queue_checks_s"] = time.perf_counter() - t5
 
@@ -207,7 +208,9 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     # whichever core ran them); wall above CPU is waiting for a core.
     tm.update(task_s)
     return AuditResult(replicas_, files, groups, checks.concat_findings(found),
-                       {**counts, "files_by_kind": dict(by_kind)}, hstats, tm, span_digests)
+                       {**counts, "files_by_kind": dict(by_kind)}, hstats, tm, span_digests,
+                       {gid: prepare.agreed_deletions(st, deletions[gid])
+                        for gid, st in groups.items()})
 
 
 def _digests(g: replicas.Group, spans: list[digest.Span]

@@ -187,6 +187,16 @@ class ReplicaMeta:
     start_position: int = -1
     retention_cut: bool = False
 
+    @property
+    def dispatched_on_disk(self) -> int:
+        """The dispatch checkpoint's index as read, before a cut clamped it (0: none)."""
+        if self.dispatch is None:
+            return 0
+        return self.dispatched_before_cut or self.dispatch.dispatched_index
+
+    # Set by ``window`` when a cut clamps the dispatch checkpoint: its index as read.
+    dispatched_before_cut: int = 0
+
     def valid_snapshots(self) -> list[fmt.SnapshotMeta]:
         """Snapshots whose meta decoded, oldest first (their state is checked apart)."""
         return [s.meta for _, s in sorted(self.snapshots.items()) if s.meta is not None]

@@ -188,7 +188,7 @@ def run(opts: prepare.AuditOptions, eng: FlowEngine) -> prepare.AuditResult:
         for rid, m in st.replicas.items():
             qb = checks.queue_bounds(st, m)
             bounds[gid][rid] = (qb.committed, qb.must_index, qb.log_start, qb.log_end)
-        dead[gid] = prepare.dead_before(st, deletions[gid])
+        dead[gid] = prepare.dead_before(st, deletions[gid], opts.deletions.get(st.name))
         qs = {q for rid in st.replicas for q in cq_content[(gid, rid)]}
         slot_queues[gid] = {q for q in qs if len({tuple(sorted(cq_content[(gid, rid)][q]))
                                                   for rid in st.replicas
@@ -379,7 +379,8 @@ def run(opts: prepare.AuditOptions, eng: FlowEngine) -> prepare.AuditResult:
         for gid, spans in prep.digest_spans.items()}
     return prepare.AuditResult(prep.replicas, files, groups, checks.concat_findings(found),
                                {**counts, "files_by_kind": dict(by_kind)}, hstats, tm,
-                               span_digests)
+                               span_digests, {gid: prepare.agreed_deletions(st, deletions[gid])
+                                              for gid, st in groups.items()})
 
 
 def _shared(out: Findings, gid: int, st: checks.GroupState, ref: int,

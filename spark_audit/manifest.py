@@ -4,7 +4,8 @@ and what each replica held there (``DIR/manifest/<group>.json``).
 A span is a range of Raft indexes inside one digest block (``digest.split``);
 per replica it records the part it held (from ``lo``: retention may have
 cut the replica inside the span), how many entries and their digest
-(``digest``). The nightly audit (``nightly``) reads the manifest before a
+(``digest``). The topic deletions of the verified log are kept too: a
+later window below one must know it. The nightly audit (``nightly``) reads the manifest before a
 night, re-verifies some spans against it, and writes it back after a night
 that passed.
 
@@ -89,6 +90,14 @@ class Span(_Strict):
         return self
 
 
+class Deletion(_Strict):
+    """A ``topic.delete`` entry of the verified log: the topic's messages in earlier
+    entries are dead (a window below it must know it, ``prepare.dead_before``)."""
+
+    index: Index
+    topic: Annotated[str, Field(min_length=1, max_length=255)]
+
+
 class Manifest(_Strict):
     format: Literal[1]
     group: str
@@ -96,6 +105,7 @@ class Manifest(_Strict):
     nights: Count  # passed nights of the rotation so far
     verified_through: Count  # the highest index verified (0: none)
     spans: list[Span]
+    deletions: list[Deletion]
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
@@ -123,7 +133,7 @@ class Manifest(_Strict):
 
 def empty(group: str, block: int = digest.DEFAULT_BLOCK) -> Manifest:
     return Manifest(format=FORMAT, group=group, block=digest.check_block(block), nights=0,
-                    verified_through=0, spans=[])
+                    verified_through=0, spans=[], deletions=[])
 
 
 def path_of(state_dir: str, group: str) -> str:
@@ -189,6 +199,7 @@ def save(state_dir: str, m: Manifest) -> str:
     """Write the manifest atomically; returns its path."""
     path = path_of(state_dir, m.group)
     doc = m.model_dump(mode="json")
+    Manifest.model_validate(doc)  # what the next night will read must be believable
     doc["sha256"] = hashlib.sha256(canonical(doc)).hexdigest()
     write_atomic(path, json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
     return path

@@ -114,6 +114,7 @@ class Tally:
     checked: dict[tuple[int, int], Span] = field(default_factory=dict)  # re-verified spans
     gone: list[rotation.Range] = field(default_factory=list)  # retained away since
     new: rotation.Range | None = None
+    deletions: list[tuple[int, str]] = field(default_factory=list)  # the new run's
 
     def kinds(self) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)
@@ -211,8 +212,9 @@ def _spec(p: Plan) -> str:
 def _run(opts: NightOptions, night_dir: str, name: str, plans: list[Plan],
          bounds: dict[str, window.Bounds], plans_digest: dict[str, digest.Plan],
          spark: SparkSession | None) -> Outcome:
+    known = {p.name: [(d.index, d.topic) for d in p.manifest.deletions] for p in plans}
     ao = AuditOptions([_spec(p) for p in plans], [], opts.max_entry_size, opts.segment_size,
-                      opts.max_examples, True, bounds, plans_digest)
+                      opts.max_examples, True, bounds, plans_digest, known)
     return audit_to(ao, os.path.join(night_dir, "runs", name), engine=opts.engine,
                     master=opts.master, driver_memory=opts.driver_memory,
                     progress=opts.progress, spark=spark)
@@ -267,6 +269,7 @@ def _evaluate_new(p: Plan, t: Tally, out: Outcome, stamp: tuple[str, int, float]
     st = next(s for s in res.groups.values() if s.name == p.name)
     t.committed, t.claimed = st.committed, st.claimed_commit
     t.new = rotation.new_range(p.manifest.verified_through, p.floor, st.committed)
+    t.deletions = res.deletions.get(st.gid, [])
     night, no, when = stamp
     for (lo, hi), got in sorted(res.digests.get(st.gid, {}).items()):
         if hi > st.committed:
@@ -446,8 +449,13 @@ def _updated(p: Plan, t: Tally) -> Manifest:
     spans += [s for s in t.new_spans if s.lo > p.manifest.verified_through]
     spans.sort(key=lambda s: s.lo)
     through = max(p.manifest.verified_through, t.committed or 0)
+    known = {(d.index, d.topic) for d in p.manifest.deletions} | set(t.deletions)
+    # Deletions below what any replica keeps are retention's: no window reads there.
+    deletions = [manifest.Deletion(index=i, topic=topic) for i, topic in sorted(known)
+                 if i >= p.floor]
     return p.manifest.model_copy(update={"spans": spans, "nights": p.tonight,
-                                         "verified_through": through})
+                                         "verified_through": through,
+                                         "deletions": deletions})
 
 
 def _night_doc(opts: NightOptions, nid: str, started: float, finished: float, code: int,

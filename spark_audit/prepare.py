@@ -37,6 +37,9 @@ class AuditOptions:
     # Per group name: the index spans whose per-replica digests to compute
     # (``digest``, for the nightly manifest).
     digests: dict[str, digest.Plan] = field(default_factory=dict)
+    # Per group name: topic deletions (index, topic) verified outside the window
+    # (``dead_before``; the nightly manifest keeps those its new ranges held).
+    deletions: dict[str, list[control.Deletion]] = field(default_factory=dict)
 
 
 @dataclass
@@ -52,6 +55,8 @@ class AuditResult:
     # Per group id: span (lo, hi) -> replica id -> (entries, digest) (``digest``).
     digests: dict[int, dict[tuple[int, int], dict[int, tuple[int, str]]]] = field(
         default_factory=dict)
+    # Per group id: the topic deletions of the agreed, committed log read (``control``).
+    deletions: dict[int, list[control.Deletion]] = field(default_factory=dict)
 
     @property
     def valid(self) -> bool:
@@ -168,14 +173,18 @@ def reference_replica(st: checks.GroupState) -> int:
 SHAREABLE = {"cq_beyond_commit"}
 
 
-def dead_before(st: checks.GroupState, deletions: dict[int, list[control.Deletion]]
-                ) -> dict[int, dict[str, int]]:
+def dead_before(st: checks.GroupState, deletions: dict[int, list[control.Deletion]],
+                known: list[control.Deletion] | None = None) -> dict[int, dict[str, int]]:
     """Per replica, topic -> D: the topic's messages in entries below D are dead.
 
     A deletion counts when its entry is in the agreed log (the replica it was
     read from agrees with the group there) and the replica has applied it
     (dispatched that far; the committed index when it has no dispatch
     checkpoint): until then its queue files still index the old messages.
+    ``known``: deletions verified outside the audited window (``AuditOptions``;
+    the nightly audit's manifest), which count for a replica whose dispatch
+    checkpoint, as read before a cut clamped it, is past them: a window below a
+    later deletion does not read it, and the replica dropped the topic's queues.
     """
     agreed = {(d, t) for rid, ds in deletions.items() for d, t in ds
               if st.replicas[rid].agree_start <= d <= st.replicas[rid].agree_end}
@@ -186,7 +195,19 @@ def dead_before(st: checks.GroupState, deletions: dict[int, list[control.Deletio
         for d, t in agreed:
             if d <= applied:
                 mine[t] = max(mine.get(t, 0), d)
+        for d, t in known or []:
+            if (d, t) not in agreed and 0 < d <= m.dispatched_on_disk:
+                mine[t] = max(mine.get(t, 0), d)
         out[rid] = mine
     return out
+
+
+def agreed_deletions(st: checks.GroupState, deletions: dict[int, list[control.Deletion]]
+                     ) -> list[control.Deletion]:
+    """The deletions read from entries in the agreed, committed log (what the nightly
+    manifest keeps for later windows)."""
+    return sorted({(d, t) for rid, ds in deletions.items() for d, t in ds
+                   if st.replicas[rid].agree_start <= d <= min(st.replicas[rid].agree_end,
+                                                                st.committed)})
 
 

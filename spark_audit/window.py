@@ -280,6 +280,7 @@ def _clamp(m: checks.ReplicaMeta, hi: int) -> None:
         m.checkpoint = dataclasses.replace(m.checkpoint, durable_index=min(
             m.checkpoint.durable_index, hi))
     if m.dispatch is not None:
+        m.dispatched_before_cut = m.dispatch.dispatched_index
         m.dispatch = dataclasses.replace(m.dispatch, dispatched_index=min(
             m.dispatch.dispatched_index, hi))
 

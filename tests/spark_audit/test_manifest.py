@@ -24,7 +24,7 @@ def sample() -> Manifest:
     spans = [Span(lo=1, hi=63, night=NIGHT, night_no=2, verified=1795487400.5, replicas=parts),
              Span(lo=64, hi=100, night=NIGHT, night_no=3, verified=1795487401.0, replicas={})]
     return Manifest(format=1, group="broker-a", block=64, nights=3, verified_through=120,
-                    spans=spans)
+                    spans=spans, deletions=[manifest.Deletion(index=70, topic="orders")])
 
 
 def write_doc(state: Path, doc: dict[str, Any], *, reseal: bool = True) -> Path:
@@ -87,6 +87,8 @@ def _span(d: dict[str, Any], k: int = 0) -> dict[str, Any]:
     (lambda d: _span(d)["replicas"]["n1"].update(digest="XYZ"), "pattern"),
     (lambda d: _span(d)["replicas"].update({"../x": _span(d)["replicas"]["n1"]}),
      "replica name"),
+    (lambda d: d["deletions"][0].update(topic=""), "at least 1 character"),
+    (lambda d: d.pop("deletions"), "deletions"),
 ])
 def test_a_resealed_manifest_that_breaks_the_schema_is_refused(tmp_path, edit,
                                                                message) -> None:

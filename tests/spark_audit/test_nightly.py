@@ -194,3 +194,31 @@ def test_a_night_on_spark_gives_the_in_process_manifest(base, tmp_path, spark) -
             "bytes_audited", "findings", "replicas", "runs")
     assert {k: a["groups"][G][k] for k in keep} == {k: b["groups"][G][k] for k in keep}
     assert a["groups"][G]["reverified"] and b["master"] == "local[2]"
+
+
+def test_the_manifest_keeps_the_deletions_later_windows_need(tmp_path, capsys) -> None:
+    """Night 1 reads a ``topic.delete`` at 31; night 2 re-verifies 1..23, below it, where
+    every replica dropped the topic's queues: the manifest tells the window."""
+    from . import scenarios
+    from .test_topic_deletion import DELETE_AT, _write
+
+    data = tmp_path / "data"
+    _write(str(data / "g"), {key: {"orders": DELETE_AT} for key in scenarios.NODES})
+    state = tmp_path / "state"
+
+    def one(cut: int | None = None) -> tuple[int, dict[str, Any]]:
+        code = cli.nightly([str(data)], str(state), rolling_nights=2, engine="python",
+                           cuts=[f"g={cut}"] if cut else [], digest_block=8)
+        return code, json.loads((state / "latest.json").read_text())["groups"]["g"]
+
+    code, g = one(40)
+    m = manifest.load(str(state), "g")
+    assert code == 0 and m is not None
+    assert [(d.index, d.topic) for d in m.deletions] == [(DELETE_AT, "orders")]
+    code, g = one()
+    assert code == 0 and g["reverified"] == [[1, 23]], capsys.readouterr().out
+    # Without it, the same night finds the dead messages unindexed.
+    manifest.save(str(state), m.model_copy(update={"deletions": []}))
+    code, g = one()
+    assert code == 1 and "cq_not_indexed" in g["findings"]
+    capsys.readouterr()
