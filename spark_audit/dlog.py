@@ -116,7 +116,8 @@ def map_file(task: Task, buf: parse.Buffer, p: Params) -> Iterator[flow.Block]:
         out.update(n=len(recs), problems=probs)
     elif task.mode == CQ:
         units, probs = tasks.cq_units(buf, f)
-        out.update(crc=fmt.crc(memoryview(buf)), count=len(units), problems=probs)
+        out.update(crc=fmt.crc(memoryview(buf).cast("B")[f.read_from:]), count=len(units),
+                   problems=probs)
     else:
         out.update(crc=fmt.crc(memoryview(buf)))
     out.update(wall=time.perf_counter() - t0, cpu=time.process_time() - c0)

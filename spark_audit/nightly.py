@@ -350,19 +350,20 @@ def _night(opts: NightOptions) -> int:
     night_dir = os.path.join(opts.state_dir, "nights", nid)
     os.makedirs(night_dir)
     spark = None
-    eng: Engine
-    if opts.engine == "spark":
-        from spark_audit.spark_engine import SparkEngine
-
-        spark = session.get_session(opts.master, driver_memory=opts.driver_memory,
-                                    progress=opts.progress)
-        eng = SparkEngine(spark)
-    else:
-        eng = LocalEngine()
     master = opts.master if opts.engine == "spark" else "in-process"
     plans: list[Plan] = []
     error = ""
     try:
+        eng: Engine = LocalEngine()
+        if opts.engine == "spark":
+            from spark_audit.spark_engine import SparkEngine
+
+            try:
+                spark = session.get_session(opts.master, driver_memory=opts.driver_memory,
+                                            progress=opts.progress)
+            except Exception as exc:  # no JVM, a master that does not answer: say so
+                raise ValueError(f"cannot start Spark ({opts.master}): {exc}") from None
+            eng = SparkEngine(spark)
         groups, firsts = _discover(opts, eng)
         unknown = sorted(set(opts.cuts) - set(groups))
         if unknown:

@@ -548,12 +548,19 @@ def cq_partial(length: int) -> list[Problem]:
     return []
 
 
-def parse_cq_file(buf: Buffer, first_slot: int) -> tuple[np.ndarray, list[Problem]]:
+def parse_cq_file(buf: Buffer, first_slot: int, start: int = 0
+                  ) -> tuple[np.ndarray, list[Problem]]:
     """Parse a ConsumeQueue file; empty (all-zero) slots are dropped.
 
     Holes are found later from the slot numbers of the remaining units, which
-    also catches holes spanning a missing file.
+    also catches holes spanning a missing file. ``start`` (a multiple of the
+    unit size) skips the units before it unread (an audit window).
     """
+    if start:
+        skip = start - start % fmt.CQ_UNIT_SIZE
+        units, found = parse_cq_file(memoryview(buf).cast("B")[skip:],
+                                     first_slot + skip // fmt.CQ_UNIT_SIZE)
+        return units, [(p[0] + skip, p[1], p[2], p[3]) for p in found]
     mv = memoryview(buf).cast("B")
     n = len(mv) // fmt.CQ_UNIT_SIZE
     units = np.frombuffer(mv[:n * fmt.CQ_UNIT_SIZE], dtype=CQ_DTYPE)

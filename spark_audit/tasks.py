@@ -114,7 +114,7 @@ def run_task(task: FileTask, buf: parse.Buffer, max_entry_size: int) -> FileResu
     elif task.mode == CRC:
         res.crc = fmt.crc(memoryview(buf))
     elif task.mode in (CQ_HASH, CQ_UNITS):
-        res.crc = fmt.crc(memoryview(buf))
+        res.crc = fmt.crc(memoryview(buf).cast("B")[info.read_from:])
         if task.mode == CQ_UNITS or info.view is not None:
             units, res.problems = cq_units(buf, info)
             res.count = len(units)
@@ -133,7 +133,7 @@ def cq_units(buf: parse.Buffer, info: FileInfo) -> tuple[np.ndarray, list[parse.
     """A ConsumeQueue file's units and problems, as its view (if any) lets the audit see
     them: units pointing outside the view are dropped, and a trailing partial unit of a
     file still being written past a cut is not a problem."""
-    units, probs = parse.parse_cq_file(buf, info.start)
+    units, probs = parse.parse_cq_file(buf, info.start, info.read_from)
     v = info.view
     if v is None:
         return units, probs

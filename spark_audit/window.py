@@ -253,23 +253,45 @@ def _index_view(f: FileInfo, p: Placed, b: Bounds) -> FileInfo | None:
     return dataclasses.replace(f, view=View(start, stop), length=stop - start)
 
 
+def _first_unit_at(eng: Engine, f: FileInfo, n: int, position: int) -> int | None:
+    """The first slot (of ``n``) whose unit points at or past ``position``: a binary
+    search, units increasing along a queue; None when a probe finds an empty slot
+    (a hole: the order cannot be trusted, the file is read whole)."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        offset, size, tag = fmt.CQ_UNIT.unpack(eng.read_range(
+            f.path, mid * fmt.CQ_UNIT_SIZE, fmt.CQ_UNIT_SIZE))
+        if not (offset or size or tag):
+            return None
+        if offset >= position:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def _cq_view(eng: Engine, f: FileInfo, p: Placed, b: Bounds) -> FileInfo | None:
-    """A ConsumeQueue file with the window's positions; None when its first unit points
-    past the cut or its last one before the window (units increase along a queue)."""
+    """A ConsumeQueue file read only over the slots whose units point into the window
+    (found by binary search, units increasing along a queue), its units outside
+    dropped as it is parsed; None when no unit of it points into the window."""
     if p.empty:
         return None
-    v = View(end=f.length, pos_lo=p.read_from or 0,
-             pos_hi=-1 if p.read_to is None else p.read_to, open_tail=bool(b.hi))
+    pos_lo, pos_hi = p.read_from or 0, -1 if p.read_to is None else p.read_to
     n = f.length // fmt.CQ_UNIT_SIZE
-    if n:
-        first = fmt.CQ_UNIT.unpack(eng.read_range(f.path, 0, fmt.CQ_UNIT_SIZE))
-        if any(first) and v.pos_hi >= 0 and first[0] >= v.pos_hi:
+    start, stop = 0, f.length
+    lo_k = _first_unit_at(eng, f, n, pos_lo) if pos_lo and n else 0
+    hi_k = _first_unit_at(eng, f, n, pos_hi) if pos_hi >= 0 and n else n
+    if lo_k is not None and hi_k is not None:
+        # No unit points into the window (a trailing partial unit without a cut is
+        # judged: the file is kept for it).
+        if lo_k >= hi_k and (pos_hi >= 0 or f.length % fmt.CQ_UNIT_SIZE == 0):
             return None
-        last = fmt.CQ_UNIT.unpack(eng.read_range(f.path, (n - 1) * fmt.CQ_UNIT_SIZE,
-                                                 fmt.CQ_UNIT_SIZE))
-        if any(last) and last[0] < v.pos_lo:
-            return None
-    return dataclasses.replace(f, view=v)
+        start = lo_k * fmt.CQ_UNIT_SIZE
+        if pos_hi >= 0:
+            stop = hi_k * fmt.CQ_UNIT_SIZE  # a trailing partial unit is past it too
+    v = View(start, stop, pos_lo, pos_hi, open_tail=bool(b.hi))
+    return dataclasses.replace(f, view=v, length=stop - start)
 
 
 def _clamp(m: checks.ReplicaMeta, hi: int) -> None:

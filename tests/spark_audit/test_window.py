@@ -98,6 +98,13 @@ def test_nothing_past_the_cut_is_read_or_judged(base, tmp_path) -> None:
         if f.kind == "segment":
             assert f.start < end.position + end.size
             assert f.start + f.read_from + f.length <= end.position + end.size
+        elif f.kind == "cq":  # nor a unit pointing past it
+            assert f.view is not None
+            raw = Path(f.path).read_bytes()
+            for k in range(f.view.start // 20, f.view.end // 20):
+                assert fmt.CQ_UNIT.unpack_from(raw, k * 20)[0] < end.position + end.size
+            assert len(raw) < 20 * (f.view.end // 20 + 1) or fmt.CQ_UNIT.unpack_from(
+                raw, f.view.end)[0] >= end.position + end.size
     assert res.counts["bytes"] < full.counts["bytes"]
 
 
@@ -111,6 +118,13 @@ def test_below_the_window_nothing_is_read_inside_it_faults_are_found(base, tmp_p
     res = both(data, {G: window.Bounds(lo, 0)})
     assert res.valid, violations(res)
     assert all(f.kind != "segment" or f.start >= 16384 for f in res.files)
+    at = planted.entry(g / "n1", lo).position
+    for f in (f for f in res.files if f.kind == "cq"):  # units below it are not read
+        assert f.view is not None and f.view.start > 0
+        raw = Path(f.path).read_bytes()
+        k = f.view.start // 20
+        assert fmt.CQ_UNIT.unpack_from(raw, (k - 1) * 20)[0] < at
+        assert fmt.CQ_UNIT.unpack_from(raw, k * 20)[0] >= at
     st = res.groups[0]
     assert st.committed == 328 and st.first_index == lo
     assert all(m.first_index == lo and m.trimmed for m in st.replicas.values())
