@@ -12,6 +12,9 @@ Theory of operation
   honour the leader lease). It may return a reply for the sender.
 - `decide_vote()` answers a `VoteRequest`; `record_vote()` counts answers.
 - `become_*()` change role through the table in `election.roles`.
+- `leader_lost(leader)` is the owner's word that the leader's process looks
+  gone (every connection to and from it closed): a follower ends its lease
+  and campaigns within a few ticks instead of an election timeout.
 
 Rules
 -----
@@ -237,6 +240,31 @@ class Elector:
         """A message from the current leader arrived: reset the election timer."""
         self.leader_id = leader_id
         self.election_elapsed = 0
+
+    def leader_lost(self, leader_id: int) -> bool:
+        """The owner saw every connection to and from `leader_id` close and stay
+        closed (a killed process's sockets are closed by its kernel at once).
+
+        A follower of that leader forgets it, which ends its lease (it grants
+        pre-votes again), and campaigns after a random 1..`lost_leader_ticks`
+        ticks instead of waiting out the election timeout; the spread keeps
+        two followers told at once from splitting the vote. Returns whether
+        it took the notice: only a follower of `leader_id`, and only with
+        pre-vote and check-quorum on. Those keep a wrong notice harmless: a
+        follower that alone lost its connections asks for pre-votes that the
+        others, still in their leases, ignore, and it rejoins the leader at its
+        next heartbeat without having raised its term. Without them a wrong
+        notice would depose a healthy leader, so it is ignored.
+        """
+        if (self.role is not Role.FOLLOWER or leader_id == 0 or leader_id != self.leader_id
+                or not (self.config.pre_vote and self.config.check_quorum)):
+            return False
+        self.leader_id = 0
+        config = self.config
+        delay = self._rng.randint(1, min(config.lost_leader_ticks, config.election_timeout_ticks))
+        # The timer fires `delay` ticks from now, or sooner if it was due anyway.
+        self.election_elapsed = max(self.election_elapsed, self.randomized_timeout - delay)
+        return True
 
     def mark_active(self, peer: int, directory_id: int = 0) -> None:
         """Leader: `peer` answered within this check-quorum round (from
