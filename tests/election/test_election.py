@@ -208,3 +208,17 @@ def test_lost_leader_ticks_is_validated() -> None:
     e.become_follower(3, 2)
     e.heard_from_leader(2)
     assert e.leader_lost(2) and _ticks_to_campaign(e) <= 2
+
+
+def test_after_leader_lost_a_split_vote_is_retried_within_a_few_ticks() -> None:
+    from election.elector import LOST_LEADER_ROUNDS
+
+    e = _following(2)
+    assert e.leader_lost(2)
+    waits = []
+    for _ in range(LOST_LEADER_ROUNDS + 1):
+        waits.append(_ticks_to_campaign(e))
+        e.become_pre_candidate()  # its round goes unanswered (a split, a lease)
+    # The notice's own wait and the retries are short; then a full timeout.
+    assert all(w <= 4 for w in waits[:LOST_LEADER_ROUNDS])
+    assert waits[LOST_LEADER_ROUNDS] >= e.config.election_timeout_ticks
