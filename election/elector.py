@@ -55,8 +55,10 @@ from election.votes import (
 __all__ = ["LOST_LEADER_ROUNDS", "Elector", "RandomSource", "TickAction", "VoteOutcome"]
 
 # Election timer draws from the short range after `leader_lost`: the notice's
-# own and two retries (a split vote, a pre-vote that met a lease).
-LOST_LEADER_ROUNDS = 3
+# own and the retries (a split vote, a pre-vote that met a lease not yet ended,
+# or no quorum yet: the other survivor may be a node still starting up). About
+# 20 ticks in all, an election timeout or two; then the full timeout again.
+LOST_LEADER_ROUNDS = 8
 
 
 class RandomSource(Protocol):
