@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 Inputs: `tick()`, `step(message)`, `propose(kind, data)`, `campaign()`,
-`transfer_leadership(to)`, `leader_unreachable(leader_id)`. They only change memory and queue messages.
+`transfer_leadership(to)`, `leader_unreachable(leader_id)`. They only change
+memory and queue messages.
 Outputs: `ready()` returns a `Ready` (see `dledger.ready` for the contract:
 persist, then send `messages_after_persist`, apply `committed_entries`), and
 `advance(ready)` tells the node the driver did all of it.

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 from dledger.raw_node import RaftNode
@@ -91,7 +92,7 @@ class ConnectionLossSim:
                 continue
             period = host.tick_period[f]
             delay = self.grace_ticks * period + self.rng.randint(1, period)
-            host.call_at(host.now + delay, lambda f=f: self._deliver(f, n, real=True))
+            host.call_at(host.now + delay, partial(self._deliver, f, n, True))
 
     def _wrong_notice(self) -> None:
         host = self.host
@@ -125,7 +126,7 @@ class ConnectionLossSim:
         if real and host.nodes[leader] is not None:
             return  # the leader restarted within the grace: its connections are back
         if host.now < host.paused_until[f]:
-            host.call_at(host.paused_until[f], lambda: self._deliver(f, leader, real))
+            host.call_at(host.paused_until[f], partial(self._deliver, f, leader, real))
             return
         taken = node.leader_unreachable(leader)
         self.notices += 1

@@ -66,5 +66,5 @@ async def connection_faults(h: World, until: float) -> None:
         for peer in peers:
             h.net.reset(leader.nid, peer, span)
         h.counts["connection_resets"] += 1
-        h.trace(f"connections: n{leader.nid} <-> {['n%d' % p for p in peers]} reset for "
+        h.trace(f"connections: n{leader.nid} <-> {[f'n{p}' for p in peers]} reset for "
                 f"{span:.3f} s")

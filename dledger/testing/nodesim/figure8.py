@@ -24,7 +24,8 @@ happen (the core simulator's `dledger.testing.scenarios.Figure8`):
 Each step waits for its election up to a deadline; a step that times out (the
 cluster took another path) heals the network and ends the scenario, so it
 never wedges a run. The random nemesis waits for the scenario; the leader
-killer and the connection faults (connloss.py) are held off meanwhile. Every choice comes from the nemesis rng.
+killer and the connection faults (connloss.py) are held off meanwhile.
+Every choice comes from the nemesis rng.
 """
 
 from __future__ import annotations
