@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 Inputs: `tick()`, `step(message)`, `propose(kind, data)`, `campaign()`,
-`transfer_leadership(to)`. They only change memory and queue messages.
+`transfer_leadership(to)`, `leader_unreachable(leader_id)`. They only change
+memory and queue messages.
 Outputs: `ready()` returns a `Ready` (see `dledger.ready` for the contract:
 persist, then send `messages_after_persist`, apply `committed_entries`), and
 `advance(ready)` tells the node the driver did all of it.
@@ -429,6 +430,21 @@ class RaftNode:
                 VoteRequest(self.id, peer, self.term + 1, last_index, last_term, pre_vote=True,
                             directory_id=self._dir)
             )
+
+    def leader_unreachable(self, leader_id: int) -> bool:
+        """The driver saw every connection to and from `leader_id` close and
+        stay closed for a short grace (its process is gone: the kernel closes
+        a killed process's sockets at once). A voting follower of that leader
+        ends its lease and campaigns within `ElectionConfig.lost_leader_ticks`
+        ticks (`Elector.leader_lost`) instead of an election timeout. Returns
+        whether it did; ignored by any other node, by a node that is not a
+        voter, and without pre-vote and check-quorum. Nothing of safety rests
+        on the notice being true: it only starts an election sooner, and
+        pre-vote with the others' leases keeps a follower that alone lost its
+        connections from deposing a healthy leader."""
+        if not self._may_campaign():
+            return False
+        return self.elector.leader_lost(leader_id)
 
     def transfer_leadership(self, to: int) -> bool:
         """Hand leadership to `to` once it is caught up; proposals fail until done or aborted."""

@@ -27,11 +27,19 @@ class ElectionConfig:
     check_quorum: bool = True
     # Node to hand leadership to when it is healthy and caught up; 0 = none.
     preferred_leader: int = 0
+    # A follower told that its leader is unreachable (`Elector.leader_lost`:
+    # the driver saw every connection to and from it close) campaigns after a
+    # random 1..lost_leader_ticks ticks (at most an election timeout) instead
+    # of an election timeout. The spread keeps two followers told at once
+    # from splitting the vote.
+    lost_leader_ticks: int = 4
 
     def __post_init__(self) -> None:
         if self.election_timeout_ticks < 2:
             raise ValueError("election_timeout_ticks must be >= 2")
         if not 1 <= self.heartbeat_interval_ticks < self.election_timeout_ticks:
             raise ValueError("heartbeat_interval_ticks must be in [1, election_timeout_ticks)")
+        if self.lost_leader_ticks < 1:
+            raise ValueError("lost_leader_ticks must be >= 1")
         if self.preferred_leader < 0:
             raise ValueError("preferred_leader must be a node id or 0")

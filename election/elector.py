@@ -12,6 +12,9 @@ Theory of operation
   honour the leader lease). It may return a reply for the sender.
 - `decide_vote()` answers a `VoteRequest`; `record_vote()` counts answers.
 - `become_*()` change role through the table in `election.roles`.
+- `leader_lost(leader)` is the owner's word that the leader's process looks
+  gone (every connection to and from it closed): a follower ends its lease
+  and campaigns within a few ticks instead of an election timeout.
 
 Rules
 -----
@@ -49,7 +52,13 @@ from election.votes import (
     quorum_size,
 )
 
-__all__ = ["Elector", "RandomSource", "TickAction", "VoteOutcome"]
+__all__ = ["LOST_LEADER_ROUNDS", "Elector", "RandomSource", "TickAction", "VoteOutcome"]
+
+# Election timer draws from the short range after `leader_lost`: the notice's
+# own and the retries (a split vote, a pre-vote that met a lease not yet ended,
+# or no quorum yet: the other survivor may be a node still starting up). About
+# 20 ticks in all, an election timeout or two; then the full timeout again.
+LOST_LEADER_ROUNDS = 8
 
 
 class RandomSource(Protocol):
@@ -104,8 +113,11 @@ class Elector:
         # last check-quorum round (leader).
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
-        # Invariant: election_timeout <= randomized_timeout < 2 * election_timeout.
+        # Invariant: election_timeout <= randomized_timeout < 2 * election_timeout,
+        # except in the short rounds after `leader_lost` (1..lost_leader_ticks).
         self.randomized_timeout = config.election_timeout_ticks
+        # Timer draws left from the short range (`leader_lost`).
+        self._hasty = 0
         self.tally: VoteTally | None = None
         # Peers heard from since the last check-quorum round (leader only).
         self.recent_active: set[int] = set()
@@ -147,7 +159,14 @@ class Elector:
 
     def _reset_randomized_timeout(self) -> None:
         t = self.config.election_timeout_ticks
-        self.randomized_timeout = t + self._rng.randint(0, t - 1)
+        if self._hasty:
+            # The leader is gone (leader_lost): a split vote or a pre-vote
+            # round that met a lease not yet ended is retried within a few
+            # ticks, not after a whole timeout.
+            self._hasty -= 1
+            self.randomized_timeout = self._rng.randint(1, min(self.config.lost_leader_ticks, t))
+        else:
+            self.randomized_timeout = t + self._rng.randint(0, t - 1)
 
     def _reset(self, term: int, keep_timer: bool = False) -> None:
         if term != self.term:
@@ -193,6 +212,7 @@ class Elector:
 
     def become_leader(self) -> None:
         check_transition(self.role, Role.LEADER)
+        self._hasty = 0
         self.elected_by = self.tally.granted_by() if self.tally is not None else frozenset()
         self._reset(self.term)
         self.role = Role.LEADER
@@ -237,6 +257,40 @@ class Elector:
         """A message from the current leader arrived: reset the election timer."""
         self.leader_id = leader_id
         self.election_elapsed = 0
+        if self.randomized_timeout < self.config.election_timeout_ticks:
+            # A leader again after `leader_lost`: back to the full timeout.
+            self._hasty = 0
+            self._reset_randomized_timeout()
+
+    def leader_lost(self, leader_id: int) -> bool:
+        """The owner saw every connection to and from `leader_id` close and stay
+        closed (a killed process's sockets are closed by its kernel at once).
+
+        A follower of that leader forgets it, which ends its lease (it grants
+        pre-votes again), and campaigns after a random 1..`lost_leader_ticks`
+        ticks instead of waiting out the election timeout; the spread keeps
+        two followers told at once from splitting the vote, and should they
+        split it (or should a pre-vote meet the other's lease before that one
+        was told), the next `LOST_LEADER_ROUNDS - 1` attempts are drawn from
+        the same short range, until a leader is heard. Returns whether it
+        took the notice: only a follower of `leader_id`, and only with
+        pre-vote and check-quorum on. Those keep a wrong notice harmless: a
+        follower that alone lost its connections asks for pre-votes that the
+        others, still in their leases, ignore, and it rejoins the leader at
+        its next heartbeat without having raised its term. Without them a
+        wrong notice would depose a healthy leader, so it is ignored.
+        """
+        if (self.role is not Role.FOLLOWER or leader_id == 0 or leader_id != self.leader_id
+                or not (self.config.pre_vote and self.config.check_quorum)):
+            return False
+        self.leader_id = 0
+        remaining = self.randomized_timeout - self.election_elapsed
+        self._hasty = LOST_LEADER_ROUNDS
+        self._reset_randomized_timeout()
+        # The timer fires within the short draw, or sooner if it was due anyway.
+        self.randomized_timeout = min(self.randomized_timeout, remaining)
+        self.election_elapsed = 0
+        return True
 
     def mark_active(self, peer: int, directory_id: int = 0) -> None:
         """Leader: `peer` answered within this check-quorum round (from

@@ -158,6 +158,12 @@ class NodeConfig:
     # heartbeat; heartbeats go every tick, so 10 consecutive losses are needed.
     election_timeout_ticks: int = 10
     heartbeat_interval_ticks: int = 1
+    # A follower that sees every connection to and from its leader closed for
+    # this many ticks in a row (a killed process's sockets close at once)
+    # tells its core, which campaigns within `lost_leader_ticks` ticks instead
+    # of an election timeout (docs/raft.md, "Leader connection loss"). 0: off.
+    leader_lost_grace_ticks: int = 2
+    lost_leader_ticks: int = 4
     preferred_leader: int = 0
     segment_size_bytes: int = 256 * 1024 * 1024
     commitlog: CommitLogConfig | None = None
@@ -194,6 +200,8 @@ class NodeConfig:
             raise ValueError(f"replicate must be 'sync' or 'async', not {self.replicate!r}")
         if self.tick_ms < 1:
             raise ValueError("tick_ms must be >= 1")
+        if self.leader_lost_grace_ticks < 0:
+            raise ValueError("leader_lost_grace_ticks must be >= 0 (0: off)")
         if self.preferred_leader and self.preferred_leader not in self.peers:
             raise ValueError(f"preferred_leader {self.preferred_leader} is not a peer")
         if not self.initial_voters <= set(self.peers):
@@ -221,6 +229,7 @@ class NodeConfig:
             pre_vote=True,
             check_quorum=True,
             preferred_leader=self.preferred_leader,
+            lost_leader_ticks=self.lost_leader_ticks,
         )
 
     def commitlog_config(self) -> CommitLogConfig:
@@ -252,6 +261,10 @@ class Transport(Protocol):
 
     def connected(self, peer: int) -> bool:
         """Whether a live link to `peer` exists (status and health checks)."""
+
+    def peer_lost(self, peer: int) -> bool:
+        """Whether every connection to and from `peer` is closed (its process
+        is gone, or something reset them): the node's leader watch."""
 
 
 # (group, node_id, peers, deliver, bind_host) -> transport
@@ -327,6 +340,9 @@ class NodeCounters:
     proposals_unknown: int = 0
     elections: int = 0
     leader_changes: int = 0
+    # Follower: times every connection with the leader stayed closed for the
+    # grace and the core took the notice (an early election, docs/raft.md).
+    leader_lost_notices: int = 0
     hard_state_saves: int = 0
     entries_written: int = 0
     acks_sent: int = 0
@@ -555,6 +571,10 @@ class RaftGroupNode:
         self.failed: BaseException | None = None
         self._applied = 0
         self._applied_term = 0
+        # The leader watch (_watch_leader): whose connections are closed, for
+        # how many ticks in a row.
+        self._lost_leader = 0
+        self._lost_ticks = 0
         self._soft = SoftState(Role.FOLLOWER, 0, self._initial_hard_state.term)
         # Hard state as handed out by the core (latest) and as on disk.
         self._hs_latest = self._initial_hard_state
@@ -1055,6 +1075,7 @@ class RaftGroupNode:
         loop = asyncio.get_running_loop()
         interval = self.config.tick_ms / 1000
         commit_every = max(1, round(COMMIT_PERSIST_INTERVAL_S / interval))
+        grace = self.config.leader_lost_grace_ticks
         n = 0
         next_at = loop.time() + interval
         while not self._stopping:
@@ -1068,6 +1089,8 @@ class RaftGroupNode:
             if self.failed is not None:
                 return
             core.tick()
+            if grace:
+                self._watch_leader(core, grace)
             if self._senders:
                 self._poll_transfers()
             self._carry_out()
@@ -1075,6 +1098,27 @@ class RaftGroupNode:
             if n % commit_every == 0 and min(self._hs_latest.commit, self.log.durable_index) \
                     > self._hs_saved.commit:
                 self._spawn(self._save_in_background())
+
+    def _watch_leader(self, core: RaftNode, grace: int) -> None:
+        """Tell the core once every connection to and from its leader has been
+        closed at `grace` ticks in a row: the leader's process is most likely
+        gone (the kernel closes a killed process's sockets at once), so the
+        group need not wait out an election timeout. A reset the peers repair
+        by re-dialling (20 ms) passes within the grace; a wrong notice is
+        harmless (pre-vote and the other followers' leases, see
+        `RaftNode.leader_unreachable`)."""
+        leader = core.leader_id
+        if (leader == 0 or leader == self.config.node_id or core.role is not Role.FOLLOWER
+                or not self._transport.peer_lost(leader)):
+            self._lost_ticks = 0
+            return
+        if leader != self._lost_leader:
+            self._lost_leader, self._lost_ticks = leader, 0
+        self._lost_ticks += 1
+        if self._lost_ticks == grace and core.leader_unreachable(leader):
+            self.counters.leader_lost_notices += 1
+            log.info("raft %s/%d: every connection with leader %d closed for %d ticks: "
+                     "campaigning early", self.config.group, self.config.node_id, leader, grace)
 
     async def _drive(self) -> None:
         core = self._require_core()

@@ -48,7 +48,8 @@ CONTROL_ENTRIES = 482
 _ENTRIES_BYTES_MAX = 4 * 1024 * 1024
 
 _KNOBS = ("flush", "replicate", "tick_ms", "election_timeout_ticks", "heartbeat_interval_ticks",
-          "preferred_leader", "segment_size_bytes", "bind_host")
+          "leader_lost_grace_ticks", "lost_leader_ticks", "preferred_leader",
+          "segment_size_bytes", "bind_host")
 
 
 def load_config(raw: dict[str, Any]) -> tuple[NodeConfig, str, int]:

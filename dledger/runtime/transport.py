@@ -577,6 +577,18 @@ class PeerTransport:
         links = [self._links.get((peer, ch)) for ch in (CHANNEL_CONTROL, CHANNEL_REPLICATION)]
         return all(link is not None and link.writer is not None for link in links)
 
+    def peer_lost(self, peer: int) -> bool:
+        """No connection to or from `peer` is open: both links are down (a
+        link reads its socket, so it sees the peer's close at once) and no
+        authenticated connection of it is left."""
+        for channel in (CHANNEL_CONTROL, CHANNEL_REPLICATION):
+            link = self._links.get((peer, channel))
+            if link is not None and link.writer is not None:
+                return False
+            if (peer, channel) in self._authenticated:
+                return False
+        return True
+
     def inbound(self, peer: int) -> int:
         """How many authenticated connections from `peer` are open (0..2)."""
         return sum((peer, ch) in self._authenticated

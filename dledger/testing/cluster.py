@@ -36,6 +36,10 @@ installed before the Ready's entries). A node restarts from its durable
 snapshot plus the log after it. The checks read a compacted entry through
 the node's snapshot (`term_at`, `entries_of`).
 
+Leader-connection notices (`dledger.testing.connloss`): followers of a
+crashed node are told after a grace that its connections closed, and now
+and then a follower of a live leader is told so wrongly.
+
 Membership: every node has a data-directory id (drawn from the run's
 identity rng) and starts from the bootstrap configuration of the first
 `node_count` nodes. `add_node` starts a new, empty node (a member once a
@@ -63,6 +67,7 @@ from dledger.raw_node import NotLeader, RaftNode
 from dledger.ready import Ready
 from dledger.storage import LogUnavailable
 from dledger.testing.compaction import SnapshotSim
+from dledger.testing.connloss import ConnectionLossSim
 from dledger.testing.disk import SimDisk
 from dledger.testing.faults import CLASSIC, FaultProfile
 from dledger.testing.membership import MembershipSim
@@ -162,6 +167,8 @@ class SimCluster:
         promote_lag_max: int = 0,
         membership: bool = False,
         membership_rng: random.Random | None = None,
+        connection_loss: bool = False,
+        connection_loss_rng: random.Random | None = None,
     ) -> None:
         self.rng = rng or random.Random(seed)
         # Directory ids come from their own rng: the main one's draws stay as they were.
@@ -249,6 +256,9 @@ class SimCluster:
             self._start(n)
             self._schedule(self.rng.randint(1, self.tick_period[n]), _Tick(n))
         self.snapshots.start()
+        # Leader-connection notices (their own rng, like compaction's).
+        self.connloss = ConnectionLossSim(
+            self, connection_loss_rng or random.Random(f"connloss:{seed}"), connection_loss)
         # Membership plans and wipes (their own rng, like compaction's).
         self.members = MembershipSim(
             self, membership_rng or random.Random(f"membership:{seed}"), membership, node_count)
@@ -408,6 +418,7 @@ class SimCluster:
         self.log(f"crash {n} (lost {lost} unsynced writes)")
         self._check_durable_quorum()
         self._check_electable()
+        self.connloss.crashed(n)
 
     def _kill(self, n: int) -> None:
         if self.faults_active and not self.scenario_active:

@@ -31,6 +31,10 @@ empty storage under a new directory id; `membership [ids]` prints each
 node's configuration in effect. CONFIG entries print as `CONF v=1@101,2 l=4`
 (voters, learners, @ the pinned directory); vote messages print the
 sender's directory id when it has one.
+
+`leader-unreachable 3 1` tells node 3 that every connection to and from its
+leader 1 closed (`RaftNode.leader_unreachable`); it prints `taken` or
+`ignored`.
 """
 
 from __future__ import annotations
@@ -168,6 +172,7 @@ class InteractionEnv:
             "member": self._member,
             "wipe": self._wipe,
             "membership": self._membership,
+            "leader-unreachable": self._leader_unreachable,
         }
         # Identity: each node's data-directory id (0: not tracked).
         self.directories: dict[int, int] = {}
@@ -244,6 +249,11 @@ class InteractionEnv:
         node = self._node(args[0])
         for _ in range(int(args[1]) if len(args) > 1 else 1):
             node.tick()
+
+    def _leader_unreachable(self, args: list[str], kwargs: dict[str, str]) -> None:
+        node = self._node(args[0])
+        taken = node.leader_unreachable(int(args[1]))
+        self._print("taken" if taken else "ignored")
 
     def _propose(self, args: list[str], kwargs: dict[str, str]) -> None:
         node = self._node(args[0])

@@ -31,6 +31,12 @@ tracks identity (each node has a data-directory id; the first leader pins
 the members). When the group heals, removed nodes are decommissioned and
 the run converges only once every wiped node is repaired and every member
 of the configuration in effect has caught up.
+
+Leader-connection notices (`SimOptions.connection_loss`: the share of seeds
+with them, drawn from a fourth rng, `dledger.testing.connloss`): followers of
+a crashed node are told, after a grace, that its connections closed (in a
+share of crashes), and during the fault phase followers of a live leader
+are told so wrongly, alone or all at once.
 """
 
 from __future__ import annotations
@@ -90,6 +96,9 @@ class SimOptions:
     # Share of seeds with membership changes and wipes (drawn from the
     # membership rng: 0.0 leaves the group as bootstrapped).
     membership: float = 0.5
+    # Share of seeds with leader-connection notices (`connloss.py`, drawn
+    # from its own rng: 0.0 replays every seed as before they existed).
+    connection_loss: float = 0.5
 
     def __post_init__(self) -> None:
         if self.flush not in FLUSH_MODES:
@@ -98,6 +107,8 @@ class SimOptions:
             raise ValueError("compaction is a share of seeds, 0.0 to 1.0")
         if not 0.0 <= self.membership <= 1.0:
             raise ValueError("membership is a share of seeds, 0.0 to 1.0")
+        if not 0.0 <= self.connection_loss <= 1.0:
+            raise ValueError("connection_loss is a share of seeds, 0.0 to 1.0")
         if self.install_mutant is not None and self.install_mutant not in INSTALL_MUTANTS:
             raise ValueError(f"install_mutant must be one of {INSTALL_MUTANTS}")
         if self.profile is not None:
@@ -146,6 +157,12 @@ class RunResult:
     nodes_removed: int = 0
     wipes: int = 0
     repairs: int = 0
+    # Leader-connection notices: whether this seed had them, how many were
+    # delivered, taken by the core (an early election), and wrong ones.
+    connection_loss: bool = False
+    leader_notices: int = 0
+    leader_notices_taken: int = 0
+    leader_notices_wrong: int = 0
 
     @property
     def ok(self) -> bool:
@@ -170,6 +187,8 @@ def run_seed(
     far_behind = compaction and compaction_rng.random() < options.far_behind_probability
     membership_rng = random.Random(f"membership:{seed}")
     membership = membership_rng.random() < options.membership
+    connloss_rng = random.Random(f"connloss:{seed}")
+    connection_loss = connloss_rng.random() < options.connection_loss
     cluster = SimCluster(
         seed, options.nodes, options.bugs, segment_size_bytes=options.segment_size_bytes,
         trace=trace, profile=profile, flush_async=flush == "async", rng=rng,
@@ -177,11 +196,17 @@ def run_seed(
         install_mutant=options.install_mutant,
         promote_lag_max=membership_rng.choice((0, 0, 4)),
         membership=membership, membership_rng=membership_rng,
+        connection_loss=connection_loss, connection_loss_rng=connloss_rng,
     )
     cluster.log(f"profile {profile.name} flush={flush} figure8={figure8}"
                 + (f" compaction far_behind={far_behind}" if compaction else "")
-                + (" membership" if membership else ""))
+                + (" membership" if membership else "")
+                + (f" connection_loss close={cluster.connloss.close_probability}"
+                   f" grace={cluster.connloss.grace_ticks}"
+                   f" wrong_every={cluster.connloss.wrong_every}"
+                   f" fanout={cluster.connloss.fanout}" if connection_loss else ""))
     cluster.members.start(options.fault_phase_units)
+    cluster.connloss.start(options.fault_phase_units)
     if far_behind:
         # Late enough for a log to compact, early enough to finish in the phase.
         at = compaction_rng.randint(options.fault_phase_units // 5,
@@ -236,6 +261,10 @@ def run_seed(
         nodes_removed=cluster.members.stats.removed,
         wipes=cluster.stats.wipes,
         repairs=cluster.members.stats.repairs_done,
+        connection_loss=connection_loss,
+        leader_notices=cluster.connloss.notices,
+        leader_notices_taken=cluster.connloss.taken,
+        leader_notices_wrong=cluster.connloss.wrong,
     )
 
 
@@ -462,7 +491,8 @@ def _final_checks(cluster: SimCluster) -> str | None:
 
 
 def replay_hint(seed: int, nodes: int, flush: str = "sync", compaction: float | None = None,
-                membership: float | None = None) -> str:
+                membership: float | None = None,
+                connection_loss: float | None = None) -> str:
     """The command that replays a seed (`compaction`, `membership`: shares other
     than the defaults)."""
     extra = ""
@@ -470,6 +500,8 @@ def replay_hint(seed: int, nodes: int, flush: str = "sync", compaction: float | 
         extra = f" --compaction {compaction}"
     if membership is not None and membership != SimOptions.membership:
         extra += f" --membership {membership}"
+    if connection_loss is not None and connection_loss != SimOptions.connection_loss:
+        extra += f" --connection-loss {connection_loss}"
     return f"replay with: ledgermq sim --seed {seed} --nodes {nodes} --flush {flush}{extra} --trace"
 
 

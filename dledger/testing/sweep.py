@@ -7,7 +7,8 @@ runs seeds start..start+seeds-1 of `dledger.testing.run_seed` with the given
 options, split round-robin over `--procs` worker processes, and prints one
 JSON object: runs, violations (with the failing seeds and the first
 violations), wall time, seeds per second and the totals of what the runs
-did (elections, crashes, compactions, membership changes, wipes...). The
+did (elections, crashes, compactions, membership changes, wipes, leader
+notices...). The
 exit status is 1 if any seed found a violation. `ledgermq sim` replays a
 single failing seed (`--trace`); this module exists for the long sweeps of
 docs/raft.md.
@@ -27,7 +28,8 @@ from dledger.testing.simulator import SimOptions, run_seed
 
 TOTALS = ("steps", "elections", "crashes", "committed", "compactions", "installs",
           "config_changes", "membership_plans", "membership_plans_done", "membership_refusals",
-          "nodes_added", "nodes_removed", "wipes", "repairs")
+          "nodes_added", "nodes_removed", "wipes", "repairs", "leader_notices",
+          "leader_notices_taken", "leader_notices_wrong")
 
 
 def _run(seeds: list[int], options: SimOptions) -> tuple[Counter[str], list[tuple[int, str]]]:
@@ -38,6 +40,7 @@ def _run(seeds: list[int], options: SimOptions) -> tuple[Counter[str], list[tupl
         totals["runs"] += 1
         totals[f"flush_{result.flush}"] += 1
         totals["membership_runs"] += result.membership
+        totals["connection_loss_runs"] += result.connection_loss
         totals["runs_with_stopped_nodes"] += bool(result.stopped)
         for key in TOTALS:
             totals[key] += getattr(result, key)
@@ -54,11 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flush", default="mix", choices=("sync", "async", "mix"))
     parser.add_argument("--membership", type=float, default=SimOptions.membership)
     parser.add_argument("--compaction", type=float, default=SimOptions.compaction)
+    parser.add_argument("--connection-loss", type=float, default=SimOptions.connection_loss)
     parser.add_argument("--bug", default=None)
     parser.add_argument("--procs", type=int, default=1)
     args = parser.parse_args(argv)
     options = SimOptions(nodes=args.nodes, flush=args.flush, membership=args.membership,
-                         compaction=args.compaction,
+                         compaction=args.compaction, connection_loss=args.connection_loss,
                          bugs=Bugs.only(args.bug) if args.bug else Bugs())
     seeds = list(range(args.start, args.start + args.seeds))
     procs = max(1, args.procs)
@@ -77,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     failures.sort()
     summary = {
         "first_seed": args.start, "nodes": args.nodes, "flush": args.flush,
-        "membership": args.membership, "compaction": args.compaction, "bug": args.bug,
+        "membership": args.membership, "compaction": args.compaction,
+        "connection_loss": args.connection_loss, "bug": args.bug,
         "procs": procs, **dict(totals), "violations": len(failures),
         "failed_seeds": [seed for seed, _ in failures],
         "first_violations": [f"seed {seed}: {what}" for seed, what in failures[:5]],

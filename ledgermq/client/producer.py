@@ -4,7 +4,9 @@ Queue selection is round robin over every writable queue of the topic, or by
 a hash of `sharding_key` when the order of related messages matters (same key
 -> same queue). A failed attempt is retried until `retry_timeout`:
 
-- NOT_LEADER with a hint: at once, at the named leader;
+- NOT_LEADER with a hint: at once, at the named leader (unless that node
+  failed during this send: the hint is stale; a node that failed before the
+  send began may have restarted and been elected since, so it is tried);
 - no leader yet, a broken connection, a timeout, OUTCOME_UNKNOWN: after a short
   fixed poll (10 ms, jittered), asking the group's nodes in turn, on another
   queue (unless a sharding key pins the queue), with a fresh route from the
@@ -488,7 +490,8 @@ class Producer:
         failed with (error, slot, address)."""
         if sequence is None:
             sequence = self._take_sequences(len(messages))
-        deadline = (started or _monotonic()) + (timeout or self.retry_timeout)
+        begun = started or _monotonic()
+        deadline = begun + (timeout or self.retry_timeout)
         attempt = 0
         refresh = False
         refreshed_at = -ROUTE_REFRESH_S
@@ -513,9 +516,13 @@ class Producer:
                 pinned = mq  # ordering: retries stay on the same queue
             attempt += 1
             if isinstance(error, NotLeaderError):
+                # A hint naming a node that failed during this send is stale
+                # (the answering node has not noticed the death yet); one
+                # that failed before it is not: the node restarted since and
+                # was elected (a 2 s suspicion held such a leader back).
                 if (error.leader and error.leader != address
-                        and not self.cluster.is_suspect(error.leader)):
-                    self.cluster.note_leader(route.group, error.leader)
+                        and not self.cluster.failed_since(error.leader, begun)):
+                    self.cluster.trust_leader(route.group, error.leader)
                     refresh = False
                     self.retries += 1
                     if _monotonic() < deadline:

@@ -205,6 +205,18 @@ class Cluster:
     def is_suspect(self, address: str) -> bool:
         return self._suspects.get(address, 0) >= time.monotonic()
 
+    def failed_since(self, address: str, since: float) -> bool:
+        """Whether `address` failed at or after `since` (time.monotonic()) and
+        is still suspect."""
+        until = self._suspects.get(address, 0.0)
+        return until >= time.monotonic() and until - SUSPECT_SECONDS >= since
+
+    def trust_leader(self, group: str, address: str) -> None:
+        """A node named `address` the group's leader: write there next, even
+        if it failed a while ago (a node restarted since, then elected)."""
+        self._suspects.pop(address, None)
+        self._hints[group] = address
+
     def forget_leader(self, group: str) -> None:
         self._hints.pop(group, None)
 

@@ -93,6 +93,11 @@ def test_sigkill_leader_no_acked_entry_lost(tmp_path: Path, security: str) -> No
             new_leader = await cluster.wait_leader(timeout=20)
             print(f"kill -> ready leader: {(loop.time() - killed_at) * 1000:.0f} ms")
             assert new_leader != victim
+            # The survivors saw the killed process's connections close: the
+            # election began on that notice, not after an election timeout.
+            notices = [(await cluster.status(n) or {}).get("leader_lost_notices", 0)
+                       for n in cluster.procs]
+            assert sum(notices) >= 1, notices
             state["leader"] = new_leader
             count = len(acked)
             while len(acked) < count + 100:

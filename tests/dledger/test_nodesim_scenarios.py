@@ -140,3 +140,73 @@ def test_a_follower_that_lost_its_tail_under_flush_async_catches_up() -> None:
         finally:
             for loop in [*h.dead_loops, *h.scheduler.loops]:
                 loop.bury()
+
+
+def _watched(seed: int) -> Harness:
+    """Three real nodes on a network that models connections (the leader watch)."""
+    h = Harness(seed, NodeSimOptions(nodes=3, flush="sync", connection_loss=1.0), None)
+    h.fs.on_replace = None
+    assert h.net.model_connections
+    return h
+
+
+def _terms(h: Harness) -> dict[int, int]:
+    return {s.nid: s.node.term for s in h.slots.values() if s.node is not None}
+
+
+def test_a_lone_followers_lost_connections_do_not_depose_a_healthy_leader() -> None:
+    h = _watched(5)
+    with fileio.use(h.fs):
+        try:
+            for slot in h.slots.values():
+                h.start(slot)
+            leader = _leader(h, 5.0)
+            h.scheduler.run_until(h.clock.now + 0.5)
+            terms = _terms(h)
+            lone, other = (s for s in h.slots.values() if s is not leader)
+            # Its transport says the leader's connections closed while they
+            # did not (2 s: four election timeouts' worth of notices), then
+            # they really are reset for 1.5 s (its messages lost both ways).
+            h.net.phantom(lone.nid, leader.nid, 2.0)
+            for _ in range(20):
+                h.propose(leader)
+            h.scheduler.run_until(h.clock.now + 2.5)
+            h.net.reset(lone.nid, leader.nid, 1.5)
+            h.scheduler.run_until(h.clock.now + 3.0)
+            assert lone.node is not None and other.node is not None
+            assert lone.node.counters.leader_lost_notices >= 2
+            assert other.node.counters.leader_lost_notices == 0
+            assert h.leader() is leader and _terms(h) == terms  # pre-vote: no term moved
+            assert lone.node.leader_id == leader.nid
+            h.scheduler.run_until(h.clock.now + 1.0, lambda: lone.node is not None and
+                                  lone.node.applied_index == leader.node.commit_index)
+            assert lone.node.applied_index == leader.node.commit_index
+        finally:
+            for loop in [*h.dead_loops, *h.scheduler.loops]:
+                loop.bury()
+
+
+def test_a_killed_leader_is_replaced_before_an_election_timeout() -> None:
+    h = _watched(6)
+    with fileio.use(h.fs):
+        try:
+            for slot in h.slots.values():
+                h.start(slot)
+            leader = _leader(h, 5.0)
+            h.scheduler.run_until(h.clock.now + 0.5)
+            survivors = [s for s in h.slots.values() if s is not leader]
+            h._abandon(leader)
+            h.net.detach_node(leader.nid, closes=True)  # a killed process
+            killed = h.clock.now
+            h.scheduler.run_until(killed + 5.0, lambda: h.leader() not in (None, leader)
+                                  and h.leader().node.leader_ready)  # type: ignore[union-attr]
+            new = h.leader()
+            assert new is not None and new is not leader and new.node is not None
+            assert sum(s.node.counters.leader_lost_notices for s in survivors
+                       if s.node is not None) >= 1
+            # Virtual time: no follower's election timeout (10 ticks of 50 ms)
+            # can have fired; the notice after 2 ticks started the election.
+            assert h.clock.now - killed < 0.5
+        finally:
+            for loop in [*h.dead_loops, *h.scheduler.loops]:
+                loop.bury()

@@ -20,7 +20,10 @@ import pytest
 from dledger.testing import SimOptions, replay_hint, run_seed
 
 SWEEP_3 = range(1, 121)
-SWEEP_5 = range(1, 61)
+# 5-node wipes are rare (every voter up and pinned, no empty neighbour): two
+# chunks of 40 seeds hold some each (seeds 41-60 alone held none once the
+# leader-connection notices changed the runs).
+SWEEP_5 = range(1, 81)
 CHUNK = 40
 COUNTED = ("config_changes", "membership_plans", "membership_plans_done",
            "membership_refusals", "nodes_added", "nodes_removed", "wipes", "repairs", "installs")

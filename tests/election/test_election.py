@@ -140,3 +140,85 @@ def test_granted_vote_resets_the_election_timer() -> None:
     e.filter_term(request)
     assert e.decide_vote(request, own_last_index=9, own_last_term=2).granted
     assert e.election_elapsed == 0
+
+
+def _following(leader: int = 2, **kw: object) -> Elector:
+    e = make(1, **kw)
+    e.become_follower(3, leader)
+    e.heard_from_leader(leader)
+    return e
+
+
+def _ticks_to_campaign(e: Elector, limit: int = 100) -> int:
+    for n in range(1, limit + 1):
+        if e.tick() & TickAction.CAMPAIGN:
+            return n
+    raise AssertionError("no campaign")
+
+
+def test_leader_lost_ends_the_lease_and_campaigns_within_a_few_ticks() -> None:
+    delays = set()
+    for seed in range(40):
+        e = Elector(1, frozenset({1, 2, 3}), ElectionConfig(lost_leader_ticks=4),
+                    random.Random(seed))
+        e.become_follower(3, 2)
+        e.heard_from_leader(2)
+        assert e.in_lease()
+        assert e.leader_lost(2)
+        assert not e.in_lease() and e.leader_id == 0
+        delays.add(_ticks_to_campaign(e))
+    assert delays == {1, 2, 3, 4}  # randomised, so two followers rarely collide
+
+
+def test_leader_lost_is_ignored_unless_a_follower_of_that_leader() -> None:
+    e = _following(2)
+    assert not e.leader_lost(3)  # another node
+    assert not e.leader_lost(0)
+    assert e.in_lease() and e.leader_id == 2
+    leader = make(1)
+    leader.become_pre_candidate()
+    assert not leader.leader_lost(2)  # a pre-candidate has no leader to lose
+
+
+@pytest.mark.parametrize("switch", ["pre_vote", "check_quorum"])
+def test_leader_lost_needs_pre_vote_and_check_quorum(switch: str) -> None:
+    # Without them a wrong notice would let a lone follower depose a healthy leader.
+    e = _following(2, **{switch: False})
+    assert not e.leader_lost(2)
+    assert e.leader_id == 2
+    assert _ticks_to_campaign(e) >= e.config.election_timeout_ticks
+
+
+def test_hearing_the_leader_again_restores_the_full_timeout() -> None:
+    e = _following(2)
+    assert e.leader_lost(2)
+    e.tick()
+    e.heard_from_leader(2)  # the notice was wrong: the leader is still there
+    assert e.in_lease()
+    assert _ticks_to_campaign(e) >= e.config.election_timeout_ticks
+
+
+def test_lost_leader_ticks_is_validated() -> None:
+    with pytest.raises(ValueError):
+        ElectionConfig(lost_leader_ticks=0)
+    # Never later than the election timeout would have fired anyway.
+    e = Elector(1, frozenset({1, 2, 3}), ElectionConfig(election_timeout_ticks=2,
+                                                         heartbeat_interval_ticks=1),
+                random.Random(1))
+    e.become_follower(3, 2)
+    e.heard_from_leader(2)
+    assert e.leader_lost(2) and _ticks_to_campaign(e) <= 2
+
+
+def test_after_leader_lost_a_split_vote_is_retried_within_a_few_ticks() -> None:
+    from election.elector import LOST_LEADER_ROUNDS
+
+    e = _following(2)
+    assert e.leader_lost(2)
+    waits = []
+    for _ in range(LOST_LEADER_ROUNDS + 1):
+        waits.append(_ticks_to_campaign(e))
+        e.become_pre_candidate()  # its round goes unanswered (a split, a lease)
+    # The notice's own wait and the retries are short; then a full timeout.
+    assert all(w <= 4 for w in waits[:LOST_LEADER_ROUNDS])
+    assert waits[LOST_LEADER_ROUNDS] >= e.config.election_timeout_ticks

@@ -24,7 +24,8 @@ happen (the core simulator's `dledger.testing.scenarios.Figure8`):
 Each step waits for its election up to a deadline; a step that times out (the
 cluster took another path) heals the network and ends the scenario, so it
 never wedges a run. The random nemesis waits for the scenario; the leader
-killer is held off meanwhile. Every choice comes from the nemesis rng.
+killer and the connection faults (connloss.py) are held off meanwhile.
+Every choice comes from the nemesis rng.
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ async def figure8(h: World, rng: random.Random) -> None:
     leader killer restored when it ends, however it ends."""
     killer, h.leader_killer = h.leader_killer, False
     disks = {slot.nid: slot.disk_mode for slot in h.slots.values()}
+    h.scenario = True
     try:
         await _schedule(h, rng)
     finally:
+        h.scenario = False
         h.on_send = None
         h.net.blocked.clear()
         h.leader_killer = killer

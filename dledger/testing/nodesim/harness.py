@@ -54,6 +54,7 @@ from dledger.testing.nodesim.apply import (
     digest,
 )
 from dledger.testing.nodesim.configs import ConfigBook
+from dledger.testing.nodesim.connloss import CLOSE_SHARES
 from dledger.testing.nodesim.durability import (
     check_acked,
     check_commits,
@@ -108,6 +109,10 @@ class NodeSimOptions:
     compaction: bool = False
     # Membership changes and disk wipes during the faults (members.py).
     membership: bool = False
+    # Share of seeds whose network models connections for the nodes' leader
+    # watch, with connection resets and wrong reports (connloss.py); drawn
+    # from the seed's own stream, so the other seeds replay as before.
+    connection_loss: float = 0.5
 
 
 @dataclass
@@ -183,6 +188,7 @@ class Harness:
             self.counts.update(dict.fromkeys(MEMBERSHIP_COUNTS, 0))
         self.healing = False
         self.leader_killer = False
+        self.scenario = False
         # Share of a leader's AppendRequests followed by a stale one (nemesis).
         self.stale_rate = 0.0
         self.stale_rng = random.Random(rng.getrandbits(64))
@@ -203,6 +209,13 @@ class Harness:
         # Its own stream (never drawn from `rng`): runs without compaction
         # replay exactly as before it existed.
         self.compact_rng = random.Random(f"compaction/{seed}")
+        # Connection loss (connloss.py), likewise on its own stream.
+        self.connloss_rng = random.Random(f"connloss/{seed}")
+        self.connection_loss = self.connloss_rng.random() < options.connection_loss
+        self.close_share = self.connloss_rng.choice(CLOSE_SHARES)
+        self.net.model_connections = self.connection_loss
+        self.counts.update({"connection_resets": 0, "phantom_losses": 0,
+                            "leader_lost_notices": 0})
 
     # -------------------------------------------------------------- tracing
 
@@ -324,6 +337,8 @@ class Harness:
 
     def _abandon(self, slot: Slot) -> None:
         """The process is gone: its loop never runs again."""
+        if slot.node is not None:
+            self.counts["leader_lost_notices"] += slot.node.counters.leader_lost_notices
         if slot.loop is not None and not slot.loop.dead:
             slot.loop.abandon()
             self.dead_loops.append(slot.loop)
@@ -334,10 +349,15 @@ class Harness:
     def crash(self, slot: Slot) -> None:
         """Power cut: the process dies and its unsynced data may be lost or torn."""
         self._abandon(slot)
-        self.net.detach_node(slot.nid)
+        self.net.detach_node(slot.nid, self._closes())
         lost = self.fs.crash(slot.data_dir, self.crash_rng)
         self.counts["crashes"] += 1
         self.trace(f"n{slot.nid} power cut: lost {lost}")
+
+    def _closes(self) -> bool:
+        """Whether a crash closes the node's connections (a killed process)
+        or leaves them hanging (a machine without power)."""
+        return self.connection_loss and self.connloss_rng.random() < self.close_share
 
     def restart(self, slot: Slot) -> None:
         if slot.state != "down":
@@ -354,7 +374,7 @@ class Harness:
         directory id (`NodeConfig.directory_id`), with term 0 and no vote."""
         if slot.state == "up":
             self._abandon(slot)
-            self.net.detach_node(slot.nid)
+            self.net.detach_node(slot.nid, self._closes())
         self.fs.kill(slot.data_dir)
         self.fs.rmtree(slot.data_dir)
         slot.state = "down"
@@ -624,6 +644,8 @@ class Harness:
         out = dict(self.counts)
         out.update({name: self.fs.counts.get(name, 0) for name in FAULT_NAMES})
         out.update({f"net_{k}": v for k, v in sorted(self.net.counts.items())})
+        out["leader_lost_notices"] += sum(
+            s.node.counters.leader_lost_notices for s in self.slots.values() if s.node is not None)
         out["proposals"] = len(self.proposals)
         out["acked"] = sum(p.outcome == "acked" for p in self.proposals)
         return out

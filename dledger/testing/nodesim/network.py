@@ -15,6 +15,17 @@ stalled connection does. Faults: loss, duplication, long delays, partitions
 message) drops everything in flight on that link, as the connection reset
 that the real transport does would.
 
+Connections (`model_connections`, off by default): the node's leader watch
+asks its transport whether every connection with a peer is closed
+(`peer_lost`). With the model off every peer looks connected, as the
+network has no connections; with it on, a peer looks lost while its process
+is gone *and* closed its connections (`detach_node(closes=True)`: a killed
+process; a machine that lost power closes nothing, and a node that stops its
+transport closes them), while a `reset` of the pair lasts (its in-flight
+messages are dropped and new ones too, as on a connection being re-dialled),
+and while a `phantom` lasts (the observer's transport says so wrongly; the
+messages still flow).
+
 Membership: like `PeerTransport`, a `SimTransport` talks to the members of
 its node's configuration (`set_peers`) and admits a message from a node it
 does not list only if the node's own `accept_peer` predicate (the one the
@@ -81,31 +92,79 @@ class SimNetwork:
         self._links: dict[tuple[int, int, str], _Link] = {}
         self._incarnations = 0
         self.counts: Counter[str] = Counter()
+        # The connection model (module docstring); off: every peer connected.
+        self.model_connections = False
+        self._gone: set[int] = set()
+        self._reset_until: dict[frozenset[int], float] = {}
+        self._phantom_until: dict[tuple[int, int], float] = {}
 
     def attach(self, node_id: int, loop: asyncio.AbstractEventLoop,
                deliver: Callable[[list[Message]], None],
                admits: Callable[[int], bool] | None = None) -> int:
         self._incarnations += 1
         self._endpoints[node_id] = _Endpoint(loop, deliver, self._incarnations, admits)
+        self._gone.discard(node_id)
         return self._incarnations
 
     def detach(self, node_id: int, incarnation: int) -> None:
+        """The node closed its transport (it stopped or failed): its
+        connections close."""
         endpoint = self._endpoints.get(node_id)
         if endpoint is not None and endpoint.incarnation == incarnation:
             del self._endpoints[node_id]
+            self._gone.add(node_id)
 
-    def detach_node(self, node_id: int) -> None:
-        """The node's process is gone (crash): nothing reaches it any more."""
+    def detach_node(self, node_id: int, closes: bool = False) -> None:
+        """The node's process is gone (crash): nothing reaches it any more;
+        `closes`: its kernel closed its connections (a killed process), else
+        they hang open (a machine without power)."""
         self._endpoints.pop(node_id, None)
+        if closes:
+            self._gone.add(node_id)
 
     def heal(self) -> None:
-        """No more partitions, loss, duplication or long delays."""
+        """No more partitions, loss, duplication, long delays, connection
+        resets or wrong reports of lost connections."""
         self.blocked.clear()
         self.faults = NetFaults()
+        self._reset_until.clear()
+        self._phantom_until.clear()
+
+    # ---------------------------------------------------------- connections
+
+    def peer_lost(self, observer: int, peer: int) -> bool:
+        """Whether `observer` sees every connection with `peer` closed."""
+        if not self.model_connections:
+            return False
+        now = self._now()
+        if peer in self._gone and peer not in self._endpoints:
+            return True
+        if self._reset_until.get(frozenset((observer, peer)), 0.0) > now:
+            return True
+        return self._phantom_until.get((observer, peer), 0.0) > now
+
+    def reset(self, a: int, b: int, seconds: float) -> None:
+        """Every connection between `a` and `b` is reset and re-dialled for
+        `seconds`: what was in flight is lost, and so is what is sent meanwhile."""
+        self._reset_until[frozenset((a, b))] = self._now() + seconds
+        for key, link in self._links.items():
+            if {key[0], key[1]} == {a, b}:
+                link.epoch += 1
+                link.last_at = self._now()
+        self.counts["resets_injected"] += 1
+
+    def phantom(self, observer: int, peer: int, seconds: float) -> None:
+        """`observer`'s transport says every connection with `peer` is closed
+        for `seconds`, wrongly: the messages still flow."""
+        self._phantom_until[(observer, peer)] = self._now() + seconds
+        self.counts["phantoms_injected"] += 1
 
     def send(self, src: int, dst: int, channel: str, payload: bytes) -> None:
         if (src, dst) in self.blocked:
             self.counts["partitioned"] += 1
+            return
+        if self._reset_until and self._reset_until.get(frozenset((src, dst)), 0.0) > self._now():
+            self.counts["reset_dropped"] += 1
             return
         faults, rng = self.faults, self._rng
         if faults.loss and rng.random() < faults.loss:
@@ -227,6 +286,11 @@ class SimTransport:
         messages instead."""
         return (not self.closed and bool(self._incarnation)
                 and (self._peers is None or peer in self._peers or peer in self._learned))
+
+    def peer_lost(self, peer: int) -> bool:
+        """Every connection with `peer` is closed (the connection model of
+        `SimNetwork`; with it off, never)."""
+        return self._network.peer_lost(self._node_id, peer)
 
     def set_peers(self, peers: Mapping[int, tuple[str, int]]) -> None:
         self._peers = frozenset(peers) - {self._node_id}

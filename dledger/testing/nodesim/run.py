@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from commitlog import fileio
 from dledger.testing.nodesim.checks import final_checks
 from dledger.testing.nodesim.compaction import compactor
+from dledger.testing.nodesim.connloss import connection_faults
 from dledger.testing.nodesim.harness import SPARES, Harness, NodeSimOptions, NodeSimResult
 from dledger.testing.nodesim.members import MembershipDriver
 from dledger.testing.nodesim.nemesis import nemesis
@@ -31,13 +32,17 @@ def run_seed(seed: int, options: NodeSimOptions | None = None,
         try:
             h.trace(f"seed={seed} nodes={options.nodes} flush={h.flush}"
                     + (f" membership (+{SPARES} spares)" if options.membership else "")
-                    + (" open peers" if h.open_peers else ""))
+                    + (" open peers" if h.open_peers else "")
+                    + (f" connection loss (crashes close {h.close_share})"
+                       if h.connection_loss else ""))
             for slot in h.slots.values():
                 h.start(slot)
             h.client_loop.create_task(h.client())
             h.client_loop.create_task(nemesis(h, options.fault_s))
             if options.compaction:
                 h.client_loop.create_task(compactor(h, options.fault_s))
+            if h.connection_loss:
+                h.client_loop.create_task(connection_faults(h, options.fault_s))
             if options.membership:
                 h.counts["open_peers_runs"] = int(h.open_peers)
                 driver = MembershipDriver(h, h.member_rng, options.nodes, SPARES)

@@ -72,6 +72,8 @@ class World(Protocol):
     # Knobs the nemesis turns.
     leader_killer: bool
     stale_rate: float
+    # A scripted scenario (figure8.py) runs: other faults hold off.
+    scenario: bool
     on_send: Callable[[int, Sequence[Message]], None] | None
     counts: dict[str, int]
     # The client's writes.
@@ -85,6 +87,8 @@ class World(Protocol):
     # entries some node deleted, index -> (term, body digest).
     compact_rng: random.Random
     compacted: dict[int, tuple[int, str]]
+    # Connection loss (connloss.py): its random stream.
+    connloss_rng: random.Random
     # Membership (members.py): whether this run changes its group, the
     # configurations and identities seen (configs.py), the nodes whose
     # removal committed (they keep running), and the wiped nodes that wait

@@ -489,3 +489,42 @@ def test_a_send_waiting_for_a_leader_polls_at_a_fixed_short_interval() -> None:
             await producer.close()
             await broker.close()
     run(main())
+
+
+def test_a_leader_that_failed_before_the_send_is_trusted_when_a_node_names_it() -> None:
+    """A node killed earlier, restarted and since elected: its old failure
+    must not hold the SDK back (its address stayed suspect for 2 s, and the
+    sends polled the follower naming it until then)."""
+    async def main() -> None:
+        follower = await FakeBroker().start()
+        old = await FakeBroker().start()
+        address = old.address
+        await old.close()  # the leader dies ...
+        producer = Producer([follower.address])
+        leader = FakeBroker()
+        try:
+            with pytest.raises(OSError):
+                await producer.cluster.request(address, RequestCode.SEND_MESSAGES, {})
+            assert producer.cluster.is_suspect(address)
+            # ... and comes back at the same address, elected.
+            host, port = await leader.server.start(*address.rsplit(":", 1))
+            leader.address = f"{host}:{port}"
+            assert leader.address == address
+
+            asked: list[int] = []
+
+            def refuse(parsed: Any) -> None:
+                asked.append(1)
+                raise NotLeaderError("follower", leader=address)
+
+            follower.hook = refuse
+            await producer.send("t", b"to the new leader")
+            assert len(leader.records) == 1
+            # Asked once (it named the leader), not polled every 10 ms until
+            # the 2 s suspicion ended.
+            assert len(asked) == 1, len(asked)
+        finally:
+            await producer.close()
+            await leader.close()
+            await follower.close()
+    run(main())
