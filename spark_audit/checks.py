@@ -937,11 +937,8 @@ def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid:
             late = np.nonzero(found & (m_idx > bounds.committed))[0]
             if len(late):
                 j = late[0]
-                out.add("index_validity", "cq_beyond_commit", INFO, slot=int(slots[j]),
-                        phys_offset=int(offs[j]), index=int(m_idx[j]), count=len(late),
-                        detail=f"{len(late)} units point at entries beyond the known "
-                               f"committed index {bounds.committed} (hardstate commit is lazy)",
-                        **kw)
+                beyond_commit(out, kw, len(late), int(slots[j]), int(offs[j]), int(m_idx[j]),
+                              bounds.committed)
     need = np.nonzero(msgs["index"] <= bounds.must_index)[0]
     if len(need):
         if len(units) >= len(need) and need[-1] == len(need) - 1 and np.array_equal(
@@ -960,6 +957,17 @@ def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid:
                  m_off, msgs["index"],
                  lambda j: f"committed message at {m_off[j]} (entry {msgs['index'][j]}) has no "
                            f"unit in {topic}/{queue_id}")
+
+
+def beyond_commit(out: Findings, at: QueueAt, count: int, slot: int, offset: int, index: int,
+                  committed: int) -> None:
+    """``cq_beyond_commit`` (info): ``count`` units of one replica's queue point at entries
+    past the group's known committed index (a hardstate's commit is written lazily), the
+    first at ``slot`` (message at ``offset``, entry ``index``)."""
+    out.add("index_validity", "cq_beyond_commit", INFO, slot=slot, phys_offset=offset,
+            index=index, count=count,
+            detail=f"{count} units point at entries beyond the known "
+                   f"committed index {committed} (hardstate commit is lazy)", **at)
 
 
 def _positions(sorted_values: np.ndarray, needles: np.ndarray) -> np.ndarray:
@@ -1033,27 +1041,41 @@ def find_duplicate_ids(out: Findings, gid: int, msgs: np.ndarray, max_examples: 
         c, q = codes[by_pid], seq[by_pid]
         if ((c[1:] != c[:-1]) | (q[1:] > q[:-1])).all():
             return
+    for shown, rows in enumerate(identity_runs(pid, seq)):
+        duplicate_id(out, gid, shown < max_examples, int(pid[rows[0]]), int(seq[rows[0]]),
+                     int(m["index"][rows[1]]), len(rows) - 1, m["phys_offset"][rows].tolist())
+
+
+def identity_runs(pid: np.ndarray, seq: np.ndarray) -> list[np.ndarray]:
+    """The rows of every client identity (``pid``, ``seq``, given in log order) stored
+    more than once: per identity, in (producer id, sequence) order, its rows in log
+    order (both engines)."""
     # lexsort is stable: equal identities stay in log order (ascending offsets).
     order = np.lexsort((seq, pid))
-    pid, seq = pid[order], seq[order]
-    same = (pid[1:] == pid[:-1]) & (seq[1:] == seq[:-1])
+    ps, ss = pid[order], seq[order]
+    same = (ps[1:] == ps[:-1]) & (ss[1:] == ss[:-1])
     if not same.any():
-        return
+        return []
     # Runs of equal identities: a run starts where ``same`` turns on.
     edge = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
     starts = np.nonzero(edge == 1)[0]
     ends = np.nonzero(edge == -1)[0]  # last row of each run
-    for shown, (a, b) in enumerate(zip(starts, ends, strict=True)):
-        rows = order[a:b + 1]
-        if shown < max_examples:
-            out.add("duplicates", "duplicate_client_id", VIOLATION, gid=gid,
-                    index=int(m["index"][rows[1]]), phys_offset=int(m["phys_offset"][rows[1]]),
-                    count=len(rows) - 1,
-                    detail=f"producer {int(pid[a]) & 0xFFFFFFFFFFFFFFFF:#x} sequence {seq[a]} "
-                           "stored at " + ", ".join(str(x) for x in m["phys_offset"][rows]))
-        else:
-            out.add("duplicates", "duplicate_client_id", VIOLATION, gid=gid,
-                    count=len(rows) - 1, detail="further occurrences not listed")
+    return [order[a:b + 1] for a, b in zip(starts, ends, strict=True)]
+
+
+def duplicate_id(out: Findings, gid: int, listed: bool, producer: int, sequence: int,
+                 index: int, count: int, offsets: list[int]) -> None:
+    """``duplicate_client_id``: one client identity stored ``count`` times more than once,
+    at ``offsets`` in log order (``index``: the entry of the second). Past the examples
+    (not ``listed``) only the count is given."""
+    if not listed:
+        out.add("duplicates", "duplicate_client_id", VIOLATION, gid=gid, count=count,
+                detail="further occurrences not listed")
+        return
+    out.add("duplicates", "duplicate_client_id", VIOLATION, gid=gid, index=index,
+            phys_offset=offsets[1], count=count,
+            detail=f"producer {producer & 0xFFFFFFFFFFFFFFFF:#x} sequence {sequence} "
+                   "stored at " + ", ".join(str(x) for x in offsets))
 
 
 def _pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
