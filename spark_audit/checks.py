@@ -518,6 +518,8 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
         agree = mine.index.to_numpy()
         agree = agree[(agree >= start) & ~np.isin(agree, bad)]
         brk = np.nonzero(np.diff(agree) != 1)[0]
+        # Every agreeing run, to read committed entries that only this replica
+        # still holds after a gap retention explains (``committed_sources``).
         runs[rid] = list(zip(np.concatenate([agree[:1], agree[brk + 1]]).tolist(),
                              np.concatenate([agree[brk], agree[-1:]]).tolist(), strict=True))
         agreement_end(out, gid, meta, runs[rid], c)

@@ -170,18 +170,19 @@ def check_group(g: GroupLog, state: GroupState, max_examples: int, segment_size:
     through = retained.majority_vouched(lim, majority)
     # Split runs where the number of vouching replicas changes (after each limit).
     cuts = sorted({t + 1 for t in limits})
-    sub: list[tuple[int, int, Run]] = []
+    sub: list[tuple[int, int, Run]] = []  # lo, hi, the run it is part of
     for r in g.runs:
         lo = r.lo
         for c in (c for c in cuts if r.lo < c <= r.hi):
             sub.append((lo, c - 1, r))
             lo = c
         sub.append((lo, r.hi, r))
-    runs = [r for _, _, r in sub]
+    # Every index of a part has its run's votes and verdicts, and the part's vouching.
+    of = [r for _, _, r in sub]
     held_mask, short_mask = checks.quorum_rule(
-        np.array([r.votes for r in runs], np.int64), np.array([r.nver for r in runs], np.int64),
-        np.array([r.nopen for r in runs], np.int64), np.array([r.confirmed for r in runs], bool),
-        np.array([r.refuted for r in runs], bool), np.array([r.intact for r in runs], bool),
+        np.array([r.votes for r in of], np.int64), np.array([r.nver for r in of], np.int64),
+        np.array([r.nopen for r in of], np.int64), np.array([r.confirmed for r in of], bool),
+        np.array([r.refuted for r in of], bool), np.array([r.intact for r in of], bool),
         retained.vouched_counts(lim, np.array([lo for lo, _, _ in sub], np.int64)), majority)
     held = retained.join_spans([(lo, hi) for (lo, hi, _), h in zip(sub, held_mask, strict=True)
                                 if h])
@@ -229,6 +230,7 @@ def check_group(g: GroupLog, state: GroupState, max_examples: int, segment_size:
 
 
 def _count(spans: list[tuple[int, int]]) -> int:
+    """How many indexes the spans (inclusive, disjoint) hold."""
     return sum(b - a + 1 for a, b in spans)
 
 
