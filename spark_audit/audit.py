@@ -33,7 +33,7 @@ from spark_audit import (
     snapshots,
     tasks,
 )
-from spark_audit.checks import INFO, Findings
+from spark_audit.checks import Findings
 from spark_audit.prepare import AuditOptions, AuditResult, dead_before, reference_replica
 from spark_audit.replicas import ContentKey, ProblemRow
 
@@ -51,8 +51,7 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         return distributed.run(opts, cast("distributed.FlowEngine", eng))
     prep = prepare.prepare(opts, eng)
     replicas_, files, groups, out = prep.replicas, prep.files, prep.groups, prep.out
-    bulk, hist_msgs, nops, digests, tm = (prep.bulk, prep.hist_msgs, prep.nops, prep.digests,
-                                          prep.timings)
+    bulk, hist_msgs, digests, tm = prep.bulk, prep.hist_msgs, prep.digests, prep.timings
     want_crcs = bool(digests)
 
     # Pass 1: every bulk file once; the reference replica's records fully decoded.
@@ -150,12 +149,7 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
                 opts.max_examples))
     # Assembly and log checks, one phase as bench/audit.py reports it.
     tm["log_checks_s"] = assemble_s + time.perf_counter() - t3
-    starts = {f.fid: f.start for f in files}
-    kinds = {f.fid: f.kind for f in files}
-    durable_end = {(g, rid): (m.checkpoint.durable_end if m.checkpoint else 0)
-                   for g, st in groups.items() for rid, m in st.replicas.items()}
-    found.append(checks.problem_findings(replicas.problems_table(problem_rows), starts, kinds,
-                                         durable_end))
+    found.append(prepare.problem_findings(prep, problem_rows))
     counts["problems"] = len(problem_rows)
 
     t5 = time.perf_counter()
@@ -185,32 +179,14 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         keys = history.history_keys(hist_msgs, gids)
         matched = pa.concat_tables([checks.lookup_keys(gid, committed[gid], keys)
                                     for gid in groups])
-        floors = {gid: st.retained_from for gid, st in groups.items()}
-        away = {gid: [(g.pos_lo, g.pos_hi) for g in st.retained_away]
-                for gid, st in groups.items()}
-        hf, hstats = history.check_history(hist_msgs, matched, gids, opts.max_examples, floors,
-                                           away)
-        hstats["body_digests"] = sum(len(d) for d in digests.values())
-        hstats["ops"] = nops
+        hf, hstats = prepare.history_findings(prep, matched, opts.max_examples)
         found.append(hf)
         tm["history_s"] = time.perf_counter() - t7
 
-    counts.update({
-        "groups": len(groups), "replicas": len(replicas_), "files": len(files),
-        "bytes": sum(f.length for f in files),
-        "segments": sum(f.kind == inputs.SEGMENT for f in files),
-        "segment_bytes": sum(f.length for f in files if f.kind == inputs.SEGMENT),
-    })
-    by_kind: dict[str, int] = defaultdict(int)
-    for f in files:
-        by_kind[f.kind] += 1
     # CPU and wall seconds inside the file tasks, by mode (summed over tasks,
     # whichever core ran them); wall above CPU is waiting for a core.
     tm.update(task_s)
-    return AuditResult(replicas_, files, groups, checks.concat_findings(found),
-                       {**counts, "files_by_kind": dict(by_kind)}, hstats, tm, span_digests,
-                       {gid: prepare.agreed_deletions(st, deletions[gid])
-                        for gid, st in groups.items()})
+    return prepare.result(prep, found, counts, hstats, span_digests, deletions)
 
 
 def _digests(g: replicas.Group, spans: list[digest.Span]
@@ -389,15 +365,7 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
             checks.slot_conflicts(out, gid, topic, qid, [v for v in views if len(v[1])],
                                   max_examples)
     for (topic, before), n in sorted(gone.items()):
-        if n:
-            out.add("index_validity", "topic_deleted", INFO, gid=gid, topic=topic, index=before,
-                    count=n, detail=f"{topic} was deleted by entry {before}: its {n} messages "
-                                    "in earlier entries are dead (never indexed again)")
+        prepare.topic_deleted(out, gid, topic, before, n)
     for rid, n in shared.items():
-        if n:
-            counts["cq_queues_shared"] += n
-            out.add("index_validity", "cq_same_as_reference", INFO, gid=gid, rid=rid, count=n,
-                    detail=f"{n} of {len(qkeys)} queues: ConsumeQueue files byte-identical "
-                           f"(per-file CRC and length) to replica {names[(gid, g.ref)]}'s over "
-                           "an identical log, validated once on that replica")
+        prepare.same_as_reference(out, counts, gid, rid, n, len(qkeys), names[(gid, g.ref)])
     return out.table()

@@ -22,6 +22,7 @@ A finding has a severity: ``violation`` fails the check; ``info`` is reported
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -304,7 +305,7 @@ def check_replica_log(e: pd.DataFrame, meta: ReplicaMeta, gid: int, seg: int,
     meta.first_position, meta.last_position = int(pos[0]), int(pos[-1])
     meta.end_position = int(pos[-1] + size[-1])
 
-    def report(check: str, kind: str, mask: np.ndarray, text: Callable[[int], str]) -> None:
+    for check, kind, mask, text in continuity_rules(idx, term, pos, size, seg):
         hits = _examples(mask)
         for j in hits[:max_examples]:
             out.add(check, kind, VIOLATION, gid=gid, rid=rid, fid=int(fid[j + 1]),
@@ -313,19 +314,29 @@ def check_replica_log(e: pd.DataFrame, meta: ReplicaMeta, gid: int, seg: int,
         if len(hits) > max_examples:
             out.add(check, kind, VIOLATION, gid=gid, rid=rid, index=int(idx[hits[max_examples]]),
                     count=len(hits) - max_examples, detail="further occurrences not listed")
-
-    step = np.diff(idx)
-    report("lost_offsets", "index_gap", step > 1,
-           lambda j: f"index {idx[j]} is followed by {idx[j + 1]}")
-    report("duplicates", "index_repeated", step < 1,
-           lambda j: f"index {idx[j]} is followed by {idx[j + 1]}")
-    report("lost_offsets", "term_decrease", np.diff(term) < 0,
-           lambda j: f"term {term[j]} at index {idx[j]} is followed by term {term[j + 1]}")
-    expect = place(pos[:-1] + size[:-1], size[1:], seg)
-    report("lost_offsets", "position_gap", pos[1:] != expect,
-           lambda j: f"entry at {pos[j + 1]} should be at {expect[j]} by the placement rule")
     replica_bounds(meta, (int(idx[0]), int(pos[0]), int(fid[0]), int(foff[0])), int(idx[-1]),
                    gid, out)
+
+
+def continuity_rules(idx: np.ndarray, term: np.ndarray, pos: np.ndarray, size: np.ndarray,
+                     seg: int) -> list[tuple[str, str, np.ndarray, Callable[[int], str]]]:
+    """The rules between consecutive entries of one replica's log (arrays in position
+    order; both engines): each index is one more than the one before (``index_gap``,
+    ``index_repeated``), terms never decrease, and each entry stands where the
+    placement rule puts it after the one before. Per rule: (check, kind, a mask
+    that is true at ``j`` when entry ``j + 1`` breaks it, its detail for ``j``)."""
+    step = np.diff(idx)
+    expect = place(pos[:-1] + size[:-1], size[1:], seg)
+    return [
+        ("lost_offsets", "index_gap", step > 1,
+         lambda j: f"index {idx[j]} is followed by {idx[j + 1]}"),
+        ("duplicates", "index_repeated", step < 1,
+         lambda j: f"index {idx[j]} is followed by {idx[j + 1]}"),
+        ("lost_offsets", "term_decrease", np.diff(term) < 0,
+         lambda j: f"term {term[j]} at index {idx[j]} is followed by term {term[j + 1]}"),
+        ("lost_offsets", "position_gap", pos[1:] != expect,
+         lambda j: f"entry at {pos[j + 1]} should be at {expect[j]} by the placement rule"),
+    ]
 
 
 def replica_bounds(meta: ReplicaMeta, first: tuple[int, int, int, int] | None,
@@ -404,6 +415,10 @@ def _retention_interrupted(meta: ReplicaMeta, first: int, position: int, cp_firs
             and any(s.index >= first - 1 for s in meta.valid_snapshots()))
 
 
+Version = tuple[int, int, int, int]  # term, position, size, body_crc: what replicas vote on
+EntryAt = tuple[int, int, int, int, int, int]  # fid, file_offset, term, position, size, body_crc
+
+
 def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
                 segment_size: int = 0) -> pa.Table:
     """Log-level checks of one group: per-replica continuity, quorum, divergence.
@@ -422,14 +437,14 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
     the range all of them share (``shared_first``..``shared_last``) is
     compared on every replica; a gap inside a replica's log still ends its
     agreement there.
+
+    ``dgroup.check_group`` derives the same from runs of indexes; both apply
+    the rules below (``quorum_rule`` to ``retained_ranges``) to their own data.
     """
     out = Findings()
     gid = state.gid
-    n = len(state.replicas)
-    majority = n // 2 + 1
-    starts = sorted({s for m in state.replicas.values() for s in m.segment_starts})
-    seg = segment_size or infer_segment_size(starts)
-    state.segment_size = seg
+    majority = len(state.replicas) // 2 + 1
+    seg = state.segment_size = group_segment_size(state, segment_size)
     df = entries.to_pandas() if entries.num_rows else pd.DataFrame(
         columns=[f.name for f in entries.schema])
     df = df.sort_values(["rid", "position"], kind="stable")
@@ -451,26 +466,14 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
     best = votes.sort_values(["index", "refuted", "votes"], ascending=[True, True, False],
                              kind="stable").drop_duplicates("index")
     open_versions = votes[~votes["refuted"]].groupby("index").size()
-    alone = best["index"].map(open_versions).fillna(0).to_numpy() == 1
-    # The only version the history does not refute, and one it confirms, holds its
-    # index even without a majority: the others hold bodies nobody sent. Not
-    # from a damaged copy (body CRC failed), which is not the entry as sent.
-    vouched = ((best["votes"] < majority) & best["confirmed"] & ~best["refuted"] & alone
-               & best["intact"])
-    # Retention (``retained``): a replica whose log was cut past an index, with a
-    # snapshot covering it, held that index once and it was committed. It counts
-    # toward the majority of an index it removed when the replicas still holding
-    # it agree on one intact version (or the history confirms the only version
-    # it does not refute), which it must have held too. Inside the range every
-    # replica keeps, nothing changes.
     limits = np.array([t for t in (m.vouched_through() for m in state.replicas.values()) if t],
                       np.int64)
-    vouching = retained.vouched_counts(limits, best["index"].to_numpy())
-    single = best["index"].map(votes.groupby("index").size()).to_numpy() == 1
-    one_version = single | (alone & best["confirmed"].to_numpy())
-    kept = one_version & ~best["refuted"].to_numpy() & best["intact"].to_numpy() & (
-        vouching > 0) & (best["votes"].to_numpy() + vouching >= majority)
-    held = best[(best["votes"] >= majority) | vouched | kept]
+    held_mask, short_mask = quorum_rule(
+        best["votes"].to_numpy(), best["index"].map(votes.groupby("index").size()).to_numpy(),
+        best["index"].map(open_versions).fillna(0).to_numpy(), best["confirmed"].to_numpy(bool),
+        best["refuted"].to_numpy(bool), best["intact"].to_numpy(bool),
+        retained.vouched_counts(limits, best["index"].to_numpy()), majority)
+    held = best[held_mask]
     # An index a majority vouches for was committed even where no replica holds
     # it any more: the committed run goes on across it (``retained.bridge``).
     through = retained.majority_vouched(limits, majority)
@@ -478,40 +481,27 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
     if not len(held) and state.window_lo:
         quorum_end = state.window_lo - 1  # the entries before the window were verified
     first = int(held["index"].iloc[0]) if len(held) else 0
-    state.first_index = first
-    state.quorum_end = quorum_end
-    claims = [m.hardstate.commit for m in state.replicas.values() if m.hardstate]
-    state.claimed_commit = max(claims) if claims else 0
-    state.committed = min(state.claimed_commit, quorum_end)
-    if not claims:
-        out.add("divergence", "no_hardstate", INFO, gid=gid,
-                detail="no replica has a readable hardstate: no committed prefix to check")
-    if state.claimed_commit > quorum_end:
-        short = best[(best["index"] > quorum_end) & (best["index"] <= state.claimed_commit)]
-        lo = quorum_end + 1
-        have = best.loc[best["index"] == lo, "votes"]
-        out.add("lost_offsets", "under_replicated", VIOLATION, gid=gid, index=lo,
-                count=state.claimed_commit - quorum_end,
-                detail=f"hardstate commit {state.claimed_commit} but index {lo} is held "
-                       f"identically by {int(have.iloc[0]) if len(have) else 0} of {n} replicas "
-                       f"(majority {majority}); {len(short)} of the claimed indexes are "
-                       "present anywhere")
-
-    # Held as sent by fewer than a majority, counting the replicas whose retention
-    # vouches for the index.
-    short = best[vouched & (best["votes"].to_numpy() + vouching < majority)
-                 & (best["index"] <= state.claimed_commit)]
-    if len(short):
-        j = int(short["index"].iloc[0])
-        out.add("lost_offsets", "under_replicated", VIOLATION, gid=gid, index=j,
-                count=len(short),
-                detail=f"{len(short)} committed indexes from {j} are held as sent by fewer "
-                       f"than {majority} of {n} replicas (index {j}: "
-                       f"{int(short['votes'].iloc[0])}); the other replicas' versions hold "
-                       "bodies the history says were not sent (body_mismatch)")
+    # Every index some replica holds, in order, with its winning version.
+    anywhere = best["index"].to_numpy()
     ref = best.set_index("index")[["term", "position", "size", "body_crc"]]
+
+    def present(lo: int, hi: int) -> int:
+        return int(np.searchsorted(anywhere, hi, "right") - np.searchsorted(anywhere, lo))
+
+    def votes_at(index: int) -> int:
+        have = best.loc[best["index"] == index, "votes"]
+        return int(have.iloc[0]) if len(have) else 0
+
+    def place_of(index: int) -> tuple[int, int] | None:
+        if index not in ref.index:
+            return None
+        return int(ref.at[index, "position"]), int(ref.at[index, "size"])
+
+    committed_prefix(out, state, first, quorum_end, votes_at, present)
+    short = best[short_mask & (best["index"] <= state.claimed_commit).to_numpy()]
+    under_replicated_as_sent(out, state, int(short["index"].iloc[0]) if len(short) else 0,
+                             len(short), int(short["votes"].iloc[0]) if len(short) else 0)
     c = state.committed
-    sources: list[tuple[int, int, int]] = []
     runs: dict[int, list[tuple[int, int]]] = {}
     for rid, meta in state.replicas.items():
         e = by_rid.get(rid, df.iloc[:0]).drop_duplicates("index")
@@ -521,47 +511,188 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
         bad = np.sort(common[diff.to_numpy()].to_numpy())
         inside = bad[bad <= c]
         beyond = bad[bad > c]
-        if len(inside):
-            j = int(inside[0])
-            row = e[e["index"] == j].iloc[0]
-            r = ref.loc[j]
-            out.add("divergence", "divergent_entry", VIOLATION, gid=gid, rid=rid,
-                    fid=int(row["fid"]), file_offset=int(row["file_offset"]), index=j,
-                    phys_offset=int(row["position"]), count=len(inside),
-                    detail=f"first divergent index {j}: replica has (term {row['term']}, "
-                           f"position {row['position']}, size {row['size']}, crc "
-                           f"{row['body_crc']:#010x}), quorum has (term {r['term']}, position "
-                           f"{r['position']}, size {r['size']}, crc {int(r['body_crc']):#010x})")
-            meta.first_divergent = j
-        if len(beyond):
-            out.add("divergence", "uncommitted_divergence", INFO, gid=gid, rid=rid,
-                    index=int(beyond[0]), count=len(beyond),
-                    detail=f"differs from the majority from index {beyond[0]}, beyond the "
-                           f"committed index {c} (Raft may still truncate it)")
+        report_divergence(out, gid, meta, c, (int(inside[0]) if len(inside) else 0, len(inside)),
+                          (int(beyond[0]) if len(beyond) else 0, len(beyond)),
+                          functools.partial(_frame_versions, e, ref))
+        start = agreement_start(meta, first)
         agree = mine.index.to_numpy()
-        # Compared from the group start, or from where retention cut this log.
-        start = max(first, meta.first_index) if meta.trimmed and first else first
-        meta.agree_start = start
         agree = agree[(agree >= start) & ~np.isin(agree, bad)]
         brk = np.nonzero(np.diff(agree) != 1)[0]
-        # Agreement end: last index of the contiguous agreeing run from there.
-        if len(agree) and agree[0] == start:
-            meta.agree_end = int(agree[brk[0]] if len(brk) else agree[-1])
-        else:
-            meta.agree_end = start - 1 if start else 0
         # Every agreeing run, to read committed entries that only this replica
-        # still holds after a gap retention explains (below).
+        # still holds after a gap retention explains (``committed_sources``).
         runs[rid] = list(zip(np.concatenate([agree[:1], agree[brk + 1]]).tolist(),
                              np.concatenate([agree[brk], agree[-1:]]).tolist(), strict=True))
-        if meta.agree_end < c and meta.agree_end == meta.last_index:
-            out.add("divergence", "lagging_replica", INFO, gid=gid, rid=rid,
-                    index=meta.agree_end + 1, count=c - meta.agree_end,
-                    detail=f"replica ends at {meta.last_index}, committed index is {c}")
-    # Committed entries are read from the replica that agrees the furthest from
-    # there (the lowest id on ties); across a gap retention explains, from
-    # wherever the agreed log resumes.
+        agreement_end(out, gid, meta, runs[rid], c)
+    state.sources = committed_sources(runs, first, c, through)
+    state.retained_away = retained_away(out, state, spanned, max_examples, place_of, present)
+    retained_ranges(state)
+    return out.table()
+
+
+def _frame_versions(e: pd.DataFrame, ref: pd.DataFrame, index: int) -> tuple[EntryAt, Version]:
+    """A replica's entry at ``index`` (``e``: its entries) and the group's version there."""
+    row = e[e["index"] == index].iloc[0]
+    r = ref.loc[index]
+    return ((int(row["fid"]), int(row["file_offset"]), int(row["term"]), int(row["position"]),
+             int(row["size"]), int(row["body_crc"])),
+            (int(r["term"]), int(r["position"]), int(r["size"]), int(r["body_crc"])))
+
+
+# The rules of a group's log checks, which both engines apply: ``check_group`` above
+# over every entry row, ``dgroup.check_group`` over runs of indexes.
+
+
+def group_segment_size(state: GroupState, configured: int = 0) -> int:
+    """The group's segment size: ``configured`` (``--segment-size``), else inferred from
+    every replica's segment file names (``infer_segment_size``)."""
+    return configured or infer_segment_size(
+        sorted({s for m in state.replicas.values() for s in m.segment_starts}))
+
+
+def quorum_rule(votes: np.ndarray, versions: np.ndarray, open_versions: np.ndarray,
+                confirmed: np.ndarray, refuted: np.ndarray, intact: np.ndarray,
+                vouching: np.ndarray, majority: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which indexes the quorum holds, from each index's winning version.
+
+    Per index: ``votes`` (replicas holding the winner), ``versions`` (distinct
+    versions of the index), ``open_versions`` (of them, those the history does
+    not refute), the history's verdicts on the winner (``confirmed``,
+    ``refuted``: ``bodies``), ``intact`` (some copy passes its body CRC) and
+    ``vouching`` (replicas whose retention vouches for the index, ``retained``).
+
+    An index is held when a majority votes for its winner. Also when the winner
+    is the only version the history does not refute and the history confirms
+    it: the others hold bodies nobody sent (not from a damaged copy, which is
+    not the entry as sent). And with retention: a replica whose log was cut
+    past an index, with a snapshot covering it, held that index once and it
+    was committed; it counts toward the index's majority when the replicas
+    still holding it agree on one intact version (or the history confirms the
+    only version it does not refute), which it must have held too. Inside the
+    range every replica keeps, nothing changes.
+
+    Returns (held, short): ``short`` marks indexes held only on the history's
+    word by fewer than a majority, counting the vouching replicas
+    (``under_replicated_as_sent``).
+    """
+    alone = open_versions == 1
+    vouched = (votes < majority) & confirmed & ~refuted & alone & intact
+    one_version = (versions == 1) | (alone & confirmed)
+    kept = one_version & ~refuted & intact & (vouching > 0) & (votes + vouching >= majority)
+    held = (votes >= majority) | vouched | kept
+    return held, vouched & (votes + vouching < majority)
+
+
+def committed_prefix(out: Findings, state: GroupState, first: int, quorum_end: int,
+                     votes_at: Callable[[int], int], present: Callable[[int, int], int]
+                     ) -> None:
+    """The committed prefix, ``min(max hardstate commit, quorum end)``, into ``state``.
+
+    ``first`` and ``quorum_end`` are the first and last index of the run the
+    quorum holds (``quorum_rule``, across the gaps ``retained.bridge`` spans).
+    No readable hardstate leaves no committed prefix (info); a hardstate
+    commit past the quorum end is ``under_replicated``: indexes said committed
+    that no majority holds. ``votes_at(index)`` gives the votes of an index's
+    winning version (0: held nowhere), ``present(lo, hi)`` how many indexes of
+    ``lo..hi`` some replica holds.
+    """
+    gid, n = state.gid, len(state.replicas)
+    state.first_index = first
+    state.quorum_end = quorum_end
+    claims = [m.hardstate.commit for m in state.replicas.values() if m.hardstate]
+    state.claimed_commit = max(claims) if claims else 0
+    state.committed = min(state.claimed_commit, quorum_end)
+    if not claims:
+        out.add("divergence", "no_hardstate", INFO, gid=gid,
+                detail="no replica has a readable hardstate: no committed prefix to check")
+    if state.claimed_commit > quorum_end:
+        lo = quorum_end + 1
+        short = present(lo, state.claimed_commit)
+        out.add("lost_offsets", "under_replicated", VIOLATION, gid=gid, index=lo,
+                count=state.claimed_commit - quorum_end,
+                detail=f"hardstate commit {state.claimed_commit} but index {lo} is held "
+                       f"identically by {votes_at(lo)} of {n} replicas "
+                       f"(majority {n // 2 + 1}); {short} of the claimed indexes are "
+                       "present anywhere")
+
+
+def under_replicated_as_sent(out: Findings, state: GroupState, first: int, count: int,
+                             votes: int) -> None:
+    """Committed indexes held as sent by fewer than a majority (``quorum_rule``'s short,
+    up to the hardstate commit): ``count`` of them from ``first``, whose winner has
+    ``votes``; the other replicas hold bodies the history says were not sent."""
+    if not count:
+        return
+    n = len(state.replicas)
+    out.add("lost_offsets", "under_replicated", VIOLATION, gid=state.gid, index=first,
+            count=count,
+            detail=f"{count} committed indexes from {first} are held as sent by fewer "
+                   f"than {n // 2 + 1} of {n} replicas (index {first}: "
+                   f"{votes}); the other replicas' versions hold "
+                   "bodies the history says were not sent (body_mismatch)")
+
+
+def report_divergence(out: Findings, gid: int, meta: ReplicaMeta, committed: int,
+                      inside: tuple[int, int], beyond: tuple[int, int],
+                      versions: Callable[[int], tuple[EntryAt, Version]]) -> None:
+    """A replica's indexes whose version is not the group's: within the committed
+    prefix a violation (``divergent_entry``, at the first, with both versions),
+    beyond it information (Raft may still truncate it). ``inside`` and ``beyond``
+    are (first index, count), count 0 for none; ``versions(index)`` gives the
+    replica's entry and the group's version there."""
+    j, count = inside
+    if count:
+        (fid, foff, term, pos, size, crc), q = versions(j)
+        out.add("divergence", "divergent_entry", VIOLATION, gid=gid, rid=meta.rid,
+                fid=fid, file_offset=foff, index=j, phys_offset=pos, count=count,
+                detail=f"first divergent index {j}: replica has (term {term}, "
+                       f"position {pos}, size {size}, crc "
+                       f"{crc:#010x}), quorum has (term {q[0]}, position "
+                       f"{q[1]}, size {q[2]}, crc {q[3]:#010x})")
+        meta.first_divergent = j
+    j, count = beyond
+    if count:
+        out.add("divergence", "uncommitted_divergence", INFO, gid=gid, rid=meta.rid,
+                index=j, count=count,
+                detail=f"differs from the majority from index {j}, beyond the "
+                       f"committed index {committed} (Raft may still truncate it)")
+
+
+def agreement_start(meta: ReplicaMeta, first: int) -> int:
+    """Where a replica is compared from (``agree_start``): the group's first held index
+    ``first``, or where retention (or a window) cut its log (``trimmed``)."""
+    meta.agree_start = max(first, meta.first_index) if meta.trimmed and first else first
+    return meta.agree_start
+
+
+def agreement_end(out: Findings, gid: int, meta: ReplicaMeta, runs: list[tuple[int, int]],
+                  committed: int) -> None:
+    """Where a replica stops agreeing (``agree_end``): the end of its agreeing run from
+    ``agree_start`` (``runs``: its agreeing runs from there, in order). One that agrees
+    up to its last entry and ends before the committed index is lagging (info)."""
+    start = meta.agree_start
+    if runs and runs[0][0] == start:
+        meta.agree_end = runs[0][1]
+    else:
+        meta.agree_end = start - 1 if start else 0
+    if meta.agree_end < committed and meta.agree_end == meta.last_index:
+        out.add("divergence", "lagging_replica", INFO, gid=gid, rid=meta.rid,
+                index=meta.agree_end + 1, count=committed - meta.agree_end,
+                detail=f"replica ends at {meta.last_index}, committed index is {committed}")
+
+
+def committed_sources(runs: dict[int, list[tuple[int, int]]], first: int, committed: int,
+                      through: int) -> list[tuple[int, int, int]]:
+    """Which replica each committed range ``(lo, hi, rid)`` is read from.
+
+    ``runs`` are each replica's agreeing runs. From ``first`` on, the replica
+    that agrees the furthest from there (the lowest id on ties); across a gap
+    retention explains (up to ``through``, what a majority vouches for), from
+    wherever the agreed log resumes: committed entries only one replica still
+    holds are read too.
+    """
+    sources: list[tuple[int, int, int]] = []
     lo = first
-    while c and first and lo <= c:
+    while committed and first and lo <= committed:
         cands = [(b, -rid) for rid, rr in runs.items() for a, b in rr if a <= lo <= b]
         if not cands:
             resume = [a for rr in runs.values() for a, _ in rr if a > lo]
@@ -570,23 +701,15 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
             lo = min(resume)
             continue
         b, neg = max(cands)
-        hi = min(b, c)
+        hi = min(b, committed)
         sources.append((lo, hi, -neg))
         lo = hi + 1
-    state.sources = sources
-    state.retained_away = _retained_away(out, state, spanned, ref, max_examples)
-    holding = [m for m in state.replicas.values() if m.entries]
-    if holding:
-        state.retained_first = min(m.first_index for m in holding)
-        state.retained_from = min(m.claimed_start for m in holding)
-        lo, hi = max(m.first_index for m in holding), min(m.last_index for m in holding)
-        if lo <= hi:
-            state.shared_first, state.shared_last = lo, hi
-    return out.table()
+    return sources
 
 
-def _retained_away(out: Findings, state: GroupState, spanned: list[tuple[int, int]],
-                   ref: pd.DataFrame, max_examples: int) -> list[retained.Gap]:
+def retained_away(out: Findings, state: GroupState, spanned: list[tuple[int, int]],
+                  max_examples: int, place_of: Callable[[int], tuple[int, int] | None],
+                  present: Callable[[int, int], int]) -> list[retained.Gap]:
     """The committed indexes retention removed from every replica (``retained``).
 
     ``spanned`` are the gaps of the committed run that a majority vouches for;
@@ -594,20 +717,22 @@ def _retained_away(out: Findings, state: GroupState, spanned: list[tuple[int, in
     info) and returned with their positions, which history messages there are
     excused for. A part some replica should still hold is that replica's own
     fault (a lost segment, a damaged entry), reported by its findings.
-    ``ref`` is the group's version of every index held anywhere, by index.
+    ``place_of(index)`` is (position, size) of the group's version of an index
+    held anywhere (None: held nowhere), ``present(lo, hi)`` how many indexes of
+    ``lo..hi`` some replica holds.
     """
     holds = [span for m in state.replicas.values() if (span := m.should_hold()) is not None]
     reps = sorted(state.replicas.values(), key=lambda m: m.rid)
     ends = [(sf.meta.end_position, sf.meta.index) for m in reps for sf in m.snapshots.values()
             if sf.usable() and sf.meta is not None]
-    held = ref.index.to_numpy()
     gaps: list[retained.Gap] = []
     for glo, ghi in spanned:
         for lo, hi in retained.outside_spans(glo, ghi, holds):
-            before = ref.loc[lo - 1] if lo - 1 in ref.index else None
-            pos_lo = int(before["position"] + before["size"]) if before is not None else 0
-            if hi + 1 in ref.index:
-                pos_hi = int(ref.at[hi + 1, "position"])
+            before = place_of(lo - 1)
+            pos_lo = before[0] + before[1] if before is not None else 0
+            after = place_of(hi + 1)
+            if after is not None:
+                pos_hi = after[0]
             else:  # where the entry after it starts is unknown: as far as a snapshot says
                 pos_hi = max([e for e, i in ends if i <= hi] + [pos_lo])
             who = tuple(m.rid for m in reps if m.vouched_through() >= hi)
@@ -615,7 +740,7 @@ def _retained_away(out: Findings, state: GroupState, spanned: list[tuple[int, in
             if len(gaps) > max_examples:
                 continue
             names = ", ".join(m.name for m in reps if m.rid in who)
-            copies = int(np.searchsorted(held, hi, "right") - np.searchsorted(held, lo))
+            copies = present(lo, hi)
             # A copy left past a replica's durable point may be torn or damaged:
             # what it holds is not the committed entry.
             on = (f"{copies} of them only as copies that do not count (damaged, or "
@@ -632,6 +757,19 @@ def _retained_away(out: Findings, state: GroupState, spanned: list[tuple[int, in
                 count=sum(g.hi - g.lo + 1 for g in gaps[max_examples:]),
                 detail=f"{len(gaps) - max_examples} further ranges not listed")
     return gaps
+
+
+def retained_ranges(state: GroupState) -> None:
+    """The group's retained ranges, from its replicas' logs (``retained_first``,
+    ``retained_from``: below that position retention removed the log everywhere)
+    and the range every replica holding entries shares (``shared_first``..)."""
+    holding = [m for m in state.replicas.values() if m.entries]
+    if holding:
+        state.retained_first = min(m.first_index for m in holding)
+        state.retained_from = min(m.claimed_start for m in holding)
+        lo, hi = max(m.first_index for m in holding), min(m.last_index for m in holding)
+        if lo <= hi:
+            state.shared_first, state.shared_last = lo, hi
 
 
 def check_index_files(index: pa.Table, entries: pa.Table, gid: int, rid: int,
@@ -801,11 +939,8 @@ def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid:
             late = np.nonzero(found & (m_idx > bounds.committed))[0]
             if len(late):
                 j = late[0]
-                out.add("index_validity", "cq_beyond_commit", INFO, slot=int(slots[j]),
-                        phys_offset=int(offs[j]), index=int(m_idx[j]), count=len(late),
-                        detail=f"{len(late)} units point at entries beyond the known "
-                               f"committed index {bounds.committed} (hardstate commit is lazy)",
-                        **kw)
+                beyond_commit(out, kw, len(late), int(slots[j]), int(offs[j]), int(m_idx[j]),
+                              bounds.committed)
     need = np.nonzero(msgs["index"] <= bounds.must_index)[0]
     if len(need):
         if len(units) >= len(need) and need[-1] == len(need) - 1 and np.array_equal(
@@ -824,6 +959,17 @@ def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid:
                  m_off, msgs["index"],
                  lambda j: f"committed message at {m_off[j]} (entry {msgs['index'][j]}) has no "
                            f"unit in {topic}/{queue_id}")
+
+
+def beyond_commit(out: Findings, at: QueueAt, count: int, slot: int, offset: int, index: int,
+                  committed: int) -> None:
+    """``cq_beyond_commit`` (info): ``count`` units of one replica's queue point at entries
+    past the group's known committed index (a hardstate's commit is written lazily), the
+    first at ``slot`` (message at ``offset``, entry ``index``)."""
+    out.add("index_validity", "cq_beyond_commit", INFO, slot=slot, phys_offset=offset,
+            index=index, count=count,
+            detail=f"{count} units point at entries beyond the known "
+                   f"committed index {committed} (hardstate commit is lazy)", **at)
 
 
 def _positions(sorted_values: np.ndarray, needles: np.ndarray) -> np.ndarray:
@@ -897,27 +1043,41 @@ def find_duplicate_ids(out: Findings, gid: int, msgs: np.ndarray, max_examples: 
         c, q = codes[by_pid], seq[by_pid]
         if ((c[1:] != c[:-1]) | (q[1:] > q[:-1])).all():
             return
+    for shown, rows in enumerate(identity_runs(pid, seq)):
+        duplicate_id(out, gid, shown < max_examples, int(pid[rows[0]]), int(seq[rows[0]]),
+                     int(m["index"][rows[1]]), len(rows) - 1, m["phys_offset"][rows].tolist())
+
+
+def identity_runs(pid: np.ndarray, seq: np.ndarray) -> list[np.ndarray]:
+    """The rows of every client identity (``pid``, ``seq``, given in log order) stored
+    more than once: per identity, in (producer id, sequence) order, its rows in log
+    order (both engines)."""
     # lexsort is stable: equal identities stay in log order (ascending offsets).
     order = np.lexsort((seq, pid))
-    pid, seq = pid[order], seq[order]
-    same = (pid[1:] == pid[:-1]) & (seq[1:] == seq[:-1])
+    ps, ss = pid[order], seq[order]
+    same = (ps[1:] == ps[:-1]) & (ss[1:] == ss[:-1])
     if not same.any():
-        return
+        return []
     # Runs of equal identities: a run starts where ``same`` turns on.
     edge = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
     starts = np.nonzero(edge == 1)[0]
     ends = np.nonzero(edge == -1)[0]  # last row of each run
-    for shown, (a, b) in enumerate(zip(starts, ends, strict=True)):
-        rows = order[a:b + 1]
-        if shown < max_examples:
-            out.add("duplicates", "duplicate_client_id", VIOLATION, gid=gid,
-                    index=int(m["index"][rows[1]]), phys_offset=int(m["phys_offset"][rows[1]]),
-                    count=len(rows) - 1,
-                    detail=f"producer {int(pid[a]) & 0xFFFFFFFFFFFFFFFF:#x} sequence {seq[a]} "
-                           "stored at " + ", ".join(str(x) for x in m["phys_offset"][rows]))
-        else:
-            out.add("duplicates", "duplicate_client_id", VIOLATION, gid=gid,
-                    count=len(rows) - 1, detail="further occurrences not listed")
+    return [order[a:b + 1] for a, b in zip(starts, ends, strict=True)]
+
+
+def duplicate_id(out: Findings, gid: int, listed: bool, producer: int, sequence: int,
+                 index: int, count: int, offsets: list[int]) -> None:
+    """``duplicate_client_id``: one client identity stored ``count`` times more than once,
+    at ``offsets`` in log order (``index``: the entry of the second). Past the examples
+    (not ``listed``) only the count is given."""
+    if not listed:
+        out.add("duplicates", "duplicate_client_id", VIOLATION, gid=gid, count=count,
+                detail="further occurrences not listed")
+        return
+    out.add("duplicates", "duplicate_client_id", VIOLATION, gid=gid, index=index,
+            phys_offset=offsets[1], count=count,
+            detail=f"producer {producer & 0xFFFFFFFFFFFFFFFF:#x} sequence {sequence} "
+                   "stored at " + ", ".join(str(x) for x in offsets))
 
 
 def _pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:

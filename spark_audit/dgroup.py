@@ -16,6 +16,7 @@ grow with the log.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,9 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from spark_audit import checks, dlog, hits, retained, snapshots
-from spark_audit.checks import INFO, VIOLATION, Findings, GroupState, ReplicaMeta
-
-Version = tuple[int, int, int, int]  # term, position, size, body_crc
+from spark_audit.checks import INFO, Findings, GroupState, ReplicaMeta, Version
 
 
 def _version(v: list[int]) -> Version:
@@ -125,17 +124,6 @@ class GroupLog:
         return sum(max(0, min(hi, r.hi) - max(lo, r.lo) + 1) for r in self.runs)
 
 
-def _intervals(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sorted spans with touching neighbours joined."""
-    out: list[tuple[int, int]] = []
-    for a, b in sorted(spans):
-        if out and out[-1][1] + 1 >= a:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
 def _bridge(held: list[tuple[int, int]], through: int) -> tuple[int, list[tuple[int, int]]]:
     """``retained.bridge`` over intervals of held indexes."""
     if not held:
@@ -165,13 +153,15 @@ def replica_log(meta: ReplicaMeta, log: LogSummary, gid: int, out: Findings) -> 
 
 def check_group(g: GroupLog, state: GroupState, max_examples: int, segment_size: int
                 ) -> pa.Table:
-    """``checks.check_group`` over runs: fills ``state`` the same way, same findings."""
+    """``checks.check_group`` over runs: fills ``state`` the same way, same findings.
+
+    The rules are ``checks``' (``quorum_rule`` to ``retained_ranges``); what is
+    here is finding, in the runs, the indexes and versions they apply to.
+    """
     out = Findings()
     gid = state.gid
-    n = len(state.replicas)
-    majority = n // 2 + 1
-    starts = sorted({s for m in state.replicas.values() for s in m.segment_starts})
-    state.segment_size = segment_size or checks.infer_segment_size(starts)
+    majority = len(state.replicas) // 2 + 1
+    state.segment_size = checks.group_segment_size(state, segment_size)
     for rid, meta in state.replicas.items():
         replica_log(meta, g.logs.get(rid, LogSummary()), gid, out)
 
@@ -180,160 +170,77 @@ def check_group(g: GroupLog, state: GroupState, max_examples: int, segment_size:
     through = retained.majority_vouched(lim, majority)
     # Split runs where the number of vouching replicas changes (after each limit).
     cuts = sorted({t + 1 for t in limits})
-    sub: list[tuple[int, int, Run, int]] = []  # lo, hi, run, vouching replicas
+    sub: list[tuple[int, int, Run]] = []  # lo, hi, the run it is part of
     for r in g.runs:
         lo = r.lo
         for c in (c for c in cuts if r.lo < c <= r.hi):
-            sub.append((lo, c - 1, r, int(retained.vouched_counts(lim, np.array([lo]))[0])))
+            sub.append((lo, c - 1, r))
             lo = c
-        sub.append((lo, r.hi, r, int(retained.vouched_counts(lim, np.array([lo]))[0])))
-    held: list[tuple[int, int]] = []
-    short2: list[tuple[int, int, Run]] = []
-    for lo, hi, r, vouching in sub:
-        alone = r.nopen == 1
-        vouched = (r.votes < majority and r.confirmed and not r.refuted and alone and r.intact)
-        one_version = r.nver == 1 or (alone and r.confirmed)
-        kept = (one_version and not r.refuted and r.intact and vouching > 0
-                and r.votes + vouching >= majority)
-        if r.votes >= majority or vouched or kept:
-            held.append((lo, hi))
-        if vouched and r.votes + vouching < majority:
-            short2.append((lo, hi, r))
-    held = _intervals(held)
+        sub.append((lo, r.hi, r))
+    # Every index of a part has its run's votes and verdicts, and the part's vouching.
+    of = [r for _, _, r in sub]
+    held_mask, short_mask = checks.quorum_rule(
+        np.array([r.votes for r in of], np.int64), np.array([r.nver for r in of], np.int64),
+        np.array([r.nopen for r in of], np.int64), np.array([r.confirmed for r in of], bool),
+        np.array([r.refuted for r in of], bool), np.array([r.intact for r in of], bool),
+        retained.vouched_counts(lim, np.array([lo for lo, _, _ in sub], np.int64)), majority)
+    held = retained.join_spans([(lo, hi) for (lo, hi, _), h in zip(sub, held_mask, strict=True)
+                                if h])
     quorum_end, spanned = _bridge(held, through)
     if not held and state.window_lo:
         quorum_end = state.window_lo - 1  # the entries before the window were verified
     first = held[0][0] if held else 0
-    state.first_index = first
-    state.quorum_end = quorum_end
-    claims = [m.hardstate.commit for m in state.replicas.values() if m.hardstate]
-    state.claimed_commit = max(claims) if claims else 0
-    state.committed = min(state.claimed_commit, quorum_end)
-    if not claims:
-        out.add("divergence", "no_hardstate", INFO, gid=gid,
-                detail="no replica has a readable hardstate: no committed prefix to check")
-    if state.claimed_commit > quorum_end:
-        short = g.present(quorum_end + 1, state.claimed_commit)
-        lo = quorum_end + 1
-        have = next((r.votes for r in g.runs if r.lo <= lo <= r.hi), 0)
-        out.add("lost_offsets", "under_replicated", VIOLATION, gid=gid, index=lo,
-                count=state.claimed_commit - quorum_end,
-                detail=f"hardstate commit {state.claimed_commit} but index {lo} is held "
-                       f"identically by {have} of {n} replicas "
-                       f"(majority {majority}); {short} of the claimed indexes are "
-                       "present anywhere")
-    cut2 = [(lo, min(hi, state.claimed_commit), r) for lo, hi, r in short2
-            if lo <= state.claimed_commit]
-    if cut2:
-        cnt = sum(hi - lo + 1 for lo, hi, _ in cut2)
-        j, _, r0 = cut2[0]
-        out.add("lost_offsets", "under_replicated", VIOLATION, gid=gid, index=j, count=cnt,
-                detail=f"{cnt} committed indexes from {j} are held as sent by fewer "
-                       f"than {majority} of {n} replicas (index {j}: "
-                       f"{r0.votes}); the other replicas' versions hold "
-                       "bodies the history says were not sent (body_mismatch)")
+
+    def votes_at(index: int) -> int:
+        return next((r.votes for r in g.runs if r.lo <= index <= r.hi), 0)
+
+    def place_of(index: int) -> tuple[int, int] | None:
+        v = g.best_at(index)
+        return None if v is None else (v[1], v[2])
+
+    checks.committed_prefix(out, state, first, quorum_end, votes_at, g.present)
+    short = [(lo, min(hi, state.claimed_commit), r)
+             for (lo, hi, r), s in zip(sub, short_mask, strict=True)
+             if s and lo <= state.claimed_commit]
+    checks.under_replicated_as_sent(out, state, short[0][0] if short else 0,
+                                    sum(hi - lo + 1 for lo, hi, _ in short),
+                                    short[0][2].votes if short else 0)
     c = state.committed
     agree_runs: dict[int, list[tuple[int, int]]] = {}
     for rid, meta in state.replicas.items():
         bit = 1 << rid
-        bad = _intervals([(r.lo, r.hi) for r in g.runs if r.holders & bit and not r.match & bit])
+        bad = retained.join_spans([(r.lo, r.hi) for r in g.runs
+                                   if r.holders & bit and not r.match & bit])
         inside = [(a, min(b, c)) for a, b in bad if a <= c]
         beyond = [(max(a, c + 1), b) for a, b in bad if b > c]
-        if inside:
-            j = inside[0][0]
-            row = g.bad[(rid, j)]
-            _, _, fid, foff, term, pos, size, crc = row
-            q = g.best_at(j)
-            assert q is not None
-            out.add("divergence", "divergent_entry", VIOLATION, gid=gid, rid=rid,
-                    fid=fid, file_offset=foff, index=j, phys_offset=pos,
-                    count=sum(b - a + 1 for a, b in inside),
-                    detail=f"first divergent index {j}: replica has (term {term}, "
-                           f"position {pos}, size {size}, crc "
-                           f"{crc:#010x}), quorum has (term {q[0]}, position "
-                           f"{q[1]}, size {q[2]}, crc {q[3]:#010x})")
-            meta.first_divergent = j
-        if beyond:
-            out.add("divergence", "uncommitted_divergence", INFO, gid=gid, rid=rid,
-                    index=beyond[0][0], count=sum(b - a + 1 for a, b in beyond),
-                    detail=f"differs from the majority from index {beyond[0][0]}, beyond the "
-                           f"committed index {c} (Raft may still truncate it)")
-        start = max(first, meta.first_index) if meta.trimmed and first else first
-        meta.agree_start = start
-        agree = _intervals([(max(r.lo, start), r.hi) for r in g.runs
-                            if r.holders & bit and r.match & bit and r.hi >= start])
-        if agree and agree[0][0] == start:
-            meta.agree_end = agree[0][1]
-        else:
-            meta.agree_end = start - 1 if start else 0
-        agree_runs[rid] = agree
-        if meta.agree_end < c and meta.agree_end == meta.last_index:
-            out.add("divergence", "lagging_replica", INFO, gid=gid, rid=rid,
-                    index=meta.agree_end + 1, count=c - meta.agree_end,
-                    detail=f"replica ends at {meta.last_index}, committed index is {c}")
-    sources: list[tuple[int, int, int]] = []
-    lo = first
-    while c and first and lo <= c:
-        cands = [(b, -rid) for rid, rr in agree_runs.items() for a, b in rr if a <= lo <= b]
-        if not cands:
-            resume = [a for rr in agree_runs.values() for a, _ in rr if a > lo]
-            if lo > through or not resume:
-                break
-            lo = min(resume)
-            continue
-        b, neg = max(cands)
-        hi = min(b, c)
-        sources.append((lo, hi, -neg))
-        lo = hi + 1
-    state.sources = sources
-    state.retained_away = _retained_away(out, state, spanned, g, max_examples)
-    holding = [m for m in state.replicas.values() if m.entries]
-    if holding:
-        state.retained_first = min(m.first_index for m in holding)
-        state.retained_from = min(m.claimed_start for m in holding)
-        lo, hi = max(m.first_index for m in holding), min(m.last_index for m in holding)
-        if lo <= hi:
-            state.shared_first, state.shared_last = lo, hi
+        checks.report_divergence(
+            out, gid, meta, c, (inside[0][0] if inside else 0, _count(inside)),
+            (beyond[0][0] if beyond else 0, _count(beyond)),
+            functools.partial(_run_versions, g, rid))
+        start = checks.agreement_start(meta, first)
+        agree_runs[rid] = retained.join_spans([(max(r.lo, start), r.hi) for r in g.runs
+                                               if r.holders & bit and r.match & bit
+                                               and r.hi >= start])
+        checks.agreement_end(out, gid, meta, agree_runs[rid], c)
+    state.sources = checks.committed_sources(agree_runs, first, c, through)
+    state.retained_away = checks.retained_away(out, state, spanned, max_examples, place_of,
+                                               g.present)
+    checks.retained_ranges(state)
     return out.table()
 
 
-def _retained_away(out: Findings, state: GroupState, spanned: list[tuple[int, int]],
-                   g: GroupLog, max_examples: int) -> list[retained.Gap]:
-    """``checks._retained_away`` with the group's versions looked up in the runs."""
-    holds = [span for m in state.replicas.values() if (span := m.should_hold()) is not None]
-    reps = sorted(state.replicas.values(), key=lambda m: m.rid)
-    ends = [(sf.meta.end_position, sf.meta.index) for m in reps for sf in m.snapshots.values()
-            if sf.usable() and sf.meta is not None]
-    gaps: list[retained.Gap] = []
-    for glo, ghi in spanned:
-        for lo, hi in retained.outside_spans(glo, ghi, holds):
-            before = g.best_at(lo - 1)
-            pos_lo = before[1] + before[2] if before is not None else 0
-            after = g.best_at(hi + 1)
-            if after is not None:
-                pos_hi = after[1]
-            else:
-                pos_hi = max([e for e, i in ends if i <= hi] + [pos_lo])
-            who = tuple(m.rid for m in reps if m.vouched_through() >= hi)
-            gaps.append(retained.Gap(lo, hi, pos_lo, max(pos_hi, pos_lo), who))
-            if len(gaps) > max_examples:
-                continue
-            names = ", ".join(m.name for m in reps if m.rid in who)
-            copies = g.present(lo, hi)
-            on = (f"{copies} of them only as copies that do not count (damaged, or "
-                  "refuted by the history), past a replica's durable point") if copies else (
-                "on no replica")
-            out.add("lost_offsets", "retained_away", INFO, gid=state.gid, index=lo,
-                    phys_offset=pos_lo, count=hi - lo + 1,
-                    detail=f"indexes {lo}..{hi} (positions {pos_lo}..{pos_hi}), {on}: "
-                           f"committed, and removed by retention on {names} ({len(who)} of "
-                           f"{len(reps)}, their snapshots cover them); no replica should "
-                           "still hold them")
-    if len(gaps) > max_examples:
-        out.add("lost_offsets", "retained_away", INFO, gid=state.gid,
-                count=sum(g.hi - g.lo + 1 for g in gaps[max_examples:]),
-                detail=f"{len(gaps) - max_examples} further ranges not listed")
-    return gaps
+def _count(spans: list[tuple[int, int]]) -> int:
+    """How many indexes the spans (inclusive, disjoint) hold."""
+    return sum(b - a + 1 for a, b in spans)
+
+
+def _run_versions(g: GroupLog, rid: int, index: int) -> tuple[checks.EntryAt, Version]:
+    """Replica ``rid``'s entry at ``index`` (where its divergence starts, pass 1 returned
+    the row) and the group's version there."""
+    _, _, fid, foff, term, pos, size, crc = g.bad[(rid, index)]
+    q = g.best_at(index)
+    assert q is not None
+    return (fid, foff, term, pos, size, crc), q
 
 
 def check_snapshots(g: GroupLog, state: GroupState) -> pa.Table:

@@ -39,9 +39,8 @@ from spark_audit import (
     hits,
     inputs,
     prepare,
-    replicas,
 )
-from spark_audit.checks import INFO, VIOLATION, Findings
+from spark_audit.checks import Findings
 from spark_audit.engine import Engine
 from spark_audit.replicas import ProblemRow
 
@@ -93,9 +92,8 @@ def run(opts: prepare.AuditOptions, eng: FlowEngine) -> prepare.AuditResult:
     fl = eng.flow
     out = prep.out
     refs = {gid: prepare.reference_replica(st) for gid, st in groups.items()}
-    seg_size = {gid: opts.segment_size or checks.infer_segment_size(
-        sorted({s for m in st.replicas.values() for s in m.segment_starts}))
-        for gid, st in groups.items()}
+    seg_size = {gid: checks.group_segment_size(st, opts.segment_size)
+                for gid, st in groups.items()}
     p1 = dlog.Params(opts.max_entry_size, opts.max_examples, seg_size, refs,
                      {gid: sorted(st.replicas) for gid, st in groups.items()},
                      {gid: probes(st) for gid, st in groups.items()}, prep.digests,
@@ -310,20 +308,13 @@ def run(opts: prepare.AuditOptions, eng: FlowEngine) -> prepare.AuditResult:
             at = int(np.searchsorted(pos, row["phys_offset"], side="right")) - 1
             row["fid"] = int(fids[max(at, 0)])
     for (gid, rid, topic, q), (n, slot, off, idx) in sorted(beyond.items()):
-        qf.add("index_validity", "cq_beyond_commit", INFO, gid=gid, rid=rid, topic=topic,
-               queue_id=q, slot=slot, phys_offset=off, index=idx, count=n,
-               detail=f"{n} units point at entries beyond the known committed index "
-                      f"{groups[gid].committed} (hardstate commit is lazy)")
+        checks.beyond_commit(qf, checks.QueueAt(gid=gid, rid=rid, topic=topic, queue_id=q), n,
+                             slot, off, idx, groups[gid].committed)
     names = {(r.gid, r.rid): r.name for r in prep.replicas}
     for gid, st in groups.items():
         ref = refs[gid]
         for topic, before in sorted(dead[gid].get(ref, {}).items()):
-            n = dead_n[gid].get(topic, 0)
-            if n:
-                qf.add("index_validity", "topic_deleted", INFO, gid=gid, topic=topic,
-                       index=before, count=n,
-                       detail=f"{topic} was deleted by entry {before}: its {n} messages in "
-                              "earlier entries are dead (never indexed again)")
+            prepare.topic_deleted(qf, gid, topic, before, dead_n[gid].get(topic, 0))
         if opts.share_identical:
             _shared(qf, gid, st, ref, bounds[gid], dead[gid], glogs[gid].diff_ref,
                     cq_content, queues[gid], names, counts)
@@ -335,12 +326,7 @@ def run(opts: prepare.AuditOptions, eng: FlowEngine) -> prepare.AuditResult:
         _duplicates(dup, gid, dups[gid], opts.max_examples)
     found.append(dup.table())
     tm["duplicate_checks_s"] = time.perf_counter() - t4
-    starts = {f.fid: f.start for f in prep.files}
-    kinds = {f.fid: f.kind for f in prep.files}
-    durable_end = {(g, rid): (m.checkpoint.durable_end if m.checkpoint else 0)
-                   for g, st in groups.items() for rid, m in st.replicas.items()}
-    found.append(checks.problem_findings(replicas.problems_table(problem_rows), starts, kinds,
-                                         durable_end))
+    found.append(prepare.problem_findings(prep, problem_rows))
     counts["problems"] = len(problem_rows)
 
     hstats: dict[str, int] = {}
@@ -352,35 +338,16 @@ def run(opts: prepare.AuditOptions, eng: FlowEngine) -> prepare.AuditResult:
                           "producer_id": pa.array(cols[1], pa.int64()),
                           "sequence": pa.array(cols[2], pa.int64()),
                           "phys_offset": pa.array(cols[3], pa.int64())})
-        floors = {gid: st.retained_from for gid, st in groups.items()}
-        away = {gid: [(g.pos_lo, g.pos_hi) for g in st.retained_away]
-                for gid, st in groups.items()}
-        hf, hstats = history.check_history(prep.hist_msgs, table, gids, opts.max_examples,
-                                           floors, away)
-        hstats["body_digests"] = sum(len(d) for d in prep.digests.values())
-        hstats["ops"] = prep.nops
+        hf, hstats = prepare.history_findings(prep, table, opts.max_examples)
         found.append(hf)
         tm["history_s"] = time.perf_counter() - t7
 
-    files = prep.files
-    counts.update({
-        "groups": len(groups), "replicas": len(prep.replicas), "files": len(files),
-        "bytes": sum(f.length for f in files),
-        "segments": sum(f.kind == inputs.SEGMENT for f in files),
-        "segment_bytes": sum(f.length for f in files if f.kind == inputs.SEGMENT),
-    })
-    by_kind: dict[str, int] = defaultdict(int)
-    for f in files:
-        by_kind[f.kind] += 1
     tm.update(task_s)
     # A span no reduce call saw (no replica holds any of its indexes) is empty on each.
     span_digests = {gid: {span: {rid: glogs[gid].digests.get(span, {}).get(
         rid, (0, digest.EMPTY)) for rid in groups[gid].replicas} for span in spans}
         for gid, spans in prep.digest_spans.items()}
-    return prepare.AuditResult(prep.replicas, files, groups, checks.concat_findings(found),
-                               {**counts, "files_by_kind": dict(by_kind)}, hstats, tm,
-                               span_digests, {gid: prepare.agreed_deletions(st, deletions[gid])
-                                              for gid, st in groups.items()})
+    return prepare.result(prep, found, counts, hstats, span_digests, deletions)
 
 
 def _shared(out: Findings, gid: int, st: checks.GroupState, ref: int,
@@ -405,23 +372,11 @@ def _shared(out: Findings, gid: int, st: checks.GroupState, ref: int,
                 if sorted(cq_content[(gid, rid)].get(q, [])) == sorted(
                     cq_content[(gid, ref)].get(q, []))
                 and ref_kinds[q] <= prepare.SHAREABLE)
-        if n:
-            counts["cq_queues_shared"] += n
-            out.add("index_validity", "cq_same_as_reference", INFO, gid=gid, rid=rid, count=n,
-                    detail=f"{n} of {len(qkeys)} queues: ConsumeQueue files byte-identical "
-                           f"(per-file CRC and length) to replica {names[(gid, ref)]}'s over "
-                           "an identical log, validated once on that replica")
+        prepare.same_as_reference(out, counts, gid, rid, n, len(qkeys), names[(gid, ref)])
 
 
 def _duplicates(out: Findings, gid: int, runs: list[list[Any]], max_examples: int) -> None:
     """``checks.find_duplicate_ids`` from the runs each identity bucket found."""
     runs.sort(key=lambda r: (r[0], r[1]))
-    for shown, (pid, seq, index, phys, count, where) in enumerate(runs):
-        if shown < max_examples:
-            out.add("duplicates", "duplicate_client_id", VIOLATION, gid=gid, index=index,
-                    phys_offset=phys, count=count,
-                    detail=f"producer {pid & 0xFFFFFFFFFFFFFFFF:#x} sequence {seq} "
-                           "stored at " + ", ".join(str(x) for x in where))
-        else:
-            out.add("duplicates", "duplicate_client_id", VIOLATION, gid=gid, count=count,
-                    detail="further occurrences not listed")
+    for shown, (pid, seq, index, count, where) in enumerate(runs):
+        checks.duplicate_id(out, gid, shown < max_examples, pid, seq, index, count, where)

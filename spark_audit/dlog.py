@@ -165,27 +165,15 @@ def continuity(hits: Hits, rows: np.ndarray, seg: int, gid: int, rid: int) -> No
     idx, term, pos = rows["index"], rows["term"], rows["position"]
     size = rows["size"].astype(np.int64)
     fid, foff = rows["fid"], rows["file_offset"]
-    step = np.diff(idx)
-    expect = checks.place(pos[:-1] + size[:-1], size[1:], seg)
-
-    def report(check: str, kind: str, mask: np.ndarray, text: Any) -> None:
+    for check, kind, mask, text in checks.continuity_rules(idx, term, pos, size, seg):
         at = np.nonzero(mask)[0]
         if not len(at):
-            return
+            continue
         kept: list[Hit] = [((int(pos[j + 1]),), {
             "fid": int(fid[j + 1]), "file_offset": int(foff[j + 1]), "index": int(idx[j + 1]),
             "phys_offset": int(pos[j + 1]), "detail": text(j)}, int(idx[j]))
             for j in at[:hits.limit]]
         hits.add((check, kind, gid, rid, "", -1), len(at), kept)
-
-    report("lost_offsets", "index_gap", step > 1,
-           lambda j: f"index {idx[j]} is followed by {idx[j + 1]}")
-    report("duplicates", "index_repeated", step < 1,
-           lambda j: f"index {idx[j]} is followed by {idx[j + 1]}")
-    report("lost_offsets", "term_decrease", np.diff(term) < 0,
-           lambda j: f"term {term[j]} at index {idx[j]} is followed by term {term[j + 1]}")
-    report("lost_offsets", "position_gap", pos[1:] != expect,
-           lambda j: f"entry at {pos[j + 1]} should be at {expect[j]} by the placement rule")
 
 
 def _body_verdicts(hits: Hits, buf: parse.Buffer, f: FileInfo, rows: np.ndarray,

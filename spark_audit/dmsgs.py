@@ -520,16 +520,9 @@ def _reduce_ids(gid: int, blocks: list[flow.Block], p: Params) -> bytes:
     ids = ids[np.lexsort((ids["phys"], ids["span"]))]  # the committed log's order
     out: dict[str, Any] = {"dups": [], "hist": []}
     pid, seq = ids["pid"], ids["seq"]
-    order = np.lexsort((seq, pid))
-    ps, ss = pid[order], seq[order]
-    same = (ps[1:] == ps[:-1]) & (ss[1:] == ss[:-1])
-    if same.any():
-        edge = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
-        for a, b in zip(np.nonzero(edge == 1)[0], np.nonzero(edge == -1)[0], strict=True):
-            rows = order[a:b + 1]
-            out["dups"].append([int(ps[a]), int(ss[a]), int(ids["index"][rows[1]]),
-                                int(ids["phys"][rows[1]]), len(rows) - 1,
-                                [int(x) for x in ids["phys"][rows]]])
+    for rows in checks.identity_runs(pid, seq):
+        out["dups"].append([int(pid[rows[0]]), int(seq[rows[0]]), int(ids["index"][rows[1]]),
+                            len(rows) - 1, [int(x) for x in ids["phys"][rows]]])
     if len(keys) and len(ids):
         want = set(zip(keys["pid"].tolist(), keys["seq"].tolist(), strict=True))
         out["hist"] = [[a, b, x] for a, b, x in zip(pid.tolist(), seq.tolist(),

@@ -27,12 +27,12 @@ import hashlib
 import json
 import math
 import os
-import re
 import tempfile
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ledgermq.base.audit_night import NAME, strict_json
 from spark_audit import digest
 
 FORMAT: Literal[1] = 1
@@ -40,7 +40,7 @@ MAX_INDEX = (1 << 63) - 1
 NIGHT_ID = r"^\d{8}T\d{6}Z$"
 # Group and replica names (group names become file names): the alphabet night.json
 # allows (no "/", never starting with ".").
-GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:%|@+-]{0,127}")
+GROUP_NAME = NAME
 MAX_FILE_BYTES = 256 << 20
 
 Index = Annotated[int, Field(ge=1, le=MAX_INDEX)]
@@ -146,19 +146,6 @@ def canonical(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def load(state_dir: str, group: str) -> Manifest | None:
     """The group's manifest; None when there is none yet; ``ManifestError`` when it
     cannot be believed."""
@@ -173,8 +160,7 @@ def load(state_dir: str, group: str) -> Manifest | None:
     except OSError as exc:
         raise ManifestError(f"manifest {path}: cannot be read: {exc}") from None
     try:
-        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates,
-                         parse_constant=_no_constant)
+        doc = strict_json(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ManifestError(f"manifest {path}: not valid JSON: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("sha256"), str):

@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spark_audit import digest, fmt, inputs, manifest, rotation, session, window
+from spark_audit import digest, fmt, inputs, manifest, retained, rotation, session, window
 from spark_audit.audit import AuditOptions
 from spark_audit.checks import VIOLATION
 from spark_audit.engine import Engine, LocalEngine
@@ -310,7 +310,7 @@ def _evaluate_reverify(p: Plan, t: Tally, out: Outcome, spans: list[Span],
                 parts[r] = Part(lo=a, entries=n, digest=hx)  # rebased (retention cut it)
         if not any(n for _, n, _, _ in now.values()):
             # No replica holds any of it: retention's (retained away) or lost.
-            if not rotation.subtract(s.lo, s.hi, away):
+            if not retained.outside_spans(s.lo, s.hi, away):
                 t.gone.append((s.lo, s.hi))
                 continue
             t.extra.append({"kind": RANGE_LOST, "group": p.name, "replica": "",
@@ -384,7 +384,7 @@ def _night(opts: NightOptions) -> int:
     for p in plans:
         t = tally[p.name]
         if code != 2 and not t.kinds():
-            dropped[p.name] = rotation.merge(p.dropped + t.gone)
+            dropped[p.name] = retained.join_spans(p.dropped + t.gone)
             p.manifest = _updated(p, t)
             manifest.save(opts.state_dir, p.manifest)
     doc = _night_doc(opts, nid, started, finished, code, master, plans, tally, dropped)

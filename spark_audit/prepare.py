@@ -1,22 +1,25 @@
-"""What both ways of running the audit share: options, result, and the start.
+"""What both ways of running the audit share: options, result, the start and the end.
 
 ``prepare`` discovers the files, decodes the small ones (checkpoint,
 hardstate, dispatch checkpoint, snapshot metas) into each replica's
 ``checks.ReplicaMeta`` and reads the history; ``audit.run_audit`` (every
 array on the driver) and ``distributed.run`` (keyed passes, the driver gets
-findings) both go on from there.
+findings) both go on from there, and end with ``problem_findings``,
+``history_findings`` and ``result``.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from spark_audit import checks, control, digest, engine, fmt, history, inputs, window
+from spark_audit import checks, control, digest, engine, fmt, history, inputs, replicas, window
 from spark_audit.checks import INFO, VIOLATION, Findings
+from spark_audit.replicas import ProblemRow
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -173,6 +176,30 @@ def reference_replica(st: checks.GroupState) -> int:
 SHAREABLE = {"cq_beyond_commit"}
 
 
+def same_as_reference(out: Findings, counts: dict[str, int], gid: int, rid: int, n: int,
+                      queues: int, reference: str) -> None:
+    """``cq_same_as_reference`` (info): ``n`` of the group's ``queues`` queues of replica
+    ``rid`` were validated once, on the ``reference`` replica, their ConsumeQueue files
+    byte-identical to its over an identical log (counted in ``cq_queues_shared``)."""
+    if not n:
+        return
+    counts["cq_queues_shared"] += n
+    out.add("index_validity", "cq_same_as_reference", INFO, gid=gid, rid=rid, count=n,
+            detail=f"{n} of {queues} queues: ConsumeQueue files byte-identical "
+                   f"(per-file CRC and length) to replica {reference}'s over "
+                   "an identical log, validated once on that replica")
+
+
+def topic_deleted(out: Findings, gid: int, topic: str, before: int, n: int) -> None:
+    """``topic_deleted`` (info): the topic's ``n`` messages in entries before its deletion
+    entry ``before`` are dead (``dead_before``): no queue indexes them again."""
+    if not n:
+        return
+    out.add("index_validity", "topic_deleted", INFO, gid=gid, topic=topic, index=before,
+            count=n, detail=f"{topic} was deleted by entry {before}: its {n} messages "
+                            "in earlier entries are dead (never indexed again)")
+
+
 def dead_before(st: checks.GroupState, deletions: dict[int, list[control.Deletion]],
                 known: list[control.Deletion] | None = None) -> dict[int, dict[str, int]]:
     """Per replica, topic -> D: the topic's messages in entries below D are dead.
@@ -211,3 +238,50 @@ def agreed_deletions(st: checks.GroupState, deletions: dict[int, list[control.De
                                                                 st.committed)})
 
 
+def problem_findings(prep: Prepared, rows: list[ProblemRow]) -> pa.Table:
+    """The parse problems an engine collected, as findings (``checks.problem_findings``:
+    a torn tail past its replica's durable end is what a crash leaves, info)."""
+    starts = {f.fid: f.start for f in prep.files}
+    kinds = {f.fid: f.kind for f in prep.files}
+    durable_end = {(g, rid): (m.checkpoint.durable_end if m.checkpoint else 0)
+                   for g, st in prep.groups.items() for rid, m in st.replicas.items()}
+    return checks.problem_findings(replicas.problems_table(rows), starts, kinds, durable_end)
+
+
+def history_findings(prep: Prepared, matched: pa.Table, max_examples: int
+                     ) -> tuple[pa.Table, dict[str, int]]:
+    """The history check (``history.check_history``) on the committed messages the
+    history's keys matched (``matched``), excusing what retention removed from every
+    replica (below ``retained_from``, in ``retained_away`` ranges); its counts, with
+    the body digests and operations the history holds."""
+    groups = prep.groups
+    floors = {gid: st.retained_from for gid, st in groups.items()}
+    away = {gid: [(g.pos_lo, g.pos_hi) for g in st.retained_away] for gid, st in groups.items()}
+    found, stats = history.check_history(prep.hist_msgs, matched,
+                                         {st.name: gid for gid, st in groups.items()},
+                                         max_examples, floors, away)
+    stats["body_digests"] = sum(len(d) for d in prep.digests.values())
+    stats["ops"] = prep.nops
+    return found, stats
+
+
+def result(prep: Prepared, found: list[pa.Table], counts: dict[str, int],
+           history_stats: dict[str, int],
+           span_digests: dict[int, dict[tuple[int, int], dict[int, tuple[int, str]]]],
+           deletions: dict[int, dict[int, list[control.Deletion]]]) -> AuditResult:
+    """What both engines return: the findings together, what was read (``counts`` with
+    the sizes of the inputs and the files by kind) and the topic deletions of the
+    agreed, committed log (``agreed_deletions``)."""
+    files = prep.files
+    counts.update({
+        "groups": len(prep.groups), "replicas": len(prep.replicas), "files": len(files),
+        "bytes": sum(f.length for f in files),
+        "segments": sum(f.kind == inputs.SEGMENT for f in files),
+        "segment_bytes": sum(f.length for f in files if f.kind == inputs.SEGMENT),
+    })
+    by_kind = Counter(f.kind for f in files)
+    return AuditResult(prep.replicas, files, prep.groups, checks.concat_findings(found),
+                       {**counts, "files_by_kind": dict(by_kind)}, history_stats,
+                       prep.timings, span_digests,
+                       {gid: agreed_deletions(st, deletions[gid])
+                        for gid, st in prep.groups.items()})

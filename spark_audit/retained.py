@@ -15,7 +15,9 @@ should still hold (from its checkpoint's first index to its last entry: a
 lost middle segment, a damaged entry), which its own findings report and
 which history messages are not excused for.
 
-The functions here work on plain numbers, so the rule reads on its own.
+The functions here work on plain numbers, so the rule reads on its own; the
+span arithmetic at the end (``outside_spans``, ``join_spans``) serves the
+nightly rotation too.
 """
 
 from __future__ import annotations
@@ -86,3 +88,14 @@ def outside_spans(lo: int, hi: int, spans: list[tuple[int, int]]) -> list[tuple[
                 nxt.append((b + 1, y))
         parts = nxt
     return parts
+
+
+def join_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Spans ``(a, b)`` (inclusive) sorted, with overlapping or touching neighbours joined."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out

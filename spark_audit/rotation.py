@@ -32,6 +32,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from spark_audit.retained import join_spans
+
 Range = tuple[int, int]
 
 
@@ -68,20 +70,9 @@ def select(spans: list[Aged], tonight: int, nights: int) -> list[Aged]:
     return sorted(out, key=lambda s: s.lo)
 
 
-def merge(ranges: list[Range]) -> list[Range]:
-    """Sorted ranges with touching neighbours joined."""
-    out: list[Range] = []
-    for a, b in sorted(ranges):
-        if out and a <= out[-1][1] + 1:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
 def windows(spans: list[Aged]) -> list[Range]:
     """The contiguous index ranges the selected spans make (one audit window each)."""
-    return merge([(s.lo, s.hi) for s in spans])
+    return join_spans([(s.lo, s.hi) for s in spans])
 
 
 def trim(spans: list[Aged], floor: int) -> tuple[list[Aged], list[Range]]:
@@ -97,24 +88,7 @@ def trim(spans: list[Aged], floor: int) -> tuple[list[Aged], list[Range]]:
             kept.append(Aged(floor, s.hi, s.night_no))
         else:
             kept.append(s)
-    return kept, merge(dropped)
-
-
-def subtract(lo: int, hi: int, holes: list[Range]) -> list[Range]:
-    """The parts of ``lo..hi`` outside every range of ``holes``."""
-    parts = [(lo, hi)]
-    for a, b in holes:
-        nxt = []
-        for x, y in parts:
-            if b < x or a > y:
-                nxt.append((x, y))
-                continue
-            if x < a:
-                nxt.append((x, a - 1))
-            if b < y:
-                nxt.append((b + 1, y))
-        parts = nxt
-    return parts
+    return kept, join_spans(dropped)
 
 
 def new_range(verified_through: int, floor: int, committed: int) -> Range | None:

@@ -147,6 +147,15 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+def strict_json(raw: bytes) -> Any:
+    """``raw`` as a JSON document a claim must be: UTF-8, no key twice in an object, no
+    NaN or Infinity. Raises ``ValueError`` otherwise (``UnicodeDecodeError`` for bytes
+    that are not UTF-8) or ``RecursionError`` (nested too deeply). The nightly
+    manifest (``spark_audit.manifest``) is read by the same rule."""
+    return json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates,
+                      parse_constant=_no_constant)
+
+
 def load_json(path: Path) -> dict[str, Any]:
     """The JSON object in ``path``; NightError for anything else."""
     try:
@@ -160,8 +169,7 @@ def load_json(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise NightError(f"{path}: cannot be read: {exc}") from None
     try:
-        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates,
-                         parse_constant=_no_constant)
+        doc = strict_json(raw)
     except UnicodeDecodeError as exc:
         raise NightError(f"{path}: not UTF-8: {exc}") from None
     except RecursionError:

@@ -279,25 +279,33 @@ def test_a_segment_lost_everywhere_is_still_lost(bases):
     assert not kinds(res, "retained_away")
 
 
-@pytest.mark.spark
-def test_spark_finds_the_same_across_a_retained_away_gap(spark, bases):
-    """On local Spark: the stopped, damaged replica group gives exactly the
-    in-process findings and the same retained-away range."""
-    from spark_audit.spark_engine import SparkEngine
-
-    g = _stopped_group(bases, "spark")
-    n1 = os.path.join(g, "n1")
-    rr.flip_body_byte(n1, 30)
-    rr.cut_segment_inside(n1, 45)
-    opts = AuditOptions([g], [_history(bases, "spark")], max_examples=10_000)
-    local = run_audit(opts, LocalEngine())
-    res = run_audit(opts, SparkEngine(spark))
+def _same_both_ways(bases: dict, name: str, engine, damaged: bool) -> tuple:
+    """The stopped group (n1 damaged where it keeps entries, when ``damaged``) audited in
+    process and with ``engine``: the same rows and the same one retained-away range.
+    Returns both results (in process first)."""
+    g = _stopped_group(bases, name)
+    if damaged:
+        n1 = os.path.join(g, "n1")
+        rr.flip_body_byte(n1, 30)
+        rr.cut_segment_inside(n1, 45)
+    opts = AuditOptions([g], [_history(bases, name)], max_examples=10_000)
+    local, res = run_audit(opts, LocalEngine()), run_audit(opts, engine)
     key = ["check", "kind", "severity", "gid", "rid", "fid", "file_offset", "index", "slot",
            "phys_offset", "count", "detail"]
     assert sorted(res.findings.select(key).to_pylist(), key=repr) == sorted(
         local.findings.select(key).to_pylist(), key=repr)
     (st,), (lst,) = res.groups.values(), local.groups.values()
     assert st.retained_away == lst.retained_away and len(st.retained_away) == 1
+    return local, res
+
+
+@pytest.mark.spark
+def test_spark_finds_the_same_across_a_retained_away_gap(spark, bases):
+    """On local Spark: the stopped, damaged replica group gives exactly the
+    in-process findings and the same retained-away range."""
+    from spark_audit.spark_engine import SparkEngine
+
+    _same_both_ways(bases, "spark", SparkEngine(spark), damaged=True)
 
 
 @pytest.mark.parametrize("damage", ["none", "stopped_replica_damaged"])
@@ -305,17 +313,6 @@ def test_the_distributed_audit_finds_the_same_across_a_gap(bases, damage):
     """The distributed passes (in this process) give the in-process rows and ranges."""
     from spark_audit.engine import LocalFlowEngine
 
-    g = _stopped_group(bases, f"flow_{damage}")
-    if damage != "none":
-        n1 = os.path.join(g, "n1")
-        rr.flip_body_byte(n1, 30)
-        rr.cut_segment_inside(n1, 45)
-    opts = AuditOptions([g], [_history(bases, f"flow_{damage}")], max_examples=10_000)
-    local, res = run_audit(opts, LocalEngine()), run_audit(opts, LocalFlowEngine())
-    key = ["check", "kind", "severity", "gid", "rid", "fid", "file_offset", "index", "slot",
-           "phys_offset", "count", "detail"]
-    assert sorted(res.findings.select(key).to_pylist(), key=repr) == sorted(
-        local.findings.select(key).to_pylist(), key=repr)
-    (st,), (lst,) = res.groups.values(), local.groups.values()
-    assert st.retained_away == lst.retained_away and len(st.retained_away) == 1
+    local, res = _same_both_ways(bases, f"flow_{damage}", LocalFlowEngine(),
+                                 damaged=damage != "none")
     assert res.history_stats == local.history_stats

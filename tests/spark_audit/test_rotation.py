@@ -9,7 +9,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_audit import digest, rotation
+from spark_audit import digest, retained, rotation
 from spark_audit.rotation import Aged
 
 # One night: how far the commit moved, how far retention's floor moved (both >= 0).
@@ -85,6 +85,6 @@ def test_retention_trims_through_a_span() -> None:
                                   150)
     assert kept == [Aged(150, 200, 2), Aged(201, 300, 2)]
     assert dropped == [(1, 149)]
-    assert rotation.subtract(1, 100, [(20, 30), (90, 200)]) == [(1, 19), (31, 89)]
+    assert retained.outside_spans(1, 100, [(20, 30), (90, 200)]) == [(1, 19), (31, 89)]
     assert rotation.new_range(100, 1, 100) is None
     assert rotation.new_range(100, 150, 300) == (150, 300)
