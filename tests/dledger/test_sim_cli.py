@@ -48,3 +48,17 @@ def test_sim_async_flush_and_profile_options() -> None:
 def test_sim_rejects_unknown_flush_and_profile() -> None:
     assert runner.invoke(app, ["sim", "--seeds", "1", "--flush", "maybe"]).exit_code != 0
     assert runner.invoke(app, ["sim", "--seeds", "1", "--profile", "nope"]).exit_code != 0
+
+
+def test_a_failure_under_another_connection_loss_share_replays_with_its_hint() -> None:
+    """The printed replay command carries --connection-loss when the share is not
+    the default, and running that command finds the same failure again."""
+    result = runner.invoke(app, ["sim", "--seeds", "30", "--bug", "commit_old_term_by_counting",
+                                 "--connection-loss", "0.2"], env={"COLUMNS": "300"})
+    assert result.exit_code == 1
+    hint = next(line for line in result.output.splitlines() if "replay with:" in line)
+    args = hint.split("ledgermq ", 1)[1].split()
+    assert args[args.index("--connection-loss") + 1] == "0.2"
+    again = runner.invoke(app, [*args, "--bug", "commit_old_term_by_counting"])
+    assert again.exit_code == 1
+    assert runner.invoke(app, ["sim", "--seeds", "1", "--connection-loss", "2"]).exit_code != 0

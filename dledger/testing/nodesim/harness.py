@@ -652,9 +652,12 @@ class Harness:
 
 
 def replay_hint(seed: int, nodes: int, compaction: float = 0.0,
-                membership: float = 0.0) -> str:
+                membership: float = 0.0, connection_loss: float | None = None) -> str:
+    """The command that replays a seed of the real-node simulator."""
     extra = " --compaction 1" if compaction else ""
     extra += " --membership 1" if membership else ""
+    if connection_loss is not None and connection_loss != NodeSimOptions.connection_loss:
+        extra += f" --connection-loss {connection_loss}"
     return f"ledgermq sim --real-node{extra} --seed {seed} --nodes {nodes} --trace"
 
 

@@ -50,6 +50,10 @@ def register(app: typer.Typer) -> None:
             None, min=0.0, max=1.0,
             help="Share of seeds with membership changes and disk wipes (default 0.5 for the "
                  "core simulator, 0 for --real-node)."),
+        connection_loss: float = typer.Option(
+            0.5, min=0.0, max=1.0,
+            help="Share of seeds in which followers are told their leader's connections "
+                 "closed (real and wrong notices; docs/raft.md, leader connection loss)."),
     ) -> None:
         """Run the deterministic Raft simulator over a range of seeds."""
         import json
@@ -70,7 +74,7 @@ def register(app: typer.Typer) -> None:
 
             sim_real_node.run([seed] if seed is not None else list(range(start, start + seeds)),
                               nodes, flush or "mix", trace, json_output, bug, compaction or 0.0,
-                              membership or 0.0)
+                              membership or 0.0, connection_loss)
         flush = flush or "sync"
         try:
             bugs = Bugs.only(bug) if bug else Bugs()
@@ -81,7 +85,8 @@ def register(app: typer.Typer) -> None:
             options = SimOptions(nodes=nodes, bugs=bugs, flush=flush, profile=profile,
                                  compaction=0.5 if compaction is None else compaction,
                                  membership=0.5 if membership is None else membership,
-                                 install_mutant=install_mutant)
+                                 install_mutant=install_mutant,
+                                 connection_loss=connection_loss)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
         seed_list = [seed] if seed is not None else list(range(start, start + seeds))
@@ -111,7 +116,7 @@ def register(app: typer.Typer) -> None:
             if not result.ok:
                 failures.append(result)
                 if not json_output:
-                    hint = replay_hint(s, nodes, flush, compaction, membership)
+                    hint = replay_hint(s, nodes, flush, compaction, membership, connection_loss)
                     if install_mutant:
                         hint += f" --install-mutant {install_mutant}"
                     print_failure(console, result, nodes, trace, hint)

@@ -74,7 +74,8 @@ def seed_options(seed: int, base: NodeSimOptions, compaction: float,
 
 
 def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: bool,
-        bug: str | None, compaction: float = 0.0, membership: float = 0.0) -> None:
+        bug: str | None, compaction: float = 0.0, membership: float = 0.0,
+        connection_loss: float = 0.5) -> None:  # NodeSimOptions.connection_loss
     from rich.console import Console
 
     from dledger.config import Bugs
@@ -96,7 +97,7 @@ def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: 
             raise typer.BadParameter(f"{exc}; runtime bugs: {', '.join(RUNTIME_BUGS)}") \
                 from exc
     options = NodeSimOptions(nodes=nodes, flush=flush, bugs=bugs, runtime_bug=runtime_bug,
-                             applier=BrokerApplier)
+                             applier=BrokerApplier, connection_loss=connection_loss)
     snapshot_applier = BrokerApplier if issubclass(BrokerApplier, SnapshotApplier) \
         else RecordingApplier
     console = Console()
@@ -121,7 +122,7 @@ def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: 
             if not json_output:
                 print_failure(console, result, nodes, trace,
                               replay_hint(s, nodes, 1.0 if on else 0.0,
-                                          1.0 if members else 0.0))
+                                          1.0 if members else 0.0, connection_loss))
     elapsed = time.perf_counter() - began
     summary = {
         "simulator": "real-node", "nodes": nodes, "first_seed": seed_list[0],
