@@ -34,9 +34,17 @@ import asyncio
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from ledgermq.cli.admin_api import Target
+import typer
+
+from ledgermq.cli.admin_api import (
+    ACCESS_KEY_OPTION,
+    SECRET_FILE_OPTION,
+    TLS_CA_OPTION,
+    TOKEN_OPTION,
+    Target,
+)
 
 INDEX_MAX = 2**63 - 1
 # A group name must survive `--cut GROUP=INDEX` and a `NAME=DIR,...` spec:
@@ -216,17 +224,6 @@ def capture(urls: Sequence[str], to: Target, timeout: float = 10.0) -> LiveCut:
 
 def register(audit_app: Any) -> None:
     """Add `cut` to the `ledgermq audit` command group."""
-    from typing import Annotated
-
-    import typer
-
-    from ledgermq.cli.admin_api import (
-        ACCESS_KEY_OPTION,
-        SECRET_FILE_OPTION,
-        TLS_CA_OPTION,
-        TOKEN_OPTION,
-    )
-
     @audit_app.command("cut")
     def cut(
         urls: Annotated[list[str], typer.Argument(help="every broker's admin URL")],

@@ -41,9 +41,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Annotated, Any
 
-from ledgermq.cli.admin_api import Target
+import typer
+
+from ledgermq.cli.admin_api import (
+    ACCESS_KEY_OPTION,
+    SECRET_FILE_OPTION,
+    TLS_CA_OPTION,
+    TOKEN_OPTION,
+    Target,
+)
 
 PRIORITIES = ("idle", "nice", "normal")
 STOP_GRACE_S = 20.0
@@ -328,17 +336,6 @@ def split_urls(values: Sequence[str]) -> list[str]:
 
 def register(audit_app: Any) -> None:
     """Add `schedule` to the `ledgermq audit` command group."""
-    from typing import Annotated
-
-    import typer
-
-    from ledgermq.cli.admin_api import (
-        ACCESS_KEY_OPTION,
-        SECRET_FILE_OPTION,
-        TLS_CA_OPTION,
-        TOKEN_OPTION,
-    )
-
     @audit_app.command("schedule")
     def schedule(
         specs: Annotated[list[str], typer.Argument(
