@@ -50,6 +50,7 @@ INDEX_MAX = 2**63 - 1
 # A group name must survive `--cut GROUP=INDEX` and a `NAME=DIR,...` spec:
 # no separators, no whitespace or control characters.
 _GROUP = re.compile(r"^[^\s=,/\x00-\x1f\x7f]{1,255}$")
+NOT_BROKER = "not a broker's admin API (give each broker's admin URL, not the NameServer's)"
 
 
 class CutError(ValueError):
@@ -123,8 +124,7 @@ def parse_status(url: str, answer: Any) -> NodeReport:
         raise CutError(f"{url}: /api/v1/status answered an error: {str(detail)[:200]}")
     group = answer.get("group")
     if group is None:
-        raise CutError(f"{url}: /api/v1/status has no 'group': not a broker's admin API "
-                       "(give each broker's admin URL, not the NameServer's)")
+        raise CutError(f"{url}: /api/v1/status has no 'group': {NOT_BROKER}")
     if not isinstance(group, str) or not _GROUP.match(group):
         raise CutError(f"{url}: /api/v1/status field 'group' is {str(group)[:80]!r}, not a "
                        "group name")
@@ -182,7 +182,10 @@ async def _ask(url: str, to: Target, credentials: Any, timeout: float) -> NodeRe
             answer = await api.call("GET", "status")
     except AdminApiError as exc:
         if exc.status == 0:
-            raise CutError(f"{url}: the broker did not answer ({exc.message})") from None
+            reason = str(exc).removeprefix(f"{exc.status} {exc.code}: ")
+            raise CutError(f"{url}: the broker did not answer ({reason})") from None
+        if exc.status == 404:  # a NameServer's admin app, or something else
+            raise CutError(f"{url}: no /api/v1/status here (404): {NOT_BROKER}") from None
         raise CutError(f"{url}: /api/v1/status answered {exc}") from None
     except (TimeoutError, OSError) as exc:  # aiohttp's total timeout is a TimeoutError
         raise CutError(f"{url}: the broker did not answer within {timeout:g} s "

@@ -28,6 +28,7 @@ night runs are skipped, not queued. `--run-at-start` runs a night at once;
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -88,7 +89,7 @@ class ScheduleConfig:
 def zone(name: str) -> dt.tzinfo:
     """A time zone by IANA name ("UTC" needs no tz database)."""
     if name.upper() == "UTC":
-        return dt.timezone.utc
+        return dt.UTC
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
     try:
@@ -137,7 +138,7 @@ def spec_groups(specs: Sequence[str]) -> set[str]:
 
 def stamp(at: float) -> str:
     """A night's label: its UTC start, `YYYYMMDDTHHMMSSZ` (the state layout's)."""
-    return dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
 def _size(n: int) -> str:
@@ -203,7 +204,7 @@ class Scheduler:
         self.last_exit = 0
 
     def log(self, text: str) -> None:
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         print(f"{now} audit-schedule: {text}", file=self.out, flush=True)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -211,10 +212,8 @@ class Scheduler:
         child = self.child
         if child is not None and child.poll() is None:
             # The audit's whole process group: the JVM and the Python workers too.
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -318,10 +317,8 @@ class Scheduler:
             if self.stopping.is_set():
                 stop_seen = stop_seen or time.monotonic()
                 if time.monotonic() - stop_seen > STOP_GRACE_S:
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.killpg(child.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
 
     @staticmethod
     def _prune(logs: Path) -> None:
