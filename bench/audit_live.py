@@ -1,0 +1,414 @@
+"""Does a broker under load slow down while the live audit reads its files?
+
+Issue 20's evidence: "a broker under load must not slow by more than 10%
+while it is audited". A 3-node group on 127.0.0.1 (real processes, admin
+apps on, flush and replicate `sync` as deployed), filled with `--messages`
+messages first so the audit has work; then, in `--rounds` rounds and for
+each `--priorities` setting (the audit's CPU and I/O priority, as
+`ledgermq audit schedule --priority` runs it):
+
+  fixed rate   a producer at `--rate` messages/s (open loop: each send is
+               scheduled at its time, its latency counted from then, so a
+               stall shows as latency, not as fewer sends), well below
+               saturation; one window while the audit runs (from its start to
+               its exit: JVM start included), one window of the same length
+               without it, the order alternating between rounds;
+  saturation   `--in-flight` sends in a closed loop for `--saturation-seconds`,
+               with the audit started at the window's start (and stopped at
+               its end if not done: at idle priority a saturated machine gives
+               it almost nothing) and without it.
+
+The audit is `ledgermq audit --live URL... --master local[2]` over the live
+data directories: the live cut is captured from the brokers' admin APIs at
+its start, then Spark reads the files up to it while the brokers keep
+writing. Printed (JSON): per priority and load the achieved throughput and
+the p50/p99 latency with and without the audit, their ratios (audited /
+quiet) per round and pooled, the audit's wall time, its CPU (all its
+processes) and whether it passed; the machine's CPU use by everyone (the
+machine is shared: other users' load shows up as noise in both windows).
+
+    .venv/bin/python bench/audit_live.py [--messages 400000] [--rate 800]
+        [--rounds 3] [--priorities idle,normal] [--saturation-seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ledgermq.base import loop
+from ledgermq.broker.launcher import LocalCluster, wait_admin_url, wait_leader
+from ledgermq.cli.audit_schedule import priority_prefix
+from ledgermq.client import Producer
+
+TOPIC = "live"
+PRIORITIES = ("idle", "nice", "normal")
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / tick, sum(fields) / tick
+
+
+def group_usage(pgid: int, seen: dict[int, tuple[float, int, int]]) -> None:
+    """Record (CPU seconds, bytes read from and written to storage) of every
+    live process of group `pgid` (the audit: its Python driver, the JVM, the
+    Python workers) into `seen`."""
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(stat[2]) != pgid:  # field 5, pgrp
+                continue
+            io = dict(line.split(": ") for line in (entry / "io").read_text().splitlines())
+        except (OSError, ValueError):
+            continue
+        seen[int(entry.name)] = ((int(stat[11]) + int(stat[12])) / tick,
+                                 int(io["read_bytes"]), int(io["write_bytes"]))
+
+
+@dataclass
+class Window:
+    """One measured window of the load."""
+
+    seconds: float = 0.0
+    acked: int = 0
+    failed: int = 0
+    latencies: list[float] = field(default_factory=list)
+    busy: float = 0.0  # the machine's busy core-seconds during it
+
+    def summary(self) -> dict[str, Any]:
+        return {"seconds": round(self.seconds, 2), "acked": self.acked, "failed": self.failed,
+                "msgs_per_s": round(self.acked / self.seconds, 1) if self.seconds else 0.0,
+                "p50_ms": round(percentile(self.latencies, 0.5) * 1000, 2),
+                "p99_ms": round(percentile(self.latencies, 0.99) * 1000, 2),
+                "machine_busy_cores": round(self.busy / self.seconds, 2)
+                if self.seconds else 0.0}
+
+
+async def fixed_rate(producer: Producer, rate: float, body: bytes, done: asyncio.Event,
+                     max_in_flight: int = 2000) -> Window:
+    """Sends scheduled at `rate`/s until `done`; latency from each send's
+    scheduled time (open loop: a slow broker makes latency, not fewer sends)."""
+    win = Window()
+    tasks: set[asyncio.Task[None]] = set()
+    gate = asyncio.Semaphore(max_in_flight)
+
+    async def one(due: float) -> None:
+        try:
+            await producer.send(TOPIC, body)
+            win.latencies.append(time.monotonic() - due)
+            win.acked += 1
+        except Exception:  # counted: a failed send in a benchmark is a figure
+            win.failed += 1
+        finally:
+            gate.release()
+
+    busy0, _ = machine_busy()
+    start = time.monotonic()
+    sent = 0
+    while not done.is_set():
+        now = time.monotonic()
+        due_count = int((now - start) * rate) + 1
+        while sent < due_count:
+            await gate.acquire()
+            task = asyncio.ensure_future(one(start + sent / rate))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            sent += 1
+        await asyncio.sleep(min(0.002, max(0.0, start + sent / rate - time.monotonic())))
+    win.seconds = time.monotonic() - start
+    if tasks:
+        await asyncio.gather(*tasks)
+    win.busy = machine_busy()[0] - busy0
+    return win
+
+
+async def closed_loop(producer: Producer, in_flight: int, body: bytes, seconds: float
+                      ) -> Window:
+    """`in_flight` senders, each sending as soon as the previous send is acknowledged."""
+    win = Window()
+    deadline = time.monotonic() + seconds
+
+    async def worker() -> None:
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            try:
+                await producer.send(TOPIC, body)
+            except Exception:
+                win.failed += 1
+                continue
+            win.latencies.append(time.monotonic() - started)
+            win.acked += 1
+
+    busy0, _ = machine_busy()
+    start = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    win.seconds = time.monotonic() - start
+    win.busy = machine_busy()[0] - busy0
+    return win
+
+
+class Audit:
+    """The audit as a child process in its own process group, at a priority."""
+
+    def __init__(self, command: list[str], out: Path) -> None:
+        self.command = command
+        self.out = out
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+        self.wall = 0.0
+        self.usage: dict[int, tuple[float, int, int]] = {}
+        self.exit: int | None = None
+
+    def start(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        log = open(self.out / "audit.log", "wb")  # noqa: SIM115 (kept by the child)
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+
+    async def wait(self, done: asyncio.Event, limit: float | None = None) -> None:
+        """Until the audit exits (or `limit` seconds: then it is stopped); sets `done`."""
+        assert self.proc is not None
+        while self.proc.poll() is None:
+            group_usage(self.proc.pid, self.usage)
+            if limit is not None and time.monotonic() - self.started >= limit:
+                self.stop()
+                break
+            await asyncio.sleep(0.25)
+        self.wall = time.monotonic() - self.started
+        self.exit = self.proc.wait()
+        done.set()
+
+    def stop(self) -> None:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(20)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def summary(self) -> dict[str, Any]:
+        verdict = None
+        try:
+            summary = json.loads((self.out / "summary.json").read_text())
+            verdict = {"valid": summary["valid"],
+                       "committed_index": [g["committed_index"] for g in summary["groups"]]}
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return {"wall_s": round(self.wall, 2), "exit": self.exit,
+                "cpu_s": round(sum(u[0] for u in self.usage.values()), 2),
+                "disk_read_mb": round(sum(u[1] for u in self.usage.values()) / 1e6, 1),
+                "disk_written_mb": round(sum(u[2] for u in self.usage.values()) / 1e6, 1),
+                "result": verdict}
+
+
+class Bench:
+    def __init__(self, base: Path, args: argparse.Namespace) -> None:
+        self.base = base
+        self.args = args
+        self.body = b"m" * args.msg_size
+        self.cluster = LocalCluster(base / "cluster", admin_listen="127.0.0.1:0", settings={
+            "flush": "sync", "replicate": "sync",
+            "segment_size_bytes": args.segment_mb << 20})
+        self.producer: Producer | None = None
+        self.urls: list[str] = []
+        self.audits = 0
+
+    async def start(self) -> None:
+        self.cluster.start()
+        await wait_leader(self.cluster)
+        self.urls = [await wait_admin_url(self.cluster, nid) for nid in sorted(self.cluster.peers)]
+        self.producer = Producer([self.cluster.namesrv_address], retry_timeout=60.0)
+        await self.producer.create_topic(TOPIC, queues=8)
+        # Prefill: batches of 256, 8 in flight, so that the audit has work.
+        left = self.args.messages
+
+        async def filler() -> None:
+            nonlocal left
+            assert self.producer is not None
+            while left > 0:
+                n = min(256, left)
+                left -= n
+                await self.producer.send_batch(TOPIC, [self.body] * n)
+
+        await asyncio.gather(*(filler() for _ in range(8)))
+
+    def audit(self, priority: str) -> Audit:
+        self.audits += 1
+        out = self.base / f"audit-{self.audits}"
+        nodes = ",".join(str(self.base / "cluster" / f"n{n}") for n in sorted(self.cluster.peers))
+        command = [*priority_prefix(priority), sys.executable, "-m", "ledgermq.cli", "audit",
+                   *[a for url in self.urls for a in ("--live", url)],
+                   "--master", self.args.master, "--driver-memory", "1g", "--no-progress",
+                   "--out", str(out), f"broker-a={nodes}"]
+        return Audit(command, out)
+
+    async def fixed(self, priority: str, audited_first: bool, length: float
+                    ) -> tuple[Window, Window, Audit]:
+        """(audited window, quiet window, the audit); `length`: the quiet
+        window's length when it comes first (the previous audit's wall time)."""
+        assert self.producer is not None
+
+        async def quiet(seconds: float) -> Window:
+            done = asyncio.Event()
+            loop_ = asyncio.get_running_loop()
+            loop_.call_later(seconds, done.set)
+            return await fixed_rate(self.producer, self.args.rate, self.body, done)
+
+        async def audited() -> tuple[Window, Audit]:
+            done = asyncio.Event()
+            audit = self.audit(priority)
+            audit.start()
+            waiter = asyncio.ensure_future(audit.wait(done, self.args.audit_limit))
+            window = await fixed_rate(self.producer, self.args.rate, self.body, done)
+            await waiter
+            return window, audit
+
+        if audited_first:
+            win, audit = await audited()
+            return win, await quiet(audit.wall), audit
+        quiet_win = await quiet(length)
+        win, audit = await audited()
+        return win, quiet_win, audit
+
+    async def saturated(self, priority: str) -> tuple[Window, Window, Audit]:
+        assert self.producer is not None
+        seconds = self.args.saturation_seconds
+        quiet_win = await closed_loop(self.producer, self.args.in_flight, self.body, seconds)
+        done = asyncio.Event()
+        audit = self.audit(priority)
+        audit.start()
+        waiter = asyncio.ensure_future(audit.wait(done, seconds))
+        win = await closed_loop(self.producer, self.args.in_flight, self.body, seconds)
+        await waiter
+        return win, quiet_win, audit
+
+    async def stop(self) -> None:
+        if self.producer is not None:
+            await self.producer.close()
+        await asyncio.to_thread(self.cluster.stop)
+
+
+def ratios(audited: dict[str, Any], quiet: dict[str, Any]) -> dict[str, float | None]:
+    def r(key: str) -> float | None:
+        return round(audited[key] / quiet[key], 3) if quiet[key] else None
+
+    return {"throughput": r("msgs_per_s"), "p50": r("p50_ms"), "p99": r("p99_ms")}
+
+
+def pooled(windows: list[Window]) -> Window:
+    out = Window()
+    for w in windows:
+        out.seconds += w.seconds
+        out.acked += w.acked
+        out.failed += w.failed
+        out.latencies += w.latencies
+        out.busy += w.busy
+    return out
+
+
+async def main(args: argparse.Namespace) -> None:
+    base = Path(tempfile.mkdtemp(prefix="ledgermq-audit-live-"))
+    priorities = [p for p in args.priorities.split(",") if p]
+    result: dict[str, Any] = {
+        "bench": "audit_live", "nodes": 3, "flush": "sync", "replicate": "sync",
+        "messages_prefilled": args.messages, "message_bytes": args.msg_size,
+        "rate": args.rate, "in_flight": args.in_flight, "master": args.master,
+        "rounds": args.rounds, "cpus": os.cpu_count(), "load_average_start": os.getloadavg()}
+    bench = Bench(base, args)
+    try:
+        t0 = time.monotonic()
+        await bench.start()
+        result["prefill_s"] = round(time.monotonic() - t0, 1)
+        result["data_bytes_per_replica"] = sum(
+            f.stat().st_size for f in (base / "cluster" / "n1").rglob("*") if f.is_file())
+        for load in ("fixed_rate", "saturation"):
+            if load == "saturation" and args.saturation_seconds <= 0:
+                continue
+            figures: dict[str, Any] = {}
+            kept: dict[str, tuple[list[Window], list[Window]]] = {p: ([], []) for p in priorities}
+            length = 20.0
+            for r in range(args.rounds):
+                # The priorities take turns, so a drift of the machine's speed
+                # falls on each alike; the audited and quiet windows alternate.
+                turn = r % len(priorities)
+                for priority in priorities[turn:] + priorities[:turn]:
+                    if load == "fixed_rate":
+                        win, quiet, audit = await bench.fixed(priority, r % 2 == 0, length)
+                        length = audit.wall
+                    else:
+                        win, quiet, audit = await bench.saturated(priority)
+                    kept[priority][0].append(win)
+                    kept[priority][1].append(quiet)
+                    a, q = win.summary(), quiet.summary()
+                    figures.setdefault(priority, {"rounds": []})["rounds"].append(
+                        {"audited": a, "quiet": q, "ratio": ratios(a, q),
+                         "audit": audit.summary()})
+                    print(json.dumps({"load": load, "priority": priority, "round": r,
+                                      "ratio": ratios(a, q), "audit": audit.summary()}),
+                          file=sys.stderr, flush=True)
+            for priority, (audited, quiet) in kept.items():
+                a, q = pooled(audited).summary(), pooled(quiet).summary()
+                figures[priority].update(audited=a, quiet=q, ratio=ratios(a, q))
+            result[load] = figures
+    finally:
+        await bench.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    result["load_average_end"] = os.getloadavg()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=400_000,
+                        help="messages written before the measurements (the audit's data)")
+    parser.add_argument("--msg-size", type=int, default=256)
+    parser.add_argument("--segment-mb", type=int, default=64, help="segment_size_bytes in MiB")
+    parser.add_argument("--rate", type=float, default=800.0,
+                        help="offered messages/s of the fixed-rate load")
+    parser.add_argument("--in-flight", type=int, default=64,
+                        help="concurrent sends of the saturation load")
+    parser.add_argument("--saturation-seconds", type=float, default=20.0,
+                        help="length of each saturation window (0: no saturation load)")
+    parser.add_argument("--audit-limit", type=float, default=600.0,
+                        help="stop an audit of the fixed-rate load after this long")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--priorities", default="idle,normal",
+                        help=f"comma separated, of: {', '.join(PRIORITIES)}")
+    parser.add_argument("--master", default="local[2]")
+    parsed = parser.parse_args()
+    bad = set(parsed.priorities.split(",")) - set(PRIORITIES)
+    if bad or parsed.rounds < 1 or parsed.rate <= 0:
+        parser.error(f"unknown priorities {sorted(bad)}; --rounds >= 1, --rate > 0")
+    loop.run(main(parsed))
