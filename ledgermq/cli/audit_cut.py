@@ -225,6 +225,30 @@ def capture(urls: Sequence[str], to: Target, timeout: float = 10.0) -> LiveCut:
     return loop.run(capture_async(list(urls), to, timeout))
 
 
+def split_urls(values: Sequence[str]) -> list[str]:
+    """Admin URLs given as options: repeatable, each comma or space separated."""
+    return [url for value in values for url in value.replace(",", " ").split()]
+
+
+def live_cuts(urls: Sequence[str], explicit: Sequence[str], to: Target) -> list[str]:
+    """`ledgermq audit --live`: the `--cut GROUP=INDEX` values to audit with,
+    the captured ones added to those given. Says on stderr where each came
+    from; a cut that cannot be captured, or a group cut both ways, ends the
+    command with exit status 2 (its inputs could not be read)."""
+    given = {value.split("=", 1)[0] for value in explicit}
+    try:
+        live = capture(urls, to)
+    except CutError as exc:
+        typer.echo(f"audit: no live cut: {exc}", err=True)
+        raise typer.Exit(2) from None
+    both = sorted(given & set(live.groups))
+    if both:
+        typer.echo(f"audit: --cut and --live both cut {', '.join(both)}: give one", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"audit: live cut {live.describe()}", err=True)
+    return [*explicit, *(f"{name}={index}" for name, index in live.indexes.items())]
+
+
 def register(audit_app: Any) -> None:
     """Add `cut` to the `ledgermq audit` command group."""
     @audit_app.command("cut")

@@ -326,11 +326,6 @@ class Scheduler:
             old.unlink(missing_ok=True)
 
 
-def split_urls(values: Sequence[str]) -> list[str]:
-    """`--live` values: repeatable, each comma or space separated."""
-    return [url for value in values for url in value.replace(",", " ").split()]
-
-
 def register(audit_app: Any) -> None:
     """Add `schedule` to the `ledgermq audit` command group."""
     @audit_app.command("schedule")
@@ -375,10 +370,11 @@ def register(audit_app: Any) -> None:
     ) -> None:
         """Audit the live deployment on a cron schedule: capture the cut, run
         `audit --nightly` at low priority, log one line per night."""
+        from ledgermq.cli import audit_cut
         from ledgermq.cli.errors import fail
 
         config = ScheduleConfig(
-            cron=cron, live=split_urls(live), state=state, specs=list(specs),
+            cron=cron, live=audit_cut.split_urls(live), state=state, specs=list(specs),
             target=Target("", access_key, secret_file, token, tls_ca_file),
             timezone=timezone, master=master, engine=engine, driver_memory=driver_memory,
             priority=priority, audit_args=list(audit_arg), run_at_start=run_at_start,
