@@ -102,8 +102,10 @@ log "docker build $IMAGE on $BASE (host network for pip)"
 docker build --force-rm --network host "${build_args[@]}" -f docker/Dockerfile -t "$IMAGE" . >&2
 log "image $IMAGE built in $((SECONDS - t0)) s"
 current="$(docker image inspect -f '{{.Id}}' "$IMAGE")"
-if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
-    # Fails harmlessly while a container still uses it, or another tag names it.
+if [ -n "$previous" ] && [ "$previous" != "$current" ] \
+        && [ "$(docker image inspect -f '{{len .RepoTags}}' "$previous" 2>/dev/null)" = 0 ]; then
+    # Only when no other tag names it (removing it by id would drop that tag
+    # too); fails harmlessly while a container still uses it.
     if docker image rm "$previous" >/dev/null 2>&1; then
         log "removed the previous image ${previous:7:12}"
     fi
