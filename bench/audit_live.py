@@ -10,13 +10,14 @@ each `--priorities` setting (the audit's CPU and I/O priority, as
   fixed rate   a producer at `--rate` messages/s (open loop: each send is
                scheduled at its time, its latency counted from then, so a
                stall shows as latency, not as fewer sends), well below
-               saturation; one window while the audit runs (from its start to
-               its exit: JVM start included), one window of the same length
-               without it, the order alternating between rounds;
-  saturation   `--in-flight` sends in a closed loop for `--saturation-seconds`,
-               with the audit started at the window's start (and stopped at
-               its end if not done: at idle priority a saturated machine gives
-               it almost nothing) and without it.
+               saturation; a window while the audit runs (from its start to
+               its exit: JVM start included) between two windows without it
+               (the baseline: both pooled, so a drift of the shared machine's
+               speed falls on both sides);
+  saturation   `--in-flight` sends in a closed loop, three windows of
+               `--saturation-seconds`, the audit started at the middle one's
+               start (and stopped at its end if not done: at idle priority a
+               saturated machine gives it little).
 
 The audit is `ledgermq audit --live URL... --master local[2]` over the live
 data directories: the live cut is captured from the brokers' admin APIs at
@@ -177,8 +178,10 @@ async def closed_loop(producer: Producer, in_flight: int, body: bytes, seconds: 
 class Audit:
     """The audit as a child process in its own process group, at a priority."""
 
-    def __init__(self, command: list[str], out: Path) -> None:
+    def __init__(self, command: list[str], out: Path, env: dict[str, str] | None = None
+                 ) -> None:
         self.command = command
+        self.env = env
         self.out = out
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
@@ -191,7 +194,8 @@ class Audit:
         log = open(self.out / "audit.log", "wb")  # noqa: SIM115 (kept by the child)
         self.started = time.monotonic()
         self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     env=self.env)
         log.close()
 
     async def wait(self, done: asyncio.Event, limit: float | None = None) -> None:
@@ -272,52 +276,58 @@ class Bench:
                    *[a for url in self.urls for a in ("--live", url)],
                    "--master", self.args.master, "--driver-memory", "1g", "--no-progress",
                    "--out", str(out), f"broker-a={nodes}"]
-        return Audit(command, out)
+        env = None
+        if self.args.spark_local_dir:
+            # Spark's scratch (shuffle blocks, spills) there instead of /tmp.
+            scratch = Path(self.args.spark_local_dir) / f"spark-{os.getpid()}-{self.audits}"
+            env = {**os.environ, "SPARK_LOCAL_DIRS": str(scratch)}
+        return Audit(command, out, env)
 
-    async def fixed(self, priority: str, audited_first: bool, length: float
-                    ) -> tuple[Window, Window, Audit]:
-        """(audited window, quiet window, the audit); `length`: the quiet
-        window's length when it comes first (the previous audit's wall time)."""
+    async def fixed(self, priority: str, length: float) -> tuple[Window, list[Window], Audit]:
+        """(audited window, [quiet window before, quiet window after], the
+        audit) at the fixed rate: the audited window lasts as long as the
+        audit, the quiet ones `length` (the previous audit's wall time) and
+        as long as this audit. Quiet windows on both sides: a drift of the
+        shared machine's speed falls on the baseline as on the audit."""
         assert self.producer is not None
 
         async def quiet(seconds: float) -> Window:
             done = asyncio.Event()
-            loop_ = asyncio.get_running_loop()
-            loop_.call_later(seconds, done.set)
+            asyncio.get_running_loop().call_later(seconds, done.set)
             return await fixed_rate(self.producer, self.args.rate, self.body, done)
 
-        async def audited() -> tuple[Window, Audit]:
-            done = asyncio.Event()
-            audit = self.audit(priority)
-            audit.start()
-            waiter = asyncio.ensure_future(audit.wait(done, self.args.audit_limit))
-            window = await fixed_rate(self.producer, self.args.rate, self.body, done)
-            await waiter
-            return window, audit
+        before = await quiet(length)
+        done = asyncio.Event()
+        audit = self.audit(priority)
+        audit.start()
+        waiter = asyncio.ensure_future(audit.wait(done, self.args.audit_limit))
+        win = await fixed_rate(self.producer, self.args.rate, self.body, done)
+        await waiter
+        after = await quiet(audit.wall)
+        return win, [before, after], audit
 
-        if audited_first:
-            win, audit = await audited()
-            return win, await quiet(audit.wall), audit
-        quiet_win = await quiet(length)
-        win, audit = await audited()
-        return win, quiet_win, audit
-
-    async def saturated(self, priority: str) -> tuple[Window, Window, Audit]:
+    async def saturated(self, priority: str) -> tuple[Window, list[Window], Audit]:
+        """The same with the closed loop, every window `--saturation-seconds`
+        long; the audit is stopped at the end of its window if not done."""
         assert self.producer is not None
         seconds = self.args.saturation_seconds
-        quiet_win = await closed_loop(self.producer, self.args.in_flight, self.body, seconds)
+        before = await closed_loop(self.producer, self.args.in_flight, self.body, seconds)
         done = asyncio.Event()
         audit = self.audit(priority)
         audit.start()
         waiter = asyncio.ensure_future(audit.wait(done, seconds))
         win = await closed_loop(self.producer, self.args.in_flight, self.body, seconds)
         await waiter
-        return win, quiet_win, audit
+        after = await closed_loop(self.producer, self.args.in_flight, self.body, seconds)
+        return win, [before, after], audit
 
     async def stop(self) -> None:
         if self.producer is not None:
             await self.producer.close()
         await asyncio.to_thread(self.cluster.stop)
+        if self.args.spark_local_dir:
+            for scratch in Path(self.args.spark_local_dir).glob(f"spark-{os.getpid()}-*"):
+                shutil.rmtree(scratch, ignore_errors=True)
 
 
 def ratios(audited: dict[str, Any], quiet: dict[str, Any]) -> dict[str, float | None]:
@@ -345,7 +355,8 @@ async def main(args: argparse.Namespace) -> None:
         "bench": "audit_live", "nodes": 3, "flush": "sync", "replicate": "sync",
         "messages_prefilled": args.messages, "message_bytes": args.msg_size,
         "rate": args.rate, "in_flight": args.in_flight, "master": args.master,
-        "rounds": args.rounds, "cpus": os.cpu_count(), "load_average_start": os.getloadavg()}
+        "rounds": args.rounds, "spark_local_dir": args.spark_local_dir or "/tmp",
+        "cpus": os.cpu_count(), "load_average_start": os.getloadavg()}
     bench = Bench(base, args)
     try:
         t0 = time.monotonic()
@@ -361,23 +372,24 @@ async def main(args: argparse.Namespace) -> None:
             length = 20.0
             for r in range(args.rounds):
                 # The priorities take turns, so a drift of the machine's speed
-                # falls on each alike; the audited and quiet windows alternate.
+                # falls on each alike.
                 turn = r % len(priorities)
                 for priority in priorities[turn:] + priorities[:turn]:
                     if load == "fixed_rate":
-                        win, quiet, audit = await bench.fixed(priority, r % 2 == 0, length)
+                        win, quiets, audit = await bench.fixed(priority, length)
                         length = audit.wall
                     else:
-                        win, quiet, audit = await bench.saturated(priority)
+                        win, quiets, audit = await bench.saturated(priority)
                     kept[priority][0].append(win)
-                    kept[priority][1].append(quiet)
-                    a, q = win.summary(), quiet.summary()
+                    kept[priority][1].extend(quiets)
+                    a, q = win.summary(), pooled(quiets).summary()
                     figures.setdefault(priority, {"rounds": []})["rounds"].append(
-                        {"audited": a, "quiet": q, "ratio": ratios(a, q),
+                        {"audited": a, "quiet_before": quiets[0].summary(),
+                         "quiet_after": quiets[1].summary(), "ratio": ratios(a, q),
                          "audit": audit.summary()})
                     print(json.dumps({"load": load, "priority": priority, "round": r,
-                                      "ratio": ratios(a, q), "audit": audit.summary()}),
-                          file=sys.stderr, flush=True)
+                                      "ratio": ratios(a, q), "audited": a, "quiet": q,
+                                      "audit": audit.summary()}), file=sys.stderr, flush=True)
             for priority, (audited, quiet) in kept.items():
                 a, q = pooled(audited).summary(), pooled(quiet).summary()
                 figures[priority].update(audited=a, quiet=q, ratio=ratios(a, q))
@@ -407,6 +419,9 @@ if __name__ == "__main__":
     parser.add_argument("--priorities", default="idle,normal",
                         help=f"comma separated, of: {', '.join(PRIORITIES)}")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--spark-local-dir", default="",
+                        help="Spark's scratch directory for the audit (e.g. a tmpfs: /dev/shm)"
+                             "; default: Spark's, under /tmp")
     parsed = parser.parse_args()
     bad = set(parsed.priorities.split(",")) - set(PRIORITIES)
     if bad or parsed.rounds < 1 or parsed.rate <= 0:
