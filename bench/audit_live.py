@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ledgermq.base import loop
 from ledgermq.broker.launcher import LocalCluster, wait_admin_url, wait_leader
-from ledgermq.cli.audit_schedule import priority_prefix
+from ledgermq.cli.audit_schedule import spawn
 from ledgermq.client import Producer
 
 TOPIC = "live"
@@ -176,11 +176,13 @@ async def closed_loop(producer: Producer, in_flight: int, body: bytes, seconds: 
 
 
 class Audit:
-    """The audit as a child process in its own process group, at a priority."""
+    """The audit as a child process in its own session, at a priority, as
+    `ledgermq audit schedule` starts it (audit_schedule.spawn)."""
 
-    def __init__(self, command: list[str], out: Path, env: dict[str, str] | None = None
-                 ) -> None:
+    def __init__(self, command: list[str], priority: str, out: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.command = command
+        self.priority = priority
         self.env = env
         self.out = out
         self.proc: subprocess.Popen[bytes] | None = None
@@ -193,9 +195,8 @@ class Audit:
         self.out.mkdir(parents=True, exist_ok=True)
         log = open(self.out / "audit.log", "wb")  # noqa: SIM115 (kept by the child)
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     env=self.env)
+        self.proc = spawn(self.command, self.priority, stdout=log, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, env=self.env)
         log.close()
 
     async def wait(self, done: asyncio.Event, limit: float | None = None) -> None:
@@ -272,7 +273,7 @@ class Bench:
         self.audits += 1
         out = self.base / f"audit-{self.audits}"
         nodes = ",".join(str(self.base / "cluster" / f"n{n}") for n in sorted(self.cluster.peers))
-        command = [*priority_prefix(priority), sys.executable, "-m", "ledgermq.cli", "audit",
+        command = [sys.executable, "-m", "ledgermq.cli", "audit",
                    *[a for url in self.urls for a in ("--live", url)],
                    "--master", self.args.master, "--driver-memory", "1g", "--no-progress",
                    "--out", str(out), f"broker-a={nodes}"]
@@ -281,7 +282,7 @@ class Bench:
             # Spark's scratch (shuffle blocks, spills) there instead of /tmp.
             scratch = Path(self.args.spark_local_dir) / f"spark-{os.getpid()}-{self.audits}"
             env = {**os.environ, "SPARK_LOCAL_DIRS": str(scratch)}
-        return Audit(command, out, env)
+        return Audit(command, priority, out, env)
 
     async def fixed(self, priority: str, length: float) -> tuple[Window, list[Window], Audit]:
         """(audited window, [quiet window before, quiet window after], the
