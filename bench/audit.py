@@ -19,6 +19,7 @@ directory that is deleted at the end.
 
     .venv/bin/python bench/audit.py --per-entry 1 --msg-size 256 --sizes 1000000,8000000
     .venv/bin/python bench/audit.py [--entries N | --messages N] [--master spark://...]
+    .venv/bin/python bench/audit.py --per-entry 1 --msg-size 256 --entries 2000000 --nightly 7
 """
 
 from __future__ import annotations
@@ -290,6 +291,7 @@ def run_one(a: argparse.Namespace, entries: int) -> dict[str, object]:
         after = (cpu_seconds(jvm), os.times(), machine_cpu(), cpu_pressure())
         with open(os.path.join(out, "summary.json")) as f:
             summary = json.load(f)
+        nights = run_nights(a, tmp, entries, spark) if a.nightly else None
         spark.stop()
     finally:
         stack.close()
@@ -340,7 +342,32 @@ def run_one(a: argparse.Namespace, entries: int) -> dict[str, object]:
             "cpu_pressure_some_avg10": [before[3], after[3]],
         },
         "pure_parse_one_segment": pure, "generate_s": round(gen_s, 1),
+        **({"nights": nights} if nights is not None else {}),
     }
+
+
+def run_nights(a: argparse.Namespace, tmp: str, entries: int, spark: object
+               ) -> list[dict[str, object]]:
+    """``--nightly N``: nights of the incremental audit over the same replicas, the log
+    growing by cuts (80 %, 90 %, then all of it, then nothing new), with
+    ``--rolling-nights N``; per night its wall time and what it read."""
+    from spark_audit import nightly
+
+    state = os.path.join(tmp, "state")
+    out = []
+    for frac in (0.8, 0.9, 1.0, 1.0):
+        cut = int(entries * frac)
+        t = time.perf_counter()
+        code = nightly.run_night(nightly.NightOptions(
+            [os.path.join(tmp, "g1")], state, a.nightly, {"g1": cut}, "spark", a.master,
+            progress=False))
+        wall = time.perf_counter() - t
+        with open(os.path.join(state, "latest.json")) as f:
+            g = json.load(f)["groups"]["g1"]
+        out.append({"exit": code, "cut": cut, "wall_s": round(wall, 2), "new": g["new"],
+                    "reverified": g["reverified"], "entries_audited": g["entries_audited"],
+                    "bytes_audited": g["bytes_audited"], "runs": len(g["runs"])})
+    return out
 
 
 def main() -> int:
@@ -355,6 +382,9 @@ def main() -> int:
     ap.add_argument("--segment-size", type=int, default=fmt.DEFAULT_SEGMENT_SIZE)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--dir", default=None, help="parent of the temporary data directory")
+    ap.add_argument("--nightly", type=int, default=0, metavar="N",
+                    help="after the full audit, four nights of the incremental audit "
+                         "(--rolling-nights N) over the same replicas, the log growing")
     ap.add_argument("--standalone", type=int, default=0, metavar="WORKERS",
                     help="start a standalone cluster of that many 1-core workers on this "
                          "machine (spark_audit.cluster) and audit on it")

@@ -22,6 +22,7 @@ from spark_audit import (
     bodies,
     checks,
     control,
+    digest,
     distributed,
     engine,
     history,
@@ -93,6 +94,7 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     seg_slices = _assemble(todo, results, data, topics, units, cq_problems, problem_rows,
                            counts, opts.share_identical)
 
+    span_digests = {gid: _digests(data[gid], spans) for gid, spans in prep.digest_spans.items()}
     found = [out.table()]
     for gid in groups:
         data[gid].assign_identities(opts.share_identical)
@@ -163,7 +165,8 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
         counts["messages"] += sum(g.message_count(r) for r in g.replicas)
         counts["messages_decoded"] += len(g.pool)
         found.append(queue_checks(g, st, units, topics, names, counts, opts.max_examples,
-                                  opts.share_identical, dead_before(st, deletions[gid])))
+                                  opts.share_identical, dead_before(
+                                      st, deletions[gid], opts.deletions.get(st.name))))
     counts["cq_units_decoded"] = sum(len(u) for u in units.values())
     tm["queue_checks_s"] = time.perf_counter() - t5
 
@@ -205,7 +208,19 @@ def run_audit(opts: AuditOptions, eng: engine.Engine) -> AuditResult:
     # whichever core ran them); wall above CPU is waiting for a core.
     tm.update(task_s)
     return AuditResult(replicas_, files, groups, checks.concat_findings(found),
-                       {**counts, "files_by_kind": dict(by_kind)}, hstats, tm)
+                       {**counts, "files_by_kind": dict(by_kind)}, hstats, tm, span_digests,
+                       {gid: prepare.agreed_deletions(st, deletions[gid])
+                        for gid, st in groups.items()})
+
+
+def _digests(g: replicas.Group, spans: list[digest.Span]
+             ) -> dict[digest.Span, dict[int, tuple[int, str]]]:
+    """Every replica's digest of every span (``digest``), from its entry rows."""
+    out: dict[digest.Span, dict[int, tuple[int, str]]] = {s: {} for s in spans}
+    for rid, rep in g.replicas.items():
+        for span, d in zip(spans, digest.of_spans(rep.entries, spans), strict=True):
+            out[span][rid] = d
+    return out
 
 
 def _assemble(todo: list[tasks.FileTask], results: list[tasks.FileResult],
@@ -322,11 +337,7 @@ def queue_checks(g: replicas.Group, st: checks.GroupState,
     dead = dead or {}
     bounds = {}
     for rid, m in st.replicas.items():
-        must = min(st.committed, m.agree_end)
-        if m.dispatch is not None:
-            must = min(must, m.dispatch.dispatched_index)
-        bounds[rid] = checks.QueueBounds(st.committed, must,
-                                         min(m.segment_starts) if m.segment_starts else 0)
+        bounds[rid] = checks.queue_bounds(st, m)
     ref = g.replicas[g.ref]
     slices = {g.ref: replicas.queue_slices(g.messages(g.ref), topics)}
     same = {}

@@ -170,6 +170,32 @@ class ReplicaMeta:
     agree_start: int = 0  # first index this replica is compared from
     agree_end: int = 0  # last index up to which this replica matches the quorum
     first_divergent: int = 0  # 0 = none within the committed prefix
+    # Set by ``window`` when the audit reads part of the log only (a cut, a window):
+    window_lo: int = 0  # > 0: the view starts at this index, the entries before were verified
+    cut: int = 0  # > 0: audited up to this index; snapshots past it are not judged
+    # (index, position, file id) of the first entry on disk, when the view does not
+    # start there; the start checks (retention, snapshots) are about the disk's log.
+    disk_first: tuple[int, int, int] | None = None
+    # A view without entries: "below" (the log ends before the window), "above" (it
+    # starts after it), "" otherwise.
+    view_empty: str = ""
+    read_from: int = -1  # the first log position the view reads (-1: the log's start)
+    read_to: int = -1  # the log position the view stops at (-1: the log's end)
+    # Filled by ``replica_bounds``: where the log on disk starts, and whether that is
+    # where retention (or an install) left it, with its checkpoint's consent.
+    start_index: int = 0
+    start_position: int = -1
+    retention_cut: bool = False
+
+    @property
+    def dispatched_on_disk(self) -> int:
+        """The dispatch checkpoint's index as read, before a cut clamped it (0: none)."""
+        if self.dispatch is None:
+            return 0
+        return self.dispatched_before_cut or self.dispatch.dispatched_index
+
+    # Set by ``window`` when a cut clamps the dispatch checkpoint: its index as read.
+    dispatched_before_cut: int = 0
 
     def valid_snapshots(self) -> list[fmt.SnapshotMeta]:
         """Snapshots whose meta decoded, oldest first (their state is checked apart)."""
@@ -190,8 +216,8 @@ class ReplicaMeta:
         snapshots only applied entries, and retention removes only what a
         snapshot covers.
         """
-        snap = self.newest_usable() if self.trimmed else None
-        return min(self.first_index - 1, snap.index) if snap is not None else 0
+        snap = self.newest_usable() if self.retention_cut else None
+        return min(self.start_index - 1, snap.index) if snap is not None else 0
 
     def should_hold(self) -> tuple[int, int] | None:
         """The index range this replica's files say it holds: from its checkpoint's
@@ -235,6 +261,10 @@ class GroupState:
     # Committed indexes no replica holds or should hold, which a majority's
     # retention removed after a snapshot (``retained``).
     retained_away: list[retained.Gap] = field(default_factory=list)
+    # The audited window (``window``): from ``window_lo`` (0: the log's start; the
+    # entries before were verified before) up to the cut ``cut`` (0: the files' end).
+    window_lo: int = 0
+    cut: int = 0
 
 
 def infer_segment_size(starts: list[int]) -> int:
@@ -262,11 +292,7 @@ def check_replica_log(e: pd.DataFrame, meta: ReplicaMeta, gid: int, seg: int,
     rid = meta.rid
     meta.entries = len(e)
     if not len(e):
-        cp = meta.checkpoint
-        if cp and cp.durable_index > 0:
-            out.add("lost_offsets", "durable_entries_missing", VIOLATION, gid=gid, rid=rid,
-                    index=1, count=cp.durable_index,
-                    detail=f"log is empty but the checkpoint says {cp.durable_index} are durable")
+        replica_bounds(meta, None, None, gid, out)
         return
     idx = e["index"].to_numpy()
     term = e["term"].to_numpy()
@@ -298,38 +324,75 @@ def check_replica_log(e: pd.DataFrame, meta: ReplicaMeta, gid: int, seg: int,
     expect = place(pos[:-1] + size[:-1], size[1:], seg)
     report("lost_offsets", "position_gap", pos[1:] != expect,
            lambda j: f"entry at {pos[j + 1]} should be at {expect[j]} by the placement rule")
+    replica_bounds(meta, (int(idx[0]), int(pos[0]), int(fid[0]), int(foff[0])), int(idx[-1]),
+                   gid, out)
+
+
+def replica_bounds(meta: ReplicaMeta, first: tuple[int, int, int, int] | None,
+                   last: int | None, gid: int, out: Findings) -> None:
+    """Where one replica's log starts and ends, against its checkpoint and hardstate.
+
+    ``first`` is (index, position, file id, file offset) of the first entry the
+    audit read, ``last`` the last one's index (None, None: it read none). The
+    start is judged on the log on disk (``ReplicaMeta.disk_first`` when a window
+    skipped it): a log starting where its checkpoint says after index 1 was cut
+    by retention (``retention_cut``); a window's view of it is compared from its
+    own first entry (``trimmed``). Both engines call this.
+    """
+    rid = meta.rid
     cp = meta.checkpoint
-    meta.trimmed = bool(cp is not None and idx[0] > 1 and idx[0] == cp.first_index)
-    meta.claimed_start = meta.first_position
-    if cp is not None:
-        if cp.first_index and idx[0] != cp.first_index:
-            if _retention_interrupted(meta, int(idx[0]), int(pos[0]), cp.first_index):
-                # Retention deletes the segments, then rewrites the checkpoint: a
-                # stop in between leaves this, and recovery adopts the log's start.
-                meta.trimmed = True
-                out.add("lost_offsets", "retention_checkpoint_behind", INFO, gid=gid, rid=rid,
-                        fid=int(fid[0]), index=int(idx[0]), phys_offset=int(pos[0]),
-                        detail=f"first entry is {idx[0]} at the start of segment {pos[0]}, "
-                               f"checkpoint first_index {cp.first_index}: whole segments below "
-                               "were removed (a snapshot covers them) and the checkpoint was "
-                               "not rewritten yet")
-            else:
-                if cp.first_index <= 1:
-                    meta.claimed_start = 0
-                out.add("lost_offsets", "log_start_mismatch", VIOLATION, gid=gid, rid=rid,
-                        fid=int(fid[0]), index=int(idx[0]),
-                        detail=f"first entry is {idx[0]}, checkpoint first_index "
-                               f"{cp.first_index}")
-        if idx[-1] < cp.durable_index:
+    disk = meta.disk_first or (first[:3] if first is not None else None)
+    if disk is None:  # nothing on disk at all
+        if cp and cp.durable_index > 0:
             out.add("lost_offsets", "durable_entries_missing", VIOLATION, gid=gid, rid=rid,
-                    index=int(idx[-1]) + 1, count=cp.durable_index - int(idx[-1]),
-                    detail=f"log ends at {idx[-1]} but the checkpoint says "
-                           f"{cp.durable_index} is durable")
+                    index=1, count=cp.durable_index,
+                    detail=f"log is empty but the checkpoint says {cp.durable_index} are durable")
+        return
+    d_idx, d_pos, d_fid = disk
+    meta.start_index, meta.start_position = d_idx, d_pos
+    meta.retention_cut = bool(cp is not None and d_idx > 1 and d_idx == cp.first_index)
+    meta.claimed_start = d_pos
+    if cp is not None and cp.first_index and d_idx != cp.first_index:
+        if _retention_interrupted(meta, d_idx, d_pos, cp.first_index):
+            # Retention deletes the segments, then rewrites the checkpoint: a
+            # stop in between leaves this, and recovery adopts the log's start.
+            meta.retention_cut = True
+            out.add("lost_offsets", "retention_checkpoint_behind", INFO, gid=gid, rid=rid,
+                    fid=d_fid, index=d_idx, phys_offset=d_pos,
+                    detail=f"first entry is {d_idx} at the start of segment {d_pos}, "
+                           f"checkpoint first_index {cp.first_index}: whole segments below "
+                           "were removed (a snapshot covers them) and the checkpoint was "
+                           "not rewritten yet")
+        else:
+            if cp.first_index <= 1:
+                meta.claimed_start = 0
+            out.add("lost_offsets", "log_start_mismatch", VIOLATION, gid=gid, rid=rid,
+                    fid=d_fid, index=d_idx,
+                    detail=f"first entry is {d_idx}, checkpoint first_index {cp.first_index}")
+    # A window's view is compared from its first entry, as a log retention cut.
+    meta.trimmed = meta.retention_cut or bool(meta.window_lo and first is not None)
+    if meta.window_lo and first is not None and first[0] > meta.window_lo:
+        out.add("lost_offsets", "index_gap", VIOLATION, gid=gid, rid=rid, fid=first[2],
+                file_offset=first[3], index=first[0], phys_offset=first[1],
+                detail=f"the audited window starts at index {meta.window_lo}, this replica "
+                       f"holds earlier entries and its next one is {first[0]}")
+    if last is None:
+        if meta.view_empty != "below":
+            return  # the log lies past the window: it ends after it
+        # The log ends before the window (the entries before it were verified).
+        end, where = meta.window_lo - 1, f"before the window's first index {meta.window_lo}"
+    else:
+        end, where = last, f"at {last}"
+    if cp is not None and end < cp.durable_index:
+        out.add("lost_offsets", "durable_entries_missing", VIOLATION, gid=gid, rid=rid,
+                index=end + 1, count=cp.durable_index - end,
+                detail=f"log ends {where} but the checkpoint says "
+                       f"{cp.durable_index} is durable")
     hs = meta.hardstate
-    if hs is not None and idx[-1] < hs.commit:
+    if hs is not None and end < hs.commit:
         out.add("lost_offsets", "committed_entries_missing", VIOLATION, gid=gid, rid=rid,
-                index=int(idx[-1]) + 1, count=hs.commit - int(idx[-1]),
-                detail=f"log ends at {idx[-1]} but its hardstate commit is {hs.commit}")
+                index=end + 1, count=hs.commit - end,
+                detail=f"log ends {where} but its hardstate commit is {hs.commit}")
 
 
 def _retention_interrupted(meta: ReplicaMeta, first: int, position: int, cp_first: int
@@ -412,6 +475,8 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
     # it any more: the committed run goes on across it (``retained.bridge``).
     through = retained.majority_vouched(limits, majority)
     quorum_end, spanned = retained.bridge(held["index"].to_numpy(), through)
+    if not len(held) and state.window_lo:
+        quorum_end = state.window_lo - 1  # the entries before the window were verified
     first = int(held["index"].iloc[0]) if len(held) else 0
     state.first_index = first
     state.quorum_end = quorum_end
@@ -496,7 +561,7 @@ def check_group(entries: pa.Table, state: GroupState, max_examples: int = 20,
     # there (the lowest id on ties); across a gap retention explains, from
     # wherever the agreed log resumes.
     lo = first
-    while c and lo <= c:
+    while c and first and lo <= c:
         cands = [(b, -rid) for rid, rr in runs.items() for a, b in rr if a <= lo <= b]
         if not cands:
             resume = [a for rr in runs.values() for a, _ in rr if a > lo]
@@ -653,9 +718,21 @@ class QueueBounds:
 
     committed: int  # the group's committed index
     must_index: int  # last index whose messages must be in this replica's ConsumeQueues
-    # First log position still on disk: units below it point at messages
-    # retention removed (a queue file goes only when every unit of it does).
+    # First log position still on disk (or the window's): units below it point at
+    # messages retention removed (a queue file goes only when every unit of it does).
     log_start: int
+    # Where a cut stops the view (-1: none): units past it were not read.
+    log_end: int = -1
+
+
+def queue_bounds(st: GroupState, m: ReplicaMeta) -> QueueBounds:
+    """One replica's ``QueueBounds`` after the log checks of its group (both engines)."""
+    must = min(st.committed, m.agree_end)
+    if m.dispatch is not None:
+        must = min(must, m.dispatch.dispatched_index)
+    start = m.read_from if m.read_from >= 0 else (
+        min(m.segment_starts) if m.segment_starts else 0)
+    return QueueBounds(st.committed, must, start, m.read_to)
 
 
 def check_queue_replica(out: Findings, gid: int, topic: str, queue_id: int, rid: int,

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from spark_audit import fmt, session
-from spark_audit.audit import AuditOptions, run_audit
+from spark_audit import fmt, session, window
+from spark_audit.audit import AuditOptions
+from spark_audit.runs import audit_to
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -23,32 +23,33 @@ def run(specs: list[str], *, out: str = "audit-out", master: str = session.DEFAU
         driver_memory: str = session.DEFAULT_DRIVER_MEMORY, progress: bool = True,
         max_entry_size: int = fmt.DEFAULT_MAX_ENTRY_SIZE, segment_size: int = 0,
         max_examples: int = 20, share_identical: bool = True,
-        spark: SparkSession | None = None) -> int:
-    """Run the audit and write its outputs; returns the exit status."""
-    from spark_audit import report
-    from spark_audit.engine import Engine, LocalEngine
+        spark: SparkSession | None = None, cuts: list[str] | None = None,
+        starts: list[str] | None = None) -> int:
+    """Run the audit and write its outputs; returns the exit status.
 
-    t0 = time.perf_counter()
-    opts = AuditOptions(list(specs), list(history or []), max_entry_size, segment_size,
-                        max_examples, share_identical)
-    eng: Engine
-    if engine == "python":
-        eng = LocalEngine()
-    else:
-        from spark_audit.spark_engine import SparkEngine
-
-        spark = spark or session.get_session(master, driver_memory=driver_memory,
-                                             progress=progress)
-        eng = SparkEngine(spark)
+    ``cuts`` and ``starts`` are ``GROUP=INDEX`` options (``--cut``, ``--from``):
+    the group is audited only from / up to that Raft index (``window``).
+    """
     try:
-        res = run_audit(opts, eng)
-    except (ValueError, OSError) as exc:
-        print(f"audit: cannot read the inputs: {exc}", file=sys.stderr)
+        bounds = window.bounds_from_options(list(cuts or []), list(starts or []))
+    except ValueError as exc:
+        print(f"audit: {exc}", file=sys.stderr)
         return 2
-    finally:
-        eng.close()
-    summary = report.write_outputs(res, out, time.perf_counter() - t0, engine,
-                                   master if engine == "spark" else "in-process")
+    opts = AuditOptions(list(specs), list(history or []), max_entry_size, segment_size,
+                        max_examples, share_identical, bounds)
+    outcome = audit_to(opts, out, engine=engine, master=master, driver_memory=driver_memory,
+                       progress=progress, spark=spark)
+    if outcome.summary is None:
+        print(f"audit: cannot read the inputs: {outcome.error}", file=sys.stderr)
+        return 2
+    print_summary(outcome.summary, out)
+    return outcome.exit
+
+
+def print_summary(summary: dict[str, Any], out: str) -> None:
+    """The console lines of one audit: per check, per group, the verdict."""
+    from spark_audit import report
+
     for name, c in summary["checks"].items():
         state = "skipped" if c.get("skipped") else ("ok" if c["valid"] else "FAILED")
         print(f"{name:15} {state:8} violations={c['violations']} info={c['info']}")
@@ -58,11 +59,13 @@ def run(specs: list[str], *, out: str = "audit-out", master: str = session.DEFAU
                   if g["shared_first_index"] else "nothing")
         kept = ", ".join(f"{r['replica']} {r['first_index']}..{r['last_index']}"
                          for r in summary["replicas"] if r["group"] == g["group"])
+        w = g["window"]
+        seen = (f"; window {w['from']}..{w['cut'] or 'end'}"
+                if w["from"] > 1 or w["cut"] else "")
         print(f"group {g['group']}: committed {g['committed_index']}, shared {shared}; {kept}"
-              f"{report.retained_away_text(g)}")
+              f"{report.retained_away_text(g)}{seen}")
     print(f"audit {'PASSED' if summary['valid'] else 'FAILED'}: {out}/summary.json, "
           f"{out}/report.html")
-    return 0 if summary["valid"] else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,12 +91,63 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-share", action="store_true",
                    help="decode and validate every replica from its own bytes, even where it "
                         "is identical to another (slower; cross-checks the sharing)")
+    p.add_argument("--cut", action="append", default=[], metavar="GROUP=INDEX",
+                   help="audit GROUP only up to this Raft index: bytes and ConsumeQueue units "
+                        "past it are neither read nor judged (repeatable)")
+    p.add_argument("--from", dest="starts", action="append", default=[],
+                   metavar="GROUP=INDEX",
+                   help="audit GROUP only from this Raft index: the entries before it count "
+                        "as verified before, files wholly below it are not read (repeatable)")
+    p.add_argument("--nightly", action="store_true",
+                   help="the nightly, incremental audit (state in --state): what is new since "
+                        "the last night plus a rolling re-verification of older ranges")
+    p.add_argument("--state", metavar="DIR", help="the nightly state directory")
+    p.add_argument("--rolling-nights", type=int, default=7, metavar="N",
+                   help="re-verify every retained index within N nights (default 7)")
+    p.add_argument("--digest-block", type=int, default=0, metavar="B",
+                   help="a new manifest's digest span (a power of two up to 2^19; "
+                        "default 65536)")
     return p
+
+
+def nightly(specs: list[str], state: str, *, rolling_nights: int = 7,
+            cuts: list[str] | None = None, engine: str = "spark",
+            master: str = session.DEFAULT_MASTER,
+            driver_memory: str = session.DEFAULT_DRIVER_MEMORY, progress: bool = True,
+            max_entry_size: int = fmt.DEFAULT_MAX_ENTRY_SIZE, segment_size: int = 0,
+            digest_block: int = 0) -> int:
+    """``--nightly``: one night of the incremental audit (``nightly``); the exit status."""
+    from spark_audit import digest
+    from spark_audit import nightly as night
+
+    try:
+        hi = window.parse_specs(list(cuts or []), "--cut")
+        block = digest.check_block(digest_block or digest.DEFAULT_BLOCK)
+    except ValueError as exc:
+        print(f"audit night ERROR: {exc}")
+        return 2
+    return night.run_night(night.NightOptions(
+        list(specs), state, rolling_nights, hi, engine, master, driver_memory, progress,
+        max_entry_size, segment_size, block=block))
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    if a.nightly or a.state:
+        if not (a.nightly and a.state):
+            print("audit: --nightly needs --state DIR (and --state goes with --nightly)",
+                  file=sys.stderr)
+            return 2
+        if a.history or a.starts:
+            print("audit: --nightly chooses its own windows and reads no history",
+                  file=sys.stderr)
+            return 2
+        return nightly(a.groups, a.state, rolling_nights=a.rolling_nights, cuts=a.cut,
+                       engine=a.engine, master=a.master, driver_memory=a.driver_memory,
+                       progress=not a.no_progress, max_entry_size=a.max_entry_size,
+                       segment_size=a.segment_size, digest_block=a.digest_block)
     return run(a.groups, out=a.out, master=a.master, history=a.history, engine=a.engine,
                driver_memory=a.driver_memory, progress=not a.no_progress,
                max_entry_size=a.max_entry_size, segment_size=a.segment_size,
-               max_examples=a.max_examples, share_identical=not a.no_share)
+               max_examples=a.max_examples, share_identical=not a.no_share, cuts=a.cut,
+               starts=a.starts)

@@ -77,6 +77,8 @@ class GroupLog:
     # replica -> index ranges (``dlog.LOG_CHUNK``) where its MESSAGES entries are
     # not the reference replica's (there it decodes its own records)
     diff_ref: dict[int, set[int]] = field(default_factory=dict)
+    # span -> replica -> (entries, digest) (``digest``)
+    digests: dict[tuple[int, int], dict[int, tuple[int, str]]] = field(default_factory=dict)
 
     def add_reduced(self, out: dict[str, Any], chunk: int) -> None:
         for r in out["runs"]:
@@ -91,6 +93,8 @@ class GroupLog:
             self.ix.setdefault(int(rid), []).append(part)
         for rid in out["diff_ref"]:
             self.diff_ref.setdefault(rid, set()).add(chunk)
+        for lo, hi, rid, n, d in out.get("digests", []):
+            self.digests.setdefault((lo, hi), {})[rid] = (n, d)
 
     def seal(self) -> None:
         """Sort the runs and merge neighbours of one shape (split by index ranges)."""
@@ -147,49 +151,16 @@ def _bridge(held: list[tuple[int, int]], through: int) -> tuple[int, list[tuple[
 
 def replica_log(meta: ReplicaMeta, log: LogSummary, gid: int, out: Findings) -> None:
     """``checks.check_replica_log`` without the continuity (found per file, ``dlog``)."""
-    rid = meta.rid
     meta.entries = log.entries
-    cp = meta.checkpoint
     if not log.entries or log.first is None or log.last is None:
-        if cp and cp.durable_index > 0:
-            out.add("lost_offsets", "durable_entries_missing", VIOLATION, gid=gid, rid=rid,
-                    index=1, count=cp.durable_index,
-                    detail=f"log is empty but the checkpoint says {cp.durable_index} are durable")
+        checks.replica_bounds(meta, None, None, gid, out)
         return
-    idx0, _, pos0, _, fid0, _ = log.first
+    idx0, _, pos0, _, fid0, foff0 = log.first
     last_idx, last_term, last_pos, last_size, _, _ = log.last
     meta.first_index, meta.last_index, meta.last_term = idx0, last_idx, last_term
     meta.first_position, meta.last_position = pos0, last_pos
     meta.end_position = last_pos + last_size
-    meta.trimmed = bool(cp is not None and idx0 > 1 and idx0 == cp.first_index)
-    meta.claimed_start = meta.first_position
-    if cp is not None:
-        if cp.first_index and idx0 != cp.first_index:
-            if checks._retention_interrupted(meta, idx0, pos0, cp.first_index):
-                meta.trimmed = True
-                out.add("lost_offsets", "retention_checkpoint_behind", INFO, gid=gid, rid=rid,
-                        fid=fid0, index=idx0, phys_offset=pos0,
-                        detail=f"first entry is {idx0} at the start of segment {pos0}, "
-                               f"checkpoint first_index {cp.first_index}: whole segments below "
-                               "were removed (a snapshot covers them) and the checkpoint was "
-                               "not rewritten yet")
-            else:
-                if cp.first_index <= 1:
-                    meta.claimed_start = 0
-                out.add("lost_offsets", "log_start_mismatch", VIOLATION, gid=gid, rid=rid,
-                        fid=fid0, index=idx0,
-                        detail=f"first entry is {idx0}, checkpoint first_index "
-                               f"{cp.first_index}")
-        if last_idx < cp.durable_index:
-            out.add("lost_offsets", "durable_entries_missing", VIOLATION, gid=gid, rid=rid,
-                    index=last_idx + 1, count=cp.durable_index - last_idx,
-                    detail=f"log ends at {last_idx} but the checkpoint says "
-                           f"{cp.durable_index} is durable")
-    hs = meta.hardstate
-    if hs is not None and last_idx < hs.commit:
-        out.add("lost_offsets", "committed_entries_missing", VIOLATION, gid=gid, rid=rid,
-                index=last_idx + 1, count=hs.commit - last_idx,
-                detail=f"log ends at {last_idx} but its hardstate commit is {hs.commit}")
+    checks.replica_bounds(meta, (idx0, pos0, fid0, foff0), last_idx, gid, out)
 
 
 def check_group(g: GroupLog, state: GroupState, max_examples: int, segment_size: int
@@ -230,6 +201,8 @@ def check_group(g: GroupLog, state: GroupState, max_examples: int, segment_size:
             short2.append((lo, hi, r))
     held = _intervals(held)
     quorum_end, spanned = _bridge(held, through)
+    if not held and state.window_lo:
+        quorum_end = state.window_lo - 1  # the entries before the window were verified
     first = held[0][0] if held else 0
     state.first_index = first
     state.quorum_end = quorum_end
@@ -300,7 +273,7 @@ def check_group(g: GroupLog, state: GroupState, max_examples: int, segment_size:
                     detail=f"replica ends at {meta.last_index}, committed index is {c}")
     sources: list[tuple[int, int, int]] = []
     lo = first
-    while c and lo <= c:
+    while c and first and lo <= c:
         cands = [(b, -rid) for rid, rr in agree_runs.items() for a, b in rr if a <= lo <= b]
         if not cands:
             resume = [a for rr in agree_runs.values() for a, _ in rr if a > lo]

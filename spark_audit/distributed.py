@@ -31,6 +31,7 @@ import pyarrow as pa
 from spark_audit import (
     checks,
     dgroup,
+    digest,
     dlog,
     dmsgs,
     flow,
@@ -43,6 +44,9 @@ from spark_audit import (
 from spark_audit.checks import INFO, VIOLATION, Findings
 from spark_audit.engine import Engine
 from spark_audit.replicas import ProblemRow
+
+# A ConsumeQueue file as the comparisons see it: first slot, length, CRC, view.
+CqFile = tuple[int, int, int, "inputs.View | None"]
 
 
 class FlowEngine(Engine, Protocol):
@@ -94,7 +98,8 @@ def run(opts: prepare.AuditOptions, eng: FlowEngine) -> prepare.AuditResult:
         for gid, st in groups.items()}
     p1 = dlog.Params(opts.max_entry_size, opts.max_examples, seg_size, refs,
                      {gid: sorted(st.replicas) for gid, st in groups.items()},
-                     {gid: probes(st) for gid, st in groups.items()}, prep.digests)
+                     {gid: probes(st) for gid, st in groups.items()}, prep.digests,
+                     prep.digest_spans)
 
     # Pass 1.
     t0 = time.perf_counter()
@@ -119,7 +124,7 @@ def run(opts: prepare.AuditOptions, eng: FlowEngine) -> prepare.AuditResult:
     deletions: dict[int, dict[int, list[tuple[int, str]]]] = {
         gid: {rid: [] for rid in st.replicas} for gid, st in groups.items()}
     seg_files: dict[tuple[int, int], list[tuple[int, list[int], list[int]]]] = defaultdict(list)
-    cq_content: dict[tuple[int, int], dict[tuple[str, int], list[tuple[int, int, int]]]] = (
+    cq_content: dict[tuple[int, int], dict[tuple[str, int], list[CqFile]]] = (
         defaultdict(lambda: defaultdict(list)))
     seg_range: dict[int, tuple[int, int] | None] = {}
     for t in todo:
@@ -145,8 +150,9 @@ def run(opts: prepare.AuditOptions, eng: FlowEngine) -> prepare.AuditResult:
             counts["index"] += s["n"]
         elif t.mode == dlog.CQ:
             counts["cq"] += s["count"]
+            # A file's view (units a cut or window drops) is part of its content.
             cq_content[(f.gid, f.rid)][(f.topic, f.queue_id)].append(
-                (f.start, s["length"], s["crc"]))
+                (f.start, s["length"], s["crc"], f.view))
         else:
             snap = groups[f.gid].replicas[f.rid].snapshots[f.start]
             snap.state_length, snap.state_crc = s["length"], s["crc"]
@@ -174,18 +180,15 @@ def run(opts: prepare.AuditOptions, eng: FlowEngine) -> prepare.AuditResult:
 
     # Pass 2.
     t2 = time.perf_counter()
-    bounds: dict[int, dict[int, tuple[int, int, int]]] = {}
+    bounds: dict[int, dict[int, tuple[int, int, int, int]]] = {}
     dead = {}
     slot_queues: dict[int, set[tuple[str, int]]] = {}
     for gid, st in groups.items():
         bounds[gid] = {}
         for rid, m in st.replicas.items():
-            must = min(st.committed, m.agree_end)
-            if m.dispatch is not None:
-                must = min(must, m.dispatch.dispatched_index)
-            bounds[gid][rid] = (st.committed, must,
-                                min(m.segment_starts) if m.segment_starts else 0)
-        dead[gid] = prepare.dead_before(st, deletions[gid])
+            qb = checks.queue_bounds(st, m)
+            bounds[gid][rid] = (qb.committed, qb.must_index, qb.log_start, qb.log_end)
+        dead[gid] = prepare.dead_before(st, deletions[gid], opts.deletions.get(st.name))
         qs = {q for rid in st.replicas for q in cq_content[(gid, rid)]}
         slot_queues[gid] = {q for q in qs if len({tuple(sorted(cq_content[(gid, rid)][q]))
                                                   for rid in st.replicas
@@ -210,11 +213,12 @@ def run(opts: prepare.AuditOptions, eng: FlowEngine) -> prepare.AuditResult:
     # One task per distinct ConsumeQueue content (topic, queue, first slot, length, CRC).
     cq_size = {f.fid: (summ_by_fid[f.fid]["length"], summ_by_fid[f.fid]["crc"])
                for f in prep.bulk if f.kind == inputs.CQ}
-    holders: dict[tuple[int, str, int, int, int, int], list[inputs.FileInfo]] = (
-        defaultdict(list))
+    holders: dict[tuple[Any, ...], list[inputs.FileInfo]] = defaultdict(list)
     for f in prep.bulk:
         if f.kind == inputs.CQ:
-            ck = (f.gid, f.topic, f.queue_id, f.start, *cq_size[f.fid])
+            # Units outside a file's view are dropped as it is read: the view is
+            # part of what makes two files' units the same.
+            ck = (f.gid, f.topic, f.queue_id, f.start, f.view, *cq_size[f.fid])
             holders[ck if opts.share_identical else (*ck[:-1], f.rid)].append(f)
     for fs in holders.values():
         fs.sort(key=lambda f: f.rid)
@@ -369,14 +373,20 @@ def run(opts: prepare.AuditOptions, eng: FlowEngine) -> prepare.AuditResult:
     for f in files:
         by_kind[f.kind] += 1
     tm.update(task_s)
+    # A span no reduce call saw (no replica holds any of its indexes) is empty on each.
+    span_digests = {gid: {span: {rid: glogs[gid].digests.get(span, {}).get(
+        rid, (0, digest.EMPTY)) for rid in groups[gid].replicas} for span in spans}
+        for gid, spans in prep.digest_spans.items()}
     return prepare.AuditResult(prep.replicas, files, groups, checks.concat_findings(found),
-                             {**counts, "files_by_kind": dict(by_kind)}, hstats, tm)
+                               {**counts, "files_by_kind": dict(by_kind)}, hstats, tm,
+                               span_digests, {gid: prepare.agreed_deletions(st, deletions[gid])
+                                              for gid, st in groups.items()})
 
 
 def _shared(out: Findings, gid: int, st: checks.GroupState, ref: int,
-            bounds: dict[int, tuple[int, int, int]], dead: dict[int, dict[str, int]],
+            bounds: dict[int, tuple[int, int, int, int]], dead: dict[int, dict[str, int]],
             diff_ref: dict[int, set[int]],
-            cq_content: dict[tuple[int, int], dict[tuple[str, int], list[tuple[int, int, int]]]],
+            cq_content: dict[tuple[int, int], dict[tuple[str, int], list[CqFile]]],
             msg_queues: set[tuple[str, int]], names: dict[tuple[int, int], str],
             counts: dict[str, int]) -> None:
     """``cq_same_as_reference``: queues a replica would have had validated once, on the

@@ -36,7 +36,7 @@ import msgpack
 import numpy as np
 import pandas as pd
 
-from spark_audit import checks, control, flow, fmt, inputs, parse, tasks
+from spark_audit import checks, control, digest, flow, fmt, inputs, parse, tasks
 from spark_audit.hits import Hit, Hits
 from spark_audit.inputs import FileInfo
 
@@ -83,6 +83,9 @@ class Params:
     probes: dict[int, list[int]]  # per group: indexes whose rows the driver needs
     # per group: (producer_id, sequence, want_crc, where) of sends with a body digest
     digests: dict[int, pd.DataFrame] = field(default_factory=dict)
+    # per group: index spans whose per-replica digests to compute (``digest``; each
+    # inside one LOG_CHUNK)
+    spans: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 def tasks_for(files: list[FileInfo]) -> list[Task]:
@@ -97,12 +100,13 @@ def map_file(task: Task, buf: parse.Buffer, p: Params) -> Iterator[flow.Block]:
     """One file's rows and summary (see the module docstring)."""
     t0, c0 = time.perf_counter(), time.process_time()
     f = task.info
+    buf = inputs.clip(buf, f)
     out: dict[str, Any] = {"tid": task.tid, "length": len(memoryview(buf))}
     blocks: list[flow.Block] = []
     if task.mode == SEG:
         blocks = _map_segment(task, buf, p, out)
     elif task.mode == INDEX:
-        recs, probs = parse.parse_index_file(buf, f.start)
+        recs, probs = parse.parse_index_file(buf, f.start, f.read_from)
         rows = np.empty(len(recs), IX_DTYPE)
         for name in parse.field_names(parse.INDEX_OUT_DTYPE):
             rows[name] = recs[name]
@@ -111,8 +115,9 @@ def map_file(task: Task, buf: parse.Buffer, p: Params) -> Iterator[flow.Block]:
                                       rows["index"] // LOG_CHUNK))
         out.update(n=len(recs), problems=probs)
     elif task.mode == CQ:
-        units, probs = parse.parse_cq_file(buf, f.start)
-        out.update(crc=fmt.crc(memoryview(buf)), count=len(units), problems=probs)
+        units, probs = tasks.cq_units(buf, f)
+        out.update(crc=fmt.crc(memoryview(buf).cast("B")[f.read_from:]), count=len(units),
+                   problems=probs)
     else:
         out.update(crc=fmt.crc(memoryview(buf)))
     out.update(wall=time.perf_counter() - t0, cpu=time.process_time() - c0)
@@ -123,7 +128,7 @@ def map_file(task: Task, buf: parse.Buffer, p: Params) -> Iterator[flow.Block]:
 def _map_segment(task: Task, buf: parse.Buffer, p: Params, out: dict[str, Any]
                  ) -> list[flow.Block]:
     f = task.info
-    scan = parse.scan_segment(buf, f.start, p.max_entry_size)
+    scan = parse.scan_segment(buf, f.start, p.max_entry_size, start=f.read_from)
     e = scan.entries
     rows = np.zeros(len(e), ROW_DTYPE)
     for name in parse.field_names(parse.ENTRY_DTYPE):
@@ -256,7 +261,7 @@ def reduce_log(key: flow.Key, blocks: list[flow.Block], p: Params) -> bytes:
     # Every replica's rows in (replica, position) order, as the checks read them.
     e = np.concatenate(list(per.values())) if per else np.zeros(0, ROW_DTYPE)
     out: dict[str, Any] = {"runs": [], "bad": [], "probe_rows": [], "probe_best": [],
-                           "ix": {}, "diff_ref": []}
+                           "ix": {}, "diff_ref": [], "digests": []}
     probes = set(p.probes.get(gid, []))
     firsts: dict[int, np.ndarray] = {}  # each replica's first row per index
     uniform = bool(per) and _uniform(per)
@@ -276,6 +281,12 @@ def reduce_log(key: flow.Key, blocks: list[flow.Block], p: Params) -> bytes:
                               int(r["position"]), int(r["size"])] for r in at]
     ref = p.ref.get(gid, 0)
     out["diff_ref"] = _differ_from_ref(per, ref, p.rids.get(gid, []), uniform)
+    spans = [s for s in p.spans.get(gid, []) if s[0] // LOG_CHUNK == key[2]]
+    if spans:
+        for rid in p.rids.get(gid, []):
+            mine = per.get(rid, np.zeros(0, ROW_DTYPE))
+            for (lo, hi), (n, hexd) in zip(spans, digest.of_spans(mine, spans), strict=True):
+                out["digests"].append([lo, hi, rid, n, hexd])
     for rid in sorted(set(ix_per) | set(firsts)):
         out["ix"][rid] = _index_partial(ix_per.get(rid, np.zeros(0, IX_DTYPE)),
                                         firsts.get(rid, np.zeros(0, ROW_DTYPE)), gid, rid,

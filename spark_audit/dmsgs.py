@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from spark_audit import checks, dlog, flow, parse
+from spark_audit import checks, dlog, flow, inputs, parse, tasks
 from spark_audit.hits import Hit, Hits
 from spark_audit.inputs import FileInfo
 
@@ -92,8 +92,9 @@ class Params:
     max_entry_size: int
     max_examples: int
     ref: dict[int, int]
-    # per group and replica: (committed, must_index, log_start) as ``checks.QueueBounds``
-    bounds: dict[int, dict[int, tuple[int, int, int]]]
+    # per group and replica: (committed, must_index, log_start, log_end) as
+    # ``checks.QueueBounds``
+    bounds: dict[int, dict[int, tuple[int, int, int, int]]]
     dead: dict[int, dict[int, dict[str, int]]]  # per group, replica: topic -> D
     spans: dict[int, list[tuple[int, int, int]]]  # per group: the committed log's sources
     rids: dict[int, list[int]]
@@ -117,10 +118,10 @@ def map_file(task: Task, buf: parse.Buffer | None, p: Params) -> Iterator[flow.B
         blocks = _map_keys(task, p)
     elif task.mode == SEG:
         assert buf is not None and task.info is not None
-        blocks = _map_segment(task.info, buf, p, out)
+        blocks = _map_segment(task.info, inputs.clip(buf, task.info), p, out)
     else:
         assert buf is not None and task.info is not None
-        blocks = _map_cq(task.info, buf, p, out, task.mask)
+        blocks = _map_cq(task.info, inputs.clip(buf, task.info), p, out, task.mask)
     out.update(wall=time.perf_counter() - t0, cpu=time.process_time() - c0)
     yield flow.summary(task.info.gid if task.info else -1, task.tid, out)
     yield from blocks
@@ -165,7 +166,7 @@ def _names_block(space: int, gid: int, chunks: np.ndarray, names: dict[int, str]
 
 def _map_segment(f: FileInfo, buf: parse.Buffer, p: Params, out: dict[str, Any]
                  ) -> list[flow.Block]:
-    scan = parse.scan_segment(buf, f.start, p.max_entry_size, bodies=False)
+    scan = parse.scan_segment(buf, f.start, p.max_entry_size, bodies=False, start=f.read_from)
     ents = scan.entries
     ref = p.ref.get(f.gid, 0)
     own = p.own.get(f.gid, {})
@@ -212,7 +213,7 @@ def _map_segment(f: FileInfo, buf: parse.Buffer, p: Params, out: dict[str, Any]
 
 def _map_cq(f: FileInfo, buf: parse.Buffer, p: Params, out: dict[str, Any], mask: int
             ) -> list[flow.Block]:
-    units, _ = parse.parse_cq_file(buf, f.start)
+    units, _ = tasks.cq_units(buf, f)
     th = topic_hash(f.topic)
     rows = np.zeros(len(units), UNIT_DTYPE)
     rows["mask"], rows["fid"], rows["topic"], rows["queue"] = mask, f.fid, th, f.queue_id

@@ -5,6 +5,8 @@ An engine does three things and knows nothing about the checks:
 - ``lister``: lists directories (local, or through Hadoop for the Spark engine);
 - ``read_small``: the few-byte files (checkpoint, hardstate, dispatch checkpoint,
   snapshot metas);
+- ``read_range``: a few bytes of a bulk file (an entry header, a Raft-index
+  record), which is how the driver finds where a cut or window lies (``window``);
 - ``run_tasks``: ``tasks.run_task`` over a list of ``FileTask``, returning one
   ``FileResult`` per task (in any order; results carry their task id).
 
@@ -28,6 +30,8 @@ class Engine(Protocol):
 
     def read_small(self, files: list[FileInfo]) -> dict[int, bytes]: ...
 
+    def read_range(self, path: str, offset: int, length: int) -> bytes: ...
+
     def run_tasks(self, todo: list[tasks.FileTask], max_entry_size: int
                   ) -> list[tasks.FileResult]: ...
 
@@ -48,6 +52,9 @@ class LocalEngine:
             with open(inputs.local_path(f.path), "rb") as fh:
                 out[f.fid] = fh.read()
         return out
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        return tasks.read_local_range(path, offset, length)
 
     def run_tasks(self, todo: list[tasks.FileTask], max_entry_size: int
                   ) -> list[tasks.FileResult]:

@@ -13,7 +13,10 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlparse
+
+import numpy as np
 
 _NAME20 = re.compile(r"^\d{20}$")
 
@@ -40,20 +43,64 @@ class Replica:
 
 
 @dataclass(frozen=True)
+class View:
+    """The part of a file an audit with a cut or a window reads (``window``).
+
+    Segments and Raft-index files are read from byte ``start`` (an entry
+    header, a record boundary) to byte ``end``; nothing outside is read.
+    ConsumeQueue files are read whole, and their units pointing outside
+    ``[pos_lo, pos_hi)`` are dropped as they are parsed: they are neither
+    read into the checks nor judged.
+    """
+
+    start: int = 0
+    end: int = -1  # -1: to the end of the file
+    pos_lo: int = 0
+    pos_hi: int = -1  # -1: no upper bound
+    # The group is audited up to a cut while its broker may still append: a
+    # trailing partial ConsumeQueue unit is one being written, not judged.
+    open_tail: bool = False
+
+    def keep_units(self, units: np.ndarray) -> np.ndarray:
+        """The units (``parse.UNIT_DTYPE``) pointing inside ``[pos_lo, pos_hi)``."""
+        off = units["offset"]
+        keep = off >= self.pos_lo
+        if self.pos_hi >= 0:
+            keep &= off < self.pos_hi
+        return units if bool(keep.all()) else units[keep]
+
+
+@dataclass(frozen=True)
 class FileInfo:
     fid: int
     gid: int
     rid: int
     path: str
     kind: str
-    length: int
+    length: int  # bytes the audit reads (the view's, when there is one)
     start: int = 0  # segment base position, first Raft index, first queue slot, snapshot index
     topic: str = ""
     queue_id: int = -1
+    view: View | None = None  # None: the whole file
 
     @property
     def name(self) -> str:
         return self.path.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def read_from(self) -> int:
+        """The first byte the audit reads (the view's start; 0 for a whole file)."""
+        return self.view.start if self.view is not None else 0
+
+
+def clip(buf: Any, info: FileInfo) -> Any:
+    """``buf`` (a whole file's bytes) cut at the end of ``info``'s view, without a copy.
+
+    File offsets stay those of the file: parsers start at ``info.read_from``.
+    """
+    if info.view is None or info.view.end < 0:
+        return buf
+    return memoryview(buf).cast("B")[:info.view.end]
 
 
 def is_local(path: str) -> bool:

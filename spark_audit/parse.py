@@ -230,7 +230,7 @@ HEADER_DTYPE = np.dtype([
 assert HEADER_DTYPE.itemsize == fmt.ENTRY_HEADER_SIZE
 
 
-def _scan_intact(mv: memoryview, base: int, max_entry_size: int, bodies: bool
+def _scan_intact(mv: memoryview, base: int, max_entry_size: int, bodies: bool, start: int = 0
                  ) -> SegmentScan | None:
     """``scan_segment`` for a segment whose every header is intact, else None.
 
@@ -246,7 +246,7 @@ def _scan_intact(mv: memoryview, base: int, max_entry_size: int, bodies: bool
     size_at = struct.Struct("<I").unpack_from
     offs: list[int] = []
     add = offs.append
-    off = 0
+    off = start
     try:
         while off < n:
             size = size_at(mv, off + 8)[0]
@@ -298,8 +298,8 @@ def _scan_intact(mv: memoryview, base: int, max_entry_size: int, bodies: bool
 
 
 def scan_segment(buf: Buffer, base_position: int,
-                 max_entry_size: int = fmt.DEFAULT_MAX_ENTRY_SIZE, bodies: bool = True
-                 ) -> SegmentScan:
+                 max_entry_size: int = fmt.DEFAULT_MAX_ENTRY_SIZE, bodies: bool = True,
+                 start: int = 0) -> SegmentScan:
     """Walk the entry headers of one segment that starts at log position ``base_position``.
 
     Every valid header becomes a row (with ``crc_ok`` false when only its body
@@ -307,9 +307,12 @@ def scan_segment(buf: Buffer, base_position: int,
     next plausible header; bytes after the last valid entry are a torn tail.
     With ``bodies`` false the body CRCs are not computed (every ``crc_ok`` is
     true): the walk alone, for a second read of a file already checked.
+    ``start`` (an entry header's file offset) starts the walk there: the bytes
+    before it are not read (an audit window, ``window``); file offsets stay
+    the file's.
     """
     mv = memoryview(buf).cast("B")
-    fast = _scan_intact(mv, base_position, max_entry_size, bodies)
+    fast = _scan_intact(mv, base_position, max_entry_size, bodies, start)
     if fast is not None:
         return fast
     n = len(mv)
@@ -326,8 +329,8 @@ def scan_segment(buf: Buffer, base_position: int,
 
     # One ENTRY_DTYPE row per valid entry (fields in order).
     rows: list[tuple[int, int, int, int, int, int, int, bool, bool]] = []
-    off = 0
-    valid_end = 0
+    off = start
+    valid_end = start
     while off < n:
         if n - off < fmt.ENTRY_HEADER_SIZE:
             probs.append((off, -1, "torn_tail", f"{n - off} bytes after the last entry"))
@@ -494,12 +497,19 @@ def parse_messages(buf: Buffer, base_position: int, entries: np.ndarray,
     return MessageScan(out, topic_names, counts, probs)
 
 
-def parse_index_file(buf: Buffer, first_index: int) -> tuple[np.ndarray, list[Problem]]:
+def parse_index_file(buf: Buffer, first_index: int, start: int = 0
+                     ) -> tuple[np.ndarray, list[Problem]]:
     """Parse a Raft-index file; all-zero records ("no entry") are dropped.
 
     Returns the records (``rec_ok`` false when the record CRC fails) and the
-    problems (a trailing partial record).
+    problems (a trailing partial record). ``start`` (a multiple of the record
+    size) skips the records before it unread (an audit window).
     """
+    if start:
+        skip = start - start % fmt.INDEX_RECORD_SIZE
+        recs, found = parse_index_file(memoryview(buf).cast("B")[skip:],
+                                       first_index + skip // fmt.INDEX_RECORD_SIZE)
+        return recs, [(p[0] + skip, p[1], p[2], p[3]) for p in found]
     probs: list[Problem] = []
     mv = memoryview(buf).cast("B")
     n = len(mv) // fmt.INDEX_RECORD_SIZE
@@ -538,12 +548,19 @@ def cq_partial(length: int) -> list[Problem]:
     return []
 
 
-def parse_cq_file(buf: Buffer, first_slot: int) -> tuple[np.ndarray, list[Problem]]:
+def parse_cq_file(buf: Buffer, first_slot: int, start: int = 0
+                  ) -> tuple[np.ndarray, list[Problem]]:
     """Parse a ConsumeQueue file; empty (all-zero) slots are dropped.
 
     Holes are found later from the slot numbers of the remaining units, which
-    also catches holes spanning a missing file.
+    also catches holes spanning a missing file. ``start`` (a multiple of the
+    unit size) skips the units before it unread (an audit window).
     """
+    if start:
+        skip = start - start % fmt.CQ_UNIT_SIZE
+        units, found = parse_cq_file(memoryview(buf).cast("B")[skip:],
+                                     first_slot + skip // fmt.CQ_UNIT_SIZE)
+        return units, [(p[0] + skip, p[1], p[2], p[3]) for p in found]
     mv = memoryview(buf).cast("B")
     n = len(mv) // fmt.CQ_UNIT_SIZE
     units = np.frombuffer(mv[:n * fmt.CQ_UNIT_SIZE], dtype=CQ_DTYPE)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from spark_audit import checks, control, engine, fmt, history, inputs
+from spark_audit import checks, control, digest, engine, fmt, history, inputs, window
 from spark_audit.checks import INFO, VIOLATION, Findings
 
 if TYPE_CHECKING:
@@ -32,6 +32,14 @@ class AuditOptions:
     # False: decode and validate every replica from its own bytes, sharing
     # nothing between identical replicas (slower; cross-checks the sharing).
     share_identical: bool = True
+    # Per group name: the window audited (``window``: a cut, a start); absent: all.
+    bounds: dict[str, window.Bounds] = field(default_factory=dict)
+    # Per group name: the index spans whose per-replica digests to compute
+    # (``digest``, for the nightly manifest).
+    digests: dict[str, digest.Plan] = field(default_factory=dict)
+    # Per group name: topic deletions (index, topic) verified outside the window
+    # (``dead_before``; the nightly manifest keeps those its new ranges held).
+    deletions: dict[str, list[control.Deletion]] = field(default_factory=dict)
 
 
 @dataclass
@@ -44,6 +52,11 @@ class AuditResult:
     counts: dict[str, int | dict[str, int]]
     history_stats: dict[str, int]
     timings: dict[str, float]
+    # Per group id: span (lo, hi) -> replica id -> (entries, digest) (``digest``).
+    digests: dict[int, dict[tuple[int, int], dict[int, tuple[int, str]]]] = field(
+        default_factory=dict)
+    # Per group id: the topic deletions of the agreed, committed log read (``control``).
+    deletions: dict[int, list[control.Deletion]] = field(default_factory=dict)
 
     @property
     def valid(self) -> bool:
@@ -65,6 +78,8 @@ class Prepared:
     nops: int
     digests: dict[int, pd.DataFrame]
     timings: dict[str, float]
+    # Per group id: the index spans whose per-replica digests the passes compute.
+    digest_spans: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
@@ -120,8 +135,17 @@ def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
         elif f.kind == inputs.OTHER:
             out.add("corruption", "unknown_file", INFO, gid=f.gid, rid=f.rid, fid=f.fid,
                     detail=f"{f.path} is not part of the format (reported, not read)")
-    bulk = [f for f in inventory if f.kind in inputs.BULK_KINDS]
     tm["read_small_s"] = time.perf_counter() - t1
+    if opts.bounds:
+        if opts.history:
+            raise ValueError("the history check needs the whole log: --history cannot be "
+                             "combined with --cut or --from")
+        t2 = time.perf_counter()
+        files = window.apply(opts.bounds, eng, inventory, groups, opts.max_entry_size)
+        tm["window_s"] = time.perf_counter() - t2
+    bulk = [f for f in files if f.kind in inputs.BULK_KINDS]
+    spans = {gid: digest.plan_spans(opts.digests[st.name], st)
+             for gid, st in groups.items() if st.name in opts.digests}
 
     # The history first: when it records body digests, records are decoded with
     # their body CRCs, to compare every replica's bodies with the bodies sent.
@@ -131,7 +155,7 @@ def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
     if opts.history:
         hist_msgs, nops = history.read_history(opts.history)
         digests = history.send_digests(hist_msgs, {st.name: gid for gid, st in groups.items()})
-    return Prepared(replicas_, files, groups, out, bulk, hist_msgs, nops, digests, tm)
+    return Prepared(replicas_, files, groups, out, bulk, hist_msgs, nops, digests, tm, spans)
 
 
 def reference_replica(st: checks.GroupState) -> int:
@@ -149,14 +173,18 @@ def reference_replica(st: checks.GroupState) -> int:
 SHAREABLE = {"cq_beyond_commit"}
 
 
-def dead_before(st: checks.GroupState, deletions: dict[int, list[control.Deletion]]
-                ) -> dict[int, dict[str, int]]:
+def dead_before(st: checks.GroupState, deletions: dict[int, list[control.Deletion]],
+                known: list[control.Deletion] | None = None) -> dict[int, dict[str, int]]:
     """Per replica, topic -> D: the topic's messages in entries below D are dead.
 
     A deletion counts when its entry is in the agreed log (the replica it was
     read from agrees with the group there) and the replica has applied it
     (dispatched that far; the committed index when it has no dispatch
     checkpoint): until then its queue files still index the old messages.
+    ``known``: deletions verified outside the audited window (``AuditOptions``;
+    the nightly audit's manifest), which count for a replica whose dispatch
+    checkpoint, as read before a cut clamped it, is past them: a window below a
+    later deletion does not read it, and the replica dropped the topic's queues.
     """
     agreed = {(d, t) for rid, ds in deletions.items() for d, t in ds
               if st.replicas[rid].agree_start <= d <= st.replicas[rid].agree_end}
@@ -167,7 +195,19 @@ def dead_before(st: checks.GroupState, deletions: dict[int, list[control.Deletio
         for d, t in agreed:
             if d <= applied:
                 mine[t] = max(mine.get(t, 0), d)
+        for d, t in known or []:
+            if (d, t) not in agreed and 0 < d <= m.dispatched_on_disk:
+                mine[t] = max(mine.get(t, 0), d)
         out[rid] = mine
     return out
+
+
+def agreed_deletions(st: checks.GroupState, deletions: dict[int, list[control.Deletion]]
+                     ) -> list[control.Deletion]:
+    """The deletions read from entries in the agreed, committed log (what the nightly
+    manifest keeps for later windows)."""
+    return sorted({(d, t) for rid, ds in deletions.items() for d, t in ds
+                   if st.replicas[rid].agree_start <= d <= min(st.replicas[rid].agree_end,
+                                                                st.committed)})
 
 

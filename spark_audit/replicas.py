@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias, TypedDict
+from typing import Any, TypeAlias, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -27,10 +27,10 @@ import pyarrow as pa
 from spark_audit import parse, tasks
 from spark_audit.inputs import FileInfo
 
-# A ConsumeQueue file's content: (topic, queue id, first slot, length, CRC),
-# and the replica id when identical files are not shared (``cq_content_key``).
-ContentKey: TypeAlias = (tuple[str, int, int, int, int]
-                         | tuple[str, int, int, int, int, int])
+# A ConsumeQueue file's content: (topic, queue id, first slot, length, CRC), its
+# view when a cut or window drops some units (``inputs.View``), and the replica id
+# when identical files are not shared (``cq_content_key``).
+ContentKey: TypeAlias = tuple[Any, ...]
 
 
 class ProblemRow(TypedDict):
@@ -293,7 +293,9 @@ def cq_content_key(info: FileInfo, res: tasks.FileResult, share: bool = True) ->
 
     Without ``share`` the replica is part of the key: every file is decoded.
     """
-    key = (info.topic, info.queue_id, info.start, res.length, res.crc)
+    key: ContentKey = (info.topic, info.queue_id, info.start, res.length, res.crc)
+    if info.view is not None:
+        key = (*key, info.view)
     return key if share else (*key, info.rid)
 
 

@@ -108,6 +108,8 @@ def summarize(res: AuditResult, duration_s: float, engine: str, master: str) -> 
                          "first_position": gap.pos_lo, "end_position": gap.pos_hi,
                          "removed_by": [st.replicas[r].name for r in gap.vouchers]}
                         for gap in st.retained_away],
+                    # The window audited (``--from``, ``--cut``; 1 and null: the whole log).
+                    "window": {"from": st.window_lo or 1, "cut": st.cut or None},
                     "replicas": len(st.replicas)} for st in res.groups.values()],
         "replicas": replica_rows(res),
         "timings_s": {k: round(v, 3) for k, v in res.timings.items()},

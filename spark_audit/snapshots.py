@@ -71,16 +71,17 @@ def check_snapshots(entries: pa.Table, st: GroupState) -> pa.Table:
             _files(out, st.gid, rid, snap)
             if snap.meta is not None:
                 _against_log(out, st, m, snap.meta, snap.meta_fid, found)
-        if m.trimmed:
+        if m.retention_cut:
             best = newest_usable(m)
-            if best is None or best.index < m.first_index - 1:
+            first = m.start_index
+            if best is None or best.index < first - 1:
                 have = f"the newest usable snapshot is at {best.index}" if best else (
                     "it has no usable snapshot")
                 out.add("lost_offsets", "prefix_not_in_snapshot", VIOLATION, gid=st.gid,
-                        rid=rid, index=m.first_index, phys_offset=m.first_position,
-                        detail=f"the log starts at {m.first_index} (retention removed what was "
+                        rid=rid, index=first, phys_offset=m.start_position,
+                        detail=f"the log starts at {first} (retention removed what was "
                                f"before) but {have}: the state of entries before "
-                               f"{m.first_index} is on no file of this replica")
+                               f"{first} is on no file of this replica")
     return out.table()
 
 
@@ -119,12 +120,19 @@ def _against_log(out: Findings, st: GroupState, m: ReplicaMeta, snap: fmt.Snapsh
                  fid: int, found: pd.DataFrame) -> None:
     """A snapshot's (index, term, end position) against the entry it names."""
     kw = _At(gid=st.gid, rid=m.rid, index=snap.index)
+    # Past a cut (written after it) or, for a view without entries, where the
+    # audit cannot see the log's end: not judged against the log.
+    if (m.cut and snap.index > m.cut) or m.view_empty == "above" or (
+            m.view_empty == "below" and snap.index < m.window_lo):
+        return
     at = found[found["index"] == snap.index]
     own = at[at["rid"] == m.rid]
     if m.entries == 0 or snap.index > m.last_index:
+        last = m.last_index if m.entries else (
+            f"(before {m.window_lo})" if m.view_empty else m.last_index)
         out.add("lost_offsets", "snapshot_beyond_log", VIOLATION, fid=fid,
                 detail=f"snapshot {snap.index} (term {snap.term}) covers entries beyond the "
-                       f"log's last index {m.last_index}", **kw)
+                       f"log's last index {last}", **kw)
         return
     where = "this replica's log"
     if len(own):

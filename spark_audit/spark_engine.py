@@ -79,6 +79,26 @@ class SparkEngine:
                 out[by_key[inputs.path_key(row.path)]] = bytes(row.content)
         return out
 
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """A few bytes of a file: directly for local paths, else through the Hadoop
+        FileSystem of the session (a positioned read; nothing else of the file)."""
+        if inputs.is_local(path):
+            return tasks.read_local_range(path, offset, length)
+        jvm = self.spark._jvm
+        if jvm is None:
+            raise ValueError(f"{path}: reading needs a classic SparkSession (not Spark Connect)")
+        p = jvm.org.apache.hadoop.fs.Path(path)
+        fs = p.getFileSystem(self.spark._jsc.hadoopConfiguration())
+        size = fs.getFileStatus(p).getLen()
+        n = max(0, min(length, size - offset))
+        stream = fs.open(p)
+        try:
+            stream.seek(offset)
+            # py4j returns a Java byte[] as Python bytes.
+            return bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream, n)) if n else b""
+        finally:
+            stream.close()
+
     def run_tasks(self, todo: list[tasks.FileTask], max_entry_size: int
                   ) -> list[tasks.FileResult]:
         if not todo:

@@ -97,9 +97,10 @@ def run_task(task: FileTask, buf: parse.Buffer, max_entry_size: int) -> FileResu
     """Parse one file's bytes as the task asks."""
     t0, c0 = time.perf_counter(), time.process_time()
     info = task.info
+    buf = inputs.clip(buf, info)
     res = FileResult(task.tid, length=len(memoryview(buf)))
     if task.mode in (SCAN, SCAN_MSGS):
-        scan = parse.scan_segment(buf, info.start, max_entry_size)
+        scan = parse.scan_segment(buf, info.start, max_entry_size, start=info.read_from)
         res.entries, res.problems = scan.entries, scan.problems
         res.deletions = control.topic_deletions(buf, scan.entries)
         if task.mode == SCAN_MSGS:
@@ -109,14 +110,16 @@ def run_task(task: FileTask, buf: parse.Buffer, max_entry_size: int) -> FileResu
         rows = np.frombuffer(task.entries, parse.ENTRY_DTYPE)
         _add_messages(res, parse.parse_messages(buf, info.start, rows, task.digests))
     elif task.mode == INDEX:
-        res.index, res.problems = parse.parse_index_file(buf, info.start)
+        res.index, res.problems = parse.parse_index_file(buf, info.start, info.read_from)
     elif task.mode == CRC:
         res.crc = fmt.crc(memoryview(buf))
     elif task.mode in (CQ_HASH, CQ_UNITS):
-        res.crc = fmt.crc(memoryview(buf))
-        if task.mode == CQ_UNITS:
-            res.units, res.problems = parse.parse_cq_file(buf, info.start)
-            res.count = len(res.units)
+        res.crc = fmt.crc(memoryview(buf).cast("B")[info.read_from:])
+        if task.mode == CQ_UNITS or info.view is not None:
+            units, res.problems = cq_units(buf, info)
+            res.count = len(units)
+            if task.mode == CQ_UNITS:
+                res.units = units
         else:
             res.problems = parse.cq_partial(res.length)
             res.count = parse.cq_unit_count(buf)
@@ -124,6 +127,19 @@ def run_task(task: FileTask, buf: parse.Buffer, max_entry_size: int) -> FileResu
         raise ValueError(f"unknown task mode {task.mode}")
     res.seconds, res.cpu = time.perf_counter() - t0, time.process_time() - c0
     return res
+
+
+def cq_units(buf: parse.Buffer, info: FileInfo) -> tuple[np.ndarray, list[parse.Problem]]:
+    """A ConsumeQueue file's units and problems, as its view (if any) lets the audit see
+    them: units pointing outside the view are dropped, and a trailing partial unit of a
+    file still being written past a cut is not a problem."""
+    units, probs = parse.parse_cq_file(buf, info.start, info.read_from)
+    v = info.view
+    if v is None:
+        return units, probs
+    if v.open_tail:
+        probs = [p for p in probs if p[2] != "cq_partial_unit"]
+    return v.keep_units(units), probs
 
 
 def _add_messages(res: FileResult, scan: parse.MessageScan) -> None:
@@ -138,6 +154,13 @@ def read_local(path: str) -> mmap.mmap | bytes:
             return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:  # an empty file cannot be mapped
             return b""
+
+
+def read_local_range(path: str, offset: int, length: int) -> bytes:
+    """Up to ``length`` bytes of a local file from ``offset`` (fewer at its end)."""
+    with open(inputs.local_path(path), "rb") as fh:
+        fh.seek(offset)
+        return fh.read(length)
 
 
 def run_local(task: FileTask, max_entry_size: int) -> FileResult:

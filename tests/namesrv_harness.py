@@ -49,9 +49,11 @@ def ledgermq_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "ledgermq.cli"]
 
 
-def launch(expiry_ms: int = 30_000, ready_timeout: float = 30.0) -> NameServerProcess:
+def launch(expiry_ms: int = 30_000, ready_timeout: float = 30.0,
+           extra_args: tuple[str, ...] = ()) -> NameServerProcess:
     child = spawn("namesrv", [*ledgermq_command(), "namesrv", "--listen", "127.0.0.1:0",
-                              "--broker-expiry-ms", str(expiry_ms), "--log-level", "WARNING"],
+                              "--broker-expiry-ms", str(expiry_ms), "--log-level", "WARNING",
+                              *extra_args],
                   LISTENING)
     m = child.wait_ready(ready_timeout)
     return NameServerProcess(child, m.group(1), int(m.group(2)))

@@ -13,6 +13,10 @@ secret the caller's admin token, if any, is passed on. Path parameters are
 checked to be valid names before anything is forwarded (a `..%2F..%2Fx` topic
 is a 400 here, never a path on a broker).
 
+`/api/v1/audit` answers the nightly consistency audit's latest verdict from
+the reports directory (namesrv/audit_verdict.py; the same verdict is on
+/metrics and the dashboard's banner).
+
 This is what the dashboard and the CLI talk to: it is not a broker, so killing
 any broker leaves the page and the commands working (docs/operations.md).
 """
@@ -33,6 +37,7 @@ from yarl import URL
 
 from ledgermq.base.address import split_host_port
 from ledgermq.base.clock import monotonic_ms
+from ledgermq.namesrv.audit_verdict import DEFAULT_STALE_AFTER_S, NoAudit, read_verdict
 from ledgermq.namesrv.metrics import namesrv_registry
 from ledgermq.namesrv.view import NameServerView
 from ledgermq.webadmin.app import (
@@ -111,15 +116,18 @@ class NameServerAdmin:
 
     def __init__(self, server: NameServerView, listen: str, *, reports_dir: str = "",
                  security: AdminSecurity | None = None,
-                 wire_tls: ssl.SSLContext | None = None) -> None:
+                 wire_tls: ssl.SSLContext | None = None,
+                 audit_stale_after_s: float = DEFAULT_STALE_AFTER_S) -> None:
         self.server = server
         self.listen = listen
+        self.reports_dir = reports_dir
+        self.audit_stale_after_s = audit_stale_after_s
         self.security = security or AdminSecurity()
         # What the BROKER_STATUS queries authenticate with (the cluster key)
         # and verify the brokers' client ports with, when those are on.
         self.credentials, self.tls = self.security.member, wire_tls
         self.auth = self.security.auth()
-        self.registry = namesrv_registry(server)
+        self.registry = namesrv_registry(server, reports_dir, audit_stale_after_s)
         self.runner: web.AppRunner | None = None
         self.url: str | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -137,7 +145,7 @@ class NameServerAdmin:
             "messages_by_key": self.messages_by_key, "message_by_id": self.message_by_id,
             "transfer_leadership": self.transfer_leadership, "retention": self.retention,
             "retention_trim": self.retention_trim, "members": self.members,
-            "change_members": self.change_members,
+            "change_members": self.change_members, "audit": self.audit,
         })
 
     async def start(self) -> str:
@@ -442,6 +450,17 @@ class NameServerAdmin:
                                       forward, leader_only=True, only=group, timeout=timeout)
         status, data = answers[group]
         return json_response(data, status)
+
+    # ------------------------------------------------------------------- audit
+
+    async def audit(self, request: web.Request) -> web.Response:
+        """The nightly audit's latest verdict (namesrv/audit_verdict.py): 404 when
+        there is none; a file that cannot be believed is the state `unreadable`."""
+        try:
+            verdict = read_verdict(self.reports_dir, self.audit_stale_after_s)
+        except NoAudit as exc:
+            raise ApiError(404, "NO_AUDIT", str(exc)) from None
+        return json_response(verdict.to_json())
 
     # --------------------------------------------------------------- retention
 

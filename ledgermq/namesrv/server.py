@@ -41,6 +41,7 @@ from ledgermq.base.errors import InvalidRequestError, NoPermissionError, Unknown
 from ledgermq.base.exposure import ExposureError, check_exposure
 from ledgermq.base.tasks import cancel_and_wait
 from ledgermq.namesrv.admin_http import AdminSecurity, NameServerAdmin
+from ledgermq.namesrv.audit_verdict import DEFAULT_STALE_AFTER_S
 from ledgermq.namesrv.registry import DEFAULT_EXPIRY_MS, BrokerRegistration, RouteRegistry
 from ledgermq.wire import Connection, RpcServer
 from ledgermq.wire.auth import (
@@ -243,12 +244,14 @@ async def serve(
     reports_dir: str = "",
     on_admin_ready: Any = None,
     security: NameServerSecurity | None = None,
+    audit_stale_after_s: float = DEFAULT_STALE_AFTER_S,
 ) -> None:
     """Run a NameServer until `stop` is set; `on_ready(host, port)` is called
     once it is listening. With `admin_listen`, the HTTP admin app
     (namesrv/admin_http.py) runs too, authenticating as `admin_security`
     says, and `on_admin_ready(url)` is called. `security`: the client port's,
-    from `load_security` (default: open)."""
+    from `load_security` (default: open). `audit_stale_after_s`: when the
+    audit's latest verdict in `reports_dir` counts as stale."""
     server = NameServer(expiry_ms=expiry_ms, security=security)
     bound = await server.start(host, port)
     admin = None
@@ -256,7 +259,8 @@ async def serve(
         if admin_listen:
             admin = NameServerAdmin(server, admin_listen, reports_dir=reports_dir,
                                     security=admin_security,
-                                    wire_tls=server.security.broker_tls)
+                                    wire_tls=server.security.broker_tls,
+                                    audit_stale_after_s=audit_stale_after_s)
             url = await admin.start()
             if on_admin_ready is not None:
                 on_admin_ready(url)

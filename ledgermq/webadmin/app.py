@@ -340,7 +340,7 @@ def int_param(request: web.Request, key: str, default: int, lo: int = 0,
 
 # ------------------------------------------------------------------ reports
 
-REPORT_SUFFIXES = (".html", ".json", ".md", ".txt", ".png", ".svg", ".csv", ".log")
+REPORT_SUFFIXES = (".html", ".json", ".md", ".txt", ".png", ".svg", ".csv", ".log", ".prom")
 
 
 def list_reports(directory: str, limit: int = 500) -> list[dict[str, Any]]:
@@ -355,6 +355,18 @@ def list_reports(directory: str, limit: int = 500) -> list[dict[str, Any]]:
         dirnames.sort()
         here = Path(dirpath)
         names = set(filenames)
+        if "latest.json" in names and "nights" in dirnames:
+            # A nightly audit's state directory (ledgermq audit --nightly --state):
+            # one entry, its cross-night page; its nights are linked from there.
+            # Other reports beside them are still listed.
+            main = "index.html" if "index.html" in names else "latest.json"
+            info = _report_entry(root, here / main, "audit")
+            if here == root:
+                info["name"] = "nightly audit"
+            info["files"] = sorted(n for n in names if n.endswith(REPORT_SUFFIXES))
+            found.append(info)
+            dirnames.remove("nights")
+            continue
         if "index.html" in names or "results.json" in names:
             main = "index.html" if "index.html" in names else "results.json"
             info = _report_entry(root, here / main, "chaos" if "results.json" in names

@@ -152,6 +152,13 @@ OPERATIONS: list[Operation] = [
                             "description": "NameServer only: the broker group (default:"
                                            " the only one registered)"}}},
               {200: "the trim point proposed", 400: "bad input", 409: "not the leader"}),
+    Operation("get", "/api/v1/audit", "audit",
+              "The nightly audit's latest verdict, from latest.json in the reports directory"
+              " (or in its only subdirectory holding one): state passed, failed, stale (older"
+              " than --audit-stale-hours) or unreadable (with the problem), the night's"
+              " document, when the last night that passed finished, and the cross-night"
+              " report under /reports/.", "namesrv", None,
+              {200: "the verdict", 404: "no reports directory, or no latest.json in it"}),
     Operation("get", "/api/v1/reports", "reports",
               "Chaos and audit reports found in the reports directory.",
               "both", None, {200: "reports"}),

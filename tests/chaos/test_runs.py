@@ -5,6 +5,11 @@ real faults for 20 s, checked by the history checker. The sync runs must be
 valid; the bite test shows the harness finding acknowledged messages lost
 when the group acknowledges before replicating. Waits inside the harness are
 deadlines on conditions; nothing here asserts on elapsed time.
+
+Partition+kill and delay run here with authentication and TLS on (which
+exercises every unsecured code path too, plus the secured ones); their
+unsecured twins and the other fault combinations are in the chaos matrix
+(`python -m chaos.matrix`, docs/chaos.md), which keeps CI within its budget.
 """
 
 from __future__ import annotations
@@ -45,17 +50,6 @@ def assert_clean(results: dict) -> None:
     assert starts, "the nemesis never struck"
 
 
-def test_partition_halves_and_leader_kill_sync(tmp_path) -> None:
-    needs_netns()
-    results = short_run(tmp_path, "partition-halves,kill-leader")
-    assert_clean(results)
-    run_dir = tmp_path / "run"
-    for name in ("history.jsonl", "results.json", "latency.png", "rate.png", "index.html"):
-        assert (run_dir / name).exists()
-    assert sorted(p.name for p in (run_dir / "data" / "chaos").iterdir()) == ["n1", "n2", "n3"]
-    assert (run_dir / "logs" / "n1.log").stat().st_size > 0
-
-
 def test_pause_leader_and_loss_sync(tmp_path) -> None:
     needs_netns()
     assert_clean(short_run(tmp_path, "pause-leader,loss"))
@@ -69,13 +63,6 @@ def test_power_loss_of_a_majority_with_flush_sync(tmp_path) -> None:
     cuts = [json.loads(line) for line in history if '"power-loss"' in line
             and '"bytes_dropped"' in line]
     assert cuts and all(len(c["value"]["detail"]["nodes"]) == 2 for c in cuts)
-
-
-def test_delay_through_the_link_proxy(tmp_path) -> None:
-    needs_netns()
-    results = short_run(tmp_path, "delay:delay_ms=150+jitter_ms=50")
-    assert results["capabilities"]["delay"] is None
-    assert_clean(results)
 
 
 def test_the_harness_bites_replicate_async_leader_isolation(tmp_path) -> None:
@@ -123,6 +110,11 @@ def test_secured_partition_halves_and_leader_kill(tmp_path) -> None:
     results = short_run(tmp_path, "partition-halves,kill-leader", secure=True)
     assert_clean(results)
     assert_secured(results, tmp_path / "run")
+    run_dir = tmp_path / "run"
+    for name in ("history.jsonl", "results.json", "latency.png", "rate.png", "index.html"):
+        assert (run_dir / name).exists()
+    assert sorted(p.name for p in (run_dir / "data" / "chaos").iterdir()) == ["n1", "n2", "n3"]
+    assert (run_dir / "logs" / "n1.log").stat().st_size > 0
 
 
 def test_secured_delay_and_clock_skew(tmp_path) -> None:

@@ -1,14 +1,18 @@
 """End to end: headless Chromium opens the NameServer's dashboard of a running
-3-node group, sees three nodes and one leader, the leader is SIGKILLed, and
-the page shows the new leader without being reloaded. With authentication
-on, the page signs in and signs every request it makes. A screenshot is saved
-under $LEDGERMQ_ARTIFACTS (or the test's tmp dir) and its path printed."""
+3-node group, sees three nodes and one leader, and the nightly audit's
+verdict banner follow a real state directory (no audit yet, a night that
+passed, then a night that failed with its findings by kind, and the link to
+the cross-night report); the leader is SIGKILLed, and the page shows the new
+leader without being reloaded. With authentication on, the page signs in and
+signs every request it makes. Screenshots are saved under $LEDGERMQ_ARTIFACTS
+(or the test's tmp dir) and their paths printed."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -31,19 +35,83 @@ _STATE = """(() => {
 })()"""
 
 
+# The audit banner, read from the DOM; `report` fetches the banner's link in the page.
+_AUDIT = """(async () => {
+  const b = document.getElementById('audit');
+  if (!b) return null;
+  const link = document.getElementById('audit-report');
+  let report = null;
+  if (link) {
+    const resp = await fetch(link.href);
+    report = [resp.status, (await resp.text()).includes('LedgerMQ nightly audit')];
+  }
+  return {state: b.dataset.state, night: b.dataset.night || null, text: b.textContent,
+          kinds: [...b.querySelectorAll('[data-kind]')].map(k => k.dataset.kind),
+          groups: [...b.querySelectorAll('[data-audit-group]')].map(g => g.dataset.auditGroup),
+          report};
+})()"""
+
+
 def test_dashboard_follows_a_leader_change(tmp_path: Path) -> None:
     chromium = find_chromium()
     require(chromium is not None, "headless Chromium (Debian package 'chromium')")
     artifacts = Path(os.environ.get("LEDGERMQ_ARTIFACTS") or tmp_path / "artifacts")
-    cluster = OpsCluster(tmp_path / "cluster")
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    cluster = OpsCluster(tmp_path / "cluster", reports_dir=reports)
     cluster.start()
     try:
-        loop.run(_scenario(cluster, chromium, artifacts))
+        loop.run(_scenario(cluster, chromium, artifacts, tmp_path))
     finally:
         cluster.stop()
 
 
-async def _scenario(cluster: OpsCluster, chromium: str, artifacts: Path) -> None:
+async def _audit_banner(page, cluster: OpsCluster, work: Path, artifacts: Path) -> None:
+    """The banner through every state, as the nightly state directory grows: no
+    audit yet; two nights that passed, the newer 2 days ago (stale: older than the
+    default 36 h); a night that passed an hour ago; a night that failed; a
+    latest.json cut short. Each night is the real audit of the recorded real run."""
+    from spark_audit import trend
+    from tests.spark_audit.nightly_state import DAY, audit_night, build_state, unpack
+
+    async def banner(state: str):
+        # index.html is written just after latest.json: the link comes with it.
+        b = await page.evaluate(_AUDIT)
+        return b if b and b["state"] == state and (state == "none" or b["report"]) else None
+
+    b = await until(lambda: banner("none"), 20, "'no audit yet' on the page")
+    assert "No audit yet" in b["text"] and "latest.json" in b["text"]
+    base = unpack(work / "base")
+    state = cluster.reports_dir / "audit"
+    now = time.time()
+    docs = build_state(state, base, [None, None], now=now - 2 * DAY)
+    b = await until(lambda: banner("stale"), 20, "the stale verdict on the page")
+    assert "STALE" in b["text"] and "36 h ago" in b["text"] and b["report"] == [200, True]
+    docs.append(audit_night(base, state, now - 3600, previous=docs[-1]))
+    trend.write_outputs(str(state))
+    b = await until(lambda: banner("passed"), 20, "the passed night on the page")
+    assert b["night"] == docs[-1]["night"] and b["groups"] == ["chaos"] and b["kinds"] == []
+    assert "PASSED" in b["text"] and "984 entries" in b["text"] and "1 h ago" in b["text"]
+    assert b["report"] == [200, True]
+    failed = audit_night(base, state, now, case="body_flip", previous=docs[-1])
+    trend.write_outputs(str(state))
+    b = await until(lambda: banner("failed"), 20, "the failed night on the page")
+    assert b["night"] == failed["night"] and "FAILED" in b["text"]
+    assert sorted(b["kinds"]) == ["body_crc", "body_mismatch"]
+    assert "last passed 1 h ago" in b["text"] and b["report"] == [200, True]
+    shot = await page.screenshot(artifacts / "dashboard-audit.png")
+    print(f"dashboard screenshot: {shot}")
+    assert shot.stat().st_size > 10_000
+    latest = state / "latest.json"
+    good = latest.read_bytes()
+    latest.write_bytes(good[:100])
+    b = await until(lambda: banner("unreadable"), 20, "the unreadable verdict on the page")
+    assert "malformed JSON" in b["text"] and str(latest) in b["text"]
+    latest.write_bytes(good)
+    await until(lambda: banner("failed"), 20, "the failed night on the page again")
+
+
+async def _scenario(cluster: OpsCluster, chromium: str, artifacts: Path, work: Path) -> None:
     leader = await wait_leader(cluster)
     async with Producer([cluster.namesrv_address], **cluster.client_options()) as producer:
         for i in range(40):
@@ -61,6 +129,7 @@ async def _scenario(cluster: OpsCluster, chromium: str, artifacts: Path) -> None
 
         s = await until(three_nodes_one_leader, 20, "three nodes and one leader on the page")
         assert [n for n, r in s["rows"] if r == "leader"] == [f"n{leader}"]
+        await _audit_banner(page, cluster, work, artifacts)
         # A marker in the page's JS state: it survives only if the page is not reloaded.
         await page.evaluate("window.__ledgermq_marker = 'same-page'")
         cluster.kill(leader)

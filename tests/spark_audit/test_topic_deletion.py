@@ -103,3 +103,24 @@ def test_the_distributed_audit_reads_deletions_the_same(tmp_path):
     assert sorted(a.findings.select(key).to_pylist(), key=repr) == sorted(
         b.findings.select(key).to_pylist(), key=repr)
     assert "topic_deleted" in b.findings.column("kind").to_pylist()
+
+
+def test_a_window_below_a_deletion_is_told_of_it(tmp_path):
+    """A window that ends before the deleting entry does not read it, while every replica
+    applied it and dropped the topic's queues: the deletion, known from outside the
+    window (the nightly manifest keeps those its new ranges held), makes the window's
+    messages of the topic dead; unknown, they would be messages without a unit."""
+    from spark_audit import window
+    from spark_audit.engine import LocalFlowEngine
+
+    _write(str(tmp_path / "g"), {key: {"orders": DELETE_AT} for key in scenarios.NODES})
+    bounds = {"g": window.Bounds(5, 20)}
+    blind = run_audit(AuditOptions([str(tmp_path / "g")], bounds=bounds), LocalEngine())
+    assert ("index_validity", "cq_not_indexed", 0) in violations(blind)
+    for eng in (LocalEngine(), LocalFlowEngine()):
+        told = run_audit(AuditOptions([str(tmp_path / "g")], bounds=bounds,
+                                      deletions={"g": [(DELETE_AT, "orders")]}), eng)
+        assert told.valid, violations(told)
+    # The whole log's audit reports the deletion it read, for the manifest.
+    whole = run_audit(AuditOptions([str(tmp_path / "g")]), LocalEngine())
+    assert whole.deletions == {0: [(DELETE_AT, "orders")]}

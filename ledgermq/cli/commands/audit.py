@@ -1,4 +1,10 @@
-"""``ledgermq audit``: the Spark consistency audit of replicas and client histories."""
+"""``ledgermq audit``: the Spark consistency audit of replicas and client histories.
+
+``--cut GROUP=INDEX`` / ``--from GROUP=INDEX`` audit a window of a group's log;
+``--nightly --state DIR`` runs one night of the incremental audit (docs/audit.md,
+"Nightly, incremental"). Exit status: 0 passed, 1 a check failed, 2 the inputs
+could not be read.
+"""
 
 from __future__ import annotations
 
@@ -26,10 +32,42 @@ def register(app: typer.Typer) -> None:
             help="the brokers' entry_size_bytes_max")] = 64 * 1024 * 1024,
         segment_size: Annotated[int, typer.Option(
             help="segment_size_bytes (0: inferred from segment names)")] = 0,
+        cut: Annotated[list[str] | None, typer.Option(
+            "--cut", metavar="GROUP=INDEX",
+            help="audit GROUP only up to this Raft index: bytes and ConsumeQueue units past "
+                 "it are neither read nor judged (repeatable)")] = None,
+        window_from: Annotated[list[str] | None, typer.Option(
+            "--from", metavar="GROUP=INDEX",
+            help="audit GROUP only from this Raft index (the entries before count as "
+                 "verified before; repeatable)")] = None,
+        nightly: Annotated[bool, typer.Option(
+            "--nightly", help="one night of the incremental audit (needs --state)")] = False,
+        state: Annotated[str | None, typer.Option(
+            metavar="DIR", help="the nightly state directory (manifests, nights)")] = None,
+        rolling_nights: Annotated[int, typer.Option(
+            metavar="N", help="re-verify every retained index within N nights")] = 7,
+        digest_block: Annotated[int, typer.Option(
+            metavar="B", help="a new manifest's digest span (power of two up to 2^19; "
+                              "0: 65536)")] = 0,
     ) -> None:
         """Cross-check every replica's files and the client histories; exit 1 on failure."""
-        from spark_audit.cli import run
+        from spark_audit import cli
 
-        raise typer.Exit(run(group_specs, out=out, master=master, history=history or [],
-                             engine=engine, driver_memory=driver_memory, progress=progress,
-                             max_entry_size=max_entry_size, segment_size=segment_size))
+        if nightly or state:
+            if not (nightly and state):
+                typer.echo("audit: --nightly needs --state DIR (and --state goes with "
+                           "--nightly)", err=True)
+                raise typer.Exit(2)
+            if history or window_from:
+                typer.echo("audit: --nightly chooses its own windows and reads no history",
+                           err=True)
+                raise typer.Exit(2)
+            raise typer.Exit(cli.nightly(
+                group_specs, state, rolling_nights=rolling_nights, cuts=cut or [],
+                engine=engine, master=master, driver_memory=driver_memory, progress=progress,
+                max_entry_size=max_entry_size, segment_size=segment_size,
+                digest_block=digest_block))
+        raise typer.Exit(cli.run(group_specs, out=out, master=master, history=history or [],
+                                 engine=engine, driver_memory=driver_memory, progress=progress,
+                                 max_entry_size=max_entry_size, segment_size=segment_size,
+                                 cuts=cut or [], starts=window_from or []))

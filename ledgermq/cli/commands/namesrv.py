@@ -61,7 +61,12 @@ def register(app: typer.Typer) -> None:
             " apps)."),
         reports_dir: str = typer.Option(
             "", envvar="LEDGERMQ_REPORTS_DIR",
-            help="Directory of chaos and audit reports listed by the dashboard."),
+            help="Directory of chaos and audit reports listed by the dashboard; the nightly"
+            " audit's latest.json in it (or in its only subdirectory holding one) is the"
+            " verdict /api/v1/audit, /metrics and the dashboard show."),
+        audit_stale_hours: float = typer.Option(
+            36.0, min=0.0001, envvar="LEDGERMQ_AUDIT_STALE_HOURS",
+            help="The audit verdict counts as stale once its night finished this long ago."),
     ) -> None:
         """Run a NameServer (route registry) until Ctrl-C or SIGTERM."""
         import asyncio
@@ -116,7 +121,7 @@ def register(app: typer.Typer) -> None:
             await serve(host, port, expiry_ms=broker_expiry_ms, stop=stop, on_ready=ready,
                         admin_listen=admin_listen, admin_security=admin_security,
                         reports_dir=reports_dir, on_admin_ready=admin_ready,
-                        security=security)
+                        security=security, audit_stale_after_s=audit_stale_hours * 3600)
 
         try:
             loop.run(main())

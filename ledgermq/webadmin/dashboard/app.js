@@ -26,7 +26,8 @@ function credentials() {
   return accessKey && secret ? { accessKey, secret } : null;
 }
 
-async function get(path) {
+async function request(path) {
+  // One signed (when signed in) GET: the status and the JSON body, errors included.
   const url = new URL(`${API}/${path}`, location.href).href;
   const headers = {};
   const creds = credentials();
@@ -35,7 +36,11 @@ async function get(path) {
       null);
   }
   const resp = await fetch(url, { cache: "no-store", headers });
-  const body = await resp.json();
+  return { resp, body: await resp.json() };
+}
+
+async function get(path) {
+  const { resp, body } = await request(path);
   if (!resp.ok) {
     const err = body.error || {};
     const message = `${resp.status} ${err.code || ""}: ${err.message || ""}`;
@@ -117,12 +122,62 @@ function roleBadge(node) {
 
 // ------------------------------------------------------------------ pages
 
+// The nightly audit's latest verdict (GET api/v1/audit, NameServer only):
+// passed, failed, stale, unreadable, or none yet (404 NO_AUDIT).
+async function auditBanner() {
+  const { resp, body } = await request("audit");
+  if (resp.status === 401) throw new AuthRequired(body.error ? body.error.message : "");
+  if (resp.status === 404) {
+    const why = body.error ? body.error.message : "";
+    return `<div class="card audit audit-none" id="audit" data-state="none">
+      <b class="audit-verdict">No audit yet</b> <span class="muted">${esc(why)}</span></div>`;
+  }
+  if (!resp.ok) {
+    const err = body.error || {};
+    return `<div class="card audit audit-unreadable" id="audit" data-state="error">audit verdict:
+      ${esc(resp.status)} ${esc(err.code)}: ${esc(err.message)}</div>`;
+  }
+  const link = body.report ? ` · <a id="audit-report" href="reports/${body.report.split("/")
+    .map(encodeURIComponent).join("/")}">nightly report</a>` : "";
+  if (body.state === "unreadable") {
+    return `<div class="card audit audit-unreadable" id="audit" data-state="unreadable">
+      <b class="audit-verdict">Audit verdict unreadable</b>:
+      <span id="audit-problem">${esc(body.problem)}</span>${link}</div>`;
+  }
+  const v = body.verdict;
+  const word = { passed: "PASSED", failed: v.exit === 2 ? "FAILED (inputs unreadable)" :
+    "FAILED", stale: "STALE" }[body.state];
+  const finished = v.finished * 1000;
+  const stale = body.state === "stale" ? ` — it passed, but that was more than
+    ${esc(Math.round(body.stale_after_s / 3600 * 10) / 10)} h ago: is the nightly audit
+    still running?` : "";
+  const groups = Object.entries(v.groups).map(([name, g]) =>
+    `<span data-audit-group="${esc(name)}">${esc(name)} (cut ${esc(g.cut)}, verified through
+      ${esc(g.verified_through)}${g.violations ? `, <b>${esc(g.violations)} violation(s)</b>`
+      : ""})</span>`).join(", ");
+  const kinds = Object.entries(v.findings).filter(([, n]) => n);
+  const findings = kinds.length ? kinds.map(([k, n]) =>
+    `<span class="badge role-unreachable" data-kind="${esc(k)}">${esc(k)} ${esc(n)}</span>`)
+    .join(" ") : "no violation";
+  const took = v.duration_s < 10 ? v.duration_s.toFixed(2) : Math.round(v.duration_s);
+  const since = body.state !== "passed" && body.last_success ?
+    `; last passed ${when(body.last_success * 1000, Date.now())}` : "";
+  return `<div class="card audit audit-${esc(body.state)}" id="audit"
+      data-state="${esc(body.state)}" data-night="${esc(v.night)}">
+    <b class="audit-verdict">Audit ${word}</b> night <code>${esc(v.night)}</code>, finished
+      ${when(finished, Date.now())}${stale}<br>
+    groups: ${groups || "none"} · findings: <span id="audit-findings">${findings}</span> ·
+    ${esc(v.entries_audited.toLocaleString())} entries (${size(v.bytes_audited)}) audited in
+    ${esc(took)} s${since}${link}</div>`;
+}
+
 const pages = {
   async overview() {
     const data = await get("cluster");
     document.getElementById("source").textContent = `source: ${data.source}`;
+    const audit = data.source === "namesrv" ? await auditBanner() : "";
     const groups = Object.entries(data.groups);
-    if (!groups.length) return `<p>No broker group is registered.</p>`;
+    if (!groups.length) return `${audit}<p>No broker group is registered.</p>`;
     let nodes = 0, leaders = 0, html = "";
     for (const [name, g] of groups) {
       nodes += g.nodes.length;
@@ -152,7 +207,7 @@ const pages = {
         ${chart(`commit:${name}`, "entries committed per second", true)}
       </div>`;
     }
-    return `<div class="summary" id="summary">${groups.length} group(s), ${nodes} nodes,
+    return `${audit}<div class="summary" id="summary">${groups.length} group(s), ${nodes} nodes,
       ${leaders} leader(s)</div>${html}`;
   },
 

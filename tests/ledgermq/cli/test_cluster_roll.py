@@ -167,7 +167,11 @@ def test_cluster_roll_restarts_the_nodes_of_a_cluster_another_process_runs(
         assert done.returncode == 0, done.stdout + done.stderr
         steps = json.loads(done.stdout)["steps"]
         assert [s["node_id"] for s in steps][-1] == leader and len(steps) == 3
-        assert steps[-1]["was_leader"] and steps[-1]["transferred_to"] != leader
+        # The leader goes last and hands leadership over first; on a starved
+        # machine an election may move leadership during the followers' steps,
+        # and then the last node was no longer the leader when its turn came.
+        last_step = steps[-1]
+        assert not last_step["was_leader"] or last_step["transferred_to"] not in (None, leader)
         after = read_manifest(base)["nodes"]
         new_pids = {nid: entry["pid"] for nid, entry in after.items()}
         assert all(new_pids[nid] != before[nid]["pid"] for nid in before)
