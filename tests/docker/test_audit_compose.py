@@ -8,14 +8,20 @@ once at start), which mount every broker's volume read-only. The first night
 must pass while the producer writes: it audits the group up to a live cut
 taken from the brokers' admin APIs (above the commit index before the audit
 started, below the one after it ended), on the cluster, the replicas named
-after their brokers; the service logs one line for it; the NameServer serves
-the state directory as its reports. SIGTERM stops the service cleanly.
-Teardown removes every container and volume of the project.
+after their brokers; the service logs one line for it. The NameServer,
+whose reports directory is the audit's state volume, answers the verdict at
+/api/v1/audit, and its dashboard (headless Chromium, signed in as the
+administrator) shows it in the audit banner: the screenshot is
+docs/dashboard-audit-live.png (LEDGERMQ_ARTIFACTS, else the test's
+directory). SIGTERM stops the service cleanly. Teardown removes every
+container and volume of the project.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import subprocess
 import threading
 import time
@@ -32,6 +38,8 @@ from ledgermq.client.producer import Producer
 from ledgermq.wire.auth import Credentials
 from tests.docker.deployment import Deployment
 from tests.docker.test_compose import wait_leader
+from tests.ops.cdp import Browser, find_chromium
+from tests.support import require
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
@@ -99,6 +107,39 @@ def exec_text(dep: Deployment, service: str, *command: str) -> subprocess.Comple
                           capture_output=True, text=True, timeout=60)
 
 
+# The dashboard's audit banner, read from the DOM.
+_BANNER = """(() => {
+  const b = document.getElementById('audit');
+  if (!b) return null;
+  return {state: b.dataset.state, night: b.dataset.night || null, text: b.textContent,
+          groups: [...b.querySelectorAll('[data-audit-group]')].map(g => g.dataset.auditGroup)};
+})()"""
+
+
+async def dashboard_banner(url: str, admin: Credentials, night: str, artifacts: Path
+                           ) -> dict[str, Any]:
+    """The NameServer's dashboard, signed in as the administrator (what the
+    sign-in form stores), once its banner shows `night`; a screenshot of it
+    goes to `artifacts`/dashboard-audit-live.png."""
+    chromium = find_chromium()
+    assert chromium is not None
+    async with Browser(chromium, width=1400, height=760) as browser:
+        page = await browser.open(f"{url}/#/")
+        key, secret = json.dumps(admin.access_key), json.dumps(admin.secret.decode())
+        await page.evaluate(f"sessionStorage.setItem('lmq.accessKey', {key});"
+                            f"sessionStorage.setItem('lmq.secret', {secret});"
+                            "location.reload(); true")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            banner = await page.evaluate(_BANNER)
+            if banner and banner["night"] == night and banner["state"] != "none":
+                await asyncio.sleep(1.0)  # the rest of the page's first poll
+                await page.screenshot(artifacts / "dashboard-audit-live.png")
+                return dict(banner)
+            await asyncio.sleep(0.5)
+        raise AssertionError(f"the dashboard never showed night {night}: {banner}")
+
+
 def wait_night(dep: Deployment) -> str:
     """The audit service's first line about a night."""
     deadline = time.monotonic() + NIGHT_TIMEOUT_S
@@ -114,6 +155,9 @@ def wait_night(dep: Deployment) -> str:
 
 
 def test_scheduled_audit_of_the_live_group(deployment: Deployment, tmp_path: Path) -> None:
+    chromium = find_chromium()
+    require(chromium is not None, "headless Chromium (Debian package 'chromium')")
+    artifacts = Path(os.environ.get("LEDGERMQ_ARTIFACTS") or tmp_path / "artifacts")
     dep = deployment
     started = time.monotonic()
     dep.compose("up", "-d", "--no-build")  # the NameServer and the brokers
@@ -149,14 +193,18 @@ def test_scheduled_audit_of_the_live_group(deployment: Deployment, tmp_path: Pat
     classes = exec_text(dep, "spark-worker", "ps", "-eo", "cls=,comm=").stdout.split("\n")
     assert any(c.split()[:2] == ["IDL", "java"] for c in classes if c.strip()), classes
 
-    # The NameServer serves the state directory as its reports.
-    async def reports() -> Any:
+    # The NameServer serves the state directory as its reports: the verdict
+    # at /api/v1/audit, and on the dashboard's banner.
+    async def verdict() -> Any:
         async with AdminApi(dep.admin_url, credentials=admin) as api:
-            return await api.call("GET", "reports")
+            return await api.call("GET", "audit")
 
-    listed = loop.run(reports())
-    assert listed["directory"] == STATE
-    assert any(r["path"] == "latest.json" for r in listed["reports"]), listed
+    answer = loop.run(verdict())
+    assert answer["state"] == "passed" and answer["directory"] == STATE, answer
+    assert answer["verdict"]["night"] == night["night"], answer
+    banner = loop.run(dashboard_banner(dep.admin_url, admin, night["night"], artifacts))
+    assert "PASSED" in banner["text"] and banner["groups"] == ["broker-a"], banner
+    assert str(group["cut"]) in banner["text"].replace(",", ""), banner
 
     # SIGTERM (docker stop): the service stops cleanly, with a last line.
     dep.compose("stop", "audit", profile="audit")

@@ -246,3 +246,49 @@ def test_cli_reports_a_cut_error_in_one_line(cluster: OpsCluster) -> None:
     ok = ledgermq("audit", "cut", *cluster.admin_urls().values())
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith("--cut broker-a=")
+
+
+def test_audit_live_audits_up_to_the_captured_cut(cluster: OpsCluster, tmp_path: Path) -> None:
+    """`ledgermq audit --live`: the cut is taken from the brokers first, then
+    the group is audited up to it, while the producer of the earlier test's
+    topic goes on writing here."""
+    leader = loop.run(wait_leader(cluster))
+    urls = ",".join(cluster.admin_urls().values())
+    specs = "broker-a=" + ",".join(str(cluster.base / f"n{n}") for n in (1, 2, 3))
+    stop = threading.Event()
+
+    async def produce() -> None:
+        async with Producer([cluster.namesrv_address], retry_timeout=30.0,
+                            name="live-audit-test") as producer:
+            await producer.create_topic(TOPIC, queues=2)
+            while not stop.is_set():
+                await producer.send(TOPIC, b"z" * 100)
+                await asyncio.sleep(0.005)
+
+    writer = threading.Thread(target=loop.run, args=(produce(),), daemon=True)
+    writer.start()
+    try:
+        threading.Event().wait(0.5)
+        before = commit_of(cluster, leader)
+        result = ledgermq("audit", "--live", urls, "--engine", "python", "--out",
+                          str(tmp_path / "out"), specs, timeout=120)
+        after = commit_of(cluster, leader)
+        both = ledgermq("audit", "--live", urls, "--cut", "broker-a=1", "--engine", "python",
+                        "--out", str(tmp_path / "both"), specs)
+    finally:
+        stop.set()
+        writer.join(30)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    cut = int(result.stderr.split("audit: live cut broker-a=")[1].split()[0])
+    assert before <= cut <= after and before < after, (before, cut, after)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["valid"] and summary["groups"][0]["window"]["cut"] == cut, summary["groups"]
+    assert both.returncode == 2
+    assert "audit: --cut and --live both cut broker-a: give one" in both.stderr
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    none = ledgermq("audit", "--live", closed, "--engine", "python", "--out",
+                    str(tmp_path / "none"), specs)
+    assert none.returncode == 2
+    assert none.stderr.startswith(f"audit: no live cut: {closed}: the broker did not answer")
