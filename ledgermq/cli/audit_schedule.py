@@ -12,9 +12,11 @@ tick of a cron expression (`--cron`, or `LEDGERMQ_AUDIT_SCHEDULE`; parsed by
    (idle I/O class) and `nice -n 19`, inherited by the JVM and the Python
    workers it starts, in a session of its own whose autogroup is set to
    nice 19 (`lower_autogroup`: with autogroup scheduling, policy and nice
-   count only inside a session). This is what keeps a broker on the same
-   machine within 10% of its throughput while it is audited (docs/audit.md,
-   "Auditing a live deployment", measured by bench/audit_live.py).
+   count only inside a session): the audit gets only the CPU the brokers
+   leave. What it still costs a broker on the same small machine is measured
+   by bench/audit_live.py (docs/audit.md, "Auditing a live deployment": half
+   of what the audit at normal priority costs, more than 10% on the 2-vCPU
+   development VM, where the contention is below the guest's scheduler).
    `--priority normal` turns it off, `nice` keeps all but SCHED_IDLE;
 3. logs one line per night: its verdict, the cut, what was audited, where the
    child's own output went (`DIR/logs/<night>.log`, the newest 30 kept).
