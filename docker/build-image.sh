@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Build the LedgerMQ image where no container registry is reachable.
 #
-#   docker/build-image.sh [IMAGE_TAG]        (default ledgermq:latest)
+#   docker/build-image.sh [IMAGE_TAG]           (default ledgermq:latest)
+#   docker/build-image.sh --audit [IMAGE_TAG]   (default ledgermq-audit:latest): the
+#       image also holds Java and the `audit` extra (WITH_AUDIT=1 in the
+#       Dockerfile), for the spark-master, spark-worker and audit services
 #
 # 1. Base image: a minimal Debian (bookworm) root file system made with
 #    debootstrap from a Debian package mirror, imported with `docker import`
@@ -27,7 +30,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-IMAGE="${1:-ledgermq:latest}"
+WITH_AUDIT=0
+if [ "${1:-}" = --audit ]; then
+    WITH_AUDIT=1
+    shift
+fi
+if [ "$WITH_AUDIT" = 1 ]; then IMAGE="${1:-ledgermq-audit:latest}"; else IMAGE="${1:-ledgermq:latest}"; fi
 BASE="${LEDGERMQ_BASE_IMAGE:-ledgermq-base:bookworm}"
 SUITE="${DEBIAN_SUITE:-bookworm}"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
@@ -88,14 +96,16 @@ t0=$SECONDS
 # The image this tag named before; removed after a rebuild so that repeated
 # builds (every source change) do not pile up untagged 400 MB images.
 previous="$(docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
-build_args=(--build-arg "BASE_IMAGE=$BASE")
+build_args=(--build-arg "BASE_IMAGE=$BASE" --build-arg "WITH_AUDIT=$WITH_AUDIT")
 [ -n "${PIP_INDEX_URL:-}" ] && build_args+=(--build-arg "PIP_INDEX_URL=$PIP_INDEX_URL")
 log "docker build $IMAGE on $BASE (host network for pip)"
 docker build --force-rm --network host "${build_args[@]}" -f docker/Dockerfile -t "$IMAGE" . >&2
 log "image $IMAGE built in $((SECONDS - t0)) s"
 current="$(docker image inspect -f '{{.Id}}' "$IMAGE")"
-if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
-    # Fails harmlessly while a container still uses it, or another tag names it.
+if [ -n "$previous" ] && [ "$previous" != "$current" ] \
+        && [ "$(docker image inspect -f '{{len .RepoTags}}' "$previous" 2>/dev/null)" = 0 ]; then
+    # Only when no other tag names it (removing it by id would drop that tag
+    # too); fails harmlessly while a container still uses it.
     if docker image rm "$previous" >/dev/null 2>&1; then
         log "removed the previous image ${previous:7:12}"
     fi

@@ -4,6 +4,10 @@
     namesrv              ledgermq namesrv on $LEDGERMQ_NAMESRV_LISTEN (0.0.0.0:9876)
     broker [--config F]  ledgermq broker with F, or $LEDGERMQ_CONFIG when that file
                          exists, or a TOML file rendered from LEDGERMQ_* variables
+    spark-master         a Spark standalone master on $LEDGERMQ_SPARK_PORT (7077)
+    spark-worker         a Spark worker of $LEDGERMQ_SPARK_MASTER, at idle priority
+    audit-schedule       ledgermq audit schedule: the nightly audit of the live
+                         brokers, configured by LEDGERMQ_AUDIT_* (docs/deploy.md)
     health               PING the address the running role listens on (HEALTHCHECK)
     render-config        print the TOML the environment describes (for checking)
     anything else        run as given (`ledgermq status …`, `bash`, …)
@@ -25,6 +29,13 @@ the addresses in LEDGERMQ_PEERS, which is what lets the same file work on one
 docker network (container addresses) and across hosts (host addresses with
 published ports). The process is exec'd, so it is PID 1's only child and gets
 docker's signals directly (SIGTERM on stop, SIGKILL on kill).
+
+The Spark and audit roles need the audit image (docker/build-image.sh
+--audit: Java and PySpark). They read the brokers' volumes mounted read-only
+at $LEDGERMQ_AUDIT_MOUNTS/<group>/<node> (/replicas), and see each one's data
+directory as $LEDGERMQ_AUDIT_REPLICAS/<group>/<node> (/tmp/ledgermq-replicas,
+a tree of symbolic links made at start), so that the audit names replicas
+after their nodes and the driver and the executors open the same paths.
 """
 
 from __future__ import annotations
@@ -41,6 +52,13 @@ DEFAULT_NAMESRV_LISTEN = "0.0.0.0:9876"
 DEFAULT_DATA_DIR = "/var/lib/ledgermq/data"
 DEFAULT_CONFIG = "/etc/ledgermq/broker.toml"
 DEFAULT_SECRETS_DIR = "/var/lib/ledgermq-secrets"
+DEFAULT_SPARK_PORT = 7077
+DEFAULT_AUDIT_MOUNTS = "/replicas"
+DEFAULT_AUDIT_REPLICAS = "/tmp/ledgermq-replicas"
+DEFAULT_AUDIT_STATE = "/var/lib/ledgermq-audit"
+# The Spark worker and its executors run at idle priority (as `ledgermq audit
+# schedule` runs the driver): a broker on the same host keeps the CPU.
+IDLE_PRIORITY = ["chrt", "--idle", "0", "ionice", "-c", "3", "nice", "-n", "19"]
 ADMIN_ACCESS_KEY = "admin"
 CLUSTER_ACCESS_KEY = "cluster"  # ledgermq.wire.auth.CLUSTER_KEY
 # Where the running role records the address its health check pings.
@@ -260,6 +278,89 @@ def _health_lines(address: str, secret_file: str, tls_ca_file: str) -> list[str]
     return options
 
 
+def link_replicas(mounts: str, tree: str) -> list[str]:
+    """Make `tree`/<group>/<node> a symbolic link to `mounts`/<group>/<node>/data
+    for every mounted broker volume; the links made. A volume whose broker
+    has not written yet gets its link too (it dangles until then)."""
+    made = []
+    root = Path(mounts)
+    if not root.is_dir():
+        return made
+    for group in sorted(p for p in root.iterdir() if p.is_dir()):
+        for node in sorted(p for p in group.iterdir() if p.is_dir()):
+            link = Path(tree) / group.name / node.name
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.is_symlink():
+                link.unlink()
+            link.symlink_to(node / "data", target_is_directory=True)
+            made.append(str(link))
+    return made
+
+
+def container_address() -> str:
+    """This container's address on its network (what peers reach it at)."""
+    import socket
+
+    return socket.gethostbyname(socket.gethostname())
+
+
+def spark_class() -> str:
+    """The pyspark distribution's bin/spark-class (the audit image has it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise ConfigError("this image has no PySpark: the Spark roles need the audit image "
+                          "(docker/build-image.sh --audit)")
+    return str(Path(spec.origin).parent / "bin" / "spark-class")
+
+
+def spark_env(env: Mapping[str, str], host: str) -> None:
+    """What every Spark process of this container needs: its address, the
+    venv's interpreter for Python workers, daemons in the foreground."""
+    os.environ["SPARK_HOME"] = str(Path(spark_class()).parent.parent)
+    os.environ.setdefault("SPARK_LOCAL_IP", host)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_NO_DAEMONIZE", "1")
+    os.environ.setdefault("SPARK_WORKER_DIR", "/tmp/spark-work")
+
+
+def spark_command(role: str, env: Mapping[str, str], host: str) -> list[str]:
+    """The spark-class command line of the spark-master or spark-worker role."""
+    port = int(env.get("LEDGERMQ_SPARK_PORT", DEFAULT_SPARK_PORT))
+    if role == "spark-master":
+        return [spark_class(), "org.apache.spark.deploy.master.Master", "--host", host,
+                "--port", str(port), "--webui-port", env.get("LEDGERMQ_SPARK_UI_PORT", "8080")]
+    master = env.get("LEDGERMQ_SPARK_MASTER", "")
+    if not master.startswith("spark://"):
+        raise ConfigError(f"LEDGERMQ_SPARK_MASTER={master!r}: set the master's URL, "
+                          "spark://HOST:PORT")
+    priority = env.get("LEDGERMQ_SPARK_PRIORITY", "idle")
+    if priority not in ("idle", "normal"):
+        raise ConfigError(f"LEDGERMQ_SPARK_PRIORITY={priority!r}: idle or normal")
+    return [*(IDLE_PRIORITY if priority == "idle" else []), spark_class(),
+            "org.apache.spark.deploy.worker.Worker", "--host", host,
+            "--cores", env.get("LEDGERMQ_SPARK_WORKER_CORES", "1"),
+            "--memory", env.get("LEDGERMQ_SPARK_WORKER_MEMORY", "1g"),
+            "--work-dir", os.environ.get("SPARK_WORKER_DIR", "/tmp/spark-work"),
+            "--webui-port", env.get("LEDGERMQ_SPARK_UI_PORT", "8081"), master]
+
+
+def audit_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """Defaults of `ledgermq audit schedule` in a container: the state
+    volume, the replica tree as the group specs, the administrator's
+    credentials from the shared secrets (unless running open)."""
+    out = {"LEDGERMQ_AUDIT_STATE": env.get("LEDGERMQ_AUDIT_STATE", DEFAULT_AUDIT_STATE),
+           "LEDGERMQ_AUDIT_SPECS": env.get("LEDGERMQ_AUDIT_SPECS")
+           or env.get("LEDGERMQ_AUDIT_REPLICAS", DEFAULT_AUDIT_REPLICAS)}
+    files = secret_files(env)
+    if files is not None and not env.get("LEDGERMQ_ACCESS_KEY"):
+        out["LEDGERMQ_ACCESS_KEY"] = env.get("LEDGERMQ_ADMIN_ACCESS_KEY", ADMIN_ACCESS_KEY)
+        out["LEDGERMQ_SECRET_FILE"] = files[1]
+    return out
+
+
 def _ledgermq() -> str:
     return shutil.which("ledgermq") or "ledgermq"
 
@@ -318,11 +419,45 @@ def main(argv: list[str]) -> int:
             args = ["--config", config, *args]
         HEALTH_FILE.write_text("\n".join(_health_from_config(config)))
         _exec([_ledgermq(), "broker", *args])
+    if role in ("spark-master", "spark-worker", "audit-schedule"):
+        try:
+            host = env.get("LEDGERMQ_SPARK_HOST") or container_address()
+            spark_env(env, host)
+            if role != "spark-master":
+                links = link_replicas(env.get("LEDGERMQ_AUDIT_MOUNTS", DEFAULT_AUDIT_MOUNTS),
+                                      env.get("LEDGERMQ_AUDIT_REPLICAS", DEFAULT_AUDIT_REPLICAS))
+                print(f"ledgermq-entrypoint: replicas {' '.join(links) or 'none mounted'}",
+                      flush=True)
+            if role == "audit-schedule":
+                os.environ.update(audit_environment(env))
+                HEALTH_FILE.write_text("process")
+                _exec([_ledgermq(), "audit", "schedule", *args])
+            # Healthy when the daemon accepts connections: the master's port,
+            # the worker's web UI (a worker has no other port of its own).
+            port = (env.get("LEDGERMQ_SPARK_PORT", str(DEFAULT_SPARK_PORT))
+                    if role == "spark-master" else env.get("LEDGERMQ_SPARK_UI_PORT", "8081"))
+            HEALTH_FILE.write_text(f"tcp:{host}:{port}")
+            _exec([*spark_command(role, env, host), *args])
+        except (ConfigError, ValueError, OSError) as exc:
+            print(f"ledgermq-entrypoint: {exc}", file=sys.stderr)
+            return 2
     if role == "health":
         options = HEALTH_FILE.read_text().split("\n") if HEALTH_FILE.exists() else []
         if not options or not options[0]:
             print("ledgermq-entrypoint: no role has started yet", file=sys.stderr)
             return 1
+        if options[0] == "process":  # a role with no port: PID 1 runs, that is all
+            return 0
+        if options[0].startswith("tcp:"):  # a port that speaks no LedgerMQ: it accepts
+            import socket
+
+            host, port = options[0][4:].rsplit(":", 1)
+            try:
+                socket.create_connection((host, int(port)), timeout=3).close()
+            except OSError as exc:
+                print(f"ledgermq-entrypoint: {host}:{port}: {exc}", file=sys.stderr)
+                return 1
+            return 0
         # The environment's credentials are not the health check's to use.
         for name in ("LEDGERMQ_ACCESS_KEY", "LEDGERMQ_SECRET_FILE", "LEDGERMQ_TLS_CA_FILE"):
             os.environ.pop(name, None)

@@ -1,9 +1,12 @@
-"""Fixtures for the docker tier: the LedgerMQ image, built once per session.
+"""Fixtures for the docker tier: the LedgerMQ images, each built once per session.
 
 The image is built by docker/build-image.sh, the same script an air-gapped
 site uses: a debootstrap'd Debian base (made once, then reused by tag) and
 the project installed on it with host networking for pip. Docker's layer
-cache makes the build a few seconds when the sources did not change.
+cache makes the build a few seconds when the sources did not change. The
+audit image (`build-image.sh --audit`: Java and PySpark on the same base) is
+built only by the tests that start the audit services; its Java and Spark
+layer is cached apart from the sources, so a source change costs seconds.
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ REPO = Path(__file__).resolve().parents[2]
 # LEDGERMQ_IMAGE: another tag, so that runs from different checkouts on one
 # docker host do not rebuild each other's image (the chaos backend reads it too).
 IMAGE = os.environ.get("LEDGERMQ_IMAGE", "ledgermq:latest")
-# The largest deployment a docker test starts: a NameServer and three nodes.
+AUDIT_IMAGE = os.environ.get("LEDGERMQ_AUDIT_IMAGE", "ledgermq-audit:latest")
+# The largest deployment a docker test starts: a NameServer and three nodes
+# of the image, and the audit profile's three containers of the audit image.
 CONTAINERS_MAX = 4
+AUDIT_CONTAINERS = 3
 
 
 def docker_disk_shortfall(image: str, containers: int) -> str | None:
@@ -57,17 +63,32 @@ def needs_docker() -> None:
     require(is_root(), "docker tier: the image build (debootstrap) and volume access need root")
 
 
+def build(image: str, *options: str) -> None:
+    """docker/build-image.sh [options] image, or the test fails with its output."""
+    started = time.monotonic()
+    result = subprocess.run([str(REPO / "docker" / "build-image.sh"), *options, image],
+                            cwd=REPO, capture_output=True, text=True, timeout=1800)
+    if result.returncode != 0:
+        pytest.fail(f"docker/build-image.sh {' '.join(options)} failed:\n"
+                    f"{result.stderr[-4000:]}", pytrace=False)
+    print(f"\nimage {image} ready in {time.monotonic() - started:.0f} s", file=sys.stderr)
+
+
 @pytest.fixture(scope="session")
 def ledgermq_image() -> str:
     needs_docker()
-    started = time.monotonic()
-    build = subprocess.run([str(REPO / "docker" / "build-image.sh"), IMAGE], cwd=REPO,
-                           capture_output=True, text=True, timeout=1800)
-    if build.returncode != 0:
-        pytest.fail(f"docker/build-image.sh failed:\n{build.stderr[-4000:]}", pytrace=False)
+    build(IMAGE)
     shortfall = docker_disk_shortfall(IMAGE, CONTAINERS_MAX)
     if shortfall:
         pytest.fail(f"docker tier: not enough disk: {shortfall}", pytrace=False)
-    print(f"\nledgermq image {IMAGE} ready in {time.monotonic() - started:.0f} s",
-          file=sys.stderr)
     return IMAGE
+
+
+@pytest.fixture(scope="session")
+def audit_image(ledgermq_image: str) -> str:
+    """The image of the spark-master, spark-worker and audit services."""
+    build(AUDIT_IMAGE, "--audit")
+    shortfall = docker_disk_shortfall(AUDIT_IMAGE, AUDIT_CONTAINERS)
+    if shortfall:
+        pytest.fail(f"docker tier: not enough disk: {shortfall}", pytrace=False)
+    return AUDIT_IMAGE

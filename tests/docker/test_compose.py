@@ -16,9 +16,6 @@ whatever happened.
 from __future__ import annotations
 
 import asyncio
-import os
-import random
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,71 +23,17 @@ from pathlib import Path
 
 import pytest
 
-from chaos.docker_backend import container_ids, free_prefix
 from ledgermq.base import loop
 from ledgermq.base.errors import UnauthenticatedError
 from ledgermq.broker.launcher import node_status
 from ledgermq.client.consumer import PullConsumer
 from ledgermq.client.producer import Producer
-from ledgermq.wire.auth import Credentials, read_secret_file
+from ledgermq.wire.auth import Credentials
+from tests.docker.deployment import SECRETS, Deployment
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-COMPOSE = REPO / "docker" / "compose.yml"
 TOPIC = "docker-orders"
-SECRETS = "/var/lib/ledgermq-secrets"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Deployment:
-    """One `docker-compose -p <project> -f docker/compose.yml` project."""
-
-    def __init__(self, image: str) -> None:
-        self.project = f"lmqtest{os.getpid()}"
-        self.net = free_prefix(random.Random())
-        self.namesrv_port = free_port()
-        self.env = {**os.environ, "LEDGERMQ_IMAGE": image, "LEDGERMQ_NET": self.net,
-                    "LEDGERMQ_NAMESRV_PORT": str(self.namesrv_port)}
-
-    def compose(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(["docker-compose", "-p", self.project, "-f", str(COMPOSE),
-                                 *args], env=self.env, capture_output=True, text=True,
-                                timeout=300)
-        if check and result.returncode != 0:
-            raise AssertionError(f"docker-compose {' '.join(args)}: {result.stderr[-2000:]}")
-        return result
-
-    def container(self, service: str) -> str:
-        return self.compose("ps", "-q", service).stdout.strip()
-
-    @property
-    def namesrv(self) -> str:
-        return f"127.0.0.1:{self.namesrv_port}"
-
-    def brokers(self) -> dict[int, str]:
-        return {n: f"{self.net}.{10 + n}:10911" for n in (1, 2, 3)}
-
-    def secret(self, service: str, name: str) -> bytes:
-        """A secret file of the shared volume, as seen in `service`'s container."""
-        out = subprocess.run(["docker", "exec", self.container(service), "cat",
-                              f"{SECRETS}/{name}"], capture_output=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        return out.stdout
-
-    def admin_credentials(self, tmp_path: Path) -> Credentials:
-        """What a user does (docker/compose.yml's header): copy admin.secret
-        out with mode 0600 and sign in as `admin` with it."""
-        path = tmp_path / "admin.secret"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(self.secret("namesrv", "admin.secret"))
-        return Credentials("admin", read_secret_file(path))
 
 
 async def wait_leader(brokers: dict[int, str], credentials: Credentials,
@@ -115,13 +58,7 @@ def deployment(ledgermq_image: str) -> Iterator[Deployment]:
         print(f"\ncompose up: {time.monotonic() - started:.1f} s")
         yield dep
     finally:
-        logs = dep.compose("logs", "--no-color", "--tail", "40", check=False).stdout
-        down = dep.compose("down", "-v", "--remove-orphans", check=False)
-        left = container_ids(dep.project)
-        volumes = subprocess.run(["docker", "volume", "ls", "-q", "--filter",
-                                  f"label=com.docker.compose.project={dep.project}"],
-                                 capture_output=True, text=True, timeout=60).stdout.split()
-        assert down.returncode == 0 and not left and not volumes, (down.stderr, left, logs)
+        dep.teardown()
 
 
 async def send_all(namesrv: str, credentials: Credentials, start: int,

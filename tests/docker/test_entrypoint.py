@@ -131,3 +131,71 @@ def test_health_check_pings_with_the_cluster_key(tmp_path: Path) -> None:
         "127.0.0.1:10912", "--access-key", "cluster", "--secret-file", "/s/cluster.secret"]
     config.write_text(entrypoint.render_broker_config({**BASE, "LEDGERMQ_ALLOW_OPEN": "yes"}))
     assert entrypoint._health_from_config(str(config)) == ["127.0.0.1:10912"]
+
+
+def test_replica_tree_names_replicas_after_their_brokers(tmp_path: Path) -> None:
+    """The audit and Spark roles see /replicas/<group>/<node>/data as
+    <tree>/<group>/<node>: the audit finds the group there, replicas named
+    after the nodes (not `data`, `data`, `data`)."""
+    from spark_audit.inputs import parse_group_specs
+
+    mounts, tree = tmp_path / "replicas", tmp_path / "tree"
+    for node in ("broker-a-1", "broker-a-2", "broker-a-3"):
+        (mounts / "broker-a" / node / "data" / "commitlog").mkdir(parents=True)
+    (mounts / "broker-b" / "broker-b-1").mkdir(parents=True)  # its broker wrote nothing yet
+    made = entrypoint.link_replicas(str(mounts), str(tree))
+    assert len(made) == 4
+    assert entrypoint.link_replicas(str(mounts), str(tree)) == made  # a restart: same links
+    replicas = parse_group_specs([str(tree)])
+    assert {(r.group, r.name) for r in replicas} == {
+        ("broker-a", "broker-a-1"), ("broker-a", "broker-a-2"), ("broker-a", "broker-a-3")}
+    assert entrypoint.link_replicas(str(tmp_path / "none"), str(tree)) == []
+
+
+def test_audit_schedule_environment(tmp_path: Path) -> None:
+    env = {"LEDGERMQ_SECRETS_DIR": "/s"}
+    assert entrypoint.audit_environment(env) == {
+        "LEDGERMQ_AUDIT_STATE": "/var/lib/ledgermq-audit",
+        "LEDGERMQ_AUDIT_SPECS": "/tmp/ledgermq-replicas",
+        "LEDGERMQ_ACCESS_KEY": "admin", "LEDGERMQ_SECRET_FILE": "/s/admin.secret"}
+    opened = entrypoint.audit_environment({"LEDGERMQ_ALLOW_OPEN": "true",
+                                           "LEDGERMQ_AUDIT_SPECS": "g=/a,/b"})
+    assert opened["LEDGERMQ_AUDIT_SPECS"] == "g=/a,/b" and "LEDGERMQ_ACCESS_KEY" not in opened
+
+
+def test_spark_commands() -> None:
+    master = entrypoint.spark_command("spark-master", {}, "10.0.0.20")
+    assert master[0].endswith("/bin/spark-class") and Path(master[0]).exists()
+    assert master[1:] == ["org.apache.spark.deploy.master.Master", "--host", "10.0.0.20",
+                          "--port", "7077", "--webui-port", "8080"]
+    worker = entrypoint.spark_command("spark-worker", {
+        "LEDGERMQ_SPARK_MASTER": "spark://10.0.0.20:7077", "LEDGERMQ_SPARK_WORKER_CORES": "2"},
+        "10.0.0.21")
+    assert worker[:9] == entrypoint.IDLE_PRIORITY  # the worker and its executors: idle
+    assert worker[10:] == ["org.apache.spark.deploy.worker.Worker", "--host", "10.0.0.21",
+                           "--cores", "2", "--memory", "1g", "--work-dir", "/tmp/spark-work",
+                           "--webui-port", "8081", "spark://10.0.0.20:7077"]
+    normal = entrypoint.spark_command("spark-worker", {
+        "LEDGERMQ_SPARK_MASTER": "spark://m:7077", "LEDGERMQ_SPARK_PRIORITY": "normal"}, "h")
+    assert normal[0].endswith("spark-class")
+    with pytest.raises(entrypoint.ConfigError, match="LEDGERMQ_SPARK_MASTER=''"):
+        entrypoint.spark_command("spark-worker", {}, "h")
+    with pytest.raises(entrypoint.ConfigError, match="LEDGERMQ_SPARK_PRIORITY='high'"):
+        entrypoint.spark_command("spark-worker", {"LEDGERMQ_SPARK_MASTER": "spark://m:1",
+                                                  "LEDGERMQ_SPARK_PRIORITY": "high"}, "h")
+
+
+def test_health_of_a_port_and_of_a_process(tmp_path: Path, monkeypatch: Any) -> None:
+    import socket
+
+    health = tmp_path / "health"
+    monkeypatch.setattr(entrypoint, "HEALTH_FILE", health)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        health.write_text(f"tcp:127.0.0.1:{port}")
+        assert entrypoint.main(["health"]) == 0
+    assert entrypoint.main(["health"]) == 1  # closed now
+    health.write_text("process")
+    assert entrypoint.main(["health"]) == 0

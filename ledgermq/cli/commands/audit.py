@@ -12,11 +12,25 @@ from typing import Annotated
 
 import typer
 
+from ledgermq.cli.admin_api import (
+    ACCESS_KEY_OPTION,
+    SECRET_FILE_OPTION,
+    TLS_CA_OPTION,
+    TOKEN_OPTION,
+    Target,
+)
+
 
 def register(app: typer.Typer) -> None:
-    """Add the ``audit`` subcommand to the ledgermq CLI."""
+    """Add the ``audit`` command group to the ledgermq CLI."""
+    from ledgermq.cli import audit_cut, audit_schedule
+    from ledgermq.cli.default_group import DefaultCommandGroup
 
-    @app.command("audit")
+    audit_app = typer.Typer(cls=DefaultCommandGroup, no_args_is_help=True,
+                            help="The consistency audit: run it (the default), capture a "
+                                 "live cut, or schedule it.")
+
+    @audit_app.command("run")
     def audit(
         group_specs: Annotated[list[str], typer.Argument(
             help="NAME=DIR,DIR,... or a ROOT/<group>/<node>/ directory (paths or URIs)")],
@@ -49,9 +63,21 @@ def register(app: typer.Typer) -> None:
         digest_block: Annotated[int, typer.Option(
             metavar="B", help="a new manifest's digest span (power of two up to 2^19; "
                               "0: 65536)")] = 0,
+        live: Annotated[list[str] | None, typer.Option(
+            "--live", metavar="ADMIN_URL",
+            help="the brokers' admin URLs (repeatable or comma separated): capture each "
+                 "group's commit index there first and audit up to it (a live cut)")] = None,
+        access_key: str = ACCESS_KEY_OPTION,
+        secret_file: str = SECRET_FILE_OPTION,
+        token: str = TOKEN_OPTION,
+        tls_ca_file: str = TLS_CA_OPTION,
     ) -> None:
         """Cross-check every replica's files and the client histories; exit 1 on failure."""
         from spark_audit import cli
+
+        if live:
+            cut = audit_cut.live_cuts(audit_cut.split_urls(live), cut or [], Target(
+                "", access_key, secret_file, token, tls_ca_file))
 
         if nightly or state:
             if not (nightly and state):
@@ -71,3 +97,7 @@ def register(app: typer.Typer) -> None:
                                  engine=engine, driver_memory=driver_memory, progress=progress,
                                  max_entry_size=max_entry_size, segment_size=segment_size,
                                  cuts=cut or [], starts=window_from or []))
+
+    audit_cut.register(audit_app)
+    audit_schedule.register(audit_app)
+    app.add_typer(audit_app, name="audit")
