@@ -1,8 +1,17 @@
 """One audit run into an output directory, as the command line and the nightly audit
-run it: the engine made, the audit run, its outputs written, nothing printed."""
+run it: the engine made, the audit run, its outputs written, nothing printed.
+
+A live broker removes files while it runs: retention deletes old segments and
+queue files, a new snapshot replaces the old one. A file listed at the start
+and gone when read is therefore not an error of the inputs: the audit lists
+the replicas again and starts over (``VANISHED_RETRIES`` times), and what is
+gone is then judged as retention judges it. Any other failure, in the driver
+or raised from a Spark executor, is exit status 2 with one line saying why.
+"""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -12,6 +21,13 @@ from spark_audit.audit import AuditOptions, AuditResult, run_audit
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from spark_audit.engine import Engine
+
+VANISHED_RETRIES = 3
+# The line of a Python traceback (also inside a Spark executor's error text)
+# that names the exception.
+_ERROR_LINE = re.compile(r"^\s*(\w+\.)*\w*(Error|Exception|Exit)\b.*")
 
 
 @dataclass
@@ -31,7 +47,7 @@ def audit_to(opts: AuditOptions, out: str, *, engine: str = "spark",
              spark: SparkSession | None = None) -> Outcome:
     """Run the audit with ``opts`` and write its outputs to ``out`` (nothing printed)."""
     from spark_audit import report
-    from spark_audit.engine import Engine, LocalEngine
+    from spark_audit.engine import LocalEngine
 
     t0 = time.perf_counter()
     eng: Engine
@@ -44,9 +60,9 @@ def audit_to(opts: AuditOptions, out: str, *, engine: str = "spark",
                                              progress=progress)
         eng = SparkEngine(spark)
     try:
-        res = run_audit(opts, eng)
-    except (ValueError, OSError) as exc:
-        return Outcome(2, error=str(exc))
+        res = audit_listing_again(opts, eng)
+    except Exception as exc:  # Spark raises its own kinds (Py4JJavaError, PythonException)
+        return Outcome(2, error=one_line(exc))
     finally:
         eng.close()
     summary = report.write_outputs(res, out, time.perf_counter() - t0, engine,
@@ -54,3 +70,31 @@ def audit_to(opts: AuditOptions, out: str, *, engine: str = "spark",
     return Outcome(0 if summary["valid"] else 1, summary, res)
 
 
+
+
+def audit_listing_again(opts: AuditOptions, eng: Engine,
+                        retries: int = VANISHED_RETRIES) -> AuditResult:
+    """``run_audit``, listed and run again when a file vanished while it ran."""
+    for attempt in range(retries + 1):
+        try:
+            return run_audit(opts, eng)
+        except Exception as exc:
+            if attempt == retries or not vanished(exc):
+                raise
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def vanished(exc: BaseException) -> bool:
+    """Whether ``exc`` says a file was not found: raised here, or carried as text
+    from a Spark executor (a ``PythonException`` holds the worker's traceback)."""
+    return isinstance(exc, FileNotFoundError) or "FileNotFoundError" in str(exc)
+
+
+def one_line(exc: BaseException) -> str:
+    """The failure in one line: the exception's own line of a long (Spark) message."""
+    text = str(exc).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return text or type(exc).__name__
+    named = [line for line in lines if _ERROR_LINE.match(line)]
+    return (named[-1] if named else lines[0])[:500]
