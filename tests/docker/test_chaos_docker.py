@@ -1,8 +1,9 @@
 """`ledgermq chaos` against a compose deployment: the docker backend.
 
-A short run with a partition nemesis and a leader kill on three containers
-must pass the history checker; the data directories copied out of the
-containers must pass the replica audit (the in-process engine here, to keep
+A short run with a partition nemesis and a leader kill on three containers,
+with authentication and TLS on every port, must pass the history checker;
+the data directories copied out of the containers must pass the replica
+audit (the in-process engine here, to keep
 the tier short: the Spark engine reads the same files and is run by hand,
 docs/deploy.md); and nothing of the run's compose project may remain.
 Injections the kernel cannot do (delay without netem) must be refused at
@@ -27,11 +28,15 @@ from chaos.schedule import Schedule
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
-def test_partition_and_kill_run_passes_checker_and_audit(ledgermq_image: str, tmp_path) -> None:
+def test_secured_partition_and_kill_run_passes_checker_and_audit(ledgermq_image: str,
+                                                                 tmp_path) -> None:
+    """The run's secrets and certificate are mounted into the containers and the
+    workload runs as an ACL user (chaos.security); the unsecured docker run is
+    the same code without them (and a chaos matrix cell on the netns backend)."""
     out = tmp_path / "run"
     config = RunConfig(out=out, nemesis="partition-halves,kill-leader", time_limit=20, rate=30,
                        seed=11, schedule=Schedule("fixed", 6, 4), backend="docker",
-                       producers=2, consumers=2, log_level="WARNING")
+                       producers=2, consumers=2, log_level="WARNING", secure=True)
     lines: list[str] = []
     results = run(config, log=lines.append)
     check = results["checker"]
@@ -44,6 +49,14 @@ def test_partition_and_kill_run_passes_checker_and_audit(ledgermq_image: str, tm
     assert results["availability"]["per_fault"], "the nemesis never struck"
     assert results["capabilities"]["partition"] is None
     assert results["capabilities"]["kill"] is None
+    security = results["phases"]["security"]
+    assert security["auth"] and security["tls"]
+    assert security["workload_user"]["topics"] == {"chaos": "PUB|SUB"}
+    compose = json.loads((out / "compose.json").read_text())
+    node = compose["services"]["n1"]
+    assert node["environment"]["LEDGERMQ_CONF_CLUSTER_SECRET_FILE"].startswith(
+        "/etc/ledgermq/security/")
+    assert "--tls-cert-file" in compose["services"]["namesrv"]["command"]
 
     data = out / "data" / "chaos"
     assert sorted(p.name for p in data.iterdir()) == ["n1", "n2", "n3"]
@@ -86,26 +99,3 @@ def test_backend_partitions_inside_containers_and_refuses_what_it_cannot(
     assert container_ids(project) == []
     assert sorted(p.name for p in (tmp_path / "b" / "data" / "chaos").iterdir()) == \
         ["n1", "n2", "n3"]
-
-
-def test_secured_run_in_containers_passes_checker(ledgermq_image: str, tmp_path) -> None:
-    """The same run with authentication and TLS on every port: the run's
-    secrets and certificate mounted into the containers, the workload as an
-    ACL user (chaos.security)."""
-    out = tmp_path / "run"
-    config = RunConfig(out=out, nemesis="partition-halves,kill-leader", time_limit=20, rate=30,
-                       seed=11, schedule=Schedule("fixed", 6, 4), backend="docker",
-                       producers=2, consumers=2, log_level="WARNING", secure=True)
-    results = run(config, log=lambda _m: None)
-    check = results["checker"]
-    assert results["valid"], json.dumps({k: check[k] for k in ("counts", "examples")})[:3000]
-    assert check["sends"]["acknowledged"] > 100
-    assert results["availability"]["per_fault"], "the nemesis never struck"
-    security = results["phases"]["security"]
-    assert security["auth"] and security["tls"]
-    assert security["workload_user"]["topics"] == {"chaos": "PUB|SUB"}
-    compose = json.loads((out / "compose.json").read_text())
-    node = compose["services"]["n1"]
-    assert node["environment"]["LEDGERMQ_CONF_CLUSTER_SECRET_FILE"].startswith(
-        "/etc/ledgermq/security/")
-    assert "--tls-cert-file" in compose["services"]["namesrv"]["command"]
