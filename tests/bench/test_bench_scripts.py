@@ -50,7 +50,7 @@ def test_produce_bench_runs_a_cluster_and_reports_cpu_and_failover() -> None:
     """Open, auth and auth+tls clusters in one run (the default), with the
     cost of each secured mode against open. flush=async only (the default runs
     both; the flush only changes the brokers' setting), to keep CI short."""
-    out = run_bench("bench/produce.py", "--seconds", "1", "--kills", "1", "--rounds", "2",
+    out = run_bench("bench/produce.py", "--seconds", "1", "--kills", "1", "--rounds", "1",
                     "--flush", "async",
                     "--loads", "single_64_in_flight,batch_64,batch_64_32_in_flight",
                     timeout=400)
