@@ -75,13 +75,14 @@ def audit_to(opts: AuditOptions, out: str, *, engine: str = "spark",
 def audit_listing_again(opts: AuditOptions, eng: Engine,
                         retries: int = VANISHED_RETRIES) -> AuditResult:
     """``run_audit``, listed and run again when a file vanished while it ran."""
-    for attempt in range(retries + 1):
+    attempt = 0
+    while True:
         try:
             return run_audit(opts, eng)
         except Exception as exc:
-            if attempt == retries or not vanished(exc):
+            if attempt >= retries or not vanished(exc):
                 raise
-    raise AssertionError("unreachable")  # the loop returns or raises
+            attempt += 1
 
 
 def vanished(exc: BaseException) -> bool:
