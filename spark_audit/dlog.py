@@ -465,5 +465,5 @@ def runs_of(values: np.ndarray) -> list[list[int]]:
 
 
 def read_task(task: Task) -> Any:
-    """The bytes of a local file task (memory-mapped)."""
-    return tasks.read_local(task.info.path)
+    """The bytes of a local file task (``tasks.read_file``)."""
+    return tasks.read_file(task.info)

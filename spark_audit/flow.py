@@ -130,7 +130,7 @@ def map_local(item: Any, map_fn: MapFn) -> Iterator[Block]:
     if item.info is None:
         yield from map_fn(item, None)
         return
-    buf = tasks.read_local(item.info.path)
+    buf = tasks.read_file(item.info)
     try:
         yield from map_fn(item, buf)
     finally:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spark_audit import session
+from spark_audit import session, tasks
 from spark_audit.audit import AuditOptions, AuditResult, run_audit
 
 if TYPE_CHECKING:
@@ -86,9 +86,13 @@ def audit_listing_again(opts: AuditOptions, eng: Engine,
 
 
 def vanished(exc: BaseException) -> bool:
-    """Whether ``exc`` says a file was not found: raised here, or carried as text
-    from a Spark executor (a ``PythonException`` holds the worker's traceback)."""
-    return isinstance(exc, FileNotFoundError) or "FileNotFoundError" in str(exc)
+    """Whether ``exc`` says a file was not found, or was cut after it was listed:
+    raised here, or carried as text from a Spark executor (a ``PythonException``
+    holds the worker's traceback)."""
+    if isinstance(exc, FileNotFoundError | tasks.FileChangedError):
+        return True
+    text = str(exc)
+    return "FileNotFoundError" in text or "FileChangedError" in text
 
 
 def one_line(exc: BaseException) -> str:

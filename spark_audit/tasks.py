@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 import struct
 import time
 from dataclasses import dataclass, field
@@ -156,6 +157,42 @@ def read_local(path: str) -> mmap.mmap | bytes:
             return b""
 
 
+class FileChangedError(OSError):
+    """A file was shorter when read than when it was listed: a live broker cut it."""
+
+
+def read_file(info: FileInfo) -> mmap.mmap | bytes:
+    """The bytes of a local file as the audit reads it: whole, or its view's bytes.
+
+    A whole file (no view: the deployment is stopped) is memory-mapped. A
+    file under a view (an audit up to a cut of a live deployment) is read
+    with ``preadv``, only ``[view.start, view.end)``, into anonymous memory
+    (the pages before ``view.start`` are never touched, so they cost
+    nothing): the broker may still cut a file it is writing after the
+    listing (the uncommitted tail of a deposed leader), and touching a mapped
+    page past a file's new end kills the process with SIGBUS, where a read
+    just comes back short. A short read raises ``FileChangedError``, and the
+    audit lists its files again (``runs.audit_listing_again``).
+    """
+    view = info.view
+    if view is None:
+        return read_local(info.path)
+    start, end = view.start, view.end
+    if end <= 0:
+        return b""
+    buf = mmap.mmap(-1, end)
+    with open(inputs.local_path(info.path), "rb") as fh:
+        at = start
+        while at < end:
+            got = os.preadv(fh.fileno(), [memoryview(buf)[at:end]], at)
+            if got == 0:
+                buf.close()
+                raise FileChangedError(
+                    f"{info.path}: {at} bytes when read, {end} when listed (cut meanwhile)")
+            at += got
+    return buf
+
+
 def read_local_range(path: str, offset: int, length: int) -> bytes:
     """Up to ``length`` bytes of a local file from ``offset`` (fewer at its end)."""
     with open(inputs.local_path(path), "rb") as fh:
@@ -165,7 +202,7 @@ def read_local_range(path: str, offset: int, length: int) -> bytes:
 
 def run_local(task: FileTask, max_entry_size: int) -> FileResult:
     """``run_task`` on a local file."""
-    buf = read_local(task.info.path)
+    buf = read_file(task.info)
     try:
         return run_task(task, buf, max_entry_size)
     finally:

@@ -1,15 +1,19 @@
 """A file listed and gone when read (a live broker's retention, a replaced
-snapshot) makes the audit list again, not fail; other failures are exit 2 in one line."""
+snapshot), or cut shorter than listed (a follower replacing a stale tail),
+makes the audit list again, not fail; other failures are exit 2 in one line."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
-from spark_audit import runs
+import pytest
+
+from spark_audit import runs, tasks, window
 from spark_audit.audit import AuditOptions
 from spark_audit.engine import LocalEngine
-from spark_audit.inputs import FileInfo
+from spark_audit.inputs import FileInfo, View
 
 from . import scenarios
 from .replica_builder import write_snapshot
@@ -75,3 +79,67 @@ def test_a_spark_executor_error_is_one_line() -> None:
     assert runs.one_line(ValueError("bad --cut")) == "bad --cut"
     assert runs.vanished(RuntimeError("FileNotFoundError: [Errno 2] No such file"))
     assert not runs.vanished(RuntimeError(text))
+
+
+class CuttingBroker(LocalEngine):
+    """The in-process engine, with n1's last segment cut to a quarter of its length right
+    after the listing (below the cut: a lagging follower truncating a stale tail)
+    and written back once the first run is over (the leader's entries replicated)."""
+
+    def __init__(self, segment: str) -> None:
+        super().__init__()
+        self.segment, self.cut, self.short_reads = segment, False, 0
+
+    def run_tasks(self, todo: list[tasks.FileTask], max_entry_size: int
+                  ) -> list[tasks.FileResult]:
+        if self.cut:
+            return super().run_tasks(todo, max_entry_size)
+        self.cut = True
+        original = Path(self.segment).read_bytes()
+        os.truncate(self.segment, len(original) // 4)
+        try:
+            return super().run_tasks(todo, max_entry_size)
+        except tasks.FileChangedError:
+            self.short_reads += 1
+            raise
+        finally:
+            Path(self.segment).write_bytes(original)
+
+
+def _cut_audit(root: Path) -> tuple[AuditOptions, str]:
+    lay = scenarios.clean(str(root / "g1"))
+    n1 = lay["n1"]
+    segment = n1.segment_path(n1.entries[-1].segment)
+    cut = n1.entries[-1].index - 5
+    bounds = window.bounds_from_options([f"g1={cut}"], [])
+    return AuditOptions([str(root / "g1")], [], bounds=bounds), segment
+
+
+def test_a_segment_cut_below_the_view_after_listing_is_listed_again(tmp_path: Path):
+    opts, segment = _cut_audit(tmp_path)
+    eng = CuttingBroker(segment)
+    res = runs.audit_listing_again(opts, eng)
+    assert res.valid, res.findings.to_pylist()
+    assert eng.short_reads == 1  # the first run read short; the second read it whole
+
+
+def test_a_short_read_is_an_error_not_a_crash(tmp_path: Path):
+    # Memory-mapped, the same cut would have killed the process with SIGBUS.
+    opts, segment = _cut_audit(tmp_path)
+    with pytest.raises(tasks.FileChangedError, match="when listed"):
+        runs.audit_listing_again(opts, CuttingBroker(segment), retries=0)
+
+
+def test_read_file_reads_exactly_the_view(tmp_path: Path):
+    path = tmp_path / "f"
+    data = bytes(range(256)) * 64
+    path.write_bytes(data)
+    whole = FileInfo(1, 1, 1, str(path), "segment", len(data))
+    assert bytes(tasks.read_file(whole)) == data
+    part = FileInfo(1, 1, 1, str(path), "segment", 1000, view=View(3000, 4000))
+    buf = tasks.read_file(part)
+    assert len(buf) == 4000 and bytes(buf[3000:4000]) == data[3000:4000]
+    assert bytes(buf[:3000]) == bytes(3000)  # never read
+    past = FileInfo(1, 1, 1, str(path), "segment", 100, view=View(len(data), len(data) + 100))
+    with pytest.raises(tasks.FileChangedError):
+        tasks.read_file(past)
