@@ -34,7 +34,7 @@ def needs_netns() -> None:
 
 
 def short_run(tmp_path, nemesis: str, **kw) -> dict:
-    config = RunConfig(out=tmp_path / "run", nemesis=nemesis, time_limit=20, rate=40,
+    config = RunConfig(out=tmp_path / "run", nemesis=nemesis, time_limit=15, rate=40,
                        seed=kw.pop("seed", 7), schedule=Schedule("fixed", 6, 4),
                        log_level="WARNING", **kw)
     return run(config, log=lambda _m: None)
