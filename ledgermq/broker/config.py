@@ -67,6 +67,11 @@ class BrokerConfig:
     tick_ms: int = 50
     election_timeout_ticks: int = 10
     heartbeat_interval_ticks: int = 1
+    # A follower that sees every connection with its leader closed for this
+    # many ticks campaigns within `lost_leader_ticks` instead of an election
+    # timeout (dledger.runtime.node.NodeConfig; 0: off).
+    leader_lost_grace_ticks: int = 2
+    lost_leader_ticks: int = 4
     preferred_leader: int = 0
     segment_size_bytes: int = 256 * MIB
     message_size_bytes_max: int = 4 * MIB
@@ -200,7 +205,7 @@ def split_address(value: str) -> tuple[str, int]:
 
 _RAFT_KEYS = {
     "tick_ms", "election_timeout_ticks", "heartbeat_interval_ticks", "preferred_leader",
-    "bind_host",
+    "leader_lost_grace_ticks", "lost_leader_ticks", "bind_host",
 }
 _TOP_LEVEL = {f.name for f in fields(BrokerConfig)} - {"peers", "raft_bind_host"} - _RAFT_KEYS
 _TOP_LEVEL |= {"raft"}
@@ -311,7 +316,8 @@ def validate(config: BrokerConfig) -> None:
         raise BrokerConfigError(
             f"on_divergence must be 'stop' or 'rollback', not {config.on_divergence!r}")
     for name in ("tick_ms", "election_timeout_ticks", "heartbeat_interval_ticks",
-                 "message_size_bytes_max", "default_queues", "pull_max_messages",
+                 "lost_leader_ticks", "message_size_bytes_max", "default_queues",
+                 "pull_max_messages",
                  "batch_max_messages", "batch_max_bytes", "max_inflight_proposals",
                  "propose_timeout_ms", "namesrv_register_interval_ms", "member_expiry_ms",
                  "dedup_window", "dedup_producers_max", "cq_checkpoint_interval_ms",
@@ -326,6 +332,7 @@ def validate(config: BrokerConfig) -> None:
     except ValueError as exc:
         raise BrokerConfigError(str(exc)) from None
     _check_int(config, "preferred_leader", 0)
+    _check_int(config, "leader_lost_grace_ticks", 0)
     _check_int(config, "snapshot_interval_entries", 0)
     _check_int(config, "snapshot_interval_bytes", 0)
     _check_int(config, "long_poll_timeout_ms", 0)

@@ -210,6 +210,8 @@ class Broker:
             flush=c.flush, replicate=c.replicate, tick_ms=c.tick_ms,
             election_timeout_ticks=c.election_timeout_ticks,
             heartbeat_interval_ticks=c.heartbeat_interval_ticks,
+            leader_lost_grace_ticks=c.leader_lost_grace_ticks,
+            lost_leader_ticks=c.lost_leader_ticks,
             preferred_leader=c.preferred_leader, segment_size_bytes=c.segment_size_bytes,
             commitlog=log_config, bind_host=c.raft_bind_host or raft_host,
             initial_voters=frozenset(c.initial_members),

@@ -624,3 +624,21 @@ def test_a_test_can_inject_the_raft_runtime(tmp_path) -> None:
             await broker.stop()
 
     run(main())
+
+
+@pytest.mark.parametrize("raft, expected", [
+    ({}, (2, 4)),  # NodeConfig's defaults
+    ({"leader_lost_grace_ticks": 0, "lost_leader_ticks": 7}, (0, 7)),  # the watch off
+])
+def test_the_leader_watch_is_configured_by_the_broker_config(tmp_path, raft, expected) -> None:
+    async def main() -> None:
+        broker = Broker(make_config(tmp_path, **raft))
+        await broker.start()
+        try:
+            node = broker.node.config
+            assert (node.leader_lost_grace_ticks, node.lost_leader_ticks) == expected
+            assert node.election_config().lost_leader_ticks == expected[1]
+        finally:
+            await broker.stop()
+
+    loop.run(main())

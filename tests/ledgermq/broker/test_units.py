@@ -38,6 +38,7 @@ def test_config_file_round_trip(tmp_path) -> None:
     assert spare.bootstrap_voters == {1} and spare.initial_members == (1,)
 
 
+
 @pytest.mark.parametrize("change, message", [
     ({"flush": "never"}, "flush"),
     ({"node_id": 3}, "not in [peers]"),
@@ -50,6 +51,8 @@ def test_config_file_round_trip(tmp_path) -> None:
     ({"initial_members": [1, 7]}, "initial_members: 7 is not a node id"),
     ({"initial_members": "1,2"}, "initial_members must be a list"),
     ({"initial_members": [True]}, "initial_members: True"),
+    ({"raft": {"leader_lost_grace_ticks": -1}}, "leader_lost_grace_ticks"),
+    ({"raft": {"lost_leader_ticks": 0}}, "lost_leader_ticks"),
 ])
 def test_config_errors_name_the_key(change, message) -> None:
     with pytest.raises(BrokerConfigError, match=message.replace("[", r"\[")):
