@@ -157,8 +157,15 @@ class BrokerAdmin:
     async def _leader_admin_url(self) -> str | None:
         """The leader's admin URL, asked of the leader itself (only on this error path)."""
         address = self.b.leader_client_address()
-        status = await wire_status(address, 0.5) if address else None
+        status = await self._peer_status(address, 0.5) if address else None
         return status.get("admin_url") if status else None
+
+    async def _peer_status(self, address: str, timeout: float) -> dict[str, Any] | None:
+        """Another node's BROKER_STATUS, asked as a cluster member (the cluster
+        key, the cluster CA) as the NameServer asks: a secured node refuses an
+        open request, and would look unreachable."""
+        return await wire_status(address, timeout, credentials=self.b.security.cluster,
+                                 tls=self.b.security.namesrv_tls)
 
     async def _submit(self, op: dict[str, Any]) -> None:
         assert self.b.controls is not None
@@ -214,7 +221,7 @@ class BrokerAdmin:
         own = self.b.status()
         rows: list[dict[str, Any]] = []
         others = [(nid, p.client) for nid, p in sorted(cfg.peers.items()) if nid != cfg.node_id]
-        statuses = await asyncio.gather(*(wire_status(addr, 0.8) for _, addr in others))
+        statuses = await asyncio.gather(*(self._peer_status(addr, 0.8) for _, addr in others))
         by_id: dict[int, tuple[str, dict[str, Any] | None]] = {
             cfg.node_id: (self.b.advertised, own)}
         by_id.update({nid: (addr, st) for (nid, addr), st in zip(others, statuses, strict=True)})

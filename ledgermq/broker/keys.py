@@ -86,7 +86,8 @@ class BrokerSecurity:
     keys: BrokerKeys | None  # None: runs open (everyone is ANONYMOUS)
     cluster: Credentials | None  # what it proves membership with (NameServers)
     client_tls: ssl.SSLContext | None  # served on the client port
-    namesrv_tls: ssl.SSLContext | None  # to verify NameServers
+    # The cluster CA: verifies NameServers and the other brokers' client ports.
+    namesrv_tls: ssl.SSLContext | None
 
     @classmethod
     def load(cls, config: BrokerConfig) -> BrokerSecurity:

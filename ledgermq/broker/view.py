@@ -22,6 +22,7 @@ from dledger.runtime.node import NodeObserver
 from ledgermq.broker.codec import Records
 from ledgermq.broker.config import BrokerConfig
 from ledgermq.broker.group_commit import GroupCommitter
+from ledgermq.broker.keys import BrokerSecurity
 from ledgermq.broker.longpoll import LongPoll
 from ledgermq.broker.members import Membership
 from ledgermq.broker.retention import Retention
@@ -108,6 +109,11 @@ class BrokerView(Protocol):
 
     @property
     def rpc(self) -> RpcServer | None: ...
+
+    @property
+    def security(self) -> BrokerSecurity:
+        """What it proves membership with and verifies its peers by (the cluster
+        key, the cluster CA), and its keys."""
 
     @property
     def keystore(self) -> KeyStore | None:

@@ -240,3 +240,22 @@ def test_the_namesrv_admin_app_reads_broker_status_with_the_cluster_key(
         assert len(nodes) == 3 and all(n["reachable"] for n in nodes), nodes
 
     loop.run(main())
+
+
+def test_a_brokers_cluster_view_reads_its_peers_with_the_cluster_key(secured: Secured) -> None:
+    """A broker's own `/api/v1/cluster` asks its peers for their status over the
+    wire, authenticated with the cluster key and over TLS, as the NameServer does:
+    an open request would be refused, and every peer would show as unreachable."""
+    from ledgermq.broker.launcher import wait_admin_url
+    from ledgermq.client.admin import AdminApi
+
+    async def main() -> None:
+        url = await wait_admin_url(secured.cluster, 1)
+        async with AdminApi(url, credentials=secured.cluster.credentials,
+                            ca_file=str(secured.cluster.settings["tls_ca_file"])) as api:
+            view = await api.call("GET", "cluster")
+        nodes = view["groups"]["broker-a"]["nodes"]
+        assert len(nodes) == 3 and all(n["reachable"] for n in nodes), nodes
+        assert {n["role"] for n in nodes} == {"leader", "follower"}
+
+    loop.run(main())
