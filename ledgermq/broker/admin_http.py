@@ -135,8 +135,11 @@ class BrokerAdmin:
         host, port = split_host_port(cfg.admin_listen)
         check_app_exposure(f"broker {cfg.group}/n{cfg.node_id} admin app", host, self.auth,
                        cfg.allow_open)
+        # Listening on every interface, it is reached where its clients reach
+        # it: the host of the client address it gives out.
         self.runner, self.url = await start_site(
-            self.app, host, port, tls_context(cfg.tls_cert_file, cfg.tls_key_file))
+            self.app, host, port, tls_context(cfg.tls_cert_file, cfg.tls_key_file),
+            advertise_host=split_host_port(self.b.advertised)[0])
         return self.url
 
     async def close(self) -> None:

@@ -478,20 +478,28 @@ def make_app(auth: AdminAuth, failures: Counter | None = None) -> web.Applicatio
 
 
 async def start_site(app: web.Application, host: str, port: int,
-                     ssl_context: ssl.SSLContext | None = None
+                     ssl_context: ssl.SSLContext | None = None, advertise_host: str = ""
                      ) -> tuple[web.AppRunner, str]:
     """Serve `app` on host:port (0 picks a port), over TLS with `ssl_context`;
-    (runner, base URL)."""
+    (runner, base URL: see `site_url`)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     addresses = runner.addresses  # the bound sockets' names: port 0 became a real port
     bound = addresses[0][1] if addresses else port
-    shown = host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    return runner, site_url(ssl_context is not None, host, bound, advertise_host)
+
+
+def site_url(tls: bool, host: str, port: int, advertise_host: str = "") -> str:
+    """The URL others reach an app listening on host:port by. A wildcard listen
+    (every interface: a container) is reached at `advertise_host`, the host this
+    node is known by (a broker's [peers] entry), else at 127.0.0.1."""
+    wildcard = host in ("0.0.0.0", "::", "")
+    shown = (advertise_host or "127.0.0.1") if wildcard else host
     if ":" in shown:
         shown = f"[{shown}]"
-    return runner, f"{'https' if ssl_context else 'http'}://{shown}:{bound}"
+    return f"{'https' if tls else 'http'}://{shown}:{port}"
 
 
 def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext | None:

@@ -24,6 +24,7 @@ from ledgermq.webadmin.app import (
     check_app_exposure,
     json_response,
     make_app,
+    site_url,
     start_site,
 )
 from ledgermq.webadmin.openapi import COMMON_OPERATIONS, operations
@@ -195,3 +196,12 @@ def test_metrics_auth_and_public_routes() -> None:
                 await runner.cleanup()
 
     loop.run(main())
+
+
+def test_a_wildcard_listen_is_advertised_at_the_nodes_own_host() -> None:
+    """A broker's admin app on 0.0.0.0 (a container) gives out the host its
+    clients reach it by, not loopback; a named host is given out as it is."""
+    assert site_url(False, "0.0.0.0", 9877, "10.0.0.2") == "http://10.0.0.2:9877"
+    assert site_url(True, "::", 9877, "fd00::2") == "https://[fd00::2]:9877"
+    assert site_url(False, "0.0.0.0", 9877) == "http://127.0.0.1:9877"
+    assert site_url(False, "127.0.0.5", 1, "10.0.0.2") == "http://127.0.0.5:1"
