@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--digest-block", type=int, default=0, metavar="B",
                    help="a new manifest's digest span (a power of two up to 2^19; "
                         "default 65536)")
+    p.add_argument("--manifest-key-file", default="", metavar="FILE",
+                   help="a secret file (mode 0600) whose content keys the manifests' seals "
+                        "(HMAC-SHA256): a manifest rewritten without the key is refused")
     return p
 
 
@@ -115,20 +118,23 @@ def nightly(specs: list[str], state: str, *, rolling_nights: int = 7,
             master: str = session.DEFAULT_MASTER,
             driver_memory: str = session.DEFAULT_DRIVER_MEMORY, progress: bool = True,
             max_entry_size: int = fmt.DEFAULT_MAX_ENTRY_SIZE, segment_size: int = 0,
-            digest_block: int = 0) -> int:
-    """``--nightly``: one night of the incremental audit (``nightly``); the exit status."""
+            digest_block: int = 0, manifest_key_file: str = "") -> int:
+    """``--nightly``: one night of the incremental audit (``nightly``); the exit status.
+    ``manifest_key_file``: a secret file whose content keys the manifests' seals."""
+    from ledgermq.wire.auth import read_secret_file
     from spark_audit import digest
     from spark_audit import nightly as night
 
     try:
         hi = window.parse_specs(list(cuts or []), "--cut")
         block = digest.check_block(digest_block or digest.DEFAULT_BLOCK)
-    except ValueError as exc:
+        key = read_secret_file(manifest_key_file) if manifest_key_file else None
+    except ValueError as exc:  # SecretFileError is a ValueError
         print(f"audit night ERROR: {exc}")
         return 2
     return night.run_night(night.NightOptions(
         list(specs), state, rolling_nights, hi, engine, master, driver_memory, progress,
-        max_entry_size, segment_size, block=block))
+        max_entry_size, segment_size, block=block, manifest_key=key))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         return nightly(a.groups, a.state, rolling_nights=a.rolling_nights, cuts=a.cut,
                        engine=a.engine, master=a.master, driver_memory=a.driver_memory,
                        progress=not a.no_progress, max_entry_size=a.max_entry_size,
-                       segment_size=a.segment_size, digest_block=a.digest_block)
+                       segment_size=a.segment_size, digest_block=a.digest_block,
+                       manifest_key_file=a.manifest_key_file)
     return run(a.groups, out=a.out, master=a.master, history=a.history, engine=a.engine,
                driver_memory=a.driver_memory, progress=not a.no_progress,
                max_entry_size=a.max_entry_size, segment_size=a.segment_size,

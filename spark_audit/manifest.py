@@ -11,12 +11,18 @@ that passed.
 
 The file is a claim the next night acts on, so it is checked before it is
 believed and refused with a message naming it otherwise (``ManifestError``):
-the document carries the SHA-256 of its canonical JSON (keys sorted, no
+the document carries a seal of its canonical JSON (keys sorted, no
 spaces), which a damaged or hand-edited file fails; then the schema is
 strict (no unknown or missing keys, integers in range, spans sorted,
 disjoint and inside one block, parts inside their span, digests of 32 hex
-digits). A SHA-256 detects damage and edits, not a forger who recomputes it
-(that would take a key kept away from the state directory). It is written
+digits). The seal is its SHA-256 (``sha256``), which detects damage and
+edits but not a forger who recomputes it, or, with a manifest key (``key``:
+``--manifest-key-file``, a secret file kept away from the state directory
+and the brokers' hosts), its HMAC-SHA256 under that key (``hmac_sha256``),
+which nobody without the key can make: whoever could rewrite both the
+replicas' data and the manifest's digests would still fail the night that
+re-verifies the span. A manifest sealed one way is refused when read the
+other way (a keyed deployment does not fall back to a plain seal). It is written
 atomically: a temporary file in the same directory, fsync, rename, fsync of
 the directory; a crash leaves the old manifest or the new one, never half.
 """
@@ -24,6 +30,7 @@ the directory; a crash leaves the old manifest or the new one, never half.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import math
 import os
@@ -146,9 +153,19 @@ def canonical(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def load(state_dir: str, group: str) -> Manifest | None:
+SEALS = ("sha256", "hmac_sha256")
+
+
+def seal(content: bytes, key: bytes | None) -> tuple[str, str]:
+    """(field, hex): the SHA-256 of ``content``, or its HMAC-SHA256 under ``key``."""
+    if key is None:
+        return "sha256", hashlib.sha256(content).hexdigest()
+    return "hmac_sha256", hmac.new(key, content, hashlib.sha256).hexdigest()
+
+
+def load(state_dir: str, group: str, key: bytes | None = None) -> Manifest | None:
     """The group's manifest; None when there is none yet; ``ManifestError`` when it
-    cannot be believed."""
+    cannot be believed (``key``: the manifest key it must be sealed with)."""
     path = path_of(state_dir, group)
     try:
         if os.path.getsize(path) > MAX_FILE_BYTES:
@@ -163,15 +180,7 @@ def load(state_dir: str, group: str) -> Manifest | None:
         doc = strict_json(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ManifestError(f"manifest {path}: not valid JSON: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("sha256"), str):
-        raise ManifestError(f"manifest {path}: no sha256 of its content")
-    claimed = doc.pop("sha256")
-    actual = hashlib.sha256(canonical(doc)).hexdigest()
-    if claimed != actual:
-        raise ManifestError(f"manifest {path}: its content does not match its sha256 "
-                            f"(recorded {claimed[:16]}..., content {actual[:16]}...): the file "
-                            "was damaged or edited; it is refused (move it away to start the "
-                            "group's manifest afresh)")
+    _check_seal(path, doc, key)
     try:
         m = Manifest.model_validate(doc)
     except ValidationError as exc:
@@ -181,12 +190,36 @@ def load(state_dir: str, group: str) -> Manifest | None:
     return m
 
 
-def save(state_dir: str, m: Manifest) -> str:
-    """Write the manifest atomically; returns its path."""
+def _check_seal(path: str, doc: Any, key: bytes | None) -> None:
+    """Take the seal out of ``doc`` and check it, or raise ``ManifestError``."""
+    present = [f for f in SEALS if isinstance(doc, dict) and f in doc]
+    if len(present) != 1 or not isinstance(doc[present[0]], str):
+        raise ManifestError(f"manifest {path}: not one seal of its content (sha256 or "
+                            "hmac_sha256)")
+    claimed = doc.pop(present[0])
+    expected_field, expected = seal(canonical(doc), key)
+    if present[0] != expected_field:
+        why = ("sealed with a manifest key: give it (--manifest-key-file) to read it"
+               if key is None else
+               "not sealed with the manifest key (written without it, or by someone "
+               "who does not hold it); it is refused (move it away to start the group's "
+               "manifest afresh)")
+        raise ManifestError(f"manifest {path}: {why}")
+    if not hmac.compare_digest(claimed, expected):
+        raise ManifestError(f"manifest {path}: its content does not match its "
+                            f"{expected_field} (recorded {claimed[:16]}..., content "
+                            f"{expected[:16]}...): the file was damaged or edited, or sealed "
+                            "with another key; it is refused (move it away to start the "
+                            "group's manifest afresh)")
+
+
+def save(state_dir: str, m: Manifest, key: bytes | None = None) -> str:
+    """Write the manifest atomically, sealed (with ``key`` when given); returns its path."""
     path = path_of(state_dir, m.group)
     doc = m.model_dump(mode="json")
     Manifest.model_validate(doc)  # what the next night will read must be believable
-    doc["sha256"] = hashlib.sha256(canonical(doc)).hexdigest()
+    name, value = seal(canonical(doc), key)
+    doc[name] = value
     write_atomic(path, json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
     return path
 

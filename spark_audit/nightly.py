@@ -74,6 +74,8 @@ class NightOptions:
     segment_size: int = 0
     max_examples: int = 20
     block: int = digest.DEFAULT_BLOCK  # a new manifest's digest block
+    # The manifests' HMAC key (``manifest`` module); None: plain SHA-256 seals.
+    manifest_key: bytes | None = None
 
 
 class NightError(Exception):
@@ -370,7 +372,8 @@ def _night(opts: NightOptions) -> int:
             raise ValueError(f"--cut names group(s) {', '.join(unknown)}, not among "
                              f"{', '.join(sorted(groups))}")
         for name in sorted(groups):
-            m = manifest.load(opts.state_dir, name) or manifest.empty(name, opts.block)
+            m = (manifest.load(opts.state_dir, name, opts.manifest_key)
+                 or manifest.empty(name, opts.block))
             plans.append(plan_group(name, groups[name], m, firsts[name], opts))
     except (ValueError, OSError) as exc:  # ManifestError is a ValueError
         error, plans = str(exc), []
@@ -386,7 +389,7 @@ def _night(opts: NightOptions) -> int:
         if code != 2 and not t.kinds():
             dropped[p.name] = retained.join_spans(p.dropped + t.gone)
             p.manifest = _updated(p, t)
-            manifest.save(opts.state_dir, p.manifest)
+            manifest.save(opts.state_dir, p.manifest, opts.manifest_key)
     doc = _night_doc(opts, nid, started, finished, code, master, plans, tally, dropped)
     if tally and any(t.extra for t in tally.values()):
         manifest.write_atomic(os.path.join(night_dir, "digests.json"), json.dumps(

@@ -117,3 +117,45 @@ def test_names_that_are_no_file_names_are_refused(tmp_path) -> None:
     for bad in ("../etc", ".hidden", "a/b", ""):
         with pytest.raises(ManifestError):
             manifest.path_of(str(tmp_path), bad)
+
+
+KEY = b"manifest-key-0123456789abcdef"
+
+
+def test_a_keyed_manifest_reads_back_only_with_its_key(tmp_path) -> None:
+    m = sample()
+    path = Path(manifest.save(str(tmp_path), m, KEY))
+    doc = json.loads(path.read_text())
+    assert "hmac_sha256" in doc and "sha256" not in doc
+    assert manifest.load(str(tmp_path), "broker-a", KEY) == m
+    with pytest.raises(ManifestError, match="sealed with a manifest key"):
+        manifest.load(str(tmp_path), "broker-a")
+    with pytest.raises(ManifestError, match="does not match its hmac_sha256"):
+        manifest.load(str(tmp_path), "broker-a", b"another-key-0123456789abcdef")
+
+
+def test_a_forger_without_the_key_is_refused(tmp_path) -> None:
+    """Digests rewritten and the document resealed as a forger can: with a plain
+    SHA-256 (what an unkeyed manifest carries), or with an HMAC under a guessed key."""
+    doc = json.loads(Path(manifest.save(str(tmp_path), sample(), KEY)).read_text())
+    doc.pop("hmac_sha256")
+    doc["spans"][0]["replicas"]["n1"]["digest"] = "ef" * 16
+    write_doc(tmp_path, doc)  # resealed with sha256
+    with pytest.raises(ManifestError, match="not sealed with the manifest key"):
+        manifest.load(str(tmp_path), "broker-a", KEY)
+    doc["hmac_sha256"] = manifest.seal(manifest.canonical(doc), b"guessed-key-0123456789ab")[1]
+    write_doc(tmp_path, doc, reseal=False)
+    with pytest.raises(ManifestError, match="does not match its hmac_sha256"):
+        manifest.load(str(tmp_path), "broker-a", KEY)
+
+
+@pytest.mark.parametrize("seals", [{}, {"sha256": "00", "hmac_sha256": "00"},
+                                   {"hmac_sha256": 5}])
+def test_a_manifest_without_exactly_one_seal_is_refused(tmp_path, seals) -> None:
+    doc = json.loads(Path(manifest.save(str(tmp_path), sample())).read_text())
+    doc.pop("sha256")
+    doc.update(seals)
+    write_doc(tmp_path, doc, reseal=False)
+    for key in (None, KEY):
+        with pytest.raises(ManifestError, match="not one seal"):
+            manifest.load(str(tmp_path), "broker-a", key)

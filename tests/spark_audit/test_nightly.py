@@ -174,6 +174,34 @@ def test_a_night_that_cannot_run_changes_nothing(base, tmp_path, capsys) -> None
 
 
 @pytest.mark.spark
+def test_keyed_manifests_through_the_command_line(base, tmp_path, capsys) -> None:
+    """``--manifest-key-file``: nights with the key pass and seal with it; a night
+    without it, or with another key, cannot believe the manifest (exit 2, nothing
+    changed); a key file others may read is refused."""
+    state = tmp_path / "state"
+    key, other = tmp_path / "key", tmp_path / "other"
+    key.write_text("k" * 32)
+    other.write_text("o" * 32)
+    key.chmod(0o600)
+    other.chmod(0o600)
+    base_argv = [str(base / "data"), "--engine", "python", "--nightly", "--state", str(state),
+                 "--no-progress"]
+    assert cli.main([*base_argv, "--cut", f"{G}=100", "--manifest-key-file", str(key)]) == 0
+    assert cli.main([*base_argv, "--manifest-key-file", str(key)]) == 0
+    sealed = (state / "manifest" / f"{G}.json").read_text()
+    assert '"hmac_sha256"' in sealed
+    capsys.readouterr()
+    for argv in ([], ["--manifest-key-file", str(other)]):
+        assert cli.main([*base_argv, *argv]) == 2
+        out = capsys.readouterr().out
+        assert "manifest" in out and ("sealed with a manifest key" in out
+                                      or "does not match its hmac_sha256" in out), out
+    assert (state / "manifest" / f"{G}.json").read_text() == sealed
+    other.chmod(0o644)
+    assert cli.main([*base_argv, "--manifest-key-file", str(other)]) == 2
+    assert "chmod 600" in capsys.readouterr().out
+
+
 def test_a_night_on_spark_gives_the_in_process_manifest(base, tmp_path, spark) -> None:
     """Night 1 in-process; night 2 (new range and re-verification) on Spark and in-process
     from copies of that state: the same night and the same manifest."""

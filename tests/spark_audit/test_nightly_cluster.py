@@ -32,6 +32,7 @@ from ledgermq.broker.launcher import node_status, wait_leader
 from ledgermq.cli import app
 from ledgermq.client import Producer
 from ledgermq.client.admin import AdminApi
+from ledgermq.wire.auth import write_secret_file
 from spark_audit import fmt, manifest, planted
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -61,10 +62,14 @@ class Nights:
         self.group = cluster.group
         self.state = state
         self.docs: list[dict[str, Any]] = []
+        # The manifests are sealed with a key kept apart from the state directory.
+        self.key_file = state.parent / "manifest.key"
+        self.key = write_secret_file(self.key_file)
 
     async def run(self, cut: int | None = None) -> tuple[int, str, dict[str, Any]]:
         args = ["audit", "--nightly", "--state", str(self.state), "--engine", "python",
-                "--rolling-nights", str(NIGHTS), "--digest-block", "64", self.spec]
+                "--rolling-nights", str(NIGHTS), "--digest-block", "64",
+                "--manifest-key-file", str(self.key_file), self.spec]
         if cut:
             args += ["--cut", f"{self.group}={cut}"]
         code, out = await asyncio.to_thread(run_cli, *args)
@@ -76,7 +81,7 @@ class Nights:
         return code, out, doc
 
     def manifest(self) -> manifest.Manifest:
-        m = manifest.load(str(self.state), self.group)
+        m = manifest.load(str(self.state), self.group, self.key)
         assert m is not None
         return m
 
@@ -271,7 +276,7 @@ def stopped_nights(cluster: OpsCluster, nights: Nights) -> None:
     assert code == 1 or not any(a <= span.lo and span.hi <= b for a, b in
                                 doc["groups"][cluster.group]["reverified"])
 
-    # A manifest edited by hand (its sha256 not recomputed) is refused, naming the file,
+    # A manifest edited by hand (its seal not recomputed) is refused, naming the file,
     # and so is a damaged one; the night exits 2 and changes nothing.
     path = Path(manifest.path_of(str(nights.state), cluster.group))
     raw = path.read_bytes()

@@ -63,6 +63,10 @@ def register(app: typer.Typer) -> None:
         digest_block: Annotated[int, typer.Option(
             metavar="B", help="a new manifest's digest span (power of two up to 2^19; "
                               "0: 65536)")] = 0,
+        manifest_key_file: Annotated[str, typer.Option(
+            metavar="FILE", help="a secret file (mode 0600) whose content keys the "
+                                 "manifests' seals (HMAC-SHA256): a manifest rewritten "
+                                 "without the key is refused")] = "",
         live: Annotated[list[str] | None, typer.Option(
             "--live", metavar="ADMIN_URL",
             help="the brokers' admin URLs (repeatable or comma separated): capture each "
@@ -92,7 +96,7 @@ def register(app: typer.Typer) -> None:
                 group_specs, state, rolling_nights=rolling_nights, cuts=cut or [],
                 engine=engine, master=master, driver_memory=driver_memory, progress=progress,
                 max_entry_size=max_entry_size, segment_size=segment_size,
-                digest_block=digest_block))
+                digest_block=digest_block, manifest_key_file=manifest_key_file))
         raise typer.Exit(cli.run(group_specs, out=out, master=master, history=history or [],
                                  engine=engine, driver_memory=driver_memory, progress=progress,
                                  max_entry_size=max_entry_size, segment_size=segment_size,
