@@ -43,7 +43,7 @@ traffic, whether it passed, and the machine's CPU use by everyone in the on
 and off slices.
 
     .venv/bin/python bench/audit_live.py [--messages 200000] [--rate 800]
-        [--rounds 2] [--priorities idle,normal] [--slice 2]
+        [--rounds 2] [--priorities idle,normal] [--slice 2] [--cpus 0/1]
 """
 
 from __future__ import annotations
@@ -221,11 +221,12 @@ class Audit:
     its own session, at a priority; stopped and continued as a whole."""
 
     def __init__(self, command: list[str], priority: str, out: Path,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, cpus: set[int] | None = None) -> None:
         self.command = command
         self.priority = priority
         self.out = out
         self.env = env
+        self.cpus = cpus
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self.wall = 0.0
@@ -235,10 +236,19 @@ class Audit:
 
     def start(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
+        own = os.sched_getaffinity(0)
         with open(self.out / "audit.log", "wb") as log:
             self.started = time.monotonic()
-            self.proc = spawn(self.command, self.priority, stdout=log,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)
+            # The affinity of the thread that forks is the child's, and every
+            # process of the audit (its JVM, the Python workers) inherits it.
+            if self.cpus:
+                os.sched_setaffinity(0, self.cpus)
+            try:
+                self.proc = spawn(self.command, self.priority, stdout=log,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  env=self.env)
+            finally:
+                os.sched_setaffinity(0, own)
 
     def running(self) -> bool:
         assert self.proc is not None
@@ -336,15 +346,33 @@ async def duty_cycle(audit: Audit | None, slice_s: float, limit: float, done: as
     return phases
 
 
+def cpu_sets(parser: argparse.ArgumentParser, spec: str
+             ) -> tuple[set[int] | None, set[int] | None]:
+    """``--cpus BROKERS/AUDIT`` (comma-separated CPU numbers on each side) as two sets."""
+    if not spec:
+        return None, None
+    try:
+        sides = [{int(c) for c in side.split(",")} for side in spec.split("/")]
+    except ValueError:
+        sides = []
+    usable = os.sched_getaffinity(0)
+    if (len(sides) != 2 or not all(sides) or sides[0] & sides[1]
+            or not sides[0] | sides[1] <= usable):
+        parser.error(f"--cpus {spec!r}: two disjoint sets of this machine's CPUs "
+                     f"{sorted(usable)}, e.g. 0/1")
+    return sides[0], sides[1]
+
+
 class Bench:
     def __init__(self, base: Path, args: argparse.Namespace) -> None:
         self.base = base
         self.args = args
         self.body = b"m" * args.msg_size
         # No broker-state snapshots (hence no retention) while measuring: a
-        # newer snapshot deletes the older one, and an audit that lists a
-        # file and then finds it gone fails today (docs/audit.md, "Auditing
-        # a live deployment"); what this measures is the audit's load.
+        # newer snapshot deletes the older one, and an audit that meets a
+        # vanished file lists again and starts over (docs/audit.md, "Files
+        # that change under the audit"), which would measure that restart
+        # as well; what this measures is the audit's load.
         self.cluster = LocalCluster(base / "cluster", admin_listen="127.0.0.1:0", settings={
             "flush": "sync", "replicate": "sync", "segment_size_bytes": args.segment_mb << 20,
             "snapshot_interval_entries": 0, "snapshot_interval_bytes": 0})
@@ -384,7 +412,7 @@ class Bench:
             # Spark's scratch (shuffle blocks, spills) there instead of /tmp.
             scratch = Path(self.args.spark_local_dir) / f"spark-{os.getpid()}-{self.audits}"
             env = {**os.environ, "SPARK_LOCAL_DIRS": str(scratch)}
-        return Audit(command, priority, out, env)
+        return Audit(command, priority, out, env, self.args.audit_cpus)
 
     async def measure(self, load: str, priority: str | None) -> dict[str, Any]:
         """One round: the load with the audit duty-cycled (None: the control)."""
@@ -436,6 +464,10 @@ def pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def main(args: argparse.Namespace) -> None:
+    if args.broker_cpus:
+        # This process (the producer) and every process it starts (the
+        # NameServer, the brokers) run there; the audit on `audit_cpus`.
+        os.sched_setaffinity(0, args.broker_cpus)
     base = Path(tempfile.mkdtemp(prefix="ledgermq-audit-live-"))
     priorities = [p for p in args.priorities.split(",") if p]
     result: dict[str, Any] = {
@@ -444,6 +476,7 @@ async def main(args: argparse.Namespace) -> None:
         "rate": args.rate, "in_flight": args.in_flight, "master": args.master,
         "slice_s": args.slice, "rounds": args.rounds,
         "spark_local_dir": args.spark_local_dir or "/tmp", "cpus": os.cpu_count(),
+        "broker_cpus": sorted(args.broker_cpus or []), "audit_cpus": sorted(args.audit_cpus or []),
         "load_average_start": os.getloadavg()}
     bench = Bench(base, args)
     try:
@@ -502,7 +535,12 @@ if __name__ == "__main__":
     parser.add_argument("--spark-local-dir", default="",
                         help="Spark's scratch directory for the audit (e.g. a tmpfs: /dev/shm)"
                              "; default: Spark's, under /tmp")
+    parser.add_argument("--cpus", default="", metavar="BROKERS/AUDIT",
+                        help="pin the brokers and the producer to one set of CPUs and the audit"
+                             " to another, e.g. 0/1 (the executors off the brokers' cores, as"
+                             " docs/audit.md recommends); default: no pinning")
     parsed = parser.parse_args()
+    parsed.broker_cpus, parsed.audit_cpus = cpu_sets(parser, parsed.cpus)
     bad = (set(parsed.priorities.split(",")) - set(PRIORITIES)) | (
         set(parsed.loads.split(",")) - {"fixed_rate", "saturation"})
     if bad or parsed.rounds < 1 or parsed.rate <= 0 or parsed.slice <= 2 * GUARD_S:
