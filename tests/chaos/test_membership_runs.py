@@ -115,7 +115,7 @@ def test_a_wiped_node_cannot_vote_until_it_rejoins(tmp_path: Path) -> None:
 
 def test_random_churn_with_kills_and_partitions(tmp_path: Path) -> None:
     needs_netns()
-    results = membership_run(tmp_path, "membership,kill,partition-halves", time_limit=30,
+    results = membership_run(tmp_path, "membership,kill,partition-halves", time_limit=22,
                              schedule=Schedule("random", 6, 3), seed=4)
     check = results["checker"]
     assert results["valid"], json.dumps({"because": results["invalid_because"],
