@@ -177,7 +177,8 @@ def read_file(info: FileInfo) -> mmap.mmap | bytes:
     view = info.view
     if view is None:
         return read_local(info.path)
-    start, end = view.start, view.end
+    start = view.start
+    end = view.end if view.end >= 0 else start + info.length  # -1: to the listed end
     if end <= 0:
         return b""
     buf = mmap.mmap(-1, end)

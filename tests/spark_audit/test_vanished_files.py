@@ -140,6 +140,8 @@ def test_read_file_reads_exactly_the_view(tmp_path: Path):
     buf = tasks.read_file(part)
     assert len(buf) == 4000 and bytes(buf[3000:4000]) == data[3000:4000]
     assert bytes(buf[:3000]) == bytes(3000)  # never read
+    to_end = FileInfo(1, 1, 1, str(path), "segment", len(data) - 3000, view=View(3000))
+    assert bytes(tasks.read_file(to_end)[3000:]) == data[3000:]  # end -1: the listed length
     past = FileInfo(1, 1, 1, str(path), "segment", 100, view=View(len(data), len(data) + 100))
     with pytest.raises(tasks.FileChangedError):
         tasks.read_file(past)
