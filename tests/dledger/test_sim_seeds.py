@@ -30,6 +30,7 @@ REGRESSIONS = [
     (73, 3, "async", "stuck follower: it lost its acked tail, the leader probed above its end"),
     (201, 3, "async", "lost acked tail re-anchored at the follower's commit: replicas differ"),
     (1003982, 3, "mix", "checker: a late term-24 winner need not hold an entry committed in 26"),
+    (167, 3, "sync", "liveness budget: ~60 entries behind slow_disk fsyncs, one per round"),
 ]
 
 
@@ -96,3 +97,14 @@ def test_replay_is_exact() -> None:
         b.steps, b.elections, b.committed, b.violation,
     )
     assert lines, "trace callback saw no events"
+
+
+def test_a_group_still_catching_up_gets_another_liveness_window() -> None:
+    """Seed 167 (flush=sync): node 2 is ~60 entries behind when the network heals
+    and, one entry per round behind slow_disk's fsyncs, needs more than one liveness
+    window: the window is extended while some node still progresses (a group that
+    stops converging is still reported: the bug switches' tests)."""
+    traced: list[str] = []
+    result = run_seed(167, SimOptions(flush="sync"), trace=traced.append)
+    assert result.ok, result.violation
+    assert any("window extended" in line for line in traced)
