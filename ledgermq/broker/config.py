@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from dledger.runtime.identity import check_cluster_id
+from dledger.runtime.node import NodeConfig
 from ledgermq.base.address import AddressError, split_host_port
 from ledgermq.wire.limits import ServerLimits
 
@@ -69,9 +70,9 @@ class BrokerConfig:
     heartbeat_interval_ticks: int = 1
     # A follower that sees every connection with its leader closed for this
     # many ticks campaigns within `lost_leader_ticks` instead of an election
-    # timeout (dledger.runtime.node.NodeConfig; 0: off).
-    leader_lost_grace_ticks: int = 2
-    lost_leader_ticks: int = 4
+    # timeout (0: off). The node's defaults, not copies of them.
+    leader_lost_grace_ticks: int = NodeConfig.leader_lost_grace_ticks
+    lost_leader_ticks: int = NodeConfig.lost_leader_ticks
     preferred_leader: int = 0
     segment_size_bytes: int = 256 * MIB
     message_size_bytes_max: int = 4 * MIB
