@@ -560,6 +560,10 @@ class RaftGroupNode:
         self._handoff: Ready | None = None
         self._pending: dict[int, _Pending] = {}
         self._wake = asyncio.Event()
+        # The driver waits for `_wake` with nothing in hand: a proposal's
+        # round may then run in a callback (`_propose_round`) instead.
+        self._driver_idle = False
+        self._round_scheduled = False
         self._state_waiters: list[asyncio.Future[None]] = []
         self._driver: asyncio.Task[None] | None = None
         self._ticker_task: asyncio.Task[None] | None = None
@@ -918,6 +922,15 @@ class RaftGroupNode:
         leader it knows), commitlog.MessageTooLargeError for an entry too big
         for the log, ProposalUnknown when the outcome cannot be known.
         """
+        return await self.propose_nowait(kind, body, timeout)
+
+    def propose_nowait(self, kind: int, body: bytes,
+                       timeout: float = 3.0) -> asyncio.Future[commitlog.Entry]:
+        """`propose` without a coroutine: what it raises at once is raised
+        here, the rest (the entry, or ProposalUnknown, NotLeaderError) comes
+        in the future returned. Its caller may attach a callback instead of
+        awaiting it in a task of its own (the broker's group commit does).
+        Cancelling the future abandons the proposal if it was not appended."""
         core = self._require_core()
         if self.failed is not None or self._stopping:
             raise NotLeaderError(0, f"node unavailable: {self.failed or 'stopping'}")
@@ -928,20 +941,54 @@ class RaftGroupNode:
         size = commitlog.HEADER_SIZE + len(body)
         if size > self.log.config.entry_size_limit:
             raise commitlog.MessageTooLargeError("entry", size, self.log.config.entry_size_limit)
-        future: asyncio.Future[commitlog.Entry] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[commitlog.Entry] = loop.create_future()
         self._queue.append(_Queued(kind, body, future))
         self.counters.proposals += 1
-        self._wake.set()
-        started = self._clock()
-        try:
-            async with asyncio.timeout(timeout):
-                entry = await future
-        except TimeoutError:
+        if self._driver_idle:
+            # One callback, not a wake-up of the driver task: the round runs
+            # after the callbacks already queued (their proposals join it).
+            if not self._round_scheduled:
+                self._round_scheduled = True
+                loop.call_soon(self._propose_round)
+        else:
+            self._wake.set()
+        # A plain timer on the future rather than an asyncio.timeout scope:
+        # this is the per-message path.
+        timer = loop.call_later(timeout, self._expire_proposal, future, timeout)
+        future.add_done_callback(functools.partial(self._proposal_done, timer, self._clock()))
+        return future
+
+    def _expire_proposal(self, future: asyncio.Future[commitlog.Entry], timeout: float) -> None:
+        """A proposal's deadline: its caller stops waiting (the entry may
+        still commit; `_apply` skips a future that is done)."""
+        if not future.done():
             self.counters.proposals_unknown += 1
-            raise ProposalUnknown(f"no ack within {timeout} s; the entry may still commit") \
-                from None
-        self._observer.acked(self._clock() - started)
-        return entry
+            future.set_exception(ProposalUnknown(
+                f"no ack within {timeout} s; the entry may still commit"))
+
+    def _proposal_done(self, timer: asyncio.TimerHandle, started: float,
+                       future: asyncio.Future[commitlog.Entry]) -> None:
+        timer.cancel()
+        if not future.cancelled() and future.exception() is None:
+            self._observer.acked(self._clock() - started)
+
+    def _propose_round(self) -> None:
+        """Queued proposals' round, while the driver idles: drained into the
+        core and carried out here when nothing of it must be awaited (else
+        `_carry_out` hands it to the driver)."""
+        self._round_scheduled = False
+        if not self._queue:
+            return
+        if not self._driver_idle or self._core is None or self._stopping:
+            self._wake.set()
+            return
+        try:
+            self._drain_proposals()
+        except Exception as exc:
+            self._fail(exc)
+            return
+        self._carry_out()
 
     def _drain_proposals(self) -> None:
         core = self._require_core()
@@ -1130,7 +1177,11 @@ class RaftGroupNode:
                         self._drain_proposals()
                     if not core.has_ready():
                         self._wake.clear()
-                        await self._wake.wait()
+                        self._driver_idle = True
+                        try:
+                            await self._wake.wait()
+                        finally:
+                            self._driver_idle = False
                         continue
                     ready = core.ready()
                 else:

@@ -107,6 +107,7 @@ from ledgermq.wire.auth import (
     server_proof,
 )
 from ledgermq.wire.codec import encode_frame
+from ledgermq.wire.frame_protocol import FrameProtocol
 from ledgermq.wire.streams import read_frame
 from ledgermq.wire.tls import client_context, server_context
 
@@ -203,7 +204,7 @@ class _Handshaking:
     """An inbound connection that has not finished its handshake."""
 
     host: str
-    writer: asyncio.StreamWriter
+    conn: FrameProtocol
     evicted: bool = False
 
 
@@ -432,11 +433,11 @@ class PeerTransport:
         self._server: asyncio.Server | None = None
         self._links: dict[tuple[int, str], _Link] = {}
         self._inbound: set[asyncio.Task[None]] = set()
-        self._inbound_writers: set[asyncio.StreamWriter] = set()
+        self._inbound_conns: set[FrameProtocol] = set()
         # Inbound connections in their handshake, oldest first.
-        self._handshaking: dict[asyncio.StreamWriter, _Handshaking] = {}
+        self._handshaking: dict[FrameProtocol, _Handshaking] = {}
         # The authenticated inbound connection of each (peer, channel).
-        self._authenticated: dict[tuple[int, str], asyncio.StreamWriter] = {}
+        self._authenticated: dict[tuple[int, str], FrameProtocol] = {}
         self._warnings = _WarnLimiter(WARNINGS_PER_SECOND)
         self.frames_received = 0
         self.messages_received = 0
@@ -521,9 +522,9 @@ class PeerTransport:
             link = self._links.pop((node, channel), None)
             if link is not None:
                 self._retire(link)
-            writer = self._authenticated.pop((node, channel), None)
-            if writer is not None:
-                writer.transport.abort()
+            conn = self._authenticated.pop((node, channel), None)
+            if conn is not None:
+                conn.abort()
 
     def _learn(self, node: int, addr: str | None) -> None:
         """An admitted node that is not listed dialled us: dial it back at the
@@ -542,8 +543,12 @@ class PeerTransport:
         tls: dict[str, Any] = {}
         if self.server_ssl is not None:
             tls = {"ssl": self.server_ssl, "ssl_handshake_timeout": self.handshake_timeout}
-        self._server = await asyncio.start_server(self._on_connect, host, port,
-                                                  reuse_address=True, **tls)
+        # Inbound connections are read by a Protocol, not a StreamReader:
+        # after the handshake each frame goes to the node from data_received.
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: FrameProtocol(self._on_connect, pending_max=2 * HELLO_BYTES_MAX),
+            host, port, reuse_address=True, **tls)
         self._started = True
         for link in self._links.values():
             self._start_link(link)
@@ -605,8 +610,8 @@ class PeerTransport:
                 link.task.cancel()
                 tasks.append(link.task)
         tasks += list(self._retired)
-        for writer in list(self._inbound_writers):
-            writer.close()
+        for conn in list(self._inbound_conns):
+            conn.close()
         tasks += list(self._inbound)
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
@@ -638,24 +643,16 @@ class PeerTransport:
 
     # ------------------------------------------------------------- inbound
 
-    async def _on_connect(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if self.closing or task is None:
-            writer.close()
+    def _on_connect(self, conn: FrameProtocol) -> None:
+        if self.closing:
+            conn.close()
             return
+        task = asyncio.get_running_loop().create_task(self._serve(conn))
         self._inbound.add(task)
-        self._inbound_writers.add(writer)
-        try:
-            await self._serve(reader, writer)
-        finally:
-            self._inbound.discard(task)
-            self._inbound_writers.discard(writer)
-            writer.close()
-            with contextlib.suppress(OSError, asyncio.CancelledError):
-                await writer.wait_closed()
+        self._inbound_conns.add(conn)
+        task.add_done_callback(self._inbound.discard)
 
-    def _admit(self, host: str, writer: asyncio.StreamWriter) -> _Handshaking:
+    def _admit(self, host: str, conn: FrameProtocol) -> _Handshaking:
         """Take a handshake slot, closing the oldest handshaking connection of
         the same address (or overall) when the cap is reached."""
         same = [h for h in self._handshaking.values() if h.host == host]
@@ -665,15 +662,15 @@ class PeerTransport:
         if len(self._handshaking) >= self.max_pending:
             self._evict(next(iter(self._handshaking.values())),
                         f"more than {self.max_pending} handshaking connections")
-        slot = _Handshaking(host, writer)
-        self._handshaking[writer] = slot
+        slot = _Handshaking(host, conn)
+        self._handshaking[conn] = slot
         return slot
 
     def _evict(self, slot: _Handshaking, why: str) -> None:
         slot.evicted = True
-        del self._handshaking[slot.writer]
-        slot.writer.transport.abort()
-        self._refused(slot.writer.get_extra_info("peername"), REASON_CONNECTION_LIMIT, why, None)
+        del self._handshaking[slot.conn]
+        slot.conn.abort()
+        self._refused(slot.conn.peername(), REASON_CONNECTION_LIMIT, why, None)
 
     def _refused(self, peername: object, reason: str, detail: str,
                  hello: PeerHello | None) -> None:
@@ -689,10 +686,9 @@ class PeerTransport:
         log.warning("raft %s/%d: refused peer connection from %s, %s: %s: %s%s", self.group,
                     self.node_id, peername, claim, reason, detail, more)
 
-    async def _handshake(self, reader: asyncio.StreamReader,
-                         writer: asyncio.StreamWriter) -> PeerHello:
+    async def _handshake(self, conn: FrameProtocol) -> PeerHello:
         """HELLO and, with a secret, the challenge."""
-        payload = await read_frame(reader, HELLO_BYTES_MAX)
+        payload = await conn.next_frame(HELLO_BYTES_MAX)
         if payload is None:
             raise PeerRefused(REASON_MALFORMED, "closed before its HELLO")
         try:
@@ -719,10 +715,10 @@ class PeerTransport:
                               "node without cluster_secret_file, or not a node)", hello)
         claim = peer_claim(self.group, src, dst, hello["channel"])
         challenge = new_challenge()
-        writer.write(encode_frame(
+        conn.write(encode_frame(
             encode_challenge(challenge, server_proof(self.secret, challenge, nonce, claim)),
             compress_threshold=None))
-        payload = await read_frame(reader, HELLO_BYTES_MAX)
+        payload = await conn.next_frame(HELLO_BYTES_MAX)
         if payload is None:
             raise PeerRefused(REASON_BAD_PROOF, "closed when challenged (it may hold another "
                               "cluster secret)", hello)
@@ -731,13 +727,22 @@ class PeerTransport:
             raise PeerRefused(REASON_BAD_PROOF, "wrong proof of the cluster secret", hello)
         return hello
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peername = writer.get_extra_info("peername")
+    async def _serve(self, conn: FrameProtocol) -> None:
+        try:
+            await self._authenticate_and_serve(conn)
+        finally:
+            self._inbound_conns.discard(conn)
+            conn.close()
+            with contextlib.suppress(asyncio.CancelledError):
+                await conn.wait_closed()
+
+    async def _authenticate_and_serve(self, conn: FrameProtocol) -> None:
+        peername = conn.peername()
         host = str(peername[0]) if isinstance(peername, tuple) and peername else "?"
-        slot = self._admit(host, writer)
+        slot = self._admit(host, conn)
         try:
             async with asyncio.timeout(self.handshake_timeout):
-                hello = await self._handshake(reader, writer)
+                hello = await self._handshake(conn)
         except PeerRefused as exc:
             if not slot.evicted:
                 self._refused(peername, exc.reason, str(exc), exc.hello)
@@ -747,14 +752,14 @@ class PeerTransport:
                 self._refused(peername, REASON_TIMEOUT, f"no complete handshake within "
                               f"{self.handshake_timeout:g} s", None)
             return
-        except (CodecError, LedgerMQError, OSError, asyncio.IncompleteReadError) as exc:
+        except (CodecError, LedgerMQError, OSError) as exc:
             if not slot.evicted:
                 self._refused(peername, REASON_MALFORMED, str(exc) or type(exc).__name__,
                               None)
             return
         finally:
-            self._handshaking.pop(writer, None)
-        if slot.evicted:
+            self._handshaking.pop(conn, None)
+        if slot.evicted or conn.closing:
             return
         src = hello["src"]
         if src not in self.peers and not self._admits(src):
@@ -767,29 +772,39 @@ class PeerTransport:
         if previous is not None:
             # A peer re-dialled (e.g. after a restart): its old connection is dead.
             previous.close()
-        self._authenticated[key] = writer
+        self._authenticated[key] = conn
         self.accepted_connections += 1
         try:
-            while not self.closing:
-                payload = await read_frame(reader, self.max_frame_bytes)
-                if payload is None:
-                    return
-                messages = decode_batch(payload, self.max_frame_bytes)
-                if self._authenticated.get(key) is not writer:
-                    return  # replaced by a re-dial, or the peer was removed
-                for msg in messages:
-                    if msg.src != src or msg.dst != self.node_id:
-                        raise CodecError(f"message {msg.src}->{msg.dst} on link {src}->"
-                                         f"{self.node_id}")
-                self.frames_received += 1
-                self.messages_received += len(messages)
-                self.deliver(messages)
-        except (CodecError, LedgerMQError) as exc:
+            conn.serve(self._batch_reader(conn, key), self.max_frame_bytes)
+            error = await conn.wait_closed()
+        finally:
+            if self._authenticated.get(key) is conn:
+                del self._authenticated[key]
+        if isinstance(error, (CodecError, LedgerMQError)):
             self.rejected_connections += 1
             log.warning("raft %s/%d: closing connection from node %d: %s", self.group,
-                        self.node_id, src, exc)
-        except (OSError, asyncio.IncompleteReadError):
-            return
-        finally:
-            if self._authenticated.get(key) is writer:
-                del self._authenticated[key]
+                        self.node_id, src, error)
+        elif error is not None:
+            log.error("raft %s/%d: closing connection from node %d: %s: %s", self.group,
+                      self.node_id, src, type(error).__name__, error, exc_info=error)
+
+    def _batch_reader(self, conn: FrameProtocol, key: tuple[int, str]
+                      ) -> Callable[[bytes], None]:
+        """What an authenticated connection does with each frame, called
+        where its bytes arrive: decode the batch, check it comes from the
+        peer the handshake proved and is addressed here, deliver it."""
+        src, node_id = key[0], self.node_id
+
+        def on_frame(payload: bytes) -> None:
+            if self.closing or self._authenticated.get(key) is not conn:
+                conn.close()  # replaced by a re-dial, or the peer was removed
+                return
+            messages = decode_batch(payload, self.max_frame_bytes)
+            for msg in messages:
+                if msg.src != src or msg.dst != node_id:
+                    raise CodecError(f"message {msg.src}->{msg.dst} on link {src}->{node_id}")
+            self.frames_received += 1
+            self.messages_received += len(messages)
+            self.deliver(messages)
+
+        return on_frame

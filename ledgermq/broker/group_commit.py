@@ -10,7 +10,10 @@ request goes out at once, alone.
 A `GroupCommitter[T, R]` takes payloads of type T (`submit`) and hands each
 batch, a list of `Pending[T, R]`, to its `flush` function, which resolves
 every request's future with an R (the broker: `Records` -> `SendAck` for
-sends, control operations -> the entry's index for controls).
+sends, control operations -> the entry's index for controls). `flush`
+returns an awaitable: a coroutine runs in a task of its own; a future (the
+send path's, whose callbacks resolve the requests) is only watched, which
+spares a task per proposal on the per-message path.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from functools import partial
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")  # what a request submits
 R = TypeVar("R")  # what it gets back
@@ -35,7 +39,7 @@ class Pending(Generic[T, R]):
     future: asyncio.Future[R] = field(repr=False)
 
 
-Flush = Callable[[list[Pending[T, R]]], Awaitable[None]]
+Flush = Callable[[list[Pending[T, R]]], Awaitable[Any]]
 
 
 class GroupCommitter(Generic[T, R]):
@@ -52,7 +56,7 @@ class GroupCommitter(Generic[T, R]):
         self.max_bytes = max_bytes
         self.max_inflight = max_inflight
         self._queue: deque[Pending[T, R]] = deque()
-        self._inflight: set[asyncio.Task[None]] = set()
+        self._inflight: set[asyncio.Future[Any]] = set()
         self._starting = False
         self.batches = 0
         self.items = 0
@@ -77,40 +81,40 @@ class GroupCommitter(Generic[T, R]):
         return batch
 
     def _kick(self) -> None:
-        # The proposal takes its batch when its task first runs, after the
-        # callbacks already queued in this loop iteration: requests decoded
-        # together (or woken by the same reply) share one proposal instead of
-        # the first going out alone.
+        # The proposal takes its batch in a callback that runs after those
+        # already queued in this loop iteration: requests decoded together
+        # (or woken by the same reply) share one proposal instead of the
+        # first going out alone.
         if self._queue and not self._starting and len(self._inflight) < self.max_inflight:
             self._starting = True
-            task = asyncio.create_task(self._run())
-            self._inflight.add(task)
-            task.add_done_callback(self._done)
+            asyncio.get_running_loop().call_soon(self._start)
 
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._inflight.discard(task)
-        self._kick()
-
-    async def _run(self) -> None:
+    def _start(self) -> None:
         self._starting = False
         if not self._queue:
             return
         batch = self._take()
         self.batches += 1
         self.items += len(batch)
-        self._kick()  # what did not fit may start another proposal
         try:
-            await self._flush(batch)
-        except BaseException as exc:
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-        finally:
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(RuntimeError("flush left a request unanswered"))
+            flushing = asyncio.ensure_future(self._flush(batch))
+        except Exception as exc:  # raised before anything was proposed
+            _fail(batch, exc)
+            self._kick()
+            return
+        self._inflight.add(flushing)
+        flushing.add_done_callback(partial(self._flushed, batch))
+        self._kick()  # what did not fit may start another proposal
+
+    def _flushed(self, batch: list[Pending[T, R]], flushing: asyncio.Future[Any]) -> None:
+        self._inflight.discard(flushing)
+        if flushing.cancelled():
+            _fail(batch, asyncio.CancelledError())
+        else:
+            error = flushing.exception()
+            _fail(batch, error if error is not None
+                  else RuntimeError("flush left a request unanswered"))
+        self._kick()
 
     async def close(self) -> None:
         """Fail queued requests and wait for proposals in flight."""
@@ -120,3 +124,10 @@ class GroupCommitter(Generic[T, R]):
                 pending.future.set_exception(ConnectionAbortedError("broker stopping"))
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=5.0)
+
+
+def _fail(batch: list[Pending[T, R]], error: BaseException) -> None:
+    """Every request of `batch` not answered yet gets `error`."""
+    for pending in batch:
+        if not pending.future.done():
+            pending.future.set_exception(error)

@@ -9,6 +9,7 @@ and `ProposalUnknown` when its outcome cannot be known.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -62,6 +63,11 @@ class RaftRuntime(Protocol):
     async def propose(self, kind: int, body: bytes, timeout: float = 3.0) -> Entry:
         """Append an entry as leader; return it (with its index and position)
         once the configured guarantee (`replicate`, `flush`) holds."""
+
+    def propose_nowait(self, kind: int, body: bytes,
+                       timeout: float = 3.0) -> asyncio.Future[Entry]:
+        """`propose` as a future: what it raises at once is raised here, the
+        entry or the later error comes in the future."""
 
     async def wait_leader_ready(self, timeout: float) -> bool: ...
 

@@ -29,6 +29,7 @@ import struct
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from commitlog import HEADER_SIZE, KIND_CONTROL, KIND_MESSAGES, CommitLogConfig, Entry, StorageError
@@ -675,19 +676,26 @@ class Broker:
         try:
             return await self.node.propose(
                 kind, body, timeout=self.config.propose_timeout_ms / 1000)
-        except RuntimeNotLeaderError as exc:
+        except (RuntimeNotLeaderError, ProposalUnknown, TimeoutError) as exc:
+            raise self._client_error(exc) from None
+
+    def _client_error(self, exc: Exception) -> Exception:
+        """A runtime's proposal error as a client is answered with."""
+        if isinstance(exc, RuntimeNotLeaderError):
             leader = self.config.client_address_of(exc.leader_id) if exc.leader_id else None
-            raise NotLeaderError(f"leadership lost: {exc}", leader=leader) from None
-        except (ProposalUnknown, TimeoutError) as exc:
-            raise OutcomeUnknownError(
+            return NotLeaderError(f"leadership lost: {exc}", leader=leader)
+        if isinstance(exc, (ProposalUnknown, TimeoutError)):
+            return OutcomeUnknownError(
                 f"the write may or may not be stored ({type(exc).__name__}: {exc});"
-                " retry with the same producer id and sequence") from None
+                " retry with the same producer id and sequence")
+        return exc
 
     # ------------------------------------------------------------ group commit
 
-    async def _flush_sends(self, batch: list[Pending[Records, SendAck]]) -> None:
+    def _flush_sends(self, batch: list[Pending[Records, SendAck]]) -> asyncio.Future[Entry]:
         """One MESSAGES entry for every send request in `batch`; each request's
-        future gets its `SendAck`."""
+        future gets its `SendAck` (or the error) from a callback on the
+        proposal: no task per proposal."""
         self.observer.send_batch(sum(p.count for p in batch))
         stamp = now_ms()
         pack = _STAMP.pack_into
@@ -709,7 +717,27 @@ class Broker:
             if len(self._prescanned) >= _PRESCANNED_KEPT:
                 self._prescanned.clear()
             self._prescanned[id(data)] = (data, columns)
-        entry = await self.propose(KIND_MESSAGES, data)
+        try:
+            proposal = self.node.propose_nowait(
+                KIND_MESSAGES, data, timeout=self.config.propose_timeout_ms / 1000)
+        except RuntimeNotLeaderError as exc:
+            raise self._client_error(exc) from None
+        proposal.add_done_callback(partial(self._sends_proposed, batch))
+        return proposal
+
+    def _sends_proposed(self, batch: list[Pending[Records, SendAck]],
+                        proposal: asyncio.Future[Entry]) -> None:
+        """A send batch's proposal ended: every request's `SendAck`, or the error."""
+        if proposal.cancelled():
+            return  # the group committer fails the batch
+        error = proposal.exception()
+        if error is not None:
+            answer = self._client_error(error) if isinstance(error, Exception) else error
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(answer)
+            return
+        entry = proposal.result()
         # replicate=async answers at the leader's local persist, before commit
         # (even when, on a one-node group, the commit happened to be immediate).
         stored = self._results.pop(entry.index, None)

@@ -93,8 +93,10 @@ from ledgermq.wire.limits import (
 )
 from ledgermq.wire.streams import (
     FrameGuard,
+    FrameWatch,
     FrameWriter,
     HeldFrame,
+    frame_deadline_error,
     guarded_reads,
     read_frame,
     read_held_frame,
@@ -128,6 +130,11 @@ class Connection:
     reading: bool = field(default=False, repr=False)
     # Set once the connection was refused for authentication: it is closing.
     refused: bool = field(default=False, repr=False)
+    # The read loop's progress, which the deadline watchdog reads, and the
+    # error the watchdog cancelled the read loop with.
+    watch: FrameWatch = field(default_factory=FrameWatch, repr=False)
+    expired: LedgerMQError | None = field(default=None, repr=False)
+    watchdog: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 
 Handler = Callable[[Any, Connection], Awaitable[Any]]
@@ -338,9 +345,18 @@ class RpcServer:
                     f"no HELLO within {self.handshake_timeout:g}s"
                 ) from None
             guard = FrameGuard(self.max_frame_bytes, self.budget, read_timeout)
+            watch = conn.watch
+            clock = asyncio.get_running_loop().time
+            self._watch_deadlines(conn)
             while True:
-                first = await self._frame_start(conn, reader)
-                if first and self.require_auth and conn.principal is None and conn.inflight:
+                # Deadlines (idle, frame read) are the watchdog's: no timer
+                # per frame.
+                watch.since = clock()
+                first = await reader.read(1)
+                if not first:
+                    break
+                watch.reading, watch.since = True, clock()
+                if self.require_auth and conn.principal is None and conn.inflight:
                     # A pipelined AUTH may be waiting in its task: let it set
                     # the principal before this frame's cap is chosen.
                     await asyncio.sleep(0)
@@ -348,8 +364,9 @@ class RpcServer:
                 # it, its frames stay as small as the handshake's: a stranger's
                 # PING bomb costs the server no more than a HELLO.
                 unproven = self.require_auth and conn.principal is None
-                frame = (await read_held_frame(reader, hello_guard if unproven else guard, first)
-                         if first else None)
+                frame = await read_held_frame(reader, hello_guard if unproven else guard,
+                                              first, watch)
+                watch.reading = False
                 if frame is None:
                     break
                 try:
@@ -381,10 +398,18 @@ class RpcServer:
         except (ConnectionError, OSError):
             pass  # peer vanished; nothing to tell it
         except asyncio.CancelledError:
-            pass  # server closing: fall through to the graceful cleanup
+            # The watchdog's deadline, or the server closing: either way the
+            # cleanup below is the graceful part.
+            if conn.expired is not None:
+                fatal = conn.expired
+                self._count(_LIMIT_REASONS.get(type(fatal), "protocol_error"))
+                self._large_since_trim = True
+                self._linger(conn, reader)
         finally:
             # From here on close() must not cancel us: the cleanup is the graceful part.
             conn.reading = False
+            if conn.watchdog is not None:
+                conn.watchdog.cancel()
             try:
                 await self._finish(conn, fatal, fatal_id)
             finally:
@@ -392,20 +417,46 @@ class RpcServer:
                     self._lingering -= 1
                 self._trim_if_drained()
 
-    async def _frame_start(self, conn: Connection, reader: asyncio.StreamReader) -> bytes:
-        """The next frame's first byte (b"" at EOF), waiting at most the idle
-        timeout while the connection has nothing in flight: a long-poll PULL
-        waiting for messages is activity, silence is not."""
-        idle = self.limits.idle_timeout
-        while True:
-            try:
-                async with asyncio.timeout(idle):
-                    return await reader.read(1)
-            except TimeoutError:
-                if not conn.inflight:
-                    raise _IdleTimeout(
-                        f"no request for {idle:g}s: closing the idle connection"
-                    ) from None
+    def _watch_deadlines(self, conn: Connection) -> None:
+        """Start the connection's deadline watchdog, if it has a deadline.
+
+        Each frame must arrive whole within the frame read timeout of its
+        first byte, and a connection with nothing in flight is closed after
+        the idle timeout without a request: a long-poll PULL waiting for
+        messages is activity, silence is not. One timer per connection, set
+        to the earliest moment either could pass, checks the read loop's
+        `watch` and cancels the loop (with `conn.expired` set) when one did.
+        """
+        idle, read_timeout = self.limits.idle_timeout, self.limits.frame_read_timeout
+        if idle is None and read_timeout is None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def check() -> None:
+            if not conn.reading or conn.task is None:
+                return
+            watch, now = conn.watch, loop.time()
+            limit = read_timeout if watch.reading else idle
+            expired: LedgerMQError | None = None
+            if limit is None:
+                deadline = now + (idle or read_timeout or 1.0)
+            elif not watch.reading and conn.inflight:
+                # Waiting for a request while others run is not silence.
+                watch.since = now
+                deadline = now + limit
+            elif now - watch.since >= limit:
+                expired = (frame_deadline_error(watch, limit) if watch.reading else
+                           _IdleTimeout(f"no request for {limit:g}s: closing the idle connection"))
+            else:
+                deadline = watch.since + limit
+            if expired is not None:
+                conn.expired = expired
+                conn.task.cancel()
+                return
+            conn.watchdog = loop.call_at(deadline, check)
+
+        first = min(t for t in (idle, read_timeout) if t is not None)
+        conn.watchdog = loop.call_at(loop.time() + first, check)
 
     def _release(self, frame: HeldFrame) -> None:
         """A request was answered (or never ran): its frame's bytes go back to

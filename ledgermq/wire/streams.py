@@ -88,8 +88,26 @@ def guarded_reads(guard: FrameGuard) -> Iterator[None]:
         _GUARD.reset(token)
 
 
+class FrameWatch:
+    """Where a connection's read loop stands, for a watchdog that enforces
+    its deadlines with one timer per connection instead of one per frame
+    (RpcServer): `reading` a frame since `since` (else waiting for the next
+    one since then), `waiting_budget` while that frame waits for room, and
+    how much of it arrived (`got` of `length`) for the error message."""
+
+    __slots__ = ("got", "length", "reading", "since", "waiting_budget")
+
+    def __init__(self) -> None:
+        self.reading = False
+        self.since = 0.0
+        self.waiting_budget = False
+        self.length = 0
+        self.got = 0
+
+
 async def read_held_frame(
-    reader: asyncio.StreamReader, guard: FrameGuard, first: bytes = b""
+    reader: asyncio.StreamReader, guard: FrameGuard, first: bytes = b"",
+    watch: FrameWatch | None = None,
 ) -> HeldFrame | None:
     """Read one frame under `guard`; None on a clean EOF between frames.
 
@@ -99,71 +117,102 @@ async def read_held_frame(
     MalformedFrameError (truncated, corrupt), RequestTimeoutError (the frame
     did not arrive within `guard.read_timeout` of its first byte) or
     ServiceUnavailableError (that deadline passed waiting for budget).
+
+    With `watch`, the deadline is the caller's watchdog's (it cancels the
+    read): no timer is started here, and the frame's progress is kept in
+    `watch` for the watchdog's error message.
     """
     if not first:
         first = await reader.read(1)
         if not first:
             return None
+    if watch is not None:
+        return await _read_frame_body(reader, guard, first, watch)
+    state = FrameWatch()
+    try:
+        async with asyncio.timeout(guard.read_timeout):
+            return await _read_frame_body(reader, guard, first, state)
+    except TimeoutError:
+        raise frame_deadline_error(state, guard.read_timeout) from None
+
+
+def frame_deadline_error(state: FrameWatch, read_timeout: float | None
+                         ) -> RequestTimeoutError | ServiceUnavailableError:
+    """What a frame that missed its deadline is answered with."""
+    if state.waiting_budget:
+        return ServiceUnavailableError(
+            f"server frame memory is exhausted: a frame of {state.length} bytes waited"
+            f" {read_timeout:g}s for room; retry later")
+    return RequestTimeoutError(
+        f"frame not received within {read_timeout:g}s of its first byte"
+        f" ({state.got} of {state.length} payload bytes)")
+
+
+async def _read_frame_body(reader: asyncio.StreamReader, guard: FrameGuard, first: bytes,
+                           state: FrameWatch) -> HeldFrame:
+    """The rest of a frame whose first byte is `first`; budget bytes taken
+    here are given back if it fails (or is cancelled by a deadline)."""
     budget = guard.budget
     held = 0
     got = 0
-    length = 0
-    waiting_budget = False
+    state.waiting_budget = False
+    state.length = state.got = 0
     # A bytearray grown chunk by chunk: no second copy of the body, and it is
     # emptied as soon as the frame fails (an exception's traceback would
     # otherwise keep it alive after its budget was given back).
     body = bytearray()
     try:
-        async with asyncio.timeout(guard.read_timeout):
+        try:
+            header = first + await reader.readexactly(HEADER_SIZE - len(first))
+        except asyncio.IncompleteReadError as exc:
+            raise MalformedFrameError(
+                "connection closed inside a frame header"
+                f" ({len(first) + len(exc.partial)} of {HEADER_SIZE} bytes)"
+            ) from None
+        length, flags = decode_header(header, guard.max_frame_bytes)
+        state.length = length
+        small = length <= SMALL_FRAME_BYTES
+        if small and not flags & FLAG_ZSTD and (budget is None
+                                                 or budget.try_acquire(length, True)):
+            # The common request: room at once for all of it (the slow path
+            # below would reserve it whole too), so one read.
+            held = length if budget is not None else 0
             try:
-                header = first + await reader.readexactly(HEADER_SIZE - len(first))
+                return HeldFrame(await reader.readexactly(length), held, budget)
             except asyncio.IncompleteReadError as exc:
                 raise MalformedFrameError(
-                    "connection closed inside a frame header"
-                    f" ({len(first) + len(exc.partial)} of {HEADER_SIZE} bytes)"
-                ) from None
-            length, flags = decode_header(header, guard.max_frame_bytes)
-            small = length <= SMALL_FRAME_BYTES
-            while got < length:
-                if held == got and budget is not None:
-                    step = min(length - got, READ_CHUNK_BYTES)
-                    waiting_budget = True
-                    await budget.acquire(step, small)
-                    waiting_budget = False
-                    held += step
-                want = (held if budget is not None else length) - got
-                chunk = await reader.read(min(want, READ_CHUNK_BYTES))
-                if not chunk:
-                    raise MalformedFrameError(
-                        f"connection closed inside a frame ({got} of {length} payload bytes)")
-                body += chunk
-                got += len(chunk)
-            if not flags & FLAG_ZSTD:
-                return HeldFrame(body, held, budget)
-            size = declared_size(body, guard.max_frame_bytes)
-            if budget is not None:
-                waiting_budget = True
-                await budget.acquire(size, size <= SMALL_FRAME_BYTES)
-                waiting_budget = False
-                held += size
-            payload = decompress_exact(body, size)
-            body.clear()
-            if budget is not None:
-                # The compressed bytes are gone; the frame now holds its payload.
-                budget.release(held - size)
-                held = size
-            return HeldFrame(payload, held, budget)
-    except TimeoutError:
+                    f"connection closed inside a frame ({len(exc.partial)} of {length}"
+                    " payload bytes)") from None
+        while got < length:
+            if held == got and budget is not None:
+                step = min(length - got, READ_CHUNK_BYTES)
+                state.waiting_budget = True
+                await budget.acquire(step, small)
+                state.waiting_budget = False
+                held += step
+            want = (held if budget is not None else length) - got
+            chunk = await reader.read(min(want, READ_CHUNK_BYTES))
+            if not chunk:
+                raise MalformedFrameError(
+                    f"connection closed inside a frame ({got} of {length} payload bytes)")
+            body += chunk
+            got += len(chunk)
+            state.got = got
+        if not flags & FLAG_ZSTD:
+            return HeldFrame(body, held, budget)
+        size = declared_size(body, guard.max_frame_bytes)
+        if budget is not None:
+            state.waiting_budget = True
+            await budget.acquire(size, size <= SMALL_FRAME_BYTES)
+            state.waiting_budget = False
+            held += size
+        payload = decompress_exact(body, size)
         body.clear()
-        if budget is not None and held:
-            budget.release(held)
-        if waiting_budget:
-            raise ServiceUnavailableError(
-                f"server frame memory is exhausted: a frame of {length} bytes waited"
-                f" {guard.read_timeout:g}s for room; retry later") from None
-        raise RequestTimeoutError(
-            f"frame not received within {guard.read_timeout:g}s of its first byte"
-            f" ({got} of {length} payload bytes)") from None
+        if budget is not None:
+            # The compressed bytes are gone; the frame now holds its payload.
+            budget.release(held - size)
+            held = size
+        return HeldFrame(payload, held, budget)
     except BaseException:
         body.clear()
         if budget is not None and held:

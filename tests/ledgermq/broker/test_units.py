@@ -140,6 +140,51 @@ def test_group_commit_failure_reaches_every_request() -> None:
     asyncio.run(main())
 
 
+def test_group_commit_watches_a_flush_that_returns_a_future() -> None:
+    """The send path's flush: it answers its requests from a callback on a
+    future it returns (no task per proposal); the committer only watches it,
+    fails what the callback left unanswered, and fails the batch of a flush
+    that raises before returning."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        proposals: list[asyncio.Future[str]] = []
+        tasks_before = len(asyncio.all_tasks())
+
+        def flush(batch):  # type: ignore[no-untyped-def]
+            if batch[0].payload == "refused":
+                raise RuntimeError("not the leader")
+            proposal: asyncio.Future[str] = loop.create_future()
+
+            def answer(done: asyncio.Future[str]) -> None:
+                if done.exception() is None:
+                    for p in batch[:-1]:  # the last one is left to the committer
+                        p.future.set_result(f"{p.payload}@{done.result()}")
+            proposal.add_done_callback(answer)
+            proposals.append(proposal)
+            return proposal
+
+        committer = GroupCommitter(flush, max_count=2, max_bytes=100, max_inflight=1)
+        first = [committer.submit(f"m{i}", 1) for i in range(3)]
+        await asyncio.sleep(0)
+        assert len(proposals) == 1 and len(asyncio.all_tasks()) == tasks_before
+        proposals[0].set_result("e1")  # m0 answered, m1 left unanswered
+        assert await first[0] == "m0@e1"
+        with pytest.raises(RuntimeError, match="unanswered"):
+            await first[1]
+        await asyncio.sleep(0)
+        assert len(proposals) == 2  # m2 went out once the first was done
+        proposals[1].set_exception(ValueError("lost"))
+        with pytest.raises(ValueError, match="lost"):
+            await first[2]
+        refused = committer.submit("refused", 1)
+        with pytest.raises(RuntimeError, match="not the leader"):
+            await refused
+        assert committer.batches == 3
+        await committer.close()
+
+    asyncio.run(main())
+
+
 def test_allocate_averagely_shares_queues_deterministically() -> None:
     queues = list(range(8))
     members = ["c", "a", "b"]
