@@ -945,9 +945,11 @@ class RaftGroupNode:
         future: asyncio.Future[commitlog.Entry] = loop.create_future()
         self._queue.append(_Queued(kind, body, future))
         self.counters.proposals += 1
-        if self._driver_idle:
+        if self._driver_idle and self.config.flush != "sync":
             # One callback, not a wake-up of the driver task: the round runs
             # after the callbacks already queued (their proposals join it).
+            # Not with flush="sync": the leader's own fsync makes every such
+            # round one the driver must carry out.
             if not self._round_scheduled:
                 self._round_scheduled = True
                 loop.call_soon(self._propose_round)
@@ -980,7 +982,10 @@ class RaftGroupNode:
         self._round_scheduled = False
         if not self._queue:
             return
-        if not self._driver_idle or self._core is None or self._stopping:
+        if (not self._driver_idle or self._handoff is not None or self._core is None
+                or self._stopping):
+            # The driver has a Ready to carry out first (no Ready may be out
+            # when proposals go into the core): its round takes them.
             self._wake.set()
             return
         try:

@@ -27,6 +27,7 @@ def register(app: typer.Typer) -> None:
 
         from commitlog import StorageError
         from ledgermq.base import loop
+        from ledgermq.base.heap import freeze_startup_heap
         from ledgermq.broker.config import BrokerConfigError, load_config
         from ledgermq.broker.main import serve
 
@@ -41,6 +42,11 @@ def register(app: typer.Typer) -> None:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
         def ready(host: str, port: int) -> None:
+            # A process-wide setting, so here rather than in `serve`: the
+            # startup heap leaves the cyclic collector's reach
+            # (ledgermq/base/heap.py: full collections then pause the loop
+            # for ~1-3 ms instead of 35-100 ms).
+            freeze_startup_heap()
             print(f"broker listening on {host}:{port}", flush=True)
 
         try:
