@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import cast
 
 from ledgermq.base.errors import MalformedFrameError
-from ledgermq.wire.codec import HEADER_SIZE, decode_frame, decode_header, decode_payload
+from ledgermq.wire.codec import HEADER_SIZE, decode_frame
 
 # Bytes that may wait unread during the first mode before reading pauses.
 DEFAULT_PENDING_MAX = 64 * 1024
@@ -156,14 +156,17 @@ class FrameProtocol(asyncio.Protocol):
         used = 0
         try:
             while self._on_frame is not None and len(buffer) - used >= HEADER_SIZE:
-                length, flags = decode_header(bytes(buffer[used:used + HEADER_SIZE]), self._cap)
-                end = used + HEADER_SIZE + length
-                if len(buffer) < end:
+                # Released before the buffer is cut (a live view pins its size).
+                view = memoryview(buffer)[used:]
+                try:
+                    got = decode_frame(view, self._cap)
+                finally:
+                    view.release()
+                if got is None:
                     break
-                with memoryview(buffer) as view:
-                    raw = bytes(view[used + HEADER_SIZE:end])
-                used = end
-                self._on_frame(decode_payload(flags, raw, self._cap))
+                payload, size = got
+                used += size
+                self._on_frame(payload)
         except Exception as exc:
             self._fail(exc)
         finally:
