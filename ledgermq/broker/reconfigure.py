@@ -41,6 +41,13 @@ from ledgermq.broker.runtime import RaftRuntime
 
 # How often progress is looked at while waiting for a learner to catch up.
 POLL_S = 0.05
+# Refusals of a promotion that pass by themselves (raw_node._refuse_change):
+# the learner fell behind again, the leader has not heard from it yet to pin
+# its directory, or a change is still committing, most often the CONFIG
+# entry with which the leader pins the learner's directory the moment it
+# first hears from it (appended right after the add, committed a round later).
+TRANSIENT_PROMOTE_REFUSALS = ("has not caught up", "is not pinned yet",
+                              "configuration change is pending")
 
 
 class ReconfigureError(Exception):
@@ -127,10 +134,13 @@ async def _promote_when_caught_up(node: RaftRuntime, node_id: int, timeout: floa
             return await _commit(node, "promote", node_id, lambda m: promote(m, node_id),
                                  max(deadline - time.monotonic(), 1.0))
         except ReconfigureError as exc:
-            # The learner fell behind again between the look and the change
-            # (the core checks the lag itself): look again until the deadline.
-            if "caught up" not in str(exc) or time.monotonic() >= deadline:
+            # Something that passes by itself (the learner fell behind again
+            # between the look and the change, its pin is committing): look
+            # again until the deadline.
+            if (not any(reason in str(exc) for reason in TRANSIENT_PROMOTE_REFUSALS)
+                    or time.monotonic() >= deadline):
                 raise
+            await asyncio.sleep(POLL_S)
 
 
 async def add(node: RaftRuntime, node_id: int, address: str, directory_id: int = 0, *,

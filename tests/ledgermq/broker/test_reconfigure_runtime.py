@@ -1,0 +1,48 @@
+"""The broker's membership operations (`ledgermq.broker.reconfigure`) on the
+real runtime: three RaftGroupNodes over TCP with real CommitLogs and a spare.
+
+A promotion asked for while another configuration change is still
+committing (in production most often the CONFIG entry with which the leader
+pins a new learner's directory the moment it hears from it) waits for that
+change and then goes through, instead of failing the operator's command."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from node_harness import Cluster, wait_until
+
+from dledger.membership import Member, add_learner
+from dledger.runtime.codec import format_address
+from ledgermq.base.loop import run
+from ledgermq.broker import reconfigure
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_promotion_waits_for_a_change_still_committing(tmp_path: Path) -> None:
+    async def main() -> None:
+        cluster = Cluster(tmp_path, n=4, tick_ms=20, initial_voters=frozenset({1, 2, 3}))
+        await cluster.start_all(only=[1, 2, 3, 4])
+        try:
+            leader = await cluster.wait_leader()
+            steps = await reconfigure.add(leader, 4, format_address(cluster.peers[4]),
+                                          learner=True, timeout=20)
+            await wait_until(lambda: cluster.nodes[4].applied_index >= steps[0].index, 10.0,
+                             "the learner caught up")
+            # Another change appended, not committed yet, when the promotion is asked.
+            other = asyncio.ensure_future(leader.change_membership(
+                add_learner(leader.membership, Member(5, "127.0.0.1:9"))))
+            await asyncio.sleep(0)
+            pending_at = leader.last_index
+            assert leader.commit_index < pending_at, "the other change committed too early"
+            [promoted] = await reconfigure.promote_learner(leader, 4, timeout=20)
+            assert await other == pending_at
+            assert promoted.action == "promote" and promoted.index > pending_at
+            assert sorted(leader.membership.voter_ids) == [1, 2, 3, 4]
+        finally:
+            await cluster.stop_all()
+
+    run(main())
