@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev,audit,chaos]'
+	$(BIN)/python bench/anchors_compat/install.py
 	touch $(STAMP)
 
 setup: $(STAMP)
