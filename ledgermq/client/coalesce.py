@@ -88,6 +88,10 @@ class _Address:
         self.scheduled = False
 
 
+# `max_inflight` meaning "no limit" (the Producer's `coalesce=False`).
+UNLIMITED_INFLIGHT = 1 << 30
+
+
 class SendCoalescer:
     def __init__(self, send: Send, *, max_inflight: int = 2, max_messages: int = 1024,
                  max_bytes: int = 2 << 20) -> None:
@@ -98,6 +102,23 @@ class SendCoalescer:
         self._addresses: dict[str, _Address] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.requests = 0
+
+    @property
+    def merges(self) -> bool:
+        """Whether a send may wait for, or share, a request: False when each
+        goes out at once and alone (one record per request, no limit on
+        requests in flight), so `send_alone` serves it in its caller's task."""
+        return self.max_messages > 1 or self.max_inflight < UNLIMITED_INFLIGHT
+
+    async def send_alone(self, address: str, record: bytes) -> Outcome:
+        """One encoded record as a request of its own, awaited in the
+        caller's task: no batch, no future, no task of the coalescer's (the
+        per-message path when `merges` is False). Raises what the request
+        raises, or ValueError for a reply that does not fit it."""
+        self.requests += 1
+        reply = await self._send(address, record, 1)
+        _check(reply, 1, 1)
+        return reply.get("base"), reply.get("queue_offsets"), reply.get("results"), True
 
     def open(self, address: str, group: str, nbytes: int, n: int) -> Batch:
         """The batch for `address` (of `group`) that `n` more records of about

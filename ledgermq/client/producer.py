@@ -52,7 +52,7 @@ import ssl
 import struct
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeGuard
 
 from ledgermq.base.codes import RequestCode
@@ -66,7 +66,7 @@ from ledgermq.base.errors import (
     UnknownTopicError,
 )
 from ledgermq.base.message_record import encode_properties
-from ledgermq.client.coalesce import Outcome, SendCoalescer
+from ledgermq.client.coalesce import UNLIMITED_INFLIGHT, Outcome, SendCoalescer
 from ledgermq.client.model import Message, MessageQueue, SendResult, stored_result
 from ledgermq.client.records import HEAD, HEAD_SIZE, SEQUENCE_AT, encode_record
 from ledgermq.client.routes import PERM_WRITE, RETRIABLE, Cluster, GroupRoute
@@ -88,8 +88,6 @@ _time_ns = time.time_ns
 _get_running_loop = asyncio.get_running_loop
 _pack_sequence_into = struct.Struct("<Q").pack_into
 _PLAIN = {bytes}
-# coalesce=False: requests in flight per broker are bounded by the callers only.
-UNLIMITED_INFLIGHT = 1 << 30
 
 
 def _plain(messages: Sequence[bytes | Message]) -> TypeGuard[Sequence[bytes]]:
@@ -202,11 +200,18 @@ class Producer:
                                  len(body), topic_host)
             except struct.error as exc:
                 raise InvalidRequestError(f"message cannot be encoded: {exc}") from None
-            future: asyncio.Future[Outcome] = _get_running_loop().create_future()
-            start, first, index, rank = self.coalescer.add_one(
-                address, group, key, future, head, body)
+            coalescer = self.coalescer
+            waiting: Awaitable[Outcome]
+            if coalescer.merges:
+                future: asyncio.Future[Outcome] = _get_running_loop().create_future()
+                start, first, index, rank = coalescer.add_one(
+                    address, group, key, future, head, body)
+                waiting = future
+            else:
+                start = first = index = rank = 0
+                waiting = coalescer.send_alone(address, head + body)
             try:
-                base, offsets, listed, alone = await future
+                base, offsets, listed, alone = await waiting
             except Exception as exc:
                 results = await self._send(topic, [body], sharding_key, None, timeout,
                                            sequence=sequence, started=started,

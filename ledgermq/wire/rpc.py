@@ -701,6 +701,15 @@ async def _ping(body: Any, conn: Connection) -> Any:
 # --------------------------------------------------------------------------- client
 
 
+def _expire_request(fut: asyncio.Future[Response], rid: int, code: int, peer: str,
+                    wait: float) -> None:
+    """A request's deadline passed: its caller gets RequestTimeoutError (a
+    late response is then discarded by the read loop)."""
+    if not fut.done():
+        fut.set_exception(RequestTimeoutError(
+            f"no response to request {rid} (code {code}) from {peer} within {wait:g}s"))
+
+
 class RpcClient:
     """One client connection. Create with `await RpcClient.connect(...)`."""
 
@@ -833,22 +842,23 @@ class RpcClient:
         if rid > MAX_REQUEST_ID:  # pragma: no cover - 2**63 requests on one connection
             raise ConnectionClosedError("request ids exhausted; reconnect")
         payload = encode_request(Request(rid, int(code), body))
-        fut: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Response] = loop.create_future()
         self._pending[rid] = fut
         self._writer.send(payload)
         wait = self.timeout if timeout is None else timeout
+        # The deadline is a timer that fails the future (one handle per
+        # request, the per-message path), not an asyncio.timeout scope; nor
+        # wait_for, whose Python 3.11 version returns the result when the
+        # response lands in the same loop pass as a cancellation of the
+        # caller, swallowing the cancellation (a consumer's stop() then
+        # waited forever for a heartbeat loop). Awaiting the future itself
+        # passes a cancellation straight through.
+        timer = loop.call_later(wait, _expire_request, fut, rid, int(code), self.peer, wait)
         try:
-            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the
-            # result when the response lands in the same loop pass as a
-            # cancellation of the caller, swallowing the cancellation (a
-            # consumer's stop() then waited forever for a heartbeat loop).
-            async with asyncio.timeout(wait):
-                response = await fut
-        except TimeoutError:
-            raise RequestTimeoutError(
-                f"no response to request {rid} (code {int(code)}) from {self.peer} within {wait:g}s"
-            ) from None
+            response = await fut
         finally:
+            timer.cancel()
             self._pending.pop(rid, None)
         if not response.ok:
             raise error_from_response(response.status, response.error, response.body)

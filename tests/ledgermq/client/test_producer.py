@@ -105,6 +105,58 @@ def test_without_coalescing_every_send_is_its_own_request_all_in_flight() -> Non
     run(main())
 
 
+def test_without_coalescing_retries_and_errors_take_the_coalescing_paths() -> None:
+    """coalesce=False (or the kit's max_messages=1 and no in-flight limit):
+    a send is its own request in its caller's task (`send_alone`); a lost
+    answer, NOT_LEADER and a per-message refusal are handled as with
+    coalescing: retried with the same identity, or raised to that caller."""
+    async def main() -> None:
+        follower = await FakeBroker().start()
+        leader = await FakeBroker().start()
+        answered = {"n": 0}
+        original = leader._send
+
+        async def lose_first_answer(body, conn):
+            reply = await original(body, conn)
+            answered["n"] += 1
+            if answered["n"] == 1:
+                raise ServiceUnavailableError("answer lost")
+            return reply
+
+        def refuse(parsed):
+            raise NotLeaderError("not leader", leader=leader.address)
+
+        def too_large(parsed):
+            if any(len(raw) > 1000 for _, _, raw in parsed):
+                raise MessageTooLargeError("too large")
+
+        follower.hook = refuse
+        leader.hook = too_large
+        leader.server.handlers[RequestCode.SEND_MESSAGES] = lose_first_answer
+        kit_style = Producer([follower.address])
+        kit_style.coalescer.max_messages, kit_style.coalescer.max_inflight = 1, 1 << 30
+        for producer in (Producer([follower.address], coalesce=False), kit_style):
+            assert not producer.coalescer.merges
+        producer = kit_style
+        try:
+            first = await producer.send("t", b"once", sharding_key="k")
+            assert first.duplicate and producer.retries >= 1  # NOT_LEADER, then the lost answer
+            assert not follower.records and len(leader.records) == 1
+            out = await asyncio.gather(*(producer.send("t", b"x" * (2000 if i == 3 else 9))
+                                         for i in range(8)), return_exceptions=True)
+            assert isinstance(out[3], MessageTooLargeError)
+            good = [r for i, r in enumerate(out) if i != 3]
+            check_results(leader, good)
+            assert len(leader.records) == 1 + 7
+            assert {r.sequence for r in leader.records} == set(range(1, 10)) - {5}
+            assert producer.coalescer.requests >= 9
+        finally:
+            await producer.close()
+            await leader.close()
+            await follower.close()
+    run(main())
+
+
 def test_send_batch_and_mixed_messages_in_one_request() -> None:
     async def main() -> None:
         broker = await FakeBroker(queues=2).start()
