@@ -125,6 +125,9 @@ class RunConfig:
     retention: RetentionSpec | None = None
     # Spare nodes for the membership nemeses (None: as many as they need).
     spares: int | None = None
+    # The producers' client-side merging (False: every send is its own
+    # SEND_MESSAGES request, the SDK's per-message path).
+    coalesce: bool = True
 
 
 @dataclass
@@ -341,7 +344,8 @@ async def _clients(config: RunConfig, backend: Backend, nemeses: list[nemesis_li
     if await wait_leader(addresses, config.recovery_timeout, security) is None:
         raise RuntimeError("no leader elected at start")
     workload = Workload(WorkloadSpec(queues=config.queues, rate=config.rate,
-                                     producers=config.producers, consumers=config.consumers),
+                                     producers=config.producers, consumers=config.consumers,
+                                     coalesce=config.coalesce),
                         backend.namesrv_address, history, security, list(addresses.values()))
     await workload.setup()
     monitor = None

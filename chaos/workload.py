@@ -90,6 +90,7 @@ class WorkloadSpec:
     send_timeout: float = 2.0
     retry_timeout: float = 5.0
     body_bytes: int = 48  # filler after "<value>:" in each body
+    coalesce: bool = True  # the producers' client-side merging (Producer's `coalesce`)
 
 
 def body_of(value: int, filler: int = 48) -> bytes:
@@ -218,7 +219,7 @@ class Workload:
         spec = self.spec
         producer = Producer([self.namesrv], send_timeout=spec.send_timeout,
                             retry_timeout=spec.retry_timeout, name=f"chaos-producer-{worker}",
-                            **self.security.as_user())
+                            coalesce=spec.coalesce, **self.security.as_user())
         process = worker
         sequence = 0
         interval = spec.producers / spec.rate

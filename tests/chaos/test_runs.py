@@ -50,9 +50,13 @@ def assert_clean(results: dict) -> None:
     assert starts, "the nemesis never struck"
 
 
-def test_pause_leader_and_loss_sync(tmp_path) -> None:
+def test_pause_leader_and_loss_sync_sending_one_request_per_message(tmp_path) -> None:
+    """The producers' merging off: each send is its own request (the SDK's
+    per-message path, `SendCoalescer.send_alone`); the other runs merge."""
     needs_netns()
-    assert_clean(short_run(tmp_path, "pause-leader,loss"))
+    results = short_run(tmp_path, "pause-leader,loss", coalesce=False)
+    assert results["run"]["coalesce"] is False
+    assert_clean(results)
 
 
 def test_power_loss_of_a_majority_with_flush_sync(tmp_path) -> None:

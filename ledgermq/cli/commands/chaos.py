@@ -79,6 +79,9 @@ def register(app: typer.Typer) -> None:
                                                       "this many entries."),
         spares: int = typer.Option(-1, help="Spare nodes for the membership nemeses "
                                    "(-1: as many as they need)."),
+        coalesce: bool = typer.Option(True, "--coalesce/--no-coalesce", help="The "
+                                      "producers' client-side merging; --no-coalesce: every "
+                                      "send is its own request (the per-message path)."),
     ) -> None:
         """Run one chaos test; the report lands in --out (index.html, results.json)."""
         import time
@@ -115,7 +118,7 @@ def register(app: typer.Typer) -> None:
                            seed=seed, schedule=Schedule(schedule, on, off),
                            producers=producers, consumers=consumers, secure=secure,
                            broker_config=broker_config, retention=retention,
-                           spares=None if spares < 0 else spares)
+                           spares=None if spares < 0 else spares, coalesce=coalesce)
         try:
             results = run_chaos(config, log=main_log)
         except CannotInject as exc:
