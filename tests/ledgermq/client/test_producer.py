@@ -31,6 +31,23 @@ def run(coro):
     return loop.run(coro)
 
 
+def lose_first_answer(broker: FakeBroker) -> None:
+    """The broker stores the first SEND_MESSAGES request but its answer is
+    lost (the client sees SERVICE_UNAVAILABLE); later ones are answered."""
+    original = broker._send
+    answered = 0
+
+    async def send(body: Any, conn: Any) -> Any:
+        nonlocal answered
+        reply = await original(body, conn)
+        answered += 1
+        if answered == 1:
+            raise ServiceUnavailableError("answer lost")
+        return reply
+
+    broker.server.handlers[RequestCode.SEND_MESSAGES] = send
+
+
 def check_results(broker: FakeBroker, results: list[SendResult]) -> None:
     """Every result names the record the broker stored for it."""
     by_id = {f"{broker.group}@{r.position:016X}": r for r in broker.records}
@@ -113,16 +130,6 @@ def test_without_coalescing_retries_and_errors_take_the_coalescing_paths() -> No
     async def main() -> None:
         follower = await FakeBroker().start()
         leader = await FakeBroker().start()
-        answered = {"n": 0}
-        original = leader._send
-
-        async def lose_first_answer(body, conn):
-            reply = await original(body, conn)
-            answered["n"] += 1
-            if answered["n"] == 1:
-                raise ServiceUnavailableError("answer lost")
-            return reply
-
         def refuse(parsed):
             raise NotLeaderError("not leader", leader=leader.address)
 
@@ -132,7 +139,7 @@ def test_without_coalescing_retries_and_errors_take_the_coalescing_paths() -> No
 
         follower.hook = refuse
         leader.hook = too_large
-        leader.server.handlers[RequestCode.SEND_MESSAGES] = lose_first_answer
+        lose_first_answer(leader)
         kit_style = Producer([follower.address])
         kit_style.coalescer.max_messages, kit_style.coalescer.max_inflight = 1, 1 << 30
         for producer in (Producer([follower.address], coalesce=False), kit_style):
@@ -219,17 +226,7 @@ def test_retry_after_lost_answer_is_a_duplicate_with_the_original_location() -> 
     async def main() -> None:
         broker = await FakeBroker().start()
         producer = Producer([broker.address])
-        calls = {"n": 0}
-        original = broker._send
-
-        async def lose_first_answer(body, conn):
-            reply = await original(body, conn)
-            calls["n"] += 1
-            if calls["n"] == 1:
-                raise ServiceUnavailableError("answer lost")
-            return reply
-
-        broker.server.handlers[200] = lose_first_answer
+        lose_first_answer(broker)
         try:
             result = await producer.send("t", b"once", sharding_key="k")
             assert result.duplicate
