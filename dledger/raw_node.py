@@ -128,11 +128,15 @@ class NotLeader(Exception):
 
 
 class MembershipChangeRefused(Exception):
-    """`propose_membership` refused a change; `reason` says which rule."""
+    """`propose_membership` refused a change; `reason` says which rule.
+    `transient`: the refusal passes by itself (a change still committing,
+    a learner catching up or not pinned yet, the leader's first commit of
+    its term), so the same change may be asked again later."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, transient: bool = False) -> None:
         super().__init__(f"membership change refused: {reason}")
         self.reason = reason
+        self.transient = transient
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,9 +402,9 @@ class RaftNode:
             raise NotLeader(self.leader_id)
         if self.elector.transferee:
             raise NotLeader(self.elector.transferee)
-        reason = self._refuse_change(self._membership, new)
-        if reason is not None:
-            raise MembershipChangeRefused(reason)
+        refused = self._refuse_change(self._membership, new)
+        if refused is not None:
+            raise refused
         entry = self._append_as_leader(EntryKind.CONFIG, encode(new), new)
         self._broadcast_append()
         return Proposed(entry.index, entry.term)
@@ -663,50 +667,54 @@ class RaftNode:
     def _may_campaign(self) -> bool:
         return self.elector.is_voter()
 
-    def _refuse_change(self, current: Membership, new: Membership) -> str | None:
+    def _refuse_change(self, current: Membership,
+                       new: Membership) -> MembershipChangeRefused | None:
         """Why `new` may not follow `current` now, or None."""
+        refused = MembershipChangeRefused
         if self.commit < self._term_start:
-            return "the leader has not committed an entry of its term yet"
+            return refused("the leader has not committed an entry of its term yet",
+                           transient=True)
         if self.membership_pending and not self.bugs.two_changes_at_once:
-            return (f"a configuration change is pending (entry {self.configs.current[0]}, "
-                    f"commit {self.commit})")
+            return refused(f"a configuration change is pending (entry "
+                           f"{self.configs.current[0]}, commit {self.commit})", transient=True)
         if new == current:
-            return "the new configuration equals the current one"
+            return refused("the new configuration equals the current one")
         if not single_server_change(current, new):
-            return "more than one voter would change (single-server changes only)"
+            return refused("more than one voter would change (single-server changes only)")
         if self.id in current.voter_ids and self.id not in new.voter_ids:
-            return ("the leader cannot remove or demote itself: transfer leadership "
-                    "first, then remove it from the new leader")
+            return refused("the leader cannot remove or demote itself: transfer leadership "
+                           "first, then remove it from the new leader")
         for node_id in sorted(new.voter_ids - current.voter_ids):
             if node_id not in current.learner_ids:
-                return f"node {node_id} must join as a learner first"
+                return refused(f"node {node_id} must join as a learner first")
             learner = current.member(node_id)
             voter = new.member(node_id)
             assert learner is not None and voter is not None
             if learner.directory_id not in (UNPINNED, voter.directory_id):
-                return f"node {node_id} would change its directory while promoted"
+                return refused(f"node {node_id} would change its directory while promoted")
             pr = self.progress.get(node_id)
             match = pr.match if pr is not None else 0
             if self.commit - match > self.config.promote_lag_max:
-                return (f"learner {node_id} has not caught up (match {match}, "
-                        f"commit {self.commit})")
+                return refused(f"learner {node_id} has not caught up (match {match}, "
+                               f"commit {self.commit})", transient=True)
             if self._dir and voter.directory_id == UNPINNED:
                 # Its votes would not count (election.VoteTally) until pinned,
                 # which the leader does as soon as it hears from it.
-                return f"learner {node_id} is not pinned yet"
+                return refused(f"learner {node_id} is not pinned yet", transient=True)
             heard = self._heard.get(node_id, 0)
             if voter.directory_id not in (UNPINNED, heard):
-                return (f"learner {node_id} answers from directory {heard}, "
-                        f"not {voter.directory_id}")
+                return refused(f"learner {node_id} answers from directory {heard}, "
+                               f"not {voter.directory_id}")
         if self._dir and _strict(current) and not _strict(new):
-            return ("fewer than a quorum of the new voters would be pinned (votes would "
-                    "not count): remove unpinned voters first, or wait for them to be pinned")
+            return refused("fewer than a quorum of the new voters would be pinned (votes would "
+                           "not count): remove unpinned voters first, or wait for them to be"
+                           " pinned")
         for node_id in sorted(new.voter_ids & current.voter_ids):
             old_dir = current.member(node_id).directory_id  # type: ignore[union-attr]
             new_dir = new.member(node_id).directory_id  # type: ignore[union-attr]
             if old_dir not in (UNPINNED, new_dir):
-                return (f"voter {node_id}'s directory can change only through a rejoin "
-                        "(as a learner)")
+                return refused(f"voter {node_id}'s directory can change only through a rejoin "
+                               "(as a learner)")
         return None
 
     def _pins_due(self) -> Membership | None:

@@ -41,22 +41,17 @@ from ledgermq.broker.runtime import RaftRuntime
 
 # How often progress is looked at while waiting for a learner to catch up.
 POLL_S = 0.05
-# Refusals of a promotion that pass by themselves (raw_node._refuse_change):
-# the learner fell behind again, the leader has not heard from it yet to pin
-# its directory, or a change is still committing, most often the CONFIG
-# entry with which the leader pins the learner's directory the moment it
-# first hears from it (appended right after the add, committed a round later).
-TRANSIENT_PROMOTE_REFUSALS = ("has not caught up", "is not pinned yet",
-                              "configuration change is pending")
 
 
 class ReconfigureError(Exception):
     """An operation that cannot be carried out as asked; `status` is the HTTP
     status the admin API answers with (400 bad request, 409 conflict, 503 timeout)."""
 
-    def __init__(self, message: str, status: int = 409) -> None:
+    def __init__(self, message: str, status: int = 409, *, transient: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        # The core's refusal passes by itself (`MembershipChangeRefused.transient`).
+        self.transient = transient
 
 
 class LeadershipMoved(ReconfigureError):
@@ -92,7 +87,8 @@ async def _commit(node: RaftRuntime, action: str, node_id: int,
     try:
         index = await node.change_membership(new, timeout)
     except MembershipChangeRefused as exc:
-        raise ReconfigureError(f"{action} n{node_id} refused: {exc.reason}") from None
+        raise ReconfigureError(f"{action} n{node_id} refused: {exc.reason}",
+                               transient=exc.transient) from None
     except TimeoutError:
         raise ReconfigureError(f"{action} n{node_id} was not committed within {timeout:g}s",
                                503) from None
@@ -134,11 +130,12 @@ async def _promote_when_caught_up(node: RaftRuntime, node_id: int, timeout: floa
             return await _commit(node, "promote", node_id, lambda m: promote(m, node_id),
                                  max(deadline - time.monotonic(), 1.0))
         except ReconfigureError as exc:
-            # Something that passes by itself (the learner fell behind again
-            # between the look and the change, its pin is committing): look
-            # again until the deadline.
-            if (not any(reason in str(exc) for reason in TRANSIENT_PROMOTE_REFUSALS)
-                    or time.monotonic() >= deadline):
+            # A refusal that passes by itself (the learner fell behind again
+            # between the look and the change, or a change is still
+            # committing: most often the CONFIG entry with which the leader
+            # pins a new learner's directory the moment it first hears from
+            # it): look again until the deadline.
+            if not exc.transient or time.monotonic() >= deadline:
                 raise
             await asyncio.sleep(POLL_S)
 

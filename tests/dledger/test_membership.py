@@ -165,10 +165,13 @@ def test_change_rules_refuse_with_a_reason() -> None:
     current = node.membership
     assert current.voter_ids == {1, 2, 3} and not current.unpinned()
 
-    def refused(new: Membership, why: str) -> None:
+    def refused(new: Membership, why: str, transient: bool = False) -> None:
+        """Refused for `why`; `transient`: a refusal that passes by itself
+        (asking again later may succeed), which callers retry on."""
         with pytest.raises(MembershipChangeRefused) as exc:
             node.propose_membership(new)
         assert why in exc.value.reason
+        assert exc.value.transient is transient
 
     refused(current, "equals the current one")
     refused(remove(current, 1), "cannot remove or demote itself")
@@ -184,13 +187,13 @@ def test_change_rules_refuse_with_a_reason() -> None:
         node.propose(EntryKind.CONFIG, encode(current))  # not through propose
     env.handle("add-node 4")
     index, _ = node.propose_membership(add_learner(current, Member(4, "", 401)))
-    refused(promote(node.membership, 4), "pending")
+    refused(promote(node.membership, 4), "pending", transient=True)
     assert node.membership_pending and node.membership_index == index
     assert node.membership.learner_ids == {4}
     env.handle("isolate 4")
     env.handle("stabilize")
     assert not node.membership_pending
-    refused(promote(node.membership, 4), "has not caught up")
+    refused(promote(node.membership, 4), "has not caught up", transient=True)
     env.handle("heal")
     env.handle("tick 1")  # a heartbeat: 4 answers and is caught up
     env.handle("stabilize")
@@ -218,6 +221,7 @@ def test_a_new_leader_changes_nothing_before_its_first_commit() -> None:
     with pytest.raises(MembershipChangeRefused) as exc:
         node.propose_membership(remove(node.membership, 1))
     assert "has not committed an entry of its term" in exc.value.reason
+    assert exc.value.transient
 
 
 def test_the_leader_pins_a_learner_once_it_hears_from_it() -> None:
@@ -259,10 +263,10 @@ def test_no_change_leaves_fewer_than_a_quorum_pinned_nor_promotes_an_unpinned_le
     assert node.commit == 2
     with pytest.raises(MembershipChangeRefused) as exc:
         node.propose_membership(remove(node.membership, 2))
-    assert "fewer than a quorum" in exc.value.reason
+    assert "fewer than a quorum" in exc.value.reason and not exc.value.transient
     with pytest.raises(MembershipChangeRefused) as exc:
         node.propose_membership(promote(node.membership, 6))
-    assert "not pinned yet" in exc.value.reason
+    assert "not pinned yet" in exc.value.reason and exc.value.transient
     node.propose_membership(remove(node.membership, 4))  # three of four still pinned
 
 
