@@ -87,7 +87,10 @@ def test_a_node_without_a_leader_holds_a_send_then_refuses_it(tmp_path: Any,
                 await client.request(RequestCode.SEND_MESSAGES, SEND, timeout=5)
             waited = time.monotonic() - started
             assert info.value.leader is None
-            assert hold_ms / 1000 <= waited < hold_ms / 1000 + 0.25
+            # The hold is measured on the loop's clock, which uvloop (libuv)
+            # keeps in whole milliseconds and caches per iteration: it may end
+            # up to ~2 ms before this process's monotonic clock says it should.
+            assert hold_ms / 1000 - 0.002 <= waited < hold_ms / 1000 + 0.25
         finally:
             await client.close()
             await broker.stop()
