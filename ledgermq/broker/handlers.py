@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from commitlog import StoredMessage, decode_message_at, tag_hash
@@ -41,6 +43,7 @@ from ledgermq.broker.acl import (
 )
 from ledgermq.broker.codec import (
     Records,
+    Scanned,
     client_id_field,
     commit_offsets_body,
     encode_wire_message,
@@ -89,6 +92,40 @@ class _Stored:
 # A record's result, to be read from the request that stores it: (its
 # request's future, its index among that request's new records).
 _InFlight = tuple["asyncio.Future[_Stored]", int]
+
+
+@dataclass(slots=True)
+class _Storing:
+    """A send request on its way through group commit (Handlers._store_start):
+    what it proposed and what its duplicates wait for."""
+
+    records: Records  # the records proposed: all, or the new ones
+    submitted: asyncio.Future[SendAck] | None  # their proposal; None: nothing new
+    # Set when some records are duplicates: a result per record, the indexes
+    # of the new ones, retries of records in flight elsewhere (index, where
+    # to read the result) and repeats within the request (index, earlier index).
+    results: list[Body | None] | None
+    fresh_at: list[int] | None
+    waits: list[tuple[int, _InFlight]]
+    repeats: list[tuple[int, int]]
+    # What this request put in flight, and the future other requests that
+    # retry one of its records wait on.
+    mine: list[tuple[Ident, _InFlight]]
+    shared: asyncio.Future[_Stored] | None
+
+
+def _records_answer(scanned: Scanned, results: list[Body] | None,
+                    done: _Stored | None) -> Body:
+    """The answer to a `records` send: a result per record when some were
+    duplicates; else O(1) per request, because the client knows every
+    record's size and queue: the first record's position and each queue's
+    first offset say it all."""
+    if results is not None:
+        return {"results": results}
+    assert done is not None
+    first, stored = done.ack.first, done.ack.stored
+    return {"base": first, "queue_offsets": None if stored is None else [
+        stored[i].queue_offset for i in scanned.firsts]}
 
 
 def _filled(result: Body | None) -> Body:
@@ -153,6 +190,14 @@ class Handlers:
         except (NotLeaderError, ServiceUnavailableError):
             await self.b.wait_writable()
 
+    def _writable_now(self) -> bool:
+        """A send may go ahead at once (`_writable` would not wait)."""
+        try:
+            self.b.require_writable()
+        except (NotLeaderError, ServiceUnavailableError):
+            return False
+        return True
+
     def _require_space(self) -> None:
         """New messages are refused while the disk is above disk_hard_ratio
         (DISK_FULL); control operations are not: they are tiny, and trims and
@@ -194,7 +239,10 @@ class Handlers:
                 self._creating[topic] = task
                 task.add_done_callback(lambda _t: self._creating.pop(topic, None))
             await asyncio.shield(task)
-            config = self._topic(topic)
+        return self._existing_topic_for_write(topic)
+
+    def _existing_topic_for_write(self, topic: str) -> TopicConfig:
+        config = self._topic(topic)
         if not config.perm & PERM_WRITE:
             raise NoPermissionError(f"topic {topic!r} is not writable (perm {config.perm})",
                                     data={"topic": topic, "perm": config.perm})
@@ -254,10 +302,19 @@ class Handlers:
         return {"msg_id": message_id(self.b.config.group, first + start), "queue_id": queue_id,
                 "queue_offset": queue_offset, "duplicate": duplicate}
 
-    async def send(self, body: Any, conn: Connection) -> Any:
+    def send(self, body: Any, conn: Connection) -> Awaitable[Any]:
+        """SEND_MESSAGES. A request of records this node can store at once
+        (it is the ready leader, its topics exist, none of its records is
+        being stored by another request) is checked here and answered from
+        its proposal's future, without a task (the per-message path); any
+        other request goes on in a coroutine."""
         body = _map(body)
         if "records" in body:
-            return await self._send_records(body, conn)
+            return self._send_records(body, conn)
+        return self._send_messages(body, conn)
+
+    async def _send_messages(self, body: Body, conn: Connection) -> Body:
+        """SEND_MESSAGES with `messages`: msgpack maps, encoded here."""
         raw = body.get("messages")
         if not isinstance(raw, list) or not raw:
             raise InvalidRequestError("field 'messages' must be a non-empty list")
@@ -294,7 +351,7 @@ class Handlers:
             results = [self._stored_result(done, k, False) for k in range(len(messages))]
         return {"results": results}
 
-    async def _send_records(self, body: Body, conn: Connection) -> Any:
+    def _send_records(self, body: Body, conn: Connection) -> Awaitable[Body]:
         """SEND_MESSAGES with `records`: the client's CommitLog records as one
         blob, checked in one pass and stored as they are (docs/protocol.md)."""
         limit = self.b.config.message_size_bytes_max
@@ -305,24 +362,54 @@ class Handlers:
                 f"field 'count' is {count!r} but the blob holds {len(scanned.starts)} records")
         for name in scanned.topics:
             self._allow(conn, Action.PUB, name.decode())
+        topics = self.b.state.topics
+        if not self._writable_now() or any(name.decode() not in topics
+                                           for name in scanned.topics):
+            return self._send_records_later(body, scanned)
+        return self._store_records(body, scanned)
+
+    async def _send_records_later(self, body: Body, scanned: Scanned) -> Body:
+        """A send that waits for a leader or for its topics to be created."""
         await self._writable()
+        self._require_space()
+        for name in scanned.topics:
+            await self._topic_for_write(name.decode())
+        return await self._store_records(body, scanned)
+
+    def _store_records(self, body: Body, scanned: Scanned) -> Awaitable[Body]:
         self._require_space()
         for name, top in scanned.topics.items():
             topic = name.decode()
-            config = await self._topic_for_write(topic)
+            config = self._existing_topic_for_write(topic)
             if top >= config.queues:
                 raise InvalidRequestError(
                     f"queue {top} does not exist: topic {topic!r} has {config.queues} queues")
-        results, done = await self._store(
+        storing = self._store_start(
             Records(body["records"], scanned.starts, scanned.columns), scanned.idents)
-        if results is not None:
-            return {"results": results}
-        assert done is not None
-        first, stored = done.ack.first, done.ack.stored
-        # O(1) per request: the client knows every record's size and queue, so
-        # the first record's position and each queue's first offset say it all.
-        return {"base": first, "queue_offsets": None if stored is None else [
-            stored[i].queue_offset for i in scanned.firsts]}
+        submitted = storing.submitted
+        if submitted is None or storing.waits:
+            return self._records_answer_later(scanned, self._store_wait(storing))
+        answer: asyncio.Future[Body] = asyncio.get_running_loop().create_future()
+        submitted.add_done_callback(partial(self._records_stored, storing, scanned, answer))
+        return answer
+
+    def _records_stored(self, storing: _Storing, scanned: Scanned, answer: asyncio.Future[Body],
+                        _submitted: asyncio.Future[SendAck]) -> None:
+        outcome = self._settle(storing)
+        if answer.done():
+            return  # the connection closed
+        if isinstance(outcome, asyncio.CancelledError):
+            answer.cancel()
+        elif isinstance(outcome, BaseException):
+            answer.set_exception(outcome)
+        else:
+            answer.set_result(_records_answer(scanned, self._results(storing, outcome), outcome))
+
+    async def _records_answer_later(
+            self, scanned: Scanned,
+            storing: Awaitable[tuple[list[Body] | None, _Stored | None]]) -> Body:
+        results, done = await storing
+        return _records_answer(scanned, results, done)
 
     def _all_new(self, idents: list[Ident]) -> bool:
         """True when every record is an idempotent one of one producer, in
@@ -357,6 +444,12 @@ class Handlers:
         saying where they went; otherwise (a result map per record, done or
         None when nothing was new).
         """
+        return await self._store_wait(self._store_start(records, idents))
+
+    def _store_start(self, records: Records, idents: list[Ident]) -> _Storing:
+        """Sort a request's records into new ones, which go to group commit
+        now, and duplicates (stored before, in flight in another request, or
+        repeated within this one)."""
         results: list[Body | None] | None = None
         fresh_at: list[int] | None = None
         waits: list[tuple[int, _InFlight]] = []
@@ -384,58 +477,104 @@ class Handlers:
                 first_of[key] = i
             if fresh_at is not None:
                 fresh_at.append(i)
-        done = None
-        if fresh_at is None or fresh_at:
-            if fresh_at is not None:
-                # Some records are duplicates: store the others only.
-                blob, starts = records.blob, records.starts
-                ends = [*starts[1:], len(blob)]
-                parts = [blob[starts[i] : ends[i]] for i in fresh_at]
-                sub_starts = []
-                at = 0
-                for part in parts:
-                    sub_starts.append(at)
-                    at += len(part)
-                records = Records(b"".join(parts), sub_starts)
-                fresh_idents = [idents[i] for i in fresh_at]
-            else:
-                fresh_idents = idents
-            total = len(records.blob)
-            if total + 64 > self.b.entry_limit:
-                raise MessageTooLargeError(
-                    f"batch of {total} bytes exceeds the entry limit {self.b.entry_limit}",
-                    data={"limit": self.b.entry_limit})
-            # One future for the whole request: a concurrent retry of any of its
-            # idempotent messages waits on it and takes its own slot.
-            shared: asyncio.Future[_Stored] = asyncio.get_running_loop().create_future()
-            mine = [(key, (shared, k)) for k, key in enumerate(fresh_idents) if key[0]]
-            inflight.update(mine)
-            if mine:
-                # All new: increasing, so the last is the highest.
-                self._note_inflight_high(mine[-1:] if all_new else mine)
-            try:
-                assert self.b.sends is not None
-                ack = await self.b.sends.submit(records, total, len(records.starts))
-            except BaseException as exc:
-                shared.set_exception(exc)
+        storing = _Storing(records, None, results, fresh_at, waits, repeats, [], None)
+        if fresh_at is not None and not fresh_at:
+            return storing  # nothing new
+        if fresh_at is not None:
+            # Some records are duplicates: store the others only.
+            blob, starts = records.blob, records.starts
+            ends = [*starts[1:], len(blob)]
+            parts = [blob[starts[i] : ends[i]] for i in fresh_at]
+            sub_starts = []
+            at = 0
+            for part in parts:
+                sub_starts.append(at)
+                at += len(part)
+            records = storing.records = Records(b"".join(parts), sub_starts)
+            fresh_idents = [idents[i] for i in fresh_at]
+        else:
+            fresh_idents = idents
+        total = len(records.blob)
+        if total + 64 > self.b.entry_limit:
+            raise MessageTooLargeError(
+                f"batch of {total} bytes exceeds the entry limit {self.b.entry_limit}",
+                data={"limit": self.b.entry_limit})
+        # One future for the whole request: a concurrent retry of any of its
+        # idempotent messages waits on it and takes its own slot.
+        shared: asyncio.Future[_Stored] = asyncio.get_running_loop().create_future()
+        mine = [(key, (shared, k)) for k, key in enumerate(fresh_idents) if key[0]]
+        storing.mine, storing.shared = mine, shared
+        inflight.update(mine)
+        if mine:
+            # All new: increasing, so the last is the highest.
+            self._note_inflight_high(mine[-1:] if all_new else mine)
+        assert self.b.sends is not None
+        try:
+            storing.submitted = self.b.sends.submit(records, total, len(records.starts))
+        except BaseException as exc:
+            self._settled(storing, exc)
+            raise
+        return storing
+
+    def _settle(self, storing: _Storing) -> _Stored | BaseException:
+        """The request's proposal ended: where its records went, or why not."""
+        submitted = storing.submitted
+        assert submitted is not None and submitted.done()
+        if submitted.cancelled():
+            return self._settled(storing, asyncio.CancelledError())
+        error = submitted.exception()
+        if error is not None:
+            return self._settled(storing, error)
+        return self._settled(storing, _Stored(submitted.result(), storing.records))
+
+    def _settled(self, storing: _Storing, outcome: _Stored | BaseException
+                 ) -> _Stored | BaseException:
+        """Take the request's records out of flight and tell the retries
+        waiting on them."""
+        inflight = self._inflight_seq
+        for key, _ in storing.mine:
+            inflight.pop(key, None)
+        shared = storing.shared
+        if shared is not None and not shared.done():
+            if isinstance(outcome, BaseException):
+                shared.set_exception(outcome)
                 shared.exception()  # retrieved: there may be no waiter
-                raise
+            else:
+                shared.set_result(outcome)
+        return outcome
+
+    async def _store_wait(self, storing: _Storing) -> tuple[list[Body] | None, _Stored | None]:
+        """`_store`'s answer, once the request's proposal and the other
+        requests its duplicates wait for have ended."""
+        done = None
+        submitted = storing.submitted
+        if submitted is not None:
+            try:
+                await submitted
             finally:
-                for key, _ in mine:
-                    inflight.pop(key, None)
-            done = _Stored(ack, records)
-            shared.set_result(done)
-            if fresh_at is None:
-                return None, done
+                outcome = self._settle(storing)
+            if isinstance(outcome, BaseException):
+                raise outcome
+            done = outcome
+        results = storing.results
+        for i, (future, k) in storing.waits:
             assert results is not None
-            for k, i in enumerate(fresh_at):
-                results[i] = self._stored_result(done, k, False)
-        assert results is not None
-        for i, (future, k) in waits:
             results[i] = self._stored_result(await asyncio.shield(future), k, True)
-        for i, j in repeats:
+        return self._results(storing, done), done
+
+    def _results(self, storing: _Storing, done: _Stored | None) -> list[Body] | None:
+        """A result per record, or None when every record was new (then
+        `done` says it all); the retries' results are in already."""
+        results = storing.results
+        if results is None:
+            return None
+        if done is not None:
+            assert storing.fresh_at is not None
+            for k, i in enumerate(storing.fresh_at):
+                results[i] = self._stored_result(done, k, False)
+        for i, j in storing.repeats:
             results[i] = dict(_filled(results[j]), duplicate=True)  # j < i: filled above
-        return [_filled(r) for r in results], done
+        return [_filled(r) for r in results]
 
     # --------------------------------------------------------------- pull
 

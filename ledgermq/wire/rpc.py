@@ -1,9 +1,12 @@
 """A small asyncio RPC layer over LedgerMQ frames: one server helper, one client.
 
 `RpcServer` accepts connections, runs the HELLO handshake, then reads requests
-and dispatches each by code to an async handler in its own task, so a slow
-request does not hold up the others on the connection; responses carry the
-request id and go out in whatever order handlers finish. Protocol violations
+and dispatches each by code to its handler, which gives back an awaitable: a
+coroutine (an `async def` handler) runs in a task of its own, so a slow
+request does not hold up the others on the connection; a future (a handler
+that did its work at once and waits only for, say, a proposal) is answered
+from its done callback, with no task at all. Responses carry the request id
+and go out in whatever order handlers finish. Protocol violations
 (malformed or truncated frames, oversized frames, a failed handshake) get one
 error frame and close that connection only. Unknown codes and handler errors
 get an error response and the connection goes on.
@@ -125,7 +128,9 @@ class Connection:
     # consumes it (one attempt per connection).
     challenge: bytes | None = field(default=None, repr=False)
     writer: FrameWriter | None = field(default=None, repr=False)
-    inflight: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+    # Requests still being answered: their tasks, or the futures a handler
+    # gave back (see RpcServer._start).
+    inflight: set[asyncio.Future[Any]] = field(default_factory=set, repr=False)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     reading: bool = field(default=False, repr=False)
     # Set once the connection was refused for authentication: it is closing.
@@ -137,6 +142,8 @@ class Connection:
     watchdog: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 
+# `handler(body, connection)` gives the response body through an awaitable:
+# an `async def` handler's coroutine, or a future (see RpcServer._start).
 Handler = Callable[[Any, Connection], Awaitable[Any]]
 
 
@@ -157,7 +164,9 @@ class RequestObserver(Protocol):
 
 class RpcServer:
     """Generic request/response server: `handlers` maps a request code to
-    `async def handler(body, connection) -> response body`.
+    `async def handler(body, connection) -> response body`, or to a plain
+    function that checks the request at once and returns a future of the
+    body (the per-message path: no task per request).
 
     A handler reports failure by raising a LedgerMQError (sent with its code);
     any other exception is logged and answered as INTERNAL. `observer`, when
@@ -345,7 +354,8 @@ class RpcServer:
                     f"no HELLO within {self.handshake_timeout:g}s"
                 ) from None
             guard = FrameGuard(self.max_frame_bytes, self.budget, read_timeout)
-            watch = conn.watch
+            watch, writer = conn.watch, conn.writer
+            assert writer is not None
             clock = asyncio.get_running_loop().time
             self._watch_deadlines(conn)
             while True:
@@ -356,10 +366,11 @@ class RpcServer:
                 if not first:
                     break
                 watch.reading, watch.since = True, clock()
-                if self.require_auth and conn.principal is None and conn.inflight:
-                    # A pipelined AUTH may be waiting in its task: let it set
-                    # the principal before this frame's cap is chosen.
-                    await asyncio.sleep(0)
+                if writer.backlogged:
+                    # Answers pile up unread: stop reading until they drain,
+                    # rather than queue without bound (a request answered from
+                    # a future does not wait for the drain itself).
+                    await writer.drain()
                 # Until a connection has authenticated on a server that requires
                 # it, its frames stay as small as the handshake's: a stranger's
                 # PING bomb costs the server no more than a HELLO.
@@ -380,11 +391,9 @@ class RpcServer:
                 except BaseException:
                     self._release(frame)
                     raise
-                task = asyncio.create_task(self._dispatch(conn, request))
-                conn.inflight.add(task)
-                task.add_done_callback(partial(_finished, self, conn, limit, frame))
-                # The task owns the request now: this frame must not keep its
-                # body alive while it waits, maybe minutes, for the next request.
+                self._start(conn, request, limit, frame)
+                # The handler owns the request now: this frame must not keep
+                # its body alive while it waits, maybe minutes, for the next one.
                 del request, frame
         except _HandshakeFailed as exc:
             fatal, fatal_id = exc.error, exc.request_id
@@ -600,55 +609,103 @@ class RpcServer:
             return error_response(request.id, UnauthenticatedError(message))
         return None
 
-    async def _dispatch(self, conn: Connection, request: Request) -> None:
-        assert conn.writer is not None
+    def _start(self, conn: Connection, request: Request, limit: asyncio.Semaphore,
+               frame: HeldFrame) -> None:
+        """Run the request's handler up to its first wait, here in the read
+        loop: its checks raise at once (and AUTH sets the principal before
+        the next frame is read). A coroutine it returns goes on in a task of
+        its own; a future is answered from its done callback."""
+        release = partial(_finished, self, conn, limit, frame)
         gated = self._gate(conn, request)
+        rid, code = request.id, request.code
         if gated is not None:
-            conn.writer.send(encode_response(gated))
-            with contextlib.suppress(ConnectionError):
-                await conn.writer.drain()
+            self._send(conn, rid, encode_response(gated))
+            release(None)
             return
-        handler = self.handlers.get(request.code)
-        error: Exception | None = None
-        result: Any = None
+        handler = self.handlers.get(code)
         started = time.perf_counter()
         try:
             if handler is None:
-                raise UnknownRequestError(f"{self.name} has no request code {request.code}")
-            result = await handler(request.body, conn)
-            response = Response(request.id, body=result)
-        except LedgerMQError as exc:
-            error = exc
-            response = error_response(request.id, exc)
+                raise UnknownRequestError(f"{self.name} has no request code {code}")
+            pending = handler(request.body, conn)
+            if not isinstance(pending, asyncio.Future):
+                pending = asyncio.ensure_future(
+                    self._answer_when_done(conn, rid, code, handler, started, pending))
+        except Exception as exc:
+            self._answer(conn, rid, code, handler, started, None, exc)
+            release(None)
+            return
+        conn.inflight.add(pending)
+        if isinstance(pending, asyncio.Task):
+            pending.add_done_callback(release)
+        else:
+            pending.add_done_callback(
+                partial(self._future_done, conn, rid, code, handler, started, release))
+
+    async def _answer_when_done(self, conn: Connection, rid: int, code: int, handler: Handler,
+                                started: float, pending: Awaitable[Any]) -> None:
+        try:
+            result = await pending
         except asyncio.CancelledError:
-            self._observe(handler, request.code, started, None, None)
+            self._observe(handler, code, started, None, None)
             raise
         except Exception as exc:
-            error = exc
-            log.exception("%s: handler for code %d failed", self.name, request.code)
-            response = error_response(request.id, exc)
-        self._observe(handler, request.code, started, error, result)
+            self._answer(conn, rid, code, handler, started, None, exc)
+        else:
+            self._answer(conn, rid, code, handler, started, result, None)
+        assert conn.writer is not None
+        with contextlib.suppress(ConnectionError):
+            await conn.writer.drain()
+
+    def _future_done(self, conn: Connection, rid: int, code: int, handler: Handler,
+                     started: float, release: Callable[[asyncio.Future[Any]], None],
+                     pending: asyncio.Future[Any]) -> None:
+        try:
+            if pending.cancelled():  # the connection closed: nobody to answer
+                self._observe(handler, code, started, None, None)
+            else:
+                error = pending.exception()
+                if error is not None and not isinstance(error, Exception):
+                    raise error
+                self._answer(conn, rid, code, handler, started,
+                             None if error is not None else pending.result(), error)
+        finally:
+            release(pending)
+
+    def _answer(self, conn: Connection, rid: int, code: int, handler: Handler | None,
+                started: float, result: Any, error: Exception | None) -> None:
+        """Send the answer to request `rid`: `result`, or `error` (a
+        LedgerMQError goes with its code; anything else is our bug, logged
+        and answered INTERNAL)."""
+        if error is None:
+            response = Response(rid, body=result)
+        else:
+            if not isinstance(error, LedgerMQError):
+                log.error("%s: handler for code %d failed", self.name, code, exc_info=error)
+            response = error_response(rid, error)
+        self._observe(handler, code, started, error, result)
         try:
             payload = encode_response(response)
         except TypeError as exc:
             # The handler returned something msgpack cannot carry: that is our bug,
             # reported as INTERNAL rather than killing the connection.
-            log.error("%s: unencodable response to code %d: %s", self.name, request.code, exc)
-            payload = encode_response(error_response(request.id, exc))
+            log.error("%s: unencodable response to code %d: %s", self.name, code, exc)
+            payload = encode_response(error_response(rid, exc))
+        self._send(conn, rid, payload)
+
+    def _send(self, conn: Connection, rid: int, payload: bytes) -> None:
         if len(payload) > self.max_frame_bytes:
             payload = encode_response(
                 error_response(
-                    request.id,
+                    rid,
                     FrameTooLargeError(
                         f"response of {len(payload)} bytes exceeds the frame limit"
                         f" of {self.max_frame_bytes}"
                     ),
                 )
             )
+        assert conn.writer is not None
         conn.writer.send(payload)
-        with contextlib.suppress(ConnectionError):
-            await conn.writer.drain()
-
 
     def _observe(self, handler: Handler | None, code: int, started: float,
                  error: Exception | None, result: Any) -> None:
@@ -657,10 +714,11 @@ class RpcServer:
 
 
 def _finished(server: RpcServer, conn: Connection, limit: asyncio.Semaphore, frame: HeldFrame,
-              task: asyncio.Task[None]) -> None:
-    """A request's task ended: forget it, free its frame's budget and let the
-    connection read one more."""
-    conn.inflight.discard(task)
+              pending: asyncio.Future[Any] | None) -> None:
+    """A request was answered (or its task ended): forget it, free its
+    frame's budget and let the connection read one more."""
+    if pending is not None:
+        conn.inflight.discard(pending)
     limit.release()
     server._release(frame)
 

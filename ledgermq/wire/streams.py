@@ -296,10 +296,17 @@ class FrameWriter:
         # moment, so the error frame reaches it instead of being lost to the
         # reset a close with unread input causes.
         self.linger_reader: asyncio.StreamReader | None = None
+        self._high_water = writer.transport.get_write_buffer_limits()[1]
 
     @property
     def closing(self) -> bool:
         return self._writer.is_closing()
+
+    @property
+    def backlogged(self) -> bool:
+        """More is waiting to be sent than the transport's high-water mark:
+        the peer does not read (`drain` waits until it does)."""
+        return self._writer.transport.get_write_buffer_size() > self._high_water
 
     def send(self, payload: bytes) -> None:
         """Queue one payload; silently dropped if the connection is already closing

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import struct
 
 import pytest
@@ -65,9 +66,22 @@ def test_records_idempotence_per_record(tmp_path) -> None:
             assert results[0]["duplicate"] and results[0]["msg_id"] == stored[1][0]
             assert not results[1]["duplicate"] and results[1]["queue_offset"] == 2
             assert results[2]["duplicate"] and results[2]["msg_id"] == results[1]["msg_id"]
+            # Two concurrent requests with one record in common: the second
+            # waits for the first's proposal and answers from it.
+            one = [rec("t", b"4", pid=5, seq=4), rec("t", b"5", pid=5, seq=5)]
+            two = [rec("t", b"5", pid=5, seq=5), rec("t", b"6", pid=5, seq=6)]
+            a, b = await asyncio.gather(
+                env.req(RequestCode.SEND_MESSAGES, {"records": b"".join(one)}),
+                env.req(RequestCode.SEND_MESSAGES, {"records": b"".join(two)}))
+            assert set(a) == {"base", "queue_offsets"}  # all new
+            first_ids = decode_reply(a, "g1", one, [("t", 0)] * 2)
+            assert b["results"][0]["duplicate"] and b["results"][0]["msg_id"] == first_ids[1][0]
+            assert b["results"][0]["queue_offset"] == first_ids[1][2] == 4
+            assert not b["results"][1]["duplicate"] and b["results"][1]["queue_offset"] == 5
             pulled = await env.req(RequestCode.PULL_MESSAGES,
                                    {"topic": "t", "queue_id": 0, "offset": 0})
-            assert [m["body"] for m in pulled["messages"]] == [b"1", b"2", b"3"]
+            assert [m["body"] for m in pulled["messages"]] == [b"1", b"2", b"3", b"4", b"5",
+                                                                b"6"]
     run(main())
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -36,6 +37,9 @@ from ledgermq.wire import (
 )
 
 ECHO, SLOW, FAIL, NOT_LEADER, WHO, BIG = 900, 901, 902, 903, 904, 905
+# Plain functions that answer through a future (the per-message path).
+LATER, CHECKED, RANDOM_NOW = 906, 907, 908
+RANDOM = os.urandom(1 << 20)  # incompressible: answers stay their size on the wire
 
 
 def _handlers(seen: list[Connection]) -> dict[int, Callable[[Any, Connection], Awaitable[Any]]]:
@@ -60,10 +64,35 @@ def _handlers(seen: list[Connection]) -> dict[int, Callable[[Any, Connection], A
     async def big(body: Any, conn: Connection) -> Any:
         return b"x" * body
 
-    return {ECHO: echo, SLOW: slow, FAIL: fail, NOT_LEADER: not_leader, WHO: who, BIG: big}
+    def later(body: Any, conn: Connection) -> asyncio.Future[Any]:
+        # The test resolves it: with a body, an error, or by cancelling it.
+        seen.append(conn)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        body_futures[body] = future
+        return future
+
+    def checked(body: Any, conn: Connection) -> asyncio.Future[Any]:
+        if not isinstance(body, int):
+            raise NotLeaderError("checked at once", leader="127.0.0.1:1")
+        if body < 0:
+            raise ValueError("a bug in a plain handler")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_result(body * 2)
+        return future
+
+    def random_now(body: Any, conn: Connection) -> asyncio.Future[Any]:
+        calls.append(body)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_result(RANDOM[:body])
+        return future
+
+    return {ECHO: echo, SLOW: slow, FAIL: fail, NOT_LEADER: not_leader, WHO: who, BIG: big,
+            LATER: later, CHECKED: checked, RANDOM_NOW: random_now}
 
 
 body_events: dict[Any, asyncio.Event] = {}
+body_futures: dict[Any, asyncio.Future[Any]] = {}
+calls: list[Any] = []
 
 
 def run_with_server(
@@ -73,6 +102,8 @@ def run_with_server(
 
     async def main() -> None:
         body_events.clear()
+        body_futures.clear()
+        calls.clear()
         server = RpcServer("test", _handlers(seen), **kw)
         _, port = await server.start("127.0.0.1", 0)
         try:
@@ -134,6 +165,70 @@ def test_errors_are_typed_and_the_connection_survives_them() -> None:
             assert await c.request(ECHO, "still here") == "still here"
 
     run_with_server(t)
+
+
+def test_a_handler_may_answer_through_a_future_without_a_task() -> None:
+    async def t(server: RpcServer, port: int) -> None:
+        async with await RpcClient.connect("127.0.0.1", port) as c:
+            first = asyncio.ensure_future(c.request(LATER, "a"))
+            second = asyncio.ensure_future(c.request(LATER, "b"))
+            failing = asyncio.ensure_future(c.request(LATER, "c"))
+            await c.request(ECHO, "sync")  # all three reached their handler
+            [conn] = server._connections
+            # What is in flight is the handler's own future: no task per request.
+            assert set(conn.inflight) == set(body_futures.values())
+            assert not any(isinstance(f, asyncio.Task) for f in conn.inflight)
+            body_futures["b"].set_result({"answer": "b"})
+            assert await second == {"answer": "b"}  # answered out of order
+            assert not first.done()
+            body_futures["c"].set_exception(NotLeaderError("moved", leader="127.0.0.1:2"))
+            with pytest.raises(NotLeaderError) as info:
+                await failing
+            assert info.value.leader == "127.0.0.1:2"
+            body_futures["a"].set_result("a")
+            assert await first == "a"
+            assert not conn.inflight
+            # A plain handler's checks raise at once: typed errors, a bug is
+            # INTERNAL, and the connection goes on.
+            assert await c.request(CHECKED, 21) == 42
+            with pytest.raises(NotLeaderError):
+                await c.request(CHECKED, "x")
+            with pytest.raises(InternalError):
+                await c.request(CHECKED, -1)
+            assert await c.request(CHECKED, 1) == 2
+
+    run_with_server(t)
+
+
+def test_the_server_stops_reading_while_its_answers_go_unread() -> None:
+    """Answers from futures do not wait for the drain themselves: the read
+    loop does, so a client that sends and never reads makes the server hold
+    at most its in-flight cap of answers, not one per request it sent."""
+    requests, cap, size = 1000, 64, 64 << 10  # 64 MiB of answers if nothing held back
+
+    async def t(server: RpcServer, port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(encode_frame(encode_request(Request(1, RequestCode.HELLO,
+                                                         hello_body("client")))))
+        writer.write(b"".join(encode_frame(encode_request(Request(i, RANDOM_NOW, size)))
+                              for i in range(2, 2 + requests)))
+        # Give the server every chance to run ahead: it must stall on its
+        # unread answers, not on our requests (they are all sent).
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+        stalled_at = len(calls)
+        assert stalled_at <= 2 * cap, stalled_at
+        decoder, answered = FrameDecoder(), 0
+        while answered < requests + 1:  # HELLO's answer and every request's
+            data = await reader.read(1 << 20)
+            assert data, "closed early"
+            for payload in decoder.feed(data):
+                assert decode_response(payload).status == 0
+                answered += 1
+        assert len(calls) == requests
+        writer.close()
+
+    run_with_server(t, max_inflight_per_connection=cap)
 
 
 def test_timeout_then_late_response_is_discarded() -> None:

@@ -265,46 +265,71 @@ def test_read_frame_clean_eof_truncation_and_size_limit() -> None:
     loop.run(main())
 
 
-class _RecordingWriter:
-    """Stands in for asyncio.StreamWriter to observe how many writes happen."""
-
-    def __init__(self) -> None:
-        self.chunks: list[bytes] = []
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.chunks.append(data)
-
-    async def drain(self) -> None:
-        return None
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    async def wait_closed(self) -> None:
-        return None
-
-
 def test_frame_writer_coalesces_frames_queued_in_one_loop_iteration() -> None:
     async def main() -> None:
-        raw = _RecordingWriter()
-        writer = FrameWriter(raw)  # type: ignore[arg-type]
+        received = bytearray()
+        got_eof = asyncio.Event()
+
+        async def on_connect(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            while chunk := await reader.read(65536):
+                received.extend(chunk)
+            got_eof.set()
+            w.close()
+
+        server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, raw = await asyncio.open_connection("127.0.0.1", port)
+        writer = FrameWriter(raw)
         for i in range(10):
             writer.send(f"m{i}".encode())
-        assert raw.chunks == []  # nothing written until the loop runs callbacks
+        assert writer.writes == 0  # nothing written until the loop runs callbacks
         await asyncio.sleep(0)
-        assert len(raw.chunks) == 1 and writer.frames == 10 and writer.writes == 1
-        decoder = FrameDecoder()
-        assert decoder.feed(raw.chunks[0]) == [f"m{i}".encode() for i in range(10)]
+        assert writer.frames == 10 and writer.writes == 1
+        assert not writer.backlogged  # a reading peer: nothing piles up
         writer.send(b"last")
         await writer.close()  # close flushes what is queued
-        assert decoder.feed(raw.chunks[-1]) == [b"last"] and raw.closed
+        assert writer.writes == 2 and writer.closing
         writer.send(b"dropped")  # after close: silently dropped
         await asyncio.sleep(0)
-        assert len(raw.chunks) == 2
+        assert writer.writes == 2 and writer.frames == 11
+        async with asyncio.timeout(5):
+            await got_eof.wait()
+        assert FrameDecoder().feed(bytes(received)) == [
+            *(f"m{i}".encode() for i in range(10)), b"last"]
+        server.close()
+        await server.wait_closed()
+
+    loop.run(main())
+
+
+def test_frame_writer_is_backlogged_while_the_peer_does_not_read() -> None:
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def on_connect(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            await release.wait()  # reads nothing until told
+            while await reader.read(1 << 20):
+                pass
+            w.close()
+
+        server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, raw = await asyncio.open_connection("127.0.0.1", port)
+        writer = FrameWriter(raw, compress_threshold=None)
+        payload = bytes(64 * 1024)
+        sent = 0
+        while not writer.backlogged:  # the kernel's buffers fill first
+            writer.send(payload)
+            writer.flush()
+            sent += 1
+            assert sent < 10_000, "never backlogged"
+        release.set()
+        async with asyncio.timeout(10):
+            await writer.drain()
+        assert not writer.backlogged
+        await writer.close()
+        server.close()
+        await server.wait_closed()
 
     loop.run(main())
 
