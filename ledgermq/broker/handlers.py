@@ -403,7 +403,12 @@ class Handlers:
         elif isinstance(outcome, BaseException):
             answer.set_exception(outcome)
         else:
-            answer.set_result(_records_answer(scanned, self._results(storing, outcome), outcome))
+            try:
+                body = _records_answer(scanned, self._results(storing, outcome), outcome)
+            except Exception as exc:  # our bug: answered INTERNAL, not left hanging
+                answer.set_exception(exc)
+            else:
+                answer.set_result(body)
 
     async def _records_answer_later(
             self, scanned: Scanned,

@@ -115,9 +115,28 @@ async def wait_caught_up(node: RaftRuntime, node_id: int, timeout: float) -> Non
         if time.monotonic() >= deadline:
             match = view["match"] if view else "unknown"
             raise ReconfigureError(
-                f"n{node_id} did not catch up within {timeout:g}s (match {match}, "
-                f"target {target})", 503)
+                f"n{node_id} did not catch up within {timeout:.3g}s (match {match}, "
+                f"target {target}){_why_behind(node, node_id, view)}", 503)
         await asyncio.sleep(POLL_S)
+
+
+def _why_behind(node: RaftRuntime, node_id: int, view: dict[str, Any] | None) -> str:
+    """What the leader knows about a member that does not catch up: an
+    operator who mistyped an address learns it here, not from a bare timeout."""
+    member = node.membership.member(node_id)
+    where = f" at {member.address}" if member is not None else ""
+    if view is None or not view["directory_id"]:
+        why = (f": the leader never heard from it{where}; check that address and that the"
+               " node runs")
+    elif not view["connected"]:
+        why = f": the leader has no connection to it{where} now"
+    elif view["identity_mismatch"]:
+        why = ": it answers from another data directory than the one pinned (rejoin it)"
+    else:
+        return ""
+    if member is not None and node_id in node.membership.learner_ids:
+        why += f"; it stays a learner (member remove --node n{node_id} undoes the add)"
+    return why
 
 
 async def _promote_when_caught_up(node: RaftRuntime, node_id: int, timeout: float) -> Step:

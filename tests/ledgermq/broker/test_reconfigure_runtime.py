@@ -9,6 +9,7 @@ change and then goes through, instead of failing the operator's command."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,33 @@ def test_a_promotion_waits_for_a_change_still_committing(tmp_path: Path) -> None
             assert await other == pending_at
             assert promoted.action == "promote" and promoted.index > pending_at
             assert sorted(leader.membership.voter_ids) == [1, 2, 3, 4]
+        finally:
+            await cluster.stop_all()
+
+    run(main())
+
+
+def test_a_member_that_never_answers_is_named_with_its_address(tmp_path: Path) -> None:
+    """`member add` with a wrong address: the promotion's timeout says the
+    leader never heard from the node at that address, and how to undo it."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path, n=3, tick_ms=20)
+        await cluster.start_all()
+        try:
+            leader = await cluster.wait_leader()
+            with socket.socket() as sock:  # a port nobody listens on
+                sock.bind(("127.0.0.1", 0))
+                nobody = f"127.0.0.1:{sock.getsockname()[1]}"
+            with pytest.raises(reconfigure.ReconfigureError) as info:
+                await reconfigure.add(leader, 7, nobody, timeout=1.0)
+            message = str(info.value)
+            assert info.value.status == 503 and "n7 did not catch up within 1s" in message
+            assert f"never heard from it at {nobody}" in message
+            assert "member remove --node n7 undoes the add" in message
+            assert 7 in leader.membership.learner_ids  # what the hint says
+            # Undoing it works as said, and the group still commits.
+            await reconfigure.remove_member(leader, 7, timeout=10)
+            assert 7 not in leader.membership.node_ids
         finally:
             await cluster.stop_all()
 
