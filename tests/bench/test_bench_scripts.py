@@ -152,3 +152,22 @@ def test_retention_soak_bench_stays_in_budget_moves_a_consumer_and_rejoins_by_in
     assert plot.stat().st_size > 0
     assert len(json.loads(samples.read_text())) == result["samples"] > 0
     assert list(data.iterdir()) == []  # it removed the nodes' data
+
+
+def test_profile_calls_counts_each_servers_calls_per_message() -> None:
+    out = run_bench("bench/profile_calls.py", "--window", "1", "--messages", "200",
+                    "--warmup", "100", "--top", "5", timeout=300)
+    result = json.loads(out)
+    assert result["bench"] == "profile_calls" and result["messages"] == 200
+    for role in ("leader", "follower"):
+        figures = result[role]
+        # Every message is at least a frame decoded and a Raft step on each node.
+        assert figures["calls_per_msg"] > figures["python_calls_per_msg"] > 10
+        assert len(figures["top_by_time"]) == len(figures["top_by_calls"]) == 5
+        assert all(row["calls_per_msg"] > 0 for row in figures["top_by_calls"])
+    # The leader also runs the send handler and answers the client.
+    assert result["leader"]["calls_per_msg"] > result["follower"]["calls_per_msg"]
+    for role in ("leader", "follower"):
+        for row in result[role]["top_by_time"] + result[role]["top_by_calls"]:
+            where, _, name = row["function"].partition(":")
+            assert name and (where == "~" or where.endswith(".py")), row
