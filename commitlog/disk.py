@@ -199,6 +199,16 @@ def atomic_replace(path: str, data: bytes) -> None:
             fileio.fs.fsync(fd)
         finally:
             fileio.fs.close(fd)
+        if _trace:
+            # Tracing: before the rename, the trace must cover the new file
+            # whole. Recorded only after it, a kill in between would leave the
+            # new file with the old, shorter trace, and a power cut would cut
+            # it to that length and tear it: a state no disk produces (a
+            # renamed file is there whole or not at all). A longer old trace
+            # is kept until the rename is done.
+            recorded = read_durable(path)
+            if recorded is None or recorded < len(data):
+                record_durable(path, len(data))
         fileio.fs.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -611,10 +611,11 @@ class RpcServer:
 
     def _start(self, conn: Connection, request: Request, limit: asyncio.Semaphore,
                frame: HeldFrame) -> None:
-        """Run the request's handler up to its first wait, here in the read
-        loop: its checks raise at once (and AUTH sets the principal before
-        the next frame is read). A coroutine it returns goes on in a task of
-        its own; a future is answered from its done callback."""
+        """Call the request's handler here in the read loop (AUTH, answered
+        by `_gate`, sets the principal before the next frame is read). A
+        plain handler's checks raise at once and its future is answered from
+        a done callback; an `async def` handler's coroutine runs in a task of
+        its own."""
         release = partial(_finished, self, conn, limit, frame)
         gated = self._gate(conn, request)
         rid, code = request.id, request.code

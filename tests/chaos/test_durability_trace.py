@@ -22,6 +22,11 @@ import pytest
 from chaos import disk_faults
 from chaos.backend import HarnessError
 from commitlog import disk
+from consumequeue.checkpoint import (
+    DispatchCheckpoint,
+    read_dispatch_checkpoint,
+    write_dispatch_checkpoint,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -130,3 +135,30 @@ def test_record_durable_replaces_the_trace_whole(tmp_path: Path) -> None:
     assert disk.read_durable(path) == 7
     # Only the trace is left: the temporary was renamed over it.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.durable"]
+
+
+class _KilledAfterRename(Exception):
+    """Stands for a SIGKILL right after `atomic_replace`'s rename."""
+
+
+def test_a_kill_between_a_replace_and_its_trace_leaves_a_whole_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file replaced by rename is there whole or not at all. The ConsumeQueue
+    checkpoint of a node killed just after the rename that grew it must not
+    be cut back to the old length plus a torn tail by the power cut (the
+    chaos run saw a node refuse to start on such a fabricated checkpoint)."""
+    monkeypatch.setattr(disk, "_trace", True)
+    small = DispatchCheckpoint(10, 1000, {("t", 0): 3})
+    write_dispatch_checkpoint(str(tmp_path), small)
+    grown = DispatchCheckpoint(20, 2000, {("t", q): 7 for q in range(8)})
+    real_sync = disk.sync_directory
+
+    def killed(_path: str) -> None:
+        raise _KilledAfterRename
+
+    monkeypatch.setattr(disk, "sync_directory", killed)
+    with pytest.raises(_KilledAfterRename):
+        write_dispatch_checkpoint(str(tmp_path), grown)
+    monkeypatch.setattr(disk, "sync_directory", real_sync)
+    disk_faults.power_cut(tmp_path, torn_tail=100, rng=random.Random(7))
+    assert read_dispatch_checkpoint(str(tmp_path)) == grown
