@@ -134,8 +134,17 @@ async def dashboard_banner(url: str, admin: Credentials, night: str, artifacts: 
                             f"sessionStorage.setItem('lmq.secret', {secret});"
                             "location.reload(); true")
         deadline = time.monotonic() + 60
+        banner = None
         while time.monotonic() < deadline:
-            banner = await page.evaluate(_BANNER)
+            try:
+                banner = await page.evaluate(_BANNER)
+            except RuntimeError as exc:
+                # The reload above may still be under way: the page we asked
+                # is gone and the new one not there yet. Ask again.
+                if "navigated or closed" not in str(exc):
+                    raise
+                await asyncio.sleep(0.2)
+                continue
             if banner and banner["night"] == night and banner["state"] != "none":
                 await asyncio.sleep(1.0)  # the rest of the page's first poll
                 await page.screenshot(artifacts / "dashboard-audit-live.png")
