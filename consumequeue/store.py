@@ -10,7 +10,10 @@ dropped (they may be torn or refer to entries a crash removed), queues whose
 files are missing or short are rebuilt from the CommitLog (durably, file by
 file), queues the checkpoint does not know yet hold units it covers are the
 remains of a `drop_topic` cut short (their files go), and the owner then
-calls `dispatch_committed(commit_index)` to re-dispatch the rest. Opening a
+calls `dispatch_committed(commit_index)` to re-dispatch the rest. A damaged
+checkpoint (CRC, shape) is not fatal: it is reported in
+`recovery.checkpoint_damaged` and the owner rebuilds every queue from the log
+(`needs_rebuild`), as after an install. Opening a
 queue costs the tail written after the checkpoint, not the queue's length:
 the files below each queue's checkpointed next offset are checked by length
 (`DispatchCheckpoint.files_synced`, docs/storage-format.md).
@@ -36,6 +39,7 @@ import numpy as np
 from commitlog import HEADER_SIZE, KIND_MESSAGES, CommitLog, Entry, fileio, iter_records, tag_hash
 from commitlog.columns import RecordColumns, queue_groups, scan_body
 from commitlog.disk import DirtyFile, sync_and_close, sync_directory
+from commitlog.errors import CorruptionError
 from consumequeue.checkpoint import (
     DispatchCheckpoint,
     read_dispatch_checkpoint,
@@ -73,6 +77,9 @@ class DispatchRecovery:
     # cannot be continued; the owner must call `rebuild` with its state's
     # next offsets.
     needs_rebuild: bool = False
+    # Why the dispatch checkpoint could not be read (CRC, shape), if it could
+    # not: recovery then trusts no queue file and sets needs_rebuild.
+    checkpoint_damaged: str | None = None
     foreign_files: list[str] = field(default_factory=list)
 
 
@@ -181,14 +188,27 @@ class ConsumeQueueStore:
             return self.log.entry_end(index)
         return self.log.segments.bases[0] if self.log.segments.bases else 0
 
+    def _read_checkpoint(self) -> DispatchCheckpoint | None:
+        """The dispatch checkpoint; a damaged one is reported and read as none
+        with `needs_rebuild` set: the queues are derived data, so the owner
+        rebuilds them all from the log with its state's counts instead of
+        refusing to start (the files the checkpoint vouched for are trusted
+        no further)."""
+        try:
+            return read_dispatch_checkpoint(self.directory)
+        except CorruptionError as error:
+            self.recovery.checkpoint_damaged = str(error)
+            return None
+
     def _recover(self) -> None:
-        checkpoint = read_dispatch_checkpoint(self.directory)
+        checkpoint = self._read_checkpoint()
         log = self.log
         limit_index = log.first_index - 1
         if checkpoint is not None:
             limit_index = max(limit_index, min(checkpoint.dispatched_index, log.last_index))
-        self.recovery.needs_rebuild = log.first_index > 1 and (
-            checkpoint is None or checkpoint.dispatched_index < log.first_index - 1)
+        self.recovery.needs_rebuild = self.recovery.checkpoint_damaged is not None or (
+            log.first_index > 1 and (
+                checkpoint is None or checkpoint.dispatched_index < log.first_index - 1))
         limit_end = self._entry_end(limit_index)
         # A checkpoint whose files were synced vouches for each queue's slots
         # below its next offset: those files are checked by length only.

@@ -55,7 +55,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from commitlog import HEADER_SIZE, KIND_MESSAGES, StorageError
+from commitlog import HEADER_SIZE, KIND_MESSAGES, CorruptionError, StorageError
 from commitlog.segments import SegmentInfo
 from commitlog.snapshot import SnapshotInfo, scan_snapshots
 from consumequeue import ConsumeQueueStore
@@ -431,7 +431,14 @@ class Retention:
         just looked (else this looks)."""
         if snapshot_end is None:
             snapshot_end = await self._snapshot_end()
-        checkpoint = await asyncio.to_thread(read_dispatch_checkpoint, self.b.cq.directory)
+        try:
+            checkpoint = await asyncio.to_thread(read_dispatch_checkpoint, self.b.cq.directory)
+        except CorruptionError as error:
+            # Damaged since the start: the bound falls to 0 (nothing is
+            # deleted) until the next checkpoint (cq_checkpoint_interval_ms)
+            # replaces it.
+            log.warning("retention: %s", error)
+            checkpoint = None
         cq_end = checkpoint.dispatched_end if checkpoint is not None else None
         trim = self.b.state.trim
         position = min(trim, snapshot_end if snapshot_end is not None else 0,

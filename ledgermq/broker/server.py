@@ -311,6 +311,8 @@ class Broker:
             "snapshot_index": snapshot.index if snapshot else 0,
             "snapshots_rejected": rejected, "replayed_entries": replayed,
             "applied_index": applied, "first_index": log_.first_index,
+            "queues_rebuilt": len(self._cq.recovery.queues_rebuilt),
+            "queue_checkpoint_damaged": self._cq.recovery.checkpoint_damaged,
             "seconds": round(time.perf_counter() - started, 4),
         }
         log.info("recovered: applied index %d from snapshot %d + %d replayed entries in %.3f s,"
@@ -384,7 +386,11 @@ class Broker:
         upto = min(applied, log_.last_index)
         if cq.recovery.needs_rebuild:
             # The log starts after what the queues hold (an install replaced
-            # it): only the state's counts can number the messages it has.
+            # it), or their checkpoint is damaged: only the state's counts can
+            # number the messages the log has.
+            if cq.recovery.checkpoint_damaged:
+                log.warning("%s; rebuilding every ConsumeQueue from the log",
+                            cq.recovery.checkpoint_damaged)
             cq.rebuild(log_.first_index, upto, dict(state.queue_next), state.deleted_before)
             return
         for topic, index in state.deleted_before.items():

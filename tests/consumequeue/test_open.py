@@ -458,3 +458,90 @@ def test_dispatch_checkpoint_round_trips_files_synced_and_reads_an_old_one_as_un
     with open(os.path.join(d, "checkpoint"), "wb") as handle:
         handle.write(payload + struct.pack("<I", crc32c(payload)))
     assert read_dispatch_checkpoint(d) == DispatchCheckpoint(3, 300, {("A", 0): 7}, False)
+
+
+def _sealed(value: object) -> bytes:
+    """`value` as a checkpoint file: msgpack and its CRC, intact."""
+    payload = msgpack.packb(value)
+    return payload + struct.pack("<I", crc32c(payload))
+
+
+_GOOD = {"version": 1, "dispatched_index": 5, "dispatched_end": 900,
+         "queues": [["A", 0, 20]], "files_synced": True}
+DAMAGED_CHECKPOINTS = {
+    "bit flip": lambda raw: raw[:3] + bytes([raw[3] ^ 0x10]) + raw[4:],
+    "torn to 3 bytes": lambda raw: raw[:3],
+    "zeros": lambda raw: bytes(len(raw)),
+    "CRC intact, not msgpack": lambda raw: b"\xc1" + struct.pack("<I", crc32c(b"\xc1")),
+    "CRC intact, a list": lambda raw: _sealed([1, 2, 3]),
+    "CRC intact, no queues": lambda raw: _sealed({**_GOOD, "queues": None}),
+    "CRC intact, negative index": lambda raw: _sealed({**_GOOD, "dispatched_index": -1}),
+    "CRC intact, a bool for an end": lambda raw: _sealed({**_GOOD, "dispatched_end": True}),
+    "CRC intact, a short queue row": lambda raw: _sealed({**_GOOD, "queues": [["A", 0]]}),
+    "CRC intact, a queue id as text": lambda raw: _sealed({**_GOOD, "queues": [["A", "0", 1]]}),
+    "CRC intact, missing key": lambda raw: _sealed({"version": 1, "queues": []}),
+}
+
+
+def test_a_checkpoint_of_the_right_shape_reads_back() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "checkpoint"), "wb") as f:
+            f.write(_sealed(_GOOD))
+        assert read_dispatch_checkpoint(d) == DispatchCheckpoint(5, 900, {("A", 0): 20}, True)
+
+
+def test_a_damaged_or_forged_checkpoint_is_a_corruption_error() -> None:
+    from commitlog.errors import CorruptionError, FormatVersionError
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "checkpoint")
+        for name, damage in DAMAGED_CHECKPOINTS.items():
+            with open(path, "wb") as f:
+                f.write(damage(_sealed(_GOOD)))
+            try:
+                read_dispatch_checkpoint(d)
+            except CorruptionError as error:
+                assert "dispatch checkpoint" in str(error), name
+            else:
+                raise AssertionError(f"{name}: read without an error")
+        # A version this code does not know stays a refusal, not damage.
+        with open(path, "wb") as f:
+            f.write(_sealed({**_GOOD, "version": 2}))
+        try:
+            read_dispatch_checkpoint(d)
+        except FormatVersionError as error:
+            assert "unsupported format version 2" in str(error)
+        else:
+            raise AssertionError("version 2 read without an error")
+
+
+def test_a_store_with_a_damaged_checkpoint_asks_for_a_rebuild_and_rebuilds_the_same_queues(
+) -> None:
+    """The checkpoint is unreadable: the store opens anyway, says why, trusts
+    no queue file, and `rebuild` with the counts makes the queues exactly as
+    they were (here the log is whole, so the counts are the log's)."""
+    for name, damage in DAMAGED_CHECKPOINTS.items():
+        fs = CountingFS()
+        with fileio.use(fs):
+            expected = _checkpointed_then_tail(NODE, 30, 4)
+            path = os.path.join(NODE, "consumequeue", "checkpoint")
+            raw = fs.read_file(path)
+            assert raw is not None
+            fd = fs.open(path, os.O_RDWR)
+            fs.ftruncate(fd, 0)
+            fs.pwrite(fd, damage(raw), 0)
+            fs.close(fd)
+            with CommitLog.open(NODE, SMALL) as log:
+                store = ConsumeQueueStore.open(NODE, log, units_per_file=64)
+                assert store.recovery.needs_rebuild, name
+                assert "dispatch checkpoint" in (store.recovery.checkpoint_damaged or ""), name
+                counts = {key: hi for key, (_, hi, _) in expected.items()}
+                store.rebuild(log.first_index, 34, counts)
+                assert _queues(store) == expected, name
+                store.close()
+            with CommitLog.open(NODE, SMALL) as log:  # the rebuild wrote a good one
+                store = ConsumeQueueStore.open(NODE, log, units_per_file=64)
+                assert store.recovery.checkpoint_damaged is None and \
+                    not store.recovery.needs_rebuild and store.dispatched_index == 34
+                assert _queues(store) == expected
+                store.close()

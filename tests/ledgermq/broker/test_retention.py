@@ -262,10 +262,13 @@ def test_nothing_is_deleted_without_a_snapshot(tmp_path) -> None:
     loop.run(main())
 
 
-def test_age_retention_and_a_restart_from_the_trimmed_log(tmp_path) -> None:
+@pytest.mark.parametrize("queue_checkpoint", ["kept", "damaged"])
+def test_age_retention_and_a_restart_from_the_trimmed_log(tmp_path, queue_checkpoint) -> None:
     """Segments older than retention_hours (here 0.72 s) go; the node then
     restarts from its snapshot on a log that starts past entry 1 and keeps
-    serving from the first retained message."""
+    serving from the first retained message. With its ConsumeQueue checkpoint
+    damaged in between, the queues are rebuilt from what the log still holds,
+    numbered by the snapshot's counts: the same offsets."""
 
     async def main() -> tuple[int, int]:
         async with Node(tmp_path, retention_hours=0.0002) as node:
@@ -280,10 +283,16 @@ def test_age_retention_and_a_restart_from_the_trimmed_log(tmp_path) -> None:
 
     first_index, lo = loop.run(main())
     assert lo > 0
+    checkpoint = tmp_path / "n1" / "consumequeue" / "checkpoint"
+    if queue_checkpoint == "damaged":
+        raw = checkpoint.read_bytes()
+        checkpoint.write_bytes(raw[:-1] + bytes([raw[-1] ^ 0xFF]))
 
     async def again() -> None:
         # Retention off this time: what the restart shows is the trimmed log.
         async with Node(tmp_path, retention_hours=0) as node:
+            damaged = node.broker.status()["recovery"]["queue_checkpoint_damaged"]
+            assert (damaged is not None) == (queue_checkpoint == "damaged"), damaged
             log_ = node.broker.node.log
             assert log_.first_index >= first_index
             lo2, hi = node.broker.cq.offsets("T", 0)
