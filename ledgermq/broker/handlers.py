@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from commitlog import StoredMessage, decode_message_at, tag_hash
+from commitlog import tag_hash
 from commitlog.errors import MessageTooLargeError as StorageTooLarge
 from commitlog.message import valid_topic
 from consumequeue import Unit
@@ -68,13 +68,17 @@ from ledgermq.broker.control import (
     topic_delete,
     topic_put,
 )
+from ledgermq.broker.queue_repair import (
+    DamagedUnitError,
+    check_read,
+    read_message_run,
+)
 from ledgermq.broker.state import Stored, TopicConfig
 from ledgermq.broker.view import BrokerView, ControlOp, SendAck
 from ledgermq.wire import Connection, Handler
 
 PULL_BYTES_MAX = 4 << 20
 FILTER_SCAN_MAX = 2048
-_RUN_BYTES = 1 << 20
 _QUEUE_ID = struct.Struct("<I")
 
 Body = dict[str, Any]  # a request's or answer's map
@@ -583,30 +587,6 @@ class Handlers:
 
     # --------------------------------------------------------------- pull
 
-    def _read_units(self, units: list[Unit]) -> list[StoredMessage]:
-        """Decode the messages of `units`, reading nearby records in one call."""
-        log_ = self.b.node.log
-        segment = log_.config.segment_size_bytes
-        out: list[StoredMessage] = []
-        i = 0
-        while i < len(units):
-            start = units[i].physical_offset
-            j = i + 1
-            while (j < len(units) and units[j].physical_offset >= start
-                   and units[j].physical_offset + units[j].size - start <= _RUN_BYTES
-                   and units[j].physical_offset // segment == start // segment):
-                j += 1
-            end = max(u.physical_offset + u.size for u in units[i:j])
-            raw = log_.read_bytes(start, end - start)
-            for u in units[i:j]:
-                at = u.physical_offset - start
-                if at + u.size > len(raw):
-                    out.append(log_.read_message(u.physical_offset, u.size))
-                else:
-                    out.append(decode_message_at(raw[at : at + u.size], u.physical_offset))
-            i = j
-        return out
-
     async def pull(self, body: Any, conn: Connection) -> Any:
         body = _map(body)
         topic = topic_field(body)
@@ -651,10 +631,31 @@ class Handlers:
         if offset > hi:
             return {"messages": [], "next_offset": offset, "min_offset": lo,
                     "max_offset": hi}
+        key = (topic, queue_id)
         wanted = set(tags) if tags and "*" not in tags else None
+        try:
+            messages, next_offset = self._read_queue(key, max(offset, lo), max_count, wanted)
+        except DamagedUnitError as damage:
+            # Rebuilt from the log, the queue is read again from the start.
+            await self.b.queue_repairs.repair(cq, damage)
+            try:
+                messages, next_offset = self._read_queue(key, max(offset, lo), max_count, wanted)
+            except DamagedUnitError as again:
+                raise ServiceUnavailableError(
+                    f"{again}, again after a rebuild from the log; retry, or restart the node"
+                ) from None
+        return {"messages": messages, "next_offset": next_offset, "min_offset": lo,
+                "max_offset": hi}
+
+    def _read_queue(self, key: tuple[str, int], offset: int, max_count: int,
+                    wanted: set[str] | None) -> tuple[list[Body], int]:
+        """Up to `max_count` messages of queue `key` from `offset` (tags in
+        `wanted`, if given), each checked against its unit (queue_repair.py),
+        and the offset to read from next."""
+        cq = self.b.cq
         scan = max_count if wanted is None else FILTER_SCAN_MAX
-        units = cq.read(topic, queue_id, max(offset, lo), scan)
-        next_offset = max(offset, lo)
+        units = cq.read(*key, offset, scan)
+        next_offset = offset
         messages = []
         if wanted is not None:
             hashes = {tag_hash(t) for t in wanted}
@@ -672,7 +673,8 @@ class Handlers:
             take.append(unit)
             size += unit.size
         group = self.b.config.group
-        for unit, sm in zip(take, self._read_units(take), strict=True):
+        stored = check_read(key, take, partial(read_message_run, self.b.node.log)) if take else []
+        for unit, sm in zip(take, stored, strict=True):
             # The tag hash narrowed the candidates; the text decides (hashes collide).
             if wanted is None or sm.message.tags in wanted:
                 messages.append(message_view(group, sm, unit.queue_offset))
@@ -680,8 +682,7 @@ class Handlers:
         if wanted is not None and units and not truncated:
             # Every scanned unit was looked at: skip past the ones filtered out.
             next_offset = max(next_offset, units[-1].queue_offset + 1)
-        return {"messages": messages, "next_offset": next_offset, "min_offset": lo,
-                "max_offset": hi}
+        return messages, next_offset
 
     async def queue_offsets(self, body: Any, conn: Connection) -> Any:
         body = _map(body)

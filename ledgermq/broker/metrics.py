@@ -301,6 +301,13 @@ class BrokerCollector(Collector):
             stored.add_metric([*ids, topic], float(total))
         yield stored
         yield queue_max
+        repairs = CounterMetricFamily(
+            "ledgermq_consumequeue_repairs_total",
+            "ConsumeQueues a read found damaged and rebuilt from the CommitLog, by outcome.",
+            labels=[*labels, "outcome"])
+        repairs.add_metric([*ids, "repaired"], float(b.queue_repairs.repaired))
+        repairs.add_metric([*ids, "failed"], float(b.queue_repairs.failed))
+        yield repairs
         self._count_in()
         msgs = CounterMetricFamily("ledgermq_messages_in_total",
                                    "Messages committed to a topic since this process started.",

@@ -65,6 +65,7 @@ from ledgermq.broker.keys import BrokerSecurity
 from ledgermq.broker.longpoll import LongPoll
 from ledgermq.broker.members import Membership
 from ledgermq.broker.metrics import Instruments
+from ledgermq.broker.queue_repair import QueueRepairs
 from ledgermq.broker.registrar import Registrar
 from ledgermq.broker.retention import Retention
 from ledgermq.broker.runtime import RaftRuntime, RuntimeFactory
@@ -119,6 +120,7 @@ class Broker:
         self.runtime = runtime
         self.state = BrokerState(config.dedup_window, config.dedup_producers_max)
         self.longpoll = LongPoll()
+        self.queue_repairs = QueueRepairs()
         self.members = Membership(config.member_expiry_ms)
         self._node: RaftRuntime | None = None
         self.identity: Opened | None = None  # the data directory's, from start()
@@ -810,6 +812,8 @@ class Broker:
             "send_requests": self.sends.items if self.sends else 0,
             "admin_url": self.admin.url if self.admin is not None else None,
             "recovery": self.recovery, "snapshots": self._snapshot_status(),
+            "queue_repairs": {"repaired": self.queue_repairs.repaired,
+                              "failed": self.queue_repairs.failed},
             "identity": ({**self.identity.identity.to_json(), "how": self.identity.how}
                          if self.identity else None),
         })

@@ -25,6 +25,7 @@ from ledgermq.broker.group_commit import GroupCommitter
 from ledgermq.broker.keys import BrokerSecurity
 from ledgermq.broker.longpoll import LongPoll
 from ledgermq.broker.members import Membership
+from ledgermq.broker.queue_repair import QueueRepairs
 from ledgermq.broker.retention import Retention
 from ledgermq.broker.runtime import RaftRuntime
 from ledgermq.broker.state import BrokerState, Stored
@@ -99,6 +100,10 @@ class BrokerView(Protocol):
 
     @property
     def longpoll(self) -> LongPoll: ...
+
+    @property
+    def queue_repairs(self) -> QueueRepairs:
+        """Rebuilds of ConsumeQueues that reads found damaged."""
 
     @property
     def retention(self) -> Retention | None:

@@ -242,3 +242,43 @@ def test_rebuilt_queues_equal_incremental_ones_after_random_crashes(data: st.Dat
         log.close()
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_one_queue_replaced_from_a_trimmed_log_keeps_its_numbering_and_its_tail(tmp_path
+                                                                                 ) -> None:
+    """What a runtime repair does (ledgermq/broker/queue_repair.py): the
+    queue's units scanned from what the log still holds, numbered back from
+    the queue's end at the scan, and the slots dispatched after the scan
+    kept. The result equals the queue as dispatch made it."""
+    d = str(tmp_path)
+    with CommitLog.open(d, SMALL) as log:
+        for seq in range(40):
+            _batch(log, seq, [("A", 0), ("B", 0)], pad=300)
+        store = ConsumeQueueStore.open(d, log, units_per_file=4)
+        store.dispatch_committed(30)
+        log.flush()
+        log.delete_before(log.segments.bases[2])
+        first = log.read_entry(log.first_index)
+        store.delete_before(decode_messages(first.body, first.position)[0].physical_offset)
+        # The scan, in small steps, up to what was dispatched when it began.
+        upto_index, upto = store.dispatched_index, store.offsets("A", 0)[1]
+        found, index = [], log.first_index
+        while index <= upto_index:
+            units, index = store.units_in_log(("A", 0), index, upto_index, batch_bytes=2048)
+            found += units
+        store.dispatch_committed(40)  # dispatch goes on meanwhile
+        expected = _queues(store)
+        generation = store.generation
+        store.replace_queue(("A", 0), upto - len(found), found, upto)
+        assert store.generation != generation  # a checkpoint under way drops itself
+        assert _queues(store) == expected
+        try:
+            store.replace_queue(("A", 0), 0, found, upto)  # numbered wrong
+        except ValueError as error:
+            assert "replacing queue" in str(error)
+        else:
+            raise AssertionError("a replacement that does not end at `upto` was taken")
+        store.close()
+        store = ConsumeQueueStore.open(d, log, units_per_file=4)
+        assert _queues(store) == expected
+        store.close()
