@@ -46,7 +46,7 @@ from consumequeue.checkpoint import (
     write_dispatch_checkpoint,
 )
 from consumequeue.queue import ConsumeQueue, Unit
-from consumequeue.unit import UNIT, UNIT_DTYPE, encode_units
+from consumequeue.unit import UNIT, UNIT_DTYPE, UNIT_SIZE, encode_units
 from ledgermq.base.message_record import MESSAGE_HEAD_SIZE
 
 
@@ -441,38 +441,40 @@ class ConsumeQueueStore:
         return self._generation
 
     def units_in_log(self, key: QueueKey, lo: int, hi: int, batch_bytes: int = 8 << 20
-                     ) -> tuple[list[tuple[int, int, int]], int]:
+                     ) -> tuple[bytes, int, int]:
         """One step of scanning the log for one queue's units: those of `key`
         in the entries from `lo` to at most `hi` that one read of
-        `batch_bytes` returns, and the index to go on from (past `hi`: done).
-        Messages of a deleted topic (`skip_before`) are left out, as dispatch
-        leaves them out."""
+        `batch_bytes` returns, encoded, their count, and the index to go on
+        from (past `hi`: done). Messages of a deleted topic (`skip_before`)
+        are left out, as dispatch leaves them out."""
         entries = self.log.read_entries(lo, hi + 1, batch_bytes)
         skip = self.skip_before
-        units = [unit for entry in entries for k, unit in units_of_entry(entry)
-                 if k == key and not _skipped(skip, k[0], entry.index)]
-        return units, entries[-1].index + 1
+        parts = [units for entry in entries if entry.kind == KIND_MESSAGES
+                 and not _skipped(skip, key[0], entry.index)
+                 for k, units in units_by_queue(entry) if k == key]
+        return b"".join(u.tobytes() for u in parts), sum(len(u) for u in parts), \
+            entries[-1].index + 1
 
-    def replace_queue(self, key: QueueKey, first_offset: int,
-                      units: Sequence[tuple[int, int, int]], upto: int) -> None:
-        """Durably replace `key`'s slots below `upto` by `units` from slot
-        `first_offset` on, keeping the slots from `upto` to the queue's end
-        (dispatched while the units were scanned for) as they are: a queue
-        whose files were found damaged, refilled from the log. A checkpoint
-        under way on another thread drops itself (the files change under
-        it); a crash part way leaves a queue shorter than the checkpoint
-        claims, which recovery rebuilds."""
+    def replace_queue(self, key: QueueKey, first_offset: int, raw: bytes, count: int,
+                      upto: int) -> None:
+        """Durably replace `key`'s slots below `upto` by `count` encoded units
+        from slot `first_offset` on, keeping the slots from `upto` to the
+        queue's end (dispatched while the units were scanned for) as they
+        are: a queue whose files were found damaged, refilled from the log.
+        A checkpoint under way on another thread drops itself (the files
+        change under it); a crash part way leaves a queue shorter than the
+        checkpoint claims, which recovery rebuilds."""
         queue = self.queues[key]
         if not 0 <= first_offset <= upto <= queue.max_offset or \
-                first_offset + len(units) != upto:
-            raise ValueError(f"replacing queue {key} up to {upto} with {len(units)} units from"
+                first_offset + count != upto or len(raw) != count * UNIT_SIZE:
+            raise ValueError(f"replacing queue {key} up to {upto} with {count} units from"
                              f" {first_offset}, but it holds [{queue.min_offset}, "
                              f"{queue.max_offset})")
-        tail = [(u.physical_offset, u.size, u.tag_hash)
-                for u in queue.read(upto, queue.max_offset - upto)]
+        tail = encode_units([(u.physical_offset, u.size, u.tag_hash)
+                             for u in queue.read(upto, queue.max_offset - upto)])
         with self._checkpoint_lock:
             self._generation += 1
-            queue.rewrite(first_offset, encode_units([*units, *tail]), len(units) + len(tail))
+            queue.rewrite(first_offset, raw + tail, queue.max_offset - first_offset)
         if self.log.segments.bases:
             queue.correct_min_offset(self.log.segments.bases[0])
 

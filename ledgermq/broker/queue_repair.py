@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
+import time
 from collections.abc import Callable, Sequence
 
 from commitlog import CommitLog, StoredMessage, decode_message_at, tag_hash
@@ -56,7 +58,7 @@ def check_read(key: QueueKey, units: Sequence[Unit],
         previous = unit.physical_offset
     try:
         stored = read(units)
-    except (StorageError, ValueError, UnicodeDecodeError) as error:
+    except (StorageError, ValueError, UnicodeDecodeError, struct.error, IndexError) as error:
         # Which unit failed is not known here: the first is as good a name
         # as any, the repair rebuilds the whole queue.
         raise DamagedUnitError(key, units[0], f"its bytes do not decode: {error}") from None
@@ -98,10 +100,15 @@ def read_message_run(log_: CommitLog, units: Sequence[Unit], run_bytes: int = 1 
 
 
 class QueueRepairs:
-    """Rebuilds of single queues from the log, one at a time per queue."""
+    """Rebuilds of single queues from the log, one at a time per queue, and
+    none of a queue within `pause_s` of its last one: damage the rebuild did
+    not cure (the log itself, a bug) is answered at once instead of costing
+    a scan of the log per pull."""
 
-    def __init__(self) -> None:
+    def __init__(self, pause_s: float = 10.0) -> None:
         self._running: dict[QueueKey, asyncio.Task[None]] = {}
+        self._last: dict[QueueKey, float] = {}  # monotonic end of the last rebuild
+        self.pause_s = pause_s
         self.repaired = 0
         self.failed = 0
 
@@ -111,16 +118,25 @@ class QueueRepairs:
         key = damage.key
         task = self._running.get(key)
         if task is None:
+            last = self._last.get(key)
+            if last is not None and time.monotonic() - last < self.pause_s:
+                raise ServiceUnavailableError(
+                    f"{damage}; the queue was rebuilt from the log {time.monotonic() - last:.1f}"
+                    f" s ago and is still damaged; retry later, or restart the node")
             log.error("%s; rebuilding the queue from the CommitLog", damage)
             task = asyncio.ensure_future(self._rebuild(cq, key))
             self._running[key] = task
-            task.add_done_callback(lambda _t: self._running.pop(key, None))
+            task.add_done_callback(lambda _t: self._done(key))
         try:
             await asyncio.shield(task)
         except (StorageError, ValueError) as error:
             raise ServiceUnavailableError(
                 f"ConsumeQueue {key[0]}/{key[1]} is damaged and its rebuild from the log"
                 f" failed ({error}); retry, or restart the node to rebuild it") from None
+
+    def _done(self, key: QueueKey) -> None:
+        self._running.pop(key, None)
+        self._last[key] = time.monotonic()
 
     async def _rebuild(self, cq: ConsumeQueueStore, key: QueueKey) -> None:
         try:
@@ -136,19 +152,21 @@ class QueueRepairs:
         upto_index = cq.dispatched_index
         upto = cq.offsets(*key)[1]  # the queue's end for entries up to upto_index
         generation = cq.generation
-        found: list[tuple[int, int, int]] = []
+        parts: list[bytes] = []
+        count = 0
         index = log_.first_index
         while index <= upto_index:
-            units, index = cq.units_in_log(key, index, upto_index)
-            found += units
+            raw, n, index = cq.units_in_log(key, index, upto_index)
+            parts.append(raw)
+            count += n
             await asyncio.sleep(0)  # a long log must not stall the Raft loop
         if cq.generation != generation or cq.get(*key) is None:
             # A topic deletion or an install changed the queues meanwhile.
             raise ValueError("the queues were rebuilt or removed during the scan")
-        first = upto - len(found)
+        first = upto - count
         if first < 0:
-            raise ValueError(f"the log holds {len(found)} messages of the queue, more than"
+            raise ValueError(f"the log holds {count} messages of the queue, more than"
                              f" its end {upto}")
-        cq.replace_queue(key, first, found, upto)
+        cq.replace_queue(key, first, b"".join(parts), count, upto)
         log.warning("ConsumeQueue %s/%d rebuilt from the CommitLog: %d units from offset %d",
-                    key[0], key[1], len(found), first)
+                    key[0], key[1], count, first)

@@ -262,18 +262,18 @@ def test_one_queue_replaced_from_a_trimmed_log_keeps_its_numbering_and_its_tail(
         store.delete_before(decode_messages(first.body, first.position)[0].physical_offset)
         # The scan, in small steps, up to what was dispatched when it began.
         upto_index, upto = store.dispatched_index, store.offsets("A", 0)[1]
-        found, index = [], log.first_index
+        found, count, index = b"", 0, log.first_index
         while index <= upto_index:
-            units, index = store.units_in_log(("A", 0), index, upto_index, batch_bytes=2048)
-            found += units
+            raw, n, index = store.units_in_log(("A", 0), index, upto_index, batch_bytes=2048)
+            found, count = found + raw, count + n
         store.dispatch_committed(40)  # dispatch goes on meanwhile
         expected = _queues(store)
         generation = store.generation
-        store.replace_queue(("A", 0), upto - len(found), found, upto)
+        store.replace_queue(("A", 0), upto - count, found, count, upto)
         assert store.generation != generation  # a checkpoint under way drops itself
         assert _queues(store) == expected
         try:
-            store.replace_queue(("A", 0), 0, found, upto)  # numbered wrong
+            store.replace_queue(("A", 0), 0, found, count, upto)  # numbered wrong
         except ValueError as error:
             assert "replacing queue" in str(error)
         else:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from consumequeue.unit import UNIT
+from ledgermq.base.message_record import MESSAGE_HEAD_SIZE
 from ledgermq.base import loop
 from ledgermq.base.codes import RequestCode
 from tests.ledgermq.broker.broker_node import Node
@@ -92,3 +93,28 @@ def test_a_pull_through_a_damaged_unit_rebuilds_the_queue_and_serves_the_right_m
     loop.run(pull_after_damage())
     loop.run(after_restart())
 
+
+
+def test_damage_a_rebuild_cannot_cure_is_answered_at_once_not_with_a_scan_per_pull(
+        tmp_path) -> None:
+    """The CommitLog record under a unit is damaged while the broker runs
+    (its topic byte, which the unit check sees; its body is not checked on
+    a pull, docs/operations.md "Replica repair"): the pull is SERVICE_UNAVAILABLE naming the queue (the rebuild's scan
+    meets the damaged entry), and another pull soon after is answered the
+    same way without scanning the log again."""
+    from ledgermq.base.errors import ServiceUnavailableError
+
+    async def main() -> None:
+        async with Node(tmp_path) as node:
+            await _fill(node)
+            unit = node.broker.cq.read("t", 0, 5, 1)[0]
+            segment = sorted((tmp_path / "n1" / "commitlog").iterdir())[0]
+            with open(segment, "r+b") as f:  # the record's topic: "t" -> "u"
+                f.seek(unit.physical_offset + MESSAGE_HEAD_SIZE)
+                f.write(b"u")
+            for _ in range(2):
+                with pytest.raises(ServiceUnavailableError, match="ConsumeQueue t/0"):
+                    await node.bodies("t", 0)
+            assert node.broker.status()["queue_repairs"] == {"repaired": 0, "failed": 1}
+
+    loop.run(main())
