@@ -174,26 +174,28 @@ class SendHandler(RequestChecks):
         if count is not None and count != len(scanned.starts):
             raise InvalidRequestError(
                 f"field 'count' is {count!r} but the blob holds {len(scanned.starts)} records")
-        for name in scanned.topics:
-            self._allow(conn, Action.PUB, name.decode())
-        topics = self.b.state.topics
-        if not self._writable_now() or any(name.decode() not in topics
-                                           for name in scanned.topics):
-            return self._send_records_later(body, scanned)
-        return self._store_records(body, scanned)
+        # (topic, highest queue id it names), each name decoded once.
+        topics = [(name.decode(), top) for name, top in scanned.topics.items()]
+        for topic, _ in topics:
+            self._allow(conn, Action.PUB, topic)
+        known = self.b.state.topics
+        if not self._writable_now() or any(topic not in known for topic, _ in topics):
+            return self._send_records_later(body, scanned, topics)
+        return self._store_records(body, scanned, topics)
 
-    async def _send_records_later(self, body: Body, scanned: Scanned) -> Body:
+    async def _send_records_later(self, body: Body, scanned: Scanned,
+                                  topics: list[tuple[str, int]]) -> Body:
         """A send that waits for a leader or for its topics to be created."""
         await self._writable()
         self._require_space()
-        for name in scanned.topics:
-            await self._topic_for_write(name.decode())
-        return await self._store_records(body, scanned)
+        for topic, _ in topics:
+            await self._topic_for_write(topic)
+        return await self._store_records(body, scanned, topics)
 
-    def _store_records(self, body: Body, scanned: Scanned) -> Awaitable[Body]:
+    def _store_records(self, body: Body, scanned: Scanned,
+                       topics: list[tuple[str, int]]) -> Awaitable[Body]:
         self._require_space()
-        for name, top in scanned.topics.items():
-            topic = name.decode()
+        for topic, top in topics:
             config = self._existing_topic_for_write(topic)
             if top >= config.queues:
                 raise InvalidRequestError(
