@@ -17,9 +17,12 @@ swaps the file system underneath.
 from __future__ import annotations
 
 import hashlib
+import os
+import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from commitlog import KIND_MESSAGES, CommitLog, Entry
+from commitlog import KIND_MESSAGES, CommitLog, Entry, fileio
 from commitlog.columns import scan_body
 from commitlog.snapshot import SnapshotInfo, latest_snapshot, read_state
 from consumequeue import ConsumeQueueStore
@@ -30,13 +33,56 @@ CHECKPOINT_EVERY = 8  # applied batches between ConsumeQueue checkpoints
 UNITS_PER_FILE = 64  # small unit files, so dispatch rolls files and recovery sees several
 
 
-class BrokerApplier:
-    """`dledger.testing.nodesim.apply.SnapshotApplier` running the broker's state machine."""
+@dataclass
+class CheckpointRot:
+    """Damage to the ConsumeQueue dispatch checkpoint before a restart's
+    recovery, in `share` of the restarts that find one: a byte flipped, the
+    file torn, or emptied, durably. The broker must rebuild every queue from
+    the log (`DispatchRecovery.checkpoint_damaged`) to the same queues its
+    state counts; the simulator's checks compare them. Drawn from the
+    node's files alone, so a seed replays alike."""
 
-    def __init__(self, log: CommitLog, data_dir: str, record: Record) -> None:
+    share: float
+    damaged: int = 0
+
+    def apply(self, data_dir: str, log: CommitLog) -> None:
+        path = os.path.join(data_dir, "consumequeue", "checkpoint")
+        raw = fileio.fs.read_file(path)
+        if not raw:
+            return
+        rng = random.Random(f"{data_dir}/{log.first_index}/{log.last_index}/{len(raw)}")
+        if rng.random() >= self.share:
+            return
+        how = rng.randrange(3)
+        if how == 0:
+            at = rng.randrange(len(raw))
+            raw = raw[:at] + bytes([raw[at] ^ (1 << rng.randrange(8))]) + raw[at + 1:]
+        else:
+            raw = raw[: rng.randrange(len(raw))] if how == 1 else b""
+        self.damaged += 1
+        fd = fileio.fs.open(path, os.O_RDWR)
+        try:
+            fileio.fs.ftruncate(fd, 0)
+            fileio.fs.pwrite(fd, raw, 0)
+            fileio.fs.fsync(fd)
+        except OSError:
+            pass  # an injected disk fault: the file is damaged some other way
+        finally:
+            fileio.fs.close(fd)
+
+
+class BrokerApplier:
+    """`dledger.testing.nodesim.apply.SnapshotApplier` running the broker's state machine.
+
+    `rot`: damage the ConsumeQueue checkpoint before some recoveries
+    (`CheckpointRot`); give it with `functools.partial`."""
+
+    def __init__(self, log: CommitLog, data_dir: str, record: Record,
+                 rot: CheckpointRot | None = None) -> None:
         self._log = log
         self._data_dir = data_dir
         self._record = record
+        self._rot = rot
         self.state = BrokerState()
         self._cq: ConsumeQueueStore | None = None
         self._batches = 0
@@ -59,6 +105,8 @@ class BrokerApplier:
                                f"covers only up to {self.state.applied_index}")
         applied = max(replay_point(log), self.state.applied_index)
         self._replay(self.state.applied_index + 1, applied)
+        if self._rot is not None:
+            self._rot.apply(self._data_dir, log)
         self._cq = ConsumeQueueStore(self._data_dir, log, units_per_file=UNITS_PER_FILE,
                                      skip_before=self.state.deleted_before)
         dispatched = self._cq.dispatched_index

@@ -14,7 +14,9 @@ snapshot); `--install-mutant stale_state` breaks the simulated install on
 purpose. `--membership SHARE` (default 0.5 for the core simulator, 0 with
 `--real-node`) sets the share of seeds where an operator adds, promotes,
 removes and replaces nodes and wipes and repairs disks while the faults run
-(the summary counts configuration changes, wipes and repairs).
+(the summary counts configuration changes, wipes and repairs). `--cq-rot
+SHARE` (`--real-node` only, default 0) damages the ConsumeQueue dispatch
+checkpoint before that share of restarts (`nodesim_apply.CheckpointRot`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ def register(app: typer.Typer) -> None:
             0.5, min=0.0, max=1.0,
             help="Share of seeds in which followers are told their leader's connections "
                  "closed (real and wrong notices; docs/raft.md, leader connection loss)."),
+        cq_rot: float = typer.Option(
+            0.0, min=0.0, max=1.0,
+            help="--real-node: share of restarts whose ConsumeQueue checkpoint is damaged "
+                 "before recovery (flipped, torn, emptied)."),
     ) -> None:
         """Run the deterministic Raft simulator over a range of seeds."""
         import json
@@ -74,7 +80,7 @@ def register(app: typer.Typer) -> None:
 
             sim_real_node.run([seed] if seed is not None else list(range(start, start + seeds)),
                               nodes, flush or "mix", trace, json_output, bug, compaction or 0.0,
-                              membership or 0.0, connection_loss)
+                              membership or 0.0, connection_loss, cq_rot)
         flush = flush or "sync"
         try:
             bugs = Bugs.only(bug) if bug else Bugs()

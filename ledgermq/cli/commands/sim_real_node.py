@@ -31,6 +31,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 import typer
@@ -66,8 +67,10 @@ def seed_options(seed: int, base: NodeSimOptions, compaction: float,
     if compacts(seed, compaction):
         snapshot_applier = BrokerApplier if issubclass(BrokerApplier, SnapshotApplier) \
             else RecordingApplier
+        # The broker's applier as given (with its checkpoint rot, if any).
+        given = getattr(base.applier, "func", base.applier)
         options = replace(options, compaction=True, segment_size=COMPACTION_SEGMENT_BYTES,
-                          applier=snapshot_applier)
+                          applier=base.applier if given is snapshot_applier else snapshot_applier)
     if changes_members(seed, membership):
         options = replace(options, membership=True)
     return options
@@ -75,13 +78,14 @@ def seed_options(seed: int, base: NodeSimOptions, compaction: float,
 
 def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: bool,
         bug: str | None, compaction: float = 0.0, membership: float = 0.0,
-        connection_loss: float = 0.5) -> None:  # NodeSimOptions.connection_loss
+        connection_loss: float = 0.5,  # NodeSimOptions.connection_loss
+        cq_rot: float = 0.0) -> None:
     from rich.console import Console
 
     from dledger.config import Bugs
     from dledger.testing.nodesim import RUNTIME_BUGS, NodeSimOptions, replay_hint, run_seed
     from dledger.testing.nodesim.apply import RecordingApplier, SnapshotApplier
-    from ledgermq.broker.nodesim_apply import BrokerApplier
+    from ledgermq.broker.nodesim_apply import BrokerApplier, CheckpointRot
     from ledgermq.cli.commands.sim_output import print_failure
 
     if flush not in ("sync", "async", "mix"):
@@ -96,8 +100,10 @@ def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: 
         except ValueError as exc:
             raise typer.BadParameter(f"{exc}; runtime bugs: {', '.join(RUNTIME_BUGS)}") \
                 from exc
+    rot = CheckpointRot(cq_rot)
+    applier = partial(BrokerApplier, rot=rot) if cq_rot else BrokerApplier
     options = NodeSimOptions(nodes=nodes, flush=flush, bugs=bugs, runtime_bug=runtime_bug,
-                             applier=BrokerApplier, connection_loss=connection_loss)
+                             applier=applier, connection_loss=connection_loss)
     snapshot_applier = BrokerApplier if issubclass(BrokerApplier, SnapshotApplier) \
         else RecordingApplier
     console = Console()
@@ -122,12 +128,13 @@ def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: 
             if not json_output:
                 print_failure(console, result, nodes, trace,
                               replay_hint(s, nodes, 1.0 if on else 0.0,
-                                          1.0 if members else 0.0, connection_loss))
+                                          1.0 if members else 0.0, connection_loss)
+                              + (f" --cq-rot {cq_rot}" if cq_rot else ""))
     elapsed = time.perf_counter() - began
     summary = {
         "simulator": "real-node", "nodes": nodes, "first_seed": seed_list[0],
         "compaction": compaction, "compaction_applier": snapshot_applier.__name__,
-        "membership": membership,
+        "membership": membership, "cq_rot": cq_rot, "cq_checkpoints_damaged": rot.damaged,
         "runs": len(seed_list), "flush_sync": modes["sync"], "flush_async": modes["async"],
         "violations": len(failures), "failed_seeds": [r.seed for r in failures],
         "seconds": round(elapsed, 2),

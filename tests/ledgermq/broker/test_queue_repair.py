@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from consumequeue.unit import UNIT
-from ledgermq.base.message_record import MESSAGE_HEAD_SIZE
 from ledgermq.base import loop
 from ledgermq.base.codes import RequestCode
+from ledgermq.base.message_record import MESSAGE_HEAD_SIZE
 from tests.ledgermq.broker.broker_node import Node
 
 pytestmark = pytest.mark.timeout(120)
@@ -99,9 +99,10 @@ def test_damage_a_rebuild_cannot_cure_is_answered_at_once_not_with_a_scan_per_pu
         tmp_path) -> None:
     """The CommitLog record under a unit is damaged while the broker runs
     (its topic byte, which the unit check sees; its body is not checked on
-    a pull, docs/operations.md "Replica repair"): the pull is SERVICE_UNAVAILABLE naming the queue (the rebuild's scan
-    meets the damaged entry), and another pull soon after is answered the
-    same way without scanning the log again."""
+    a pull, docs/operations.md "Replica repair"): the pull is
+    SERVICE_UNAVAILABLE naming the queue (the rebuild's scan meets the
+    damaged entry), and another pull soon after is answered the same way
+    without scanning the log again."""
     from ledgermq.base.errors import ServiceUnavailableError
 
     async def main() -> None:
