@@ -266,6 +266,12 @@ class GroupState:
     # entries before were verified before) up to the cut ``cut`` (0: the files' end).
     window_lo: int = 0
     cut: int = 0
+    # Topic deletions in entries past the cut that replicas applied (their
+    # dispatch checkpoints run past them), read by ``window``: committed, and
+    # their topics' queues are gone from those replicas (``prepare.dead_before``).
+    past_cut_deletions: list[tuple[int, str]] = field(default_factory=list)
+    # Replicas whose deletions past the cut could not be read (``window``).
+    past_cut_unread: list[int] = field(default_factory=list)
 
 
 def infer_segment_size(starts: list[int]) -> int:

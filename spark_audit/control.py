@@ -31,15 +31,20 @@ def topic_deletions(buf: parse.Buffer, entries: np.ndarray) -> list[Deletion]:
     control = entries[(entries["kind"] == fmt.KIND_CONTROL) & entries["crc_ok"]]
     for off, size, index in zip(control["file_offset"].tolist(), control["size"].tolist(),
                                 control["index"].tolist(), strict=True):
-        try:
-            doc = msgpack.unpackb(mv[off + fmt.ENTRY_HEADER_SIZE:off + size], raw=False,
-                                  strict_map_key=False)
-        except Exception:  # msgpack raises several unrelated types; the broker skips it too
-            continue
-        ops = doc.get("ops") if isinstance(doc, dict) else None
-        if not isinstance(ops, list):
-            continue
-        out += [(index, op["topic"]) for op in ops
-                if isinstance(op, dict) and op.get("op") == "topic.delete"
-                and isinstance(op.get("topic"), str)]
+        out += body_deletions(index, mv[off + fmt.ENTRY_HEADER_SIZE:off + size])
     return out
+
+
+def body_deletions(index: int, body: bytes | memoryview) -> list[Deletion]:
+    """The ``topic.delete`` ops of the CONTROL body of entry ``index`` (whose CRC
+    the caller checked); none for a body that is not the schema."""
+    try:
+        doc = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception:  # msgpack raises several unrelated types; the broker skips it too
+        return []
+    ops = doc.get("ops") if isinstance(doc, dict) else None
+    if not isinstance(ops, list):
+        return []
+    return [(index, op["topic"]) for op in ops
+            if isinstance(op, dict) and op.get("op") == "topic.delete"
+            and isinstance(op.get("topic"), str)]

@@ -146,6 +146,14 @@ def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
         t2 = time.perf_counter()
         files = window.apply(opts.bounds, eng, inventory, groups, opts.max_entry_size)
         tm["window_s"] = time.perf_counter() - t2
+        for gid, st in groups.items():
+            for rid in st.past_cut_unread:
+                out.add("index_validity", "deletions_past_cut_unread", INFO, gid=gid, rid=rid,
+                        detail=f"the topic deletions between the cut {st.cut} and what this "
+                               "replica dispatched could not be read (more than "
+                               f"{window.DELETION_SCAN_MAX} entries, or their Raft-index "
+                               "records are missing or damaged): a topic deleted since the "
+                               "cut shows as cq_not_indexed on it")
     bulk = [f for f in files if f.kind in inputs.BULK_KINDS]
     spans = {gid: digest.plan_spans(opts.digests[st.name], st)
              for gid, st in groups.items() if st.name in opts.digests}
@@ -212,6 +220,11 @@ def dead_before(st: checks.GroupState, deletions: dict[int, list[control.Deletio
     the nightly audit's manifest), which count for a replica whose dispatch
     checkpoint, as read before a cut clamped it, is past them: a window below a
     later deletion does not read it, and the replica dropped the topic's queues.
+    The deletions a cut's window read past its end (``st.past_cut_deletions``,
+    ``window``) count the same way: a live broker may apply one between the
+    cut and the audit's reads. Either kind also counts for a replica whose
+    checkpoint stands just below it and no longer lists the topic (the one
+    the broker writes as it drops the topic's queues).
     """
     agreed = {(d, t) for rid, ds in deletions.items() for d, t in ds
               if st.replicas[rid].agree_start <= d <= st.replicas[rid].agree_end}
@@ -222,8 +235,13 @@ def dead_before(st: checks.GroupState, deletions: dict[int, list[control.Deletio
         for d, t in agreed:
             if d <= applied:
                 mine[t] = max(mine.get(t, 0), d)
-        for d, t in known or []:
-            if (d, t) not in agreed and 0 < d <= m.dispatched_on_disk:
+        # The broker drops a topic's queues while it applies the deleting entry
+        # D, writing a checkpoint at D - 1 that no longer lists the topic: that
+        # replica has applied the deletion too.
+        listed = {t for t, _, _ in m.dispatch.queues} if m.dispatch is not None else None
+        for d, t in [*(known or []), *st.past_cut_deletions]:
+            dropped = d == m.dispatched_on_disk + 1 and listed is not None and t not in listed
+            if (d, t) not in agreed and d > 0 and (d <= m.dispatched_on_disk or dropped):
                 mine[t] = max(mine.get(t, 0), d)
         out[rid] = mine
     return out

@@ -29,6 +29,12 @@ parsed; files wholly outside are left out. Each replica's ``ReplicaMeta``
 learns its window (``window_lo``, ``cut``, where the view reads), the first
 entry on disk (``disk_first``), and its hardstate commit, durable index and
 dispatched index are clamped to the cut (a live broker's are past it).
+
+Past a cut, one more small read per replica: the topic deletions between the
+cut and what the replica dispatched (``ReplicaLog.deletions_past``, through
+the Raft-index records' kinds and the CONTROL bodies), because a live broker
+that applies one after the cut drops that topic's queues before the audit
+reads them (``prepare.dead_before``).
 """
 
 from __future__ import annotations
@@ -39,11 +45,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spark_audit import checks, fmt, inputs, parse
+from spark_audit import checks, control, fmt, inputs, parse
 from spark_audit.engine import Engine
 from spark_audit.inputs import FileInfo, View
 
 MAX_INDEX = fmt.MAX_PLAUSIBLE
+# Entries past a cut read for topic deletions, per replica (32 bytes of
+# Raft-index record each, on the driver): a live cut is a few seconds behind.
+DELETION_SCAN_MAX = 200_000
 
 
 @dataclass(frozen=True)
@@ -184,6 +193,60 @@ class ReplicaLog:
         data = self.eng.read_range(seg.path, 0, seg.length)
         return parse.scan_segment(data, seg.start, self.max_entry_size, bodies=False).entries
 
+    def deletions_past(self, hi: int, upto: int, limit: int) -> list[control.Deletion] | None:
+        """The ``topic.delete`` ops of entries ``hi+1..upto`` (past a cut, up to
+        what the replica dispatched), found through their Raft-index records
+        (one read per index file; a record's kind says which entries are
+        CONTROL) and read from the CONTROL entries' bodies, each confirmed by
+        its header and body CRC. None when that cannot be told: more than
+        ``limit`` entries, or a record or CONTROL entry missing or damaged
+        (index files are derived data)."""
+        if not self.index:
+            return None
+        # A broker's index file grows after the listing; what it held then
+        # covers every deletion whose dropped queues the listing can miss (the
+        # record is written when the entry is appended, before it is applied).
+        upto = min(upto, max(ix.start + ix.length // fmt.INDEX_RECORD_SIZE - 1
+                             for ix in self.index))
+        if upto - hi > limit:
+            return None
+        out: list[control.Deletion] = []
+        x = hi + 1
+        while x <= upto:
+            ix = next((f for f in reversed(self.index) if f.start <= x), None)
+            if ix is None:
+                return None
+            n = min(upto + 1, ix.start + ix.length // fmt.INDEX_RECORD_SIZE) - x
+            if n <= 0:
+                return None
+            raw = self.eng.read_range(ix.path, (x - ix.start) * fmt.INDEX_RECORD_SIZE,
+                                      n * fmt.INDEX_RECORD_SIZE)
+            if len(raw) < n * fmt.INDEX_RECORD_SIZE:
+                return None
+            for k in range(n):
+                rec = raw[k * fmt.INDEX_RECORD_SIZE:(k + 1) * fmt.INDEX_RECORD_SIZE]
+                if fmt.crc(rec[:28]) != struct.unpack_from("<I", rec, 28)[0]:
+                    return None
+                position, term, size, kind, bcrc = fmt.INDEX_RECORD.unpack_from(rec)
+                if kind != fmt.KIND_CONTROL:
+                    continue
+                body = self._control_body(x + k, position, term, size, bcrc)
+                if body is None:
+                    return None
+                out += control.body_deletions(x + k, body)
+            x += n
+        return out
+
+    def _control_body(self, index: int, position: int, term: int, size: int,
+                      bcrc: int) -> bytes | None:
+        seg = self._seg_at(position) if position <= MAX_INDEX else None
+        if seg is None or self.header(seg, position - seg.start) != (index, term, size):
+            return None
+        body = self.eng.read_range(seg.path, position - seg.start + fmt.ENTRY_HEADER_SIZE,
+                                   size - fmt.ENTRY_HEADER_SIZE)
+        ok = len(body) == size - fmt.ENTRY_HEADER_SIZE and fmt.crc(body) == bcrc
+        return body if ok else None
+
     def last_index(self) -> int:
         """The highest index in the last segment holding entries (0: none)."""
         for seg in reversed(self.segs):
@@ -294,6 +357,29 @@ def _cq_view(eng: Engine, f: FileInfo, p: Placed, b: Bounds) -> FileInfo | None:
     return dataclasses.replace(f, view=v, length=stop - start)
 
 
+def _past_cut_deletions(st: checks.GroupState, log: ReplicaLog, m: checks.ReplicaMeta,
+                        hi: int) -> None:
+    """Topic deletions past the cut that this replica applied (its dispatch
+    checkpoint, before the cut clamps it, is past them, or just below one
+    and without the topic: they are committed): it dropped those topics'
+    queues, and their messages below the cut are dead on it
+    (``prepare.dead_before``), not unindexed. A live
+    broker that applies a deletion between the cut and the audit's reads
+    would otherwise look like it lost units. When they cannot be read
+    (``ReplicaLog.deletions_past``), ``deletions_past_cut_unread`` says so."""
+    upto = m.dispatch.dispatched_index if m.dispatch is not None else 0
+    if upto < hi:
+        return  # behind the cut: it applied nothing past it
+    found = log.deletions_past(hi, upto, DELETION_SCAN_MAX)
+    if found is None:
+        st.past_cut_unread.append(m.rid)
+        return
+    # The entry after: a broker dropping a topic's queues writes a checkpoint
+    # just below the deleting entry (``prepare.dead_before``); best effort.
+    found += log.deletions_past(upto, upto + 1, 1) or []
+    st.past_cut_deletions = sorted(set(st.past_cut_deletions) | set(found))
+
+
 def _clamp(m: checks.ReplicaMeta, hi: int) -> None:
     """A live broker's hardstate, checkpoint and dispatch checkpoint run past the cut."""
     if m.hardstate is not None:
@@ -348,6 +434,7 @@ def apply(bounds: dict[str, Bounds], eng: Engine, files: list[FileInfo],
             m.read_to = -1 if p.read_to is None else p.read_to
             if b.hi:
                 m.cut = b.hi
+                _past_cut_deletions(st, logs[rid], m, b.hi)
                 _clamp(m, b.hi)
             for f in by_replica.get((gid, rid), []):
                 view: FileInfo | None = f

@@ -109,14 +109,19 @@ def test_a_window_below_a_deletion_is_told_of_it(tmp_path):
     """A window that ends before the deleting entry does not read it, while every replica
     applied it and dropped the topic's queues: the deletion, known from outside the
     window (the nightly manifest keeps those its new ranges held), makes the window's
-    messages of the topic dead; unknown, they would be messages without a unit."""
+    messages of the topic dead; unknown, they would be messages without a unit. (With
+    the Raft-index files gone the window cannot read past its cut either, see below.)"""
     from spark_audit import window
     from spark_audit.engine import LocalFlowEngine
 
     _write(str(tmp_path / "g"), {key: {"orders": DELETE_AT} for key in scenarios.NODES})
+    _remove_index_files(tmp_path / "g")
     bounds = {"g": window.Bounds(5, 20)}
     blind = run_audit(AuditOptions([str(tmp_path / "g")], bounds=bounds), LocalEngine())
     assert ("index_validity", "cq_not_indexed", 0) in violations(blind)
+    unread = {r["rid"] for r in blind.findings.to_pylist()
+              if r["kind"] == "deletions_past_cut_unread"}
+    assert unread == {0, 1, 2}, unread
     for eng in (LocalEngine(), LocalFlowEngine()):
         told = run_audit(AuditOptions([str(tmp_path / "g")], bounds=bounds,
                                       deletions={"g": [(DELETE_AT, "orders")]}), eng)
@@ -124,3 +129,39 @@ def test_a_window_below_a_deletion_is_told_of_it(tmp_path):
     # The whole log's audit reports the deletion it read, for the manifest.
     whole = run_audit(AuditOptions([str(tmp_path / "g")]), LocalEngine())
     assert whole.deletions == {0: [(DELETE_AT, "orders")]}
+
+
+def _remove_index_files(root) -> None:
+    for path in root.glob("*/index/*"):
+        path.unlink()
+
+
+def test_a_cut_reads_the_deletions_its_replicas_applied_past_it(tmp_path):
+    """A live cut: a broker applies a deletion committed after the cut before the
+    audit reads its queue files, so the topic's queues are gone while the deleting
+    entry lies past the cut. The window reads the CONTROL entries between the cut and
+    what each replica dispatched (through their Raft-index records), so the dead
+    messages are told as such, not as messages without a unit; both engines alike.
+    A replica that has not applied the deletion yet still indexes them, and is judged
+    on them as before."""
+    from spark_audit import window
+    from spark_audit.engine import LocalFlowEngine
+
+    skip = {"orders": DELETE_AT}
+    _write(str(tmp_path / "g"), {"n1": skip, "n2": skip, "n3": None},
+           n3={"dispatched_index": 25})
+    opts = AuditOptions([str(tmp_path / "g")], bounds={"g": window.Bounds(1, 20)})
+    key = ["check", "kind", "severity", "gid", "rid", "fid", "index", "topic", "queue_id",
+           "slot", "phys_offset", "count", "detail"]
+    a, b = run_audit(opts, LocalEngine()), run_audit(opts, LocalFlowEngine())
+    assert a.valid, violations(a)
+    assert sorted(a.findings.select(key).to_pylist(), key=repr) == sorted(
+        b.findings.select(key).to_pylist(), key=repr)
+    (info,) = [r for r in a.findings.to_pylist() if r["kind"] == "topic_deleted"]
+    assert (info["topic"], info["index"], info["severity"]) == ("orders", DELETE_AT, "info")
+    # Entries 1..20 hold 4 messages each, every other one of "orders".
+    assert info["count"] == 2 * 20
+    assert not [r for r in a.findings.to_pylist() if r["kind"] == "deletions_past_cut_unread"]
+    # The deletions past a cut count only for the window, never for the manifest:
+    # the night that reads the deleting entry records it.
+    assert not any(a.deletions.values())
