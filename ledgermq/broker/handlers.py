@@ -183,7 +183,8 @@ class Handlers(RequestChecks):
             take.append(unit)
             size += unit.size
         group = self.b.config.group
-        stored = check_read(key, take, partial(read_message_run, self.b.node.log)) if take else []
+        stored = check_read(key, take, partial(read_message_run, self.b.node.log),
+                            self.b.entry_limit) if take else []
         for unit, sm in zip(take, stored, strict=True):
             # The tag hash narrowed the candidates; the text decides (hashes collide).
             if wanted is None or sm.message.tags in wanted:

@@ -31,6 +31,7 @@ from commitlog import CommitLog, StoredMessage, decode_message_at, tag_hash
 from commitlog.errors import StorageError
 from consumequeue import ConsumeQueueStore, Unit
 from ledgermq.base.errors import ServiceUnavailableError
+from ledgermq.base.message_record import MESSAGE_HEAD_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +49,18 @@ class DamagedUnitError(Exception):
 
 
 def check_read(key: QueueKey, units: Sequence[Unit],
-               read: Callable[[Sequence[Unit]], list[StoredMessage]]) -> list[StoredMessage]:
+               read: Callable[[Sequence[Unit]], list[StoredMessage]],
+               max_size: int) -> list[StoredMessage]:
     """`read(units)`, each record checked against its unit; DamagedUnitError
-    names the first unit that does not lead to a record of `key`."""
+    names the first unit that does not lead to a record of `key`. A size
+    outside [record head, `max_size`] is refused before anything is read (a
+    flipped high bit would have the read take a whole segment)."""
     previous = -1
     for unit in units:
         if unit.physical_offset <= previous:
             raise DamagedUnitError(key, unit, f"goes back in the log from position {previous}")
+        if not MESSAGE_HEAD_SIZE <= unit.size <= max_size:
+            raise DamagedUnitError(key, unit, f"a record cannot be {unit.size} bytes")
         previous = unit.physical_offset
     try:
         stored = read(units)

@@ -40,6 +40,18 @@ async def _fill(node: Node) -> None:
         await node.send("secret", b"s%04d" % i, queue_id=0)
 
 
+async def _drain(node: Node, offset: int) -> list[bytes]:
+    """What a consumer reads from `offset` of queue t/0 to its end, pull by pull
+    (a pull stops before a unit too large for its byte budget)."""
+    bodies: list[bytes] = []
+    while offset < COUNT:
+        reply = await node.req(RequestCode.PULL_MESSAGES, {
+            "topic": "t", "queue_id": 0, "offset": offset, "max_messages": 64})
+        bodies += [m["body"] for m in reply["messages"]]
+        offset = reply["next_offset"]
+    return bodies
+
+
 def _damage(tmp_path: Path, how: str) -> None:
     """Damage unit 5 of queue t/0 while the node is down."""
     path = _queue_file(tmp_path)
@@ -50,6 +62,8 @@ def _damage(tmp_path: Path, how: str) -> None:
         offset ^= 1 << 6
     elif how == "size bit":
         size ^= 1 << 3
+    elif how == "size high bit":  # refused before a read of a whole segment
+        size ^= 1 << 30
     elif how == "tag hash bit":
         tag ^= 1 << 40
     elif how == "another topic's record":
@@ -61,7 +75,7 @@ def _damage(tmp_path: Path, how: str) -> None:
     path.write_bytes(bytes(raw))
 
 
-@pytest.mark.parametrize("how", ["offset bit", "size bit", "tag hash bit",
+@pytest.mark.parametrize("how", ["offset bit", "size bit", "size high bit", "tag hash bit",
                                  "another topic's record", "behind the unit before"])
 def test_a_pull_through_a_damaged_unit_rebuilds_the_queue_and_serves_the_right_messages(
         tmp_path, how) -> None:
@@ -72,7 +86,7 @@ def test_a_pull_through_a_damaged_unit_rebuilds_the_queue_and_serves_the_right_m
     async def pull_after_damage() -> None:
         async with Node(tmp_path) as node:
             # Two consumers meet the damage at once: one rebuild, both served.
-            first, second = await asyncio.gather(node.bodies("t", 0), node.bodies("t", 0, 3))
+            first, second = await asyncio.gather(_drain(node, 0), _drain(node, 3))
             assert first == BODIES and second == BODIES[3:]
             assert node.broker.status()["queue_repairs"] == {"repaired": 1, "failed": 0}
             # Offsets go on from where they were.
@@ -119,3 +133,21 @@ def test_damage_a_rebuild_cannot_cure_is_answered_at_once_not_with_a_scan_per_pu
             assert node.broker.status()["queue_repairs"] == {"repaired": 0, "failed": 1}
 
     loop.run(main())
+
+
+def test_a_unit_size_no_record_can_have_is_refused_before_anything_is_read() -> None:
+    """A flipped high bit of a unit's size would have the pull read a whole
+    segment into memory before the record failed to decode."""
+    from consumequeue import Unit
+    from ledgermq.broker.queue_repair import DamagedUnitError, check_read
+
+    reads: list[object] = []
+
+    def read(units: object) -> list:
+        reads.append(units)
+        return []
+
+    for size in (1 << 30, 3):
+        with pytest.raises(DamagedUnitError, match=f"a record cannot be {size} bytes"):
+            check_read(("t", 0), [Unit(0, 4096, size, 0)], read, 64 * 1024)
+    assert reads == []
