@@ -2,7 +2,7 @@
 follower over exactly N acknowledged sends, as JSON.
 
 A 3-node group on loopback (flush and Raft timing as bench/produce.py's
-`--raft defaults`), one client with the SDK's merging off sending 1 KiB
+`--raft defaults`), one client with the SDK's merging off (or on, `--merging`) sending 1 KiB
 messages, W in flight. After a warm-up, the servers start cProfile on a
 signal (bench/cprofile_hook/sitecustomize.py), the client sends N messages,
 and the servers write their profiles. Call counts per message do not depend
@@ -12,6 +12,7 @@ Profiled time is inflated by the profiler (~1 µs per Python call) and is
 given only to rank functions.
 
     python bench/profile_calls.py --window 1 --messages 3000 [--flush async] [--top 25]
+        [--merging]   # the SDK merges the window into one request (its default)
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     cluster.start()
     try:
         await wait_leader(cluster)
-        async with Producer([cluster.namesrv_address], coalesce=False) as producer:
+        async with Producer([cluster.namesrv_address], coalesce=args.merging) as producer:
             await producer.create_topic("bench", queues=8)
             await send(producer, args.warmup, args.window)
             leader = await wait_leader(cluster)
@@ -109,6 +110,7 @@ async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                 os.kill(pid, signal.SIGUSR2)
         out: dict[str, Any] = {"bench": "profile_calls", "window": args.window,
                                "messages": args.messages, "flush": args.flush,
+                               "merging": args.merging,
                                "msgs_per_s_profiled": round(args.messages / seconds)}
         for name, pid in pids.items():
             path = profiles / f"{pid}.prof"
@@ -128,6 +130,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=3000, help="sends profiled")
     parser.add_argument("--warmup", type=int, default=2000, help="sends before profiling")
     parser.add_argument("--flush", choices=("async", "sync"), default="async")
+    parser.add_argument("--merging", action="store_true",
+                        help="the SDK merges concurrent sends into one request")
     parser.add_argument("--top", type=int, default=25, help="functions listed per ranking")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lmq-profile-calls-") as base:

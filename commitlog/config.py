@@ -29,6 +29,11 @@ class CommitLogConfig:
     # The checkpoint (what recovery trusts without re-reading) is rewritten at
     # most this often; it is a lower bound of what is durable.
     checkpoint_interval_ms: int = 1000
+    # The CommitLog's share of the page cache: once synced, bytes more than
+    # this far behind the end are dropped from the cache (fadvise DONTNEED),
+    # so a node's cached log stays near this size however much it writes.
+    # 0 leaves caching to the kernel. docs/architecture.md, "The page cache".
+    page_cache_tail_bytes: int = 1024 * MIB
     # "tail": on open, verify from the start of the segment holding the
     # checkpoint; "full": verify every entry of every segment.
     verify_on_open: str = "tail"
@@ -42,6 +47,8 @@ class CommitLogConfig:
             raise ConfigError(f"flush must be 'sync' or 'async', not {self.flush!r}")
         if self.verify_on_open not in ("tail", "full"):
             raise ConfigError("verify_on_open must be 'tail' or 'full'")
+        if self.page_cache_tail_bytes < 0:
+            raise ConfigError("page_cache_tail_bytes must be 0 (leave it to the kernel) or more")
         if self.message_size_bytes_max < 1:
             raise ConfigError("message_size_bytes_max must be positive")
 

@@ -171,6 +171,25 @@ def sync_and_close(files: list[DirtyFile]) -> None:
             fileio.fs.close(fd)
 
 
+# Bytes of a file to drop from the page cache: a duplicated fd (owned by
+# whoever drops them), the offset and the length.
+CachedRange = tuple[int, int, int]
+PAGE_SIZE = 4096
+
+
+def drop_cached(ranges: list[CachedRange], *, drop: bool = True) -> None:
+    """Drop these synced ranges from the page cache (unless `drop` is
+    False), then close the fds. Advice only: a refusal (a file system
+    without it) changes nothing but the cache, so it is ignored."""
+    try:
+        for fd, offset, length in ranges if drop else ():
+            with contextlib.suppress(OSError):
+                fileio.fs.drop_cache(fd, offset, length)
+    finally:
+        for fd, _offset, _length in ranges:
+            fileio.fs.close(fd)
+
+
 def sync_directory(path: str) -> None:
     """Make created, renamed or removed directory entries durable."""
     fd = fileio.fs.open(path, os.O_RDONLY | os.O_DIRECTORY)

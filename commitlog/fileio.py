@@ -42,6 +42,10 @@ class FileSystem(Protocol):
 
     def dup(self, fd: int) -> int: ...
 
+    def drop_cache(self, fd: int, offset: int, length: int) -> None:
+        """Drop the file's clean cached pages wholly inside [offset,
+        offset+length) (POSIX_FADV_DONTNEED): advice, never a loss of data."""
+
     def size(self, fd: int) -> int: ...
 
     def replace(self, src: str, dst: str) -> None: ...
@@ -63,6 +67,10 @@ class FileSystem(Protocol):
 
 def _size(fd: int) -> int:
     return os.fstat(fd).st_size
+
+
+def _drop_cache(fd: int, offset: int, length: int) -> None:
+    os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
 def _lock(fd: int) -> None:
@@ -105,6 +113,7 @@ class OsFileSystem:
         self.fsync = os.fsync
         self.fdatasync = os.fdatasync
         self.dup = os.dup
+        self.drop_cache = _drop_cache
         self.size = _size
         self.replace = os.replace
         self.remove = os.remove

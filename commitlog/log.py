@@ -32,8 +32,15 @@ from commitlog.checkpoint import (
     write_checkpoint,
     write_hard_state,
 )
-from commitlog.config import CommitLogConfig
-from commitlog.disk import DirtyFile, lock_directory, sync_and_close, sync_directory
+from commitlog.config import MIB, CommitLogConfig
+from commitlog.disk import (
+    CachedRange,
+    DirtyFile,
+    drop_cached,
+    lock_directory,
+    sync_and_close,
+    sync_directory,
+)
 from commitlog.entry import HEADER_SIZE, KINDS, Entry, decode_header, encode_header, place
 from commitlog.errors import (
     CorruptionError,
@@ -61,6 +68,8 @@ class SyncToken:
     end: int
     term: int
     generation: int
+    # Synced bytes out of the page-cache tail, dropped after the sync.
+    cached: list[CachedRange] = dataclasses.field(default_factory=list)
 
 
 @dataclass
@@ -114,6 +123,9 @@ class CommitLog:
         self.durable_index = self.first_index - 1
         self.durable_end = 0
         self.durable_term = 0
+        # Positions below this are out of the page cache (or were asked to
+        # be): each sync drops what fell out of the cached tail since.
+        self._uncached_below = self.segments.bases[0] if self.segments.bases else 0
         try:
             self.flush()
             self.checkpoint()
@@ -308,6 +320,7 @@ class CommitLog:
             self._generation += 1
         self._truncations.append((self._generation, index))
         del self._truncations[:-64]
+        self._uncached_below = min(self._uncached_below, new_end)
         self.segments.truncate(new_end)
         self.index.truncate_after(index)
         self.last_index, self.last_term, self.end = index, new_term, new_end
@@ -420,6 +433,9 @@ class CommitLog:
         self.first_index, self.last_index, self.last_term, self.end = (
             first_index, last_index, last_term, end)
         self.durable_index, self.durable_end, self.durable_term = last_index, end, last_term
+        # The installed segments were written and synced here: the next sync
+        # drops what of them lies before the cached tail.
+        self._uncached_below = self.segments.bases[0] if self.segments.bases else 0
 
     # ------------------------------------------------------------------ sizes
 
@@ -460,7 +476,26 @@ class CommitLog:
         """Collect what a sync must cover (call on the owning thread)."""
         fds, directory_dirty = self.segments.take_dirty()
         return SyncToken(fds, directory_dirty, self.last_index, self.end, self.last_term,
-                         self._generation)
+                         self._generation, self._take_uncached())
+
+    def _take_uncached(self) -> list[CachedRange]:
+        """The synced bytes that fell out of the cached tail since the last
+        call (`config.page_cache_tail_bytes`), once there is at least a MiB
+        of them (or the whole tail, if smaller): for the sync to drop.
+
+        Only bytes below `durable_end`: their pages are clean, so dropping
+        them costs nothing but a later read. Why drop at all: on this
+        project's VM the kernel's cost per written byte grew fivefold once
+        ~6.5 GB of pages were cached (docs/architecture.md, "The page
+        cache")."""
+        tail = self.config.page_cache_tail_bytes
+        if not tail:
+            return []
+        stop = min(self.durable_end, self.end - tail)
+        if stop - self._uncached_below < min(MIB, tail):
+            return []
+        start, self._uncached_below = self._uncached_below, stop
+        return self.segments.cached_ranges(start, stop)
 
     def run_sync(self, token: SyncToken) -> None:
         """fdatasync the token's files; safe to run on another thread."""
@@ -468,7 +503,12 @@ class CommitLog:
         # trace may say its bytes are.
         if token.directory_dirty:
             sync_directory(self.segments.directory)
-        sync_and_close(token.fds)
+        try:
+            sync_and_close(token.fds)
+        finally:
+            # Not after a truncation since the token was taken: new, unsynced
+            # bytes may have taken the cut ones' places.
+            drop_cached(token.cached, drop=token.generation == self._generation)
 
     def finish_sync(self, token: SyncToken, error: BaseException | None = None) -> None:
         """Advance the durable point (call on the owning thread)."""

@@ -8,10 +8,12 @@ bytes and positions only; entries are `commitlog.entry`'s job.
 
 from __future__ import annotations
 
+import bisect
 import os
 from dataclasses import dataclass
 
-from commitlog.disk import DirtyFile, sync_directory
+from commitlog import fileio
+from commitlog.disk import PAGE_SIZE, CachedRange, DirtyFile, sync_directory
 from commitlog.errors import ConfigError, PositionMismatchError
 from commitlog.file_queue import FileQueue, is_file_name
 
@@ -108,6 +110,22 @@ class SegmentFiles:
         """Segments written since the last call (duplicated fd, path, length),
         and whether the directory changed. The caller syncs and closes them."""
         return self.files.take_dirty(), self.files.take_directory_dirty()
+
+    def cached_ranges(self, start: int, stop: int) -> list[CachedRange]:
+        """The bytes of positions [start, stop) in each open segment, as
+        (duplicated fd, offset, length) for `disk.drop_cached`. Each range
+        starts on a page boundary of its file, so a page a previous range cut
+        through is dropped this time (the kernel drops only whole pages)."""
+        ranges = []
+        for base in self.bases[bisect.bisect_left(self.bases, self.base_of(start)):]:
+            if base >= stop:
+                break
+            first = max(start, base) - base
+            first -= first % PAGE_SIZE
+            last = min(stop, base + self.lengths[base]) - base
+            if last > first:
+                ranges.append((fileio.fs.dup(self.files.fd(base)), first, last - first))
+        return ranges
 
     def sync_directory(self) -> None:
         sync_directory(self.directory)

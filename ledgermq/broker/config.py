@@ -57,6 +57,8 @@ class BrokerConfig:
     # flush="async": the background flusher's period and byte threshold.
     flush_interval_ms: int = 200
     flush_bytes: int = 4 * MIB
+    # The CommitLog's share of the page cache (0: the kernel's business).
+    page_cache_tail_bytes: int = 1024 * MIB
     replicate: str = "sync"
     # What a replica does when the group's log contradicts entries it had
     # committed (CommittedDivergence): "stop" (fail, keep everything for an
@@ -338,6 +340,7 @@ def validate(config: BrokerConfig) -> None:
     _check_int(config, "snapshot_interval_bytes", 0)
     _check_int(config, "long_poll_timeout_ms", 0)
     _check_int(config, "write_hold_ms", 0)
+    _check_int(config, "page_cache_tail_bytes", 0)
     _check_int(config, "segment_size_bytes", 4096)
     if config.default_queues > 1024:
         raise BrokerConfigError("default_queues must be at most 1024")

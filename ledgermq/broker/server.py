@@ -199,6 +199,7 @@ class Broker:
         log_config = CommitLogConfig(
             segment_size_bytes=c.segment_size_bytes, flush=c.flush,
             flush_interval_ms=c.flush_interval_ms, flush_bytes=c.flush_bytes,
+            page_cache_tail_bytes=c.page_cache_tail_bytes,
             message_size_bytes_max=c.message_size_bytes_max,
             entry_size_bytes_max=max(8 << 20, c.batch_max_bytes + (1 << 20)),
         )

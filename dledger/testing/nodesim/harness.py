@@ -71,6 +71,9 @@ from dledger.testing.nodesim.world import Proposal, Slot
 GROUP = "sim"
 TICK_MS = 50
 ELECTION_TICKS = 10
+# The CommitLog's cached tail (page_cache_tail_bytes): well under a segment (16
+# KiB), so drops cut through segments as well as whole ones.
+CACHED_TAIL_BYTES = 2 * 1024
 # Membership runs: nodes beyond the bootstrap ones, running as non-members
 # until added (ids nodes+1 .. nodes+SPARES; a removed id is never reused).
 SPARES = 4
@@ -174,6 +177,7 @@ class Harness:
         for slot in self.slots.values():
             self.fs.set_faults(slot.data_dir, NO_FAULTS)
         self.fs.on_replace = lambda path: observe_replace(self, path)
+        self.fs.on_unsynced_drop = self.fail
         self.dead_loops: list[SimLoop] = []
         self.proposals: list[Proposal] = []
         self.by_digest: dict[str, Proposal] = {}
@@ -242,7 +246,10 @@ class Harness:
             tick_ms=TICK_MS, election_timeout_ticks=ELECTION_TICKS,
             commitlog=commitlog.CommitLogConfig(
                 segment_size_bytes=self.options.segment_size, index_file_records=64,
-                flush_interval_ms=100, flush_bytes=8192, checkpoint_interval_ms=300),
+                flush_interval_ms=100, flush_bytes=8192, checkpoint_interval_ms=300,
+                # A small cached tail: syncs drop pages all run long, and
+                # the file system checks each drop covers synced bytes only.
+                page_cache_tail_bytes=CACHED_TAIL_BYTES),
             # Small chunks and window: a transfer is many chunks, exposed to
             # loss, duplication and reordering; a stall is seen within a
             # couple of election timeouts.
@@ -643,6 +650,7 @@ class Harness:
     def fault_counts(self) -> dict[str, int]:
         out = dict(self.counts)
         out.update({name: self.fs.counts.get(name, 0) for name in FAULT_NAMES})
+        out["cache_drops"] = self.fs.cache_drops
         out.update({f"net_{k}": v for k, v in sorted(self.net.counts.items())})
         out["leader_lost_notices"] += sum(
             s.node.counters.leader_lost_notices for s in self.slots.values() if s.node is not None)

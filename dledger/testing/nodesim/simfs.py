@@ -122,6 +122,10 @@ class SimFileSystem:
         # Called with the destination after every successful replace (the
         # harness checks what checkpoints and hard states claim).
         self.on_replace: Callable[[str], None] | None = None
+        # Told when the storage engine asks to drop unsynced bytes from the
+        # page cache (the harness fails the run); unset, that raises.
+        self.on_unsynced_drop: Callable[[str], None] | None = None
+        self.cache_drops = 0
 
     # ------------------------------------------------------------- harness
 
@@ -363,6 +367,22 @@ class SimFileSystem:
         for op in inode.pending:
             _apply(inode.durable, op)
         inode.pending = []
+
+    def drop_cache(self, fd: int, offset: int, length: int) -> None:
+        """Nothing to drop in memory; checks the storage engine's promise
+        that it only ever drops synced bytes (whose pages are clean)."""
+        f, inode = self._file(fd)
+        end = offset + length
+        for kind, at, data in inode.pending:
+            if at < end and (kind == "t" or at + len(data) > offset):
+                text = (f"asked to drop [{offset}, {end}) of {f.path} from the page cache,"
+                        f" but an unsynced {'write' if kind == 'w' else 'truncation'} at {at}"
+                        f" is in it")
+                if self.on_unsynced_drop is None:
+                    raise AssertionError(text)
+                self.on_unsynced_drop(text)
+                return
+        self.cache_drops += 1
 
     def dup(self, fd: int) -> int:
         f = self._fd(fd)

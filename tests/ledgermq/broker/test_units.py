@@ -30,6 +30,7 @@ def test_config_file_round_trip(tmp_path) -> None:
     config = load_config(str(path))
     assert config.node_id == 2 and config.tick_ms == 20 and config.replicate == "async"
     assert (config.flush_interval_ms, config.flush_bytes) == (200, 4 << 20)  # defaults
+    assert config.page_cache_tail_bytes == 1 << 30
     assert config.client_address == "h:4" and config.client_address_of(1) == "h:2"
     assert config.namesrv == ("127.0.0.1:9876",)
     assert config.with_overrides(flush="sync", replicate=None).flush == "sync"
@@ -47,6 +48,8 @@ def test_config_file_round_trip(tmp_path) -> None:
     ({"default_queues": 0}, "default_queues"),
     ({"flush_interval_ms": 0}, "flush_interval_ms"),
     ({"flush_bytes": "big"}, "flush_bytes"),
+    ({"page_cache_tail_bytes": -1}, "page_cache_tail_bytes"),
+    ({"page_cache_tail_bytes": 1.5}, "page_cache_tail_bytes"),
     ({"peers": {"1": {"raft": "nohost"}}}, "needs 'raft' and 'client'"),
     ({"initial_members": [1, 7]}, "initial_members: 7 is not a node id"),
     ({"initial_members": "1,2"}, "initial_members must be a list"),
