@@ -23,11 +23,13 @@ import asyncio
 import base64
 import logging
 import time
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 
-from commitlog.message import valid_topic
+from commitlog.message import StoredMessage, valid_topic
+from consumequeue import Unit
 from ledgermq.base.address import split_host_port
 from ledgermq.base.clock import monotonic_ms
 from ledgermq.base.errors import LedgerMQError, NotLeaderError
@@ -36,6 +38,7 @@ from ledgermq.broker.acl import Action
 from ledgermq.broker.codec import message_view
 from ledgermq.broker.control import MAX_QUEUES, PERM_RW, offsets_reset, topic_delete, topic_put
 from ledgermq.broker.metrics import Instruments, broker_registry
+from ledgermq.broker.queue_repair import DamagedUnitError, QueueKey, check_read, read_message_run
 from ledgermq.broker.view import BrokerView
 from ledgermq.webadmin.app import (
     PRINCIPAL,
@@ -427,7 +430,6 @@ class BrokerAdmin:
         config = self._topic(topic)
         cq = self.b.cq
         assert cq is not None
-        log_ = self.b.node.log
         deadline = time.monotonic() + KEY_SCAN_SECONDS
         cursors = {}
         for q in range(config.queues):
@@ -446,9 +448,8 @@ class BrokerAdmin:
                     del cursors[q]
                     continue
                 start = max(lo, hi - _SCAN_CHUNK)
-                units = cq.read(topic, q, start, hi - start)
-                for unit in reversed(units):
-                    stored = log_.read_message(unit.physical_offset, unit.size)
+                units, records = await self._read_checked((topic, q), start, hi - start)
+                for unit, stored in zip(reversed(units), reversed(records), strict=True):
                     scanned += 1
                     if key in stored.message.keys.split():
                         found.append(self._view(stored, unit.queue_offset))
@@ -458,6 +459,30 @@ class BrokerAdmin:
         return json_response({"topic": topic, "key": key, "messages": found[:limit],
                               "scanned": scanned, "complete": complete and len(found) < limit,
                               "group": self.b.config.group})
+
+    async def _read_checked(self, key: QueueKey, offset: int, count: int
+                            ) -> tuple[list[Unit], list[StoredMessage]]:
+        """Up to `count` units of queue `key` from `offset` and their records,
+        each checked against its unit as a pull checks them: a damaged unit
+        has the queue rebuilt from the log (queue_repair.py) and is read
+        again; never another queue's record."""
+        cq = self.b.cq
+        assert cq is not None
+        read = partial(read_message_run, self.b.node.log)
+
+        def units_and_records() -> tuple[list[Unit], list[StoredMessage]]:
+            units = cq.read(*key, offset, count)
+            return units, check_read(key, units, read, self.b.entry_limit)
+
+        try:
+            return units_and_records()
+        except DamagedUnitError as damage:
+            await self.b.queue_repairs.repair(cq, damage)
+        try:
+            return units_and_records()
+        except DamagedUnitError as again:
+            raise ApiError(503, "SERVICE_UNAVAILABLE",
+                           f"{again}, again after a rebuild from the log") from None
 
     # --------------------------------------------------------------- retention
 

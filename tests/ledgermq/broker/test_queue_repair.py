@@ -1,17 +1,18 @@
 """Damaged ConsumeQueue units on a real one-node broker: a pull that meets a
 unit leading to the wrong bytes gets the right messages anyway (the queue is
-rebuilt from the CommitLog while the broker runs), never a message of
-another queue (a unit pointing exactly at another topic's record would
-otherwise hand it out, past that topic's ACL), and the repaired queue
-survives a restart. Damage nothing
-reads is left for the audit; damage outside a queue file is covered by
-test_queue_checkpoint.py."""
+rebuilt from the CommitLog while the broker runs), and so does the admin
+API's key scan; neither ever serves a message of another queue (a unit
+pointing exactly at another topic's record would otherwise hand it out,
+past that topic's ACL); and the repaired queue survives a restart. Damage
+nothing reads is left for the audit; damage outside a queue file is covered
+by test_queue_checkpoint.py."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from consumequeue.unit import UNIT
@@ -36,8 +37,8 @@ async def _fill(node: Node) -> None:
     for topic in ("t", "secret"):
         await node.req(RequestCode.CREATE_TOPIC, {"topic": topic, "queues": 1})
     for i in range(COUNT):
-        await node.send("t", BODIES[i], queue_id=0, tags="a" if i % 2 else "b")
-        await node.send("secret", b"s%04d" % i, queue_id=0)
+        await node.send("t", BODIES[i], queue_id=0, tags="a" if i % 2 else "b", keys=f"k{i}")
+        await node.send("secret", b"s%04d" % i, queue_id=0, keys=f"s{i}")
 
 
 async def _drain(node: Node, offset: int) -> list[bytes]:
@@ -107,6 +108,38 @@ def test_a_pull_through_a_damaged_unit_rebuilds_the_queue_and_serves_the_right_m
     loop.run(pull_after_damage())
     loop.run(after_restart())
 
+
+@pytest.mark.parametrize("how", ["offset bit", "another topic's record"])
+def test_the_admin_key_scan_reads_through_a_damaged_unit_as_a_pull_does(tmp_path, how) -> None:
+    """GET /api/v1/messages?topic=&key= checks each unit it reads as a pull
+    does: the damaged unit has its queue rebuilt and the scan finds the
+    right message. Before, a flipped offset bit failed every scan of the
+    topic (INTERNAL), and a unit pointing at another topic's record served
+    that record as the scanned topic's, keys and body."""
+    async def fill() -> None:
+        async with Node(tmp_path) as node:
+            await _fill(node)
+
+    async def scan(url: str, key: str) -> tuple[int, dict]:
+        async with aiohttp.ClientSession() as session, session.get(
+                f"{url}/api/v1/messages", params={"topic": "t", "key": key}) as resp:
+            return resp.status, await resp.json()
+
+    async def scan_after_damage() -> None:
+        async with Node(tmp_path, admin_listen="127.0.0.1:0") as node:
+            assert node.broker.admin is not None
+            url = node.broker.admin.url
+            status, body = await scan(url, "k5")
+            assert status == 200, body
+            assert [m["body_text"] for m in body["messages"]] == ["m0005"]
+            assert body["scanned"] == COUNT and body["complete"]
+            assert node.broker.status()["queue_repairs"] == {"repaired": 1, "failed": 0}
+            status, body = await scan(url, "s5")  # the other topic's key
+            assert (status, body["messages"]) == (200, [])
+
+    loop.run(fill())
+    _damage(tmp_path, how)
+    loop.run(scan_after_damage())
 
 
 def test_damage_a_rebuild_cannot_cure_is_answered_at_once_not_with_a_scan_per_pull(
