@@ -25,7 +25,7 @@ from chaos.security import OPEN, ClientSecurity
 from ledgermq.base.address import split_host_port
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import LedgerMQError
-from ledgermq.wire.rpc import RpcClient
+from ledgermq.wire.rpc_client import RpcClient
 
 TAIL_LINES = 20
 

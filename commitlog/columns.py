@@ -226,7 +226,7 @@ _ONE_TOPIC_ID = _ONE_START
 _ONE_NO_TAGS = _frozen([0], np.uint64)
 
 
-def _scan_one(body: bytes) -> RecordColumns | None:
+def scan_one(body: bytes) -> RecordColumns | None:
     """`scan_body` of a body that is exactly one well-formed record (the
     request of a producer that sends one message at a time)."""
     head = _UNPACK_HEAD(body, 0)
@@ -254,7 +254,7 @@ def _scan_small(body: bytes | bytearray | memoryview, most: int) -> RecordColumn
     if end < MESSAGE_HEAD_SIZE:
         return None
     if type(body) is bytes and _SIZE(body, 0)[0] == end:
-        return _scan_one(body)
+        return scan_one(body)
     starts: list[int] = []
     heads: list[tuple[int, ...]] = []
     offset = 0

@@ -129,6 +129,8 @@ ROLE_NAMES: dict[Role, str] = {
 
 # The commit index is written to the hard-state file at most this often.
 COMMIT_PERSIST_INTERVAL_S = 1.0
+# A follower's apply batch is handed over at once when it holds this many entries.
+FOLLOWER_APPLY_BATCH_MAX = 256
 # stop() lets the driver finish the Ready in progress for at most this long.
 DRIVER_STOP_TIMEOUT_S = 10.0
 
@@ -188,6 +190,13 @@ class NodeConfig:
     # random, 63 bits): the group counts this node's votes only while it holds
     # the directory its configuration pinned. 0 = unknown (never pinned).
     directory_id: int = 0
+    # A follower hands committed entries to its state machine in batches: at
+    # most this long after the first of a batch was committed (or at
+    # FOLLOWER_APPLY_BATCH_MAX entries), at once when it stops following, and
+    # before a snapshot install or a stop. Nobody waits for a follower's
+    # apply (its acks are sent before it), and a batch costs the state
+    # machine's fixed work once. 0: apply in the pass that learned the commit.
+    follower_apply_delay_ms: int = 5
 
     def __post_init__(self) -> None:
         if self.node_id not in self.peers:
@@ -217,6 +226,8 @@ class NodeConfig:
             raise ValueError("snapshot_window_bytes must hold at least one chunk")
         if self.snapshot_stall_s <= 0 or self.install_max_bytes <= 0:
             raise ValueError("snapshot_stall_s and install_max_bytes must be positive")
+        if self.follower_apply_delay_ms < 0:
+            raise ValueError("follower_apply_delay_ms must be >= 0")
         if not 0 <= self.directory_id < 1 << 63:
             raise ValueError(f"directory_id {self.directory_id} is not in 0..2^63-1")
         # Validates the tick counts (>= 2, heartbeat below the timeout).
@@ -471,22 +482,29 @@ class ProposalUnknown(Exception):
         self.term = term
 
 
-@dataclass(slots=True)
-class _Pending:
-    """A proposal appended to the log, waiting for its ack point."""
-
-    term: int
-    future: asyncio.Future[commitlog.Entry]
-    entry: commitlog.Entry
+# How a proposal's caller learns its outcome: (entry, None) at its ack
+# point, (None, error) otherwise. Called once, from the node's loop, at a
+# point where no Ready is being carried out (see `_run_completions`).
+Completion = Callable[["commitlog.Entry | None", "BaseException | None"], None]
 
 
-@dataclass(slots=True)
-class _Queued:
-    """A proposal waiting for the driver to hand it to the core."""
+@dataclass(slots=True, eq=False)
+class _Proposal:
+    """A proposal, queued for the core and then appended, until its outcome
+    is known."""
 
     kind: int
     body: bytes
-    future: asyncio.Future[commitlog.Entry]
+    then: Completion
+    deadline: float  # loop time: ProposalUnknown after it (checked each tick)
+    timeout: float
+    started: float  # the node's clock, for the ack-latency observer
+    # The future of `propose_nowait`: a caller that cancelled it gave up,
+    # and its proposal is dropped if it was not appended yet.
+    future: asyncio.Future[commitlog.Entry] | None = None
+    term: int = 0
+    entry: commitlog.Entry | None = None
+    done: bool = False
 
 
 class RaftGroupNode:
@@ -554,11 +572,17 @@ class RaftGroupNode:
         # Election timeouts are randomised by the core through this rng; the
         # runtime seeds it from the OS so the replicas never draw alike.
         self._rng = io.rng or random.Random(int.from_bytes(os.urandom(16), "little"))
-        self._queue: list[_Queued] = []
+        self._queue: list[_Proposal] = []
         # A Ready `_carry_out` took from the core but could not carry out
         # without waiting: the driver's next.
         self._handoff: Ready | None = None
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, _Proposal] = {}
+        # Outcomes of proposals, told to their callers once no Ready is being
+        # carried out in this call stack (`_depth` 0): a caller may then
+        # propose again or answer its client at once, without a loop hop.
+        self._completions: list[tuple[Completion, commitlog.Entry | None,
+                                      BaseException | None]] = []
+        self._depth = 0
         self._wake = asyncio.Event()
         # The driver waits for `_wake` with nothing in hand: a proposal's
         # round may then run in a callback (`_propose_round`) instead.
@@ -575,6 +599,10 @@ class RaftGroupNode:
         self.failed: BaseException | None = None
         self._applied = 0
         self._applied_term = 0
+        # A follower's committed entries not handed to the state machine yet
+        # (`follower_apply_delay_ms`), and the timer that hands them over.
+        self._apply_batch: list[commitlog.Entry] = []
+        self._apply_timer: asyncio.TimerHandle | None = None
         # The leader watch (_watch_leader): whose connections are closed, for
         # how many ticks in a row.
         self._lost_leader = 0
@@ -875,6 +903,13 @@ class RaftGroupNode:
                           self.config.group, self.config.node_id, DRIVER_STOP_TIMEOUT_S)
             await self._step(failures, "driver", cancel_and_wait([self._driver]))
         self._fail_proposals("node stopped")
+        self._run_completions()
+        if self.failed is None:
+            try:
+                self._hand_over_batch()
+            except Exception as exc:  # the state machine's storage: logged, stop goes on
+                log.error("raft %s/%d: applying the last batch failed: %r", self.config.group,
+                          self.config.node_id, exc)
         await self._step(failures, "transport", self._transport.close())
         self._drop_transfers()
         self._receiver.forget()
@@ -928,9 +963,26 @@ class RaftGroupNode:
                        timeout: float = 3.0) -> asyncio.Future[commitlog.Entry]:
         """`propose` without a coroutine: what it raises at once is raised
         here, the rest (the entry, or ProposalUnknown, NotLeaderError) comes
-        in the future returned. Its caller may attach a callback instead of
-        awaiting it in a task of its own (the broker's group commit does).
-        Cancelling the future abandons the proposal if it was not appended."""
+        in the future returned. Cancelling the future abandons the proposal
+        if it was not appended."""
+        future: asyncio.Future[commitlog.Entry] = asyncio.get_running_loop().create_future()
+        self._propose(kind, body, functools.partial(_settle, future), timeout, future)
+        return future
+
+    def propose_then(self, kind: int, body: bytes, then: Completion,
+                     timeout: float = 3.0) -> None:
+        """`propose` for the per-message path: what it raises at once is
+        raised here; the outcome goes to `then(entry, error)`, called once,
+        synchronously from the node at its ack point (or at the deadline,
+        with ProposalUnknown), never from inside a Ready being carried out.
+        While the driver idles the proposal's round runs right here, so a
+        caller that collected a loop pass's requests (the broker's group
+        commit) sends them to the followers without another loop hop.
+        `then` may run before this returns (a one-node group commits at once)."""
+        self._propose(kind, body, then, timeout, None)
+
+    def _propose(self, kind: int, body: bytes, then: Completion, timeout: float,
+                 future: asyncio.Future[commitlog.Entry] | None) -> None:
         core = self._require_core()
         if self.failed is not None or self._stopping:
             raise NotLeaderError(0, f"node unavailable: {self.failed or 'stopping'}")
@@ -942,38 +994,63 @@ class RaftGroupNode:
         if size > self.log.config.entry_size_limit:
             raise commitlog.MessageTooLargeError("entry", size, self.log.config.entry_size_limit)
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[commitlog.Entry] = loop.create_future()
-        self._queue.append(_Queued(kind, body, future))
+        # No timer per proposal (this is the per-message path): the ticker
+        # fails the proposals whose deadline passed (`_expire_proposals`).
+        self._queue.append(_Proposal(kind, body, then, loop.time() + timeout, timeout,
+                                     self._clock(), future))
         self.counters.proposals += 1
         if self._driver_idle and self.config.flush != "sync":
-            # One callback, not a wake-up of the driver task: the round runs
-            # after the callbacks already queued (their proposals join it).
             # Not with flush="sync": the leader's own fsync makes every such
             # round one the driver must carry out.
-            if not self._round_scheduled:
+            if future is None and self._depth == 0 and self._handoff is None:
+                self._propose_round()
+            elif not self._round_scheduled:
+                # One callback, not a wake-up of the driver task: the round
+                # runs after the callbacks already queued (their proposals
+                # join it).
                 self._round_scheduled = True
                 loop.call_soon(self._propose_round)
         else:
             self._wake.set()
-        # A plain timer on the future rather than an asyncio.timeout scope:
-        # this is the per-message path.
-        timer = loop.call_later(timeout, self._expire_proposal, future, timeout)
-        future.add_done_callback(functools.partial(self._proposal_done, timer, self._clock()))
-        return future
 
-    def _expire_proposal(self, future: asyncio.Future[commitlog.Entry], timeout: float) -> None:
-        """A proposal's deadline: its caller stops waiting (the entry may
-        still commit; `_apply` skips a future that is done)."""
-        if not future.done():
-            self.counters.proposals_unknown += 1
-            future.set_exception(ProposalUnknown(
-                f"no ack within {timeout} s; the entry may still commit"))
+    def _expire_proposals(self) -> None:
+        """Proposals whose deadline passed: their callers stop waiting (the
+        entry may still commit; `_apply` skips a proposal that is done)."""
+        now = asyncio.get_running_loop().time()
+        for p in [*self._queue, *self._pending.values()]:
+            if not p.done and now >= p.deadline:
+                self.counters.proposals_unknown += 1
+                self._complete(p, None, ProposalUnknown(
+                    f"no ack within {p.timeout} s; the entry may still commit"))
 
-    def _proposal_done(self, timer: asyncio.TimerHandle, started: float,
-                       future: asyncio.Future[commitlog.Entry]) -> None:
-        timer.cancel()
-        if not future.cancelled() and future.exception() is None:
-            self._observer.acked(self._clock() - started)
+    def _complete(self, p: _Proposal, entry: commitlog.Entry | None,
+                  error: BaseException | None) -> None:
+        """Record a proposal's outcome; its caller is told in `_run_completions`."""
+        if p.done:
+            return
+        p.done = True
+        if error is None:
+            self._observer.acked(self._clock() - p.started)
+        self._completions.append((p.then, entry, error))
+
+    def _run_completions(self) -> None:
+        """Tell the callers the outcomes recorded so far, unless a Ready is
+        being carried out further up this call stack (its outermost caller
+        runs them when it is done)."""
+        if self._depth or not self._completions:
+            return
+        self._depth += 1
+        try:
+            while self._completions:
+                done, self._completions = self._completions, []
+                for then, entry, error in done:
+                    try:
+                        then(entry, error)
+                    except Exception:
+                        log.exception("raft %s/%d: a proposal's completion failed",
+                                      self.config.group, self.config.node_id)
+        finally:
+            self._depth -= 1
 
     def _propose_round(self) -> None:
         """Queued proposals' round, while the driver idles: drained into the
@@ -992,6 +1069,7 @@ class RaftGroupNode:
             self._drain_proposals()
         except Exception as exc:
             self._fail(exc)
+            self._run_completions()
             return
         self._carry_out()
 
@@ -1000,32 +1078,33 @@ class RaftGroupNode:
         queued, self._queue = self._queue, []
         # A proposal whose caller gave up before it was appended is dropped:
         # nothing was written, so nothing can commit.
-        live = [q for q in queued if not q.future.done()]
+        live = [q for q in queued
+                if not q.done and (q.future is None or not q.future.done())]
         if not live:
             return
         try:
             proposed = core.propose_many([(q.kind, q.body) for q in live])
         except NotLeader as exc:
             for q in live:
-                q.future.set_exception(NotLeaderError(exc.leader_id))
+                self._complete(q, None, NotLeaderError(exc.leader_id))
             return
         self.counters.proposal_batches += 1
         unstable, offset = core.log.unstable, core.log.offset
         for q, p in zip(live, proposed, strict=True):
-            position = unstable[p.index - offset].position
-            self._pending[p.index] = _Pending(
-                p.term, q.future, commitlog.Entry(p.index, p.term, q.kind, position, q.body))
+            q.term = p.term
+            q.entry = commitlog.Entry(p.index, p.term, q.kind,
+                                      unstable[p.index - offset].position, q.body)
+            self._pending[p.index] = q
 
     def _fail_proposals(self, reason: str) -> None:
         queued, self._queue = self._queue, []
         for q in queued:
-            if not q.future.done():
-                q.future.set_exception(NotLeaderError(0, f"not appended: {reason}"))
+            self._complete(q, None, NotLeaderError(0, f"not appended: {reason}"))
         pending, self._pending = self._pending, {}
         for index, p in pending.items():
-            if not p.future.done():
+            if not p.done:
                 self.counters.proposals_unknown += 1
-                p.future.set_exception(ProposalUnknown(reason, index, p.term))
+                self._complete(p, None, ProposalUnknown(reason, index, p.term))
 
     # ------------------------------------------------------- leadership transfer
 
@@ -1103,8 +1182,10 @@ class RaftGroupNode:
         """
         core = self._core
         if core is None or self._stopping or self.failed is not None:
+            self._run_completions()
             return
         if not self._queue and self._handoff is None:
+            self._depth += 1
             try:
                 while core.has_ready():
                     rd = core.ready()
@@ -1117,8 +1198,10 @@ class RaftGroupNode:
                     self._advanced()
             except Exception as exc:
                 self._fail(exc)
-                return
-            if self._handoff is None and not core.has_ready():
+            finally:
+                self._depth -= 1
+            self._run_completions()
+            if self.failed is not None or (self._handoff is None and not core.has_ready()):
                 return
         self._wake.set()
 
@@ -1145,6 +1228,8 @@ class RaftGroupNode:
                 self._watch_leader(core, grace)
             if self._senders:
                 self._poll_transfers()
+            if self._queue or self._pending:
+                self._expire_proposals()
             self._carry_out()
             n += 1
             if n % commit_every == 0 and min(self._hs_latest.commit, self.log.durable_index) \
@@ -1194,6 +1279,7 @@ class RaftGroupNode:
                 await self._handle_ready(ready)
                 core.advance(ready)
                 self._advanced()
+                self._run_completions()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -1217,9 +1303,13 @@ class RaftGroupNode:
     def _handle_now(self, rd: Ready) -> None:
         """Carry out a Ready that awaits nothing (`_must_wait` is False)."""
         self.counters.readies += 1
-        self._send_now(rd)
+        # The write first, then the messages: nothing here waits for the
+        # disk, and the followers' answers are read only once this pass
+        # ends, so writing after sending would only delay that pass (on a
+        # busy host the woken follower takes the sender's core).
         waits = self._write(rd)
         invariant(not waits, "a Ready carried out at once had something to wait for")
+        self._send_now(rd)
         self._finish(rd)
 
     async def _handle_ready(self, rd: Ready) -> None:
@@ -1289,26 +1379,64 @@ class RaftGroupNode:
             self._soft_state_changed(rd.soft_state)
 
     def _apply(self, rd: Ready) -> None:
+        batch = self._apply_batch
+        last = batch[-1].index if batch else self._applied
         out = [commitlog.Entry(e.index, e.term, e.kind, e.position, e.data)
-               for e in rd.committed_entries if e.index > self._applied]
+               for e in rd.committed_entries if e.index > last]
         if out:
-            self._apply_cb(out)
-            self._applied = out[-1].index
-            self._applied_term = out[-1].term
+            delay = self.config.follower_apply_delay_ms
+            core = self._core
+            if delay and core is not None and core.role is Role.FOLLOWER:
+                batch.extend(out)
+                if len(batch) >= FOLLOWER_APPLY_BATCH_MAX:
+                    self._hand_over_batch()
+                elif self._apply_timer is None:
+                    self._apply_timer = asyncio.get_running_loop().call_later(
+                        delay / 1000, self._apply_batch_due)
+            else:
+                self._hand_over_batch()
+                self._hand_over(out)
         if not self._pending:
             return
         for e in rd.committed_entries:
             p = self._pending.pop(e.index, None)
-            if p is None or p.future.done():
+            if p is None or p.done:
                 continue
             if e.term == p.term:
                 self.counters.proposals_acked += 1
-                p.future.set_result(p.entry)
+                self._complete(p, p.entry, None)
             else:
                 self.counters.proposals_unknown += 1
-                p.future.set_exception(ProposalUnknown(
+                self._complete(p, None, ProposalUnknown(
                     f"entry {e.index} of term {p.term} was replaced by term {e.term}",
                     e.index, p.term))
+
+    def _hand_over(self, entries: list[commitlog.Entry]) -> None:
+        self._apply_cb(entries)
+        self._applied = entries[-1].index
+        self._applied_term = entries[-1].term
+
+    def _hand_over_batch(self) -> None:
+        """Give the state machine a follower's batch of committed entries
+        now (before anything applied after them, a role change, an install
+        or a stop)."""
+        if self._apply_timer is not None:
+            self._apply_timer.cancel()
+            self._apply_timer = None
+        if self._apply_batch:
+            batch, self._apply_batch = self._apply_batch, []
+            self._hand_over(batch)
+
+    def _apply_batch_due(self) -> None:
+        self._apply_timer = None
+        if self.failed is not None or not self._apply_batch:
+            return
+        try:
+            self._hand_over_batch()
+        except Exception as exc:
+            self._fail(exc)
+            return
+        self._notify_state()
 
     def _ack_stable(self) -> None:
         """replicate=async: complete proposals the leader has persisted locally."""
@@ -1318,15 +1446,15 @@ class RaftGroupNode:
             if index > stable:
                 break
             p = self._pending.pop(index)
-            if p.future.done():
+            if p.done:
                 continue
             if core.log.term_or_none(index) == p.term:
                 self.counters.proposals_acked += 1
-                p.future.set_result(p.entry)
+                self._complete(p, p.entry, None)
             else:
                 self.counters.proposals_unknown += 1
-                p.future.set_exception(ProposalUnknown(f"entry {index} was replaced", index,
-                                                       p.term))
+                self._complete(p, None, ProposalUnknown(f"entry {index} was replaced", index,
+                                                        p.term))
 
     def _soft_state_changed(self, ss: SoftState) -> None:
         old = self._soft
@@ -1335,6 +1463,8 @@ class RaftGroupNode:
             self.counters.elections += 1
         if ss.leader_id and (ss.leader_id, ss.term) != (old.leader_id, old.term):
             self.counters.leader_changes += 1
+        if ss.role is not Role.FOLLOWER:
+            self._hand_over_batch()
         if ss.role is not Role.LEADER:
             self._fail_proposals(f"node {self.config.node_id} lost leadership (term {ss.term})")
             self._drop_transfers()
@@ -1390,6 +1520,7 @@ class RaftGroupNode:
         log.error("raft %s/%d: node failed: %r", self.config.group, self.config.node_id, exc,
                   exc_info=exc)
         self._fail_proposals(f"node failed: {exc!r}")
+        self._run_completions()
         if self._ticker_task is not None:
             self._ticker_task.cancel()
         self._spawn(self._transport.close())
@@ -1575,6 +1706,8 @@ class RaftGroupNode:
         """
         meta = rd.snapshot
         assert meta is not None
+        # The state machine takes what it was owed before it is reset.
+        self._hand_over_batch()
         started = self._clock()
         staged = self._receiver.staged(meta.index, meta.term, meta.end_position)
         invariant(staged is not None, f"the core restored snapshot {meta} but its files are "
@@ -1632,3 +1765,15 @@ class RaftGroupNode:
                 async with asyncio.timeout(remaining):
                     await future
         return True
+
+
+def _settle(future: asyncio.Future[commitlog.Entry], entry: commitlog.Entry | None,
+            error: BaseException | None) -> None:
+    """`propose_nowait`'s completion: the outcome into its future."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        assert entry is not None
+        future.set_result(entry)

@@ -19,7 +19,7 @@ from typing import Any
 from dledger.runtime.process import CONTROL_ENTRIES, CONTROL_PROPOSE, CONTROL_STATUS
 from ledgermq.base.ports import free_ports
 from ledgermq.base.processes import Child, spawn
-from ledgermq.wire.rpc import RpcClient
+from ledgermq.wire.rpc_client import RpcClient
 
 _LISTENING = re.compile(r"raft-node (\d+) control (\S+):(\d+)")
 

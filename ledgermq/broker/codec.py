@@ -14,12 +14,13 @@ stores it in replicated state.
 from __future__ import annotations
 
 import re
+import struct
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from commitlog import StoredMessage
-from commitlog.columns import PYTHON_SCAN_MAX, RecordColumns, queue_groups, scan_body
+from commitlog.columns import PYTHON_SCAN_MAX, RecordColumns, queue_groups, scan_body, scan_one
 from commitlog.errors import MessageTooLargeError as StorageTooLarge
 from commitlog.message import valid_topic
 from ledgermq.base.errors import InvalidRequestError, MessageTooLargeError
@@ -243,6 +244,7 @@ class Scanned(NamedTuple):
 
 
 _UNPACK_HEAD = MESSAGE_HEAD.unpack_from
+_SIZE = struct.Struct("<I").unpack_from
 
 
 def scan_records(blob: Any, size_max: int, python_max: int = PYTHON_SCAN_MAX) -> Scanned:
@@ -263,6 +265,8 @@ def scan_records(blob: Any, size_max: int, python_max: int = PYTHON_SCAN_MAX) ->
 def _scan_columns(blob: bytes, size_max: int, python_max: int = PYTHON_SCAN_MAX
                   ) -> Scanned | None:
     """The whole-blob check (numpy columns); None when a record needs a closer look."""
+    if python_max and len(blob) >= MESSAGE_HEAD_SIZE and _SIZE(blob, 0)[0] == len(blob):
+        return _check_one(blob, size_max)
     try:
         columns = scan_body(blob, python_max)
     except ValueError:
@@ -299,6 +303,22 @@ def _scan_columns(blob: bytes, size_max: int, python_max: int = PYTHON_SCAN_MAX
     starts = columns.starts.tolist()
     idents = list(zip(heads["producer_id"].tolist(), heads["sequence"].tolist(), strict=True))
     return Scanned(starts, idents, topics, firsts, columns)
+
+
+def _check_one(blob: bytes, size_max: int) -> Scanned | None:
+    """`_scan_columns` of a blob that is one record (a producer sending one
+    message at a time: the request of the per-message path), without the
+    generic loops of `_check_small`."""
+    columns = scan_one(blob)
+    if columns is None or columns.rows is None:
+        return None
+    h = columns.rows[0]
+    if (h[0] > size_max and len(blob) > size_max) or h[3]:
+        return None
+    if not valid_topic(columns.topics[0]) or not _texts_valid(blob, 0, h):
+        return None
+    return Scanned([0], [(h[6], h[7])], {blob[MESSAGE_HEAD_SIZE : MESSAGE_HEAD_SIZE + h[9]]: h[1]},
+                   [0], columns)
 
 
 def _check_small(blob: bytes, size_max: int, columns: RecordColumns) -> Scanned | None:

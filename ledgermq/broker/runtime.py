@@ -15,7 +15,14 @@ from typing import Protocol
 
 from commitlog import CommitLog, Entry
 from dledger.membership import Membership
-from dledger.runtime.node import NodeConfig, NodeCounters, NodeObserver, NodeStatus, SoftStateInfo
+from dledger.runtime.node import (
+    Completion,
+    NodeConfig,
+    NodeCounters,
+    NodeObserver,
+    NodeStatus,
+    SoftStateInfo,
+)
 
 
 class RaftRuntime(Protocol):
@@ -68,6 +75,13 @@ class RaftRuntime(Protocol):
                        timeout: float = 3.0) -> asyncio.Future[Entry]:
         """`propose` as a future: what it raises at once is raised here, the
         entry or the later error comes in the future."""
+
+    def propose_then(self, kind: int, body: bytes, then: Completion,
+                     timeout: float = 3.0) -> None:
+        """`propose` for the per-message path: what it raises at once is
+        raised here, the outcome goes to `then(entry, error)`, called once
+        from the node's loop when no Ready is being carried out (maybe before
+        this returns)."""
 
     async def wait_leader_ready(self, timeout: float) -> bool: ...
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -30,6 +30,7 @@ from ledgermq.broker.request_checks import Body, RequestChecks, body_map
 from ledgermq.broker.state import Stored
 from ledgermq.broker.view import BrokerView, SendAck
 from ledgermq.wire import Connection
+from ledgermq.wire.rpc import Reply
 
 _QUEUE_ID = struct.Struct("<I")
 
@@ -67,6 +68,9 @@ class _Storing:
     # retry one of its records wait on.
     mine: list[tuple[Ident, _InFlight]]
     shared: asyncio.Future[_Stored] | None
+    # All new, proposed through group commit's completion callback: no
+    # `submitted` future; the answer goes out from the callback.
+    answered_by_then: bool
 
 
 def _records_answer(scanned: Scanned, results: list[Body] | None,
@@ -116,7 +120,7 @@ class SendHandler(RequestChecks):
         return {"msg_id": message_id(self.b.config.group, first + start), "queue_id": queue_id,
                 "queue_offset": queue_offset, "duplicate": duplicate}
 
-    def send(self, body: Any, conn: Connection) -> Awaitable[Any]:
+    def send(self, body: Any, conn: Connection) -> Awaitable[Any] | Reply:
         """SEND_MESSAGES. A request of records this node can store at once
         (it is the ready leader, its topics exist, none of its records is
         being stored by another request) is checked here and answered from
@@ -165,7 +169,7 @@ class SendHandler(RequestChecks):
             results = [self._stored_result(done, k, False) for k in range(len(messages))]
         return {"results": results}
 
-    def _send_records(self, body: Body, conn: Connection) -> Awaitable[Body]:
+    def _send_records(self, body: Body, conn: Connection) -> Awaitable[Body] | Reply:
         """SEND_MESSAGES with `records`: the client's CommitLog records as one
         blob, checked in one pass and stored as they are (docs/protocol.md)."""
         limit = self.b.config.message_size_bytes_max
@@ -190,41 +194,48 @@ class SendHandler(RequestChecks):
         self._require_space()
         for topic, _ in topics:
             await self._topic_for_write(topic)
-        return await self._store_records(body, scanned, topics)
+        stored = self._store_records(body, scanned, topics, in_task=True)
+        assert not isinstance(stored, Reply)
+        return await stored
 
-    def _store_records(self, body: Body, scanned: Scanned,
-                       topics: list[tuple[str, int]]) -> Awaitable[Body]:
+    def _store_records(self, body: Body, scanned: Scanned, topics: list[tuple[str, int]],
+                       in_task: bool = False) -> Awaitable[Body] | Reply:
         self._require_space()
         for topic, top in topics:
             config = self._existing_topic_for_write(topic)
             if top >= config.queues:
                 raise InvalidRequestError(
                     f"queue {top} does not exist: topic {topic!r} has {config.queues} queues")
+        reply = Reply()
         storing = self._store_start(
-            Records(body["records"], scanned.starts, scanned.columns), scanned.idents)
-        submitted = storing.submitted
-        if submitted is None or storing.waits:
-            return self._records_answer_later(scanned, self._store_wait(storing))
-        answer: asyncio.Future[Body] = asyncio.get_running_loop().create_future()
-        submitted.add_done_callback(partial(self._records_stored, storing, scanned, answer))
-        return answer
+            Records(body["records"], scanned.starts, scanned.columns), scanned.idents,
+            None if in_task else partial(self._records_stored, scanned, reply))
+        if storing.answered_by_then:
+            return reply
+        return self._records_answer_later(scanned, self._store_wait(storing))
 
-    def _records_stored(self, storing: _Storing, scanned: Scanned, answer: asyncio.Future[Body],
-                        _submitted: asyncio.Future[SendAck]) -> None:
-        outcome = self._settle(storing)
-        if answer.done():
+    def _records_stored(self, scanned: Scanned, reply: Reply, storing: _Storing,
+                        ack: SendAck | None, error: BaseException | None) -> None:
+        """The proposal of a request of new records ended (group commit's
+        completion, in the pass that committed it): its answer, at once."""
+        if error is None:
+            assert ack is not None
+            outcome = self._settled(storing, _Stored(ack, storing.records))
+        else:
+            outcome = self._settled(storing, error)
+        if reply.done:
             return  # the connection closed
         if isinstance(outcome, asyncio.CancelledError):
-            answer.cancel()
+            reply.cancel()
         elif isinstance(outcome, BaseException):
-            answer.set_exception(outcome)
+            reply.fail(outcome)
         else:
             try:
-                body = _records_answer(scanned, self._results(storing, outcome), outcome)
+                body = _records_answer(scanned, None, outcome)
             except Exception as exc:  # our bug: answered INTERNAL, not left hanging
-                answer.set_exception(exc)
+                reply.fail(exc)
             else:
-                answer.set_result(body)
+                reply.resolve(body)
 
     async def _records_answer_later(
             self, scanned: Scanned,
@@ -267,10 +278,14 @@ class SendHandler(RequestChecks):
         """
         return await self._store_wait(self._store_start(records, idents))
 
-    def _store_start(self, records: Records, idents: list[Ident]) -> _Storing:
+    def _store_start(self, records: Records, idents: list[Ident],
+                     then: Callable[[_Storing, SendAck | None, BaseException | None], None]
+                     | None = None) -> _Storing:
         """Sort a request's records into new ones, which go to group commit
         now, and duplicates (stored before, in flight in another request, or
-        repeated within this one)."""
+        repeated within this one). With `then`, a request whose records are
+        all new hands its outcome to `then(storing, ack, error)` from group
+        commit's completion (`answered_by_then`) instead of a future."""
         results: list[Body | None] | None = None
         fresh_at: list[int] | None = None
         waits: list[tuple[int, _InFlight]] = []
@@ -298,7 +313,7 @@ class SendHandler(RequestChecks):
                 first_of[key] = i
             if fresh_at is not None:
                 fresh_at.append(i)
-        storing = _Storing(records, None, results, fresh_at, waits, repeats, [], None)
+        storing = _Storing(records, None, results, fresh_at, waits, repeats, [], None, False)
         if fresh_at is not None and not fresh_at:
             return storing  # nothing new
         if fresh_at is not None:
@@ -331,7 +346,12 @@ class SendHandler(RequestChecks):
             self._note_inflight_high(mine[-1:] if all_new else mine)
         assert self.b.sends is not None
         try:
-            storing.submitted = self.b.sends.submit(records, total, len(records.starts))
+            if then is not None and fresh_at is None:
+                storing.answered_by_then = True
+                self.b.sends.submit_then(records, total, len(records.starts),
+                                         partial(then, storing))
+            else:
+                storing.submitted = self.b.sends.submit(records, total, len(records.starts))
         except BaseException as exc:
             self._settled(storing, exc)
             raise

@@ -701,10 +701,10 @@ class Broker:
 
     # ------------------------------------------------------------ group commit
 
-    def _flush_sends(self, batch: list[Pending[Records, SendAck]]) -> asyncio.Future[Entry]:
-        """One MESSAGES entry for every send request in `batch`; each request's
-        future gets its `SendAck` (or the error) from a callback on the
-        proposal: no task per proposal."""
+    def _flush_sends(self, batch: list[Pending[Records, SendAck]]) -> None:
+        """One MESSAGES entry for every send request in `batch`; each request
+        gets its `SendAck` (or the error) from the proposal's completion, in
+        the node's pass that committed it: no task, no loop hop."""
         self.observer.send_batch(sum(p.count for p in batch))
         stamp = now_ms()
         pack = _STAMP.pack_into
@@ -727,26 +727,24 @@ class Broker:
                 self._prescanned.clear()
             self._prescanned[id(data)] = (data, columns)
         try:
-            proposal = self.node.propose_nowait(
-                KIND_MESSAGES, data, timeout=self.config.propose_timeout_ms / 1000)
+            self.node.propose_then(KIND_MESSAGES, data, partial(self._sends_proposed, batch),
+                                   timeout=self.config.propose_timeout_ms / 1000)
         except RuntimeNotLeaderError as exc:
             raise self._client_error(exc) from None
-        proposal.add_done_callback(partial(self._sends_proposed, batch))
-        return proposal
 
-    def _sends_proposed(self, batch: list[Pending[Records, SendAck]],
-                        proposal: asyncio.Future[Entry]) -> None:
+    def _sends_proposed(self, batch: list[Pending[Records, SendAck]], entry: Entry | None,
+                        error: BaseException | None) -> None:
         """A send batch's proposal ended: every request's `SendAck`, or the error."""
-        if proposal.cancelled():
-            return  # the group committer fails the batch
-        error = proposal.exception()
-        if error is not None:
-            answer = self._client_error(error) if isinstance(error, Exception) else error
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(answer)
-            return
-        entry = proposal.result()
+        assert self.sends is not None
+        try:
+            if error is None:
+                assert entry is not None
+                self._answer_sends(batch, entry)
+        finally:
+            answer = (self._client_error(error) if isinstance(error, Exception) else error)
+            self.sends.finish(batch, answer)
+
+    def _answer_sends(self, batch: list[Pending[Records, SendAck]], entry: Entry) -> None:
         # replicate=async answers at the leader's local persist, before commit
         # (even when, on a one-node group, the commit happened to be immediate).
         stored = self._results.pop(entry.index, None)
@@ -756,8 +754,7 @@ class Broker:
         k = 0
         for pending in batch:
             n = len(pending.payload.starts)
-            if not pending.future.done():
-                pending.future.set_result(SendAck(at, stored[k : k + n] if stored else None))
+            pending.resolve(SendAck(at, stored[k : k + n] if stored else None))
             at += len(pending.payload.blob)
             k += n
 
@@ -766,8 +763,7 @@ class Broker:
         entry = await self.propose(KIND_CONTROL, encode_control([p.payload for p in batch]))
         await self.wait_applied(entry.index, self.config.propose_timeout_ms / 1000)
         for pending in batch:
-            if not pending.future.done():
-                pending.future.set_result(entry.index)
+            pending.resolve(entry.index)
 
     # ------------------------------------------------------------ NameServer
 

@@ -1,8 +1,8 @@
 """LedgerMQ wire protocol: framing, messages, handshake, and the asyncio RPC layer.
 
 `codec` is pure (bytes in, bytes out) and is what tests fuzz; `streams` moves
-frames over asyncio streams; `rpc` is the generic server and client every
-LedgerMQ process uses. The layout is specified in docs/protocol.md.
+frames over asyncio streams; `rpc` and `rpc_client` are the generic server and
+client every LedgerMQ process uses. The layout is specified in docs/protocol.md.
 """
 
 from ledgermq.wire.codec import (
@@ -32,7 +32,8 @@ from ledgermq.wire.codec import (
     error_response,
     hello_body,
 )
-from ledgermq.wire.rpc import ROLES, Connection, Handler, RequestObserver, RpcClient, RpcServer
+from ledgermq.wire.rpc import ROLES, Connection, Handler, RequestObserver, RpcServer
+from ledgermq.wire.rpc_client import RpcClient
 from ledgermq.wire.streams import FrameWriter, read_frame, write_frames
 
 __all__ = [

@@ -26,8 +26,9 @@ it.
 from __future__ import annotations
 
 import asyncio
+from asyncio.streams import FlowControlMixin
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 from ledgermq.base.errors import MalformedFrameError
 from ledgermq.wire.codec import HEADER_SIZE, decode_frame
@@ -38,11 +39,15 @@ DEFAULT_PENDING_MAX = 64 * 1024
 FrameHandler = Callable[[bytes], None]
 
 
-class FrameProtocol(asyncio.Protocol):
-    """One connection's frames; `on_connect(self)` runs once it is made."""
+class FrameProtocol(FlowControlMixin, asyncio.Protocol):
+    """One connection's frames; `on_connect(self)` runs once it is made.
+
+    An `asyncio.StreamWriter` over it writes with backpressure (`drain`)
+    and waits for the close (`wait_closed`), as over a stream protocol."""
 
     def __init__(self, on_connect: Callable[[FrameProtocol], None],
                  pending_max: int = DEFAULT_PENDING_MAX) -> None:
+        super().__init__()
         self._on_connect = on_connect
         self._pending_max = pending_max
         self._buffer = bytearray()
@@ -79,10 +84,15 @@ class FrameProtocol(asyncio.Protocol):
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
         self._eof = True
         self._wake()
         if not self._closed.done():
             self._closed.set_result(None)
+
+    def _get_close_waiter(self, stream: Any) -> asyncio.Future[BaseException | None]:
+        """StreamWriter.wait_closed's future."""
+        return self._closed
 
     # --------------------------------------------------------------- owner
 
@@ -113,6 +123,11 @@ class FrameProtocol(asyncio.Protocol):
     async def wait_closed(self) -> BaseException | None:
         """Wait for the connection to end; the error that ended it, if one did."""
         return await self._closed
+
+    def on_close(self, callback: Callable[[BaseException | None], None]) -> None:
+        """Call `callback(error)` once the connection ended (error: what ended
+        it, None for a plain close or end of input)."""
+        self._closed.add_done_callback(lambda closed: callback(closed.result()))
 
     async def next_frame(self, cap: int) -> bytes | None:
         """The next frame's payload (first mode), None on a clean EOF between

@@ -1,4 +1,5 @@
-"""A small asyncio RPC layer over LedgerMQ frames: one server helper, one client.
+"""The RPC server: LedgerMQ frames in, handlers called, answers out (the
+client is `rpc_client.py`).
 
 `RpcServer` accepts connections, runs the HELLO handshake, then reads requests
 and dispatches each by code to its handler, which gives back an awaitable: a
@@ -19,22 +20,20 @@ successful AUTH is refused with UNAUTHENTICATED and the connection closed;
 without it, a connection that does not authenticate stays ANONYMOUS. TLS is
 the standard `ssl` module's, under the same frames.
 
-`RpcClient` is one connection: `request()` sends and waits for the response with
-the same id, returning its body or raising the typed LedgerMQError. Reconnecting
-is left to the caller (a producer fails over to another broker, a broker to
-another NameServer), which knows better than this layer what to retry.
+Each connection's bytes are parsed where they arrive
+(`server_connection.ServerConnection`): a request's handler is called in the
+pass that read it, with no read task per connection step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import ssl as ssl_module
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -53,14 +52,11 @@ from ledgermq.base.errors import (
     UnauthenticatedError,
     UnknownRequestError,
     UnsupportedVersionError,
-    error_from_response,
 )
-from ledgermq.base.tasks import cancel_and_wait
 from ledgermq.wire.auth import (
     ACCESS_KEY_MAX,
     ANONYMOUS,
     CHALLENGE_BYTES,
-    Credentials,
     KeyStore,
     Principal,
     client_proof,
@@ -72,18 +68,13 @@ from ledgermq.wire.codec import (
     CONNECTION_ERROR_ID,
     DEFAULT_COMPRESS_THRESHOLD,
     DEFAULT_MAX_FRAME_BYTES,
-    MAX_REQUEST_ID,
-    PROTOCOL_VERSION,
     SUPPORTED_VERSIONS,
     HelloReply,
     Request,
     Response,
     decode_request,
-    decode_response,
-    encode_request,
     encode_response,
     error_response,
-    hello_body,
 )
 from ledgermq.wire.limits import (
     SMALL_FRAME_BYTES,
@@ -94,6 +85,7 @@ from ledgermq.wire.limits import (
     map_large_allocations,
     release_free_memory,
 )
+from ledgermq.wire.server_connection import ServerConnection
 from ledgermq.wire.streams import (
     FrameGuard,
     FrameWatch,
@@ -102,7 +94,6 @@ from ledgermq.wire.streams import (
     frame_deadline_error,
     guarded_reads,
     read_frame,
-    read_held_frame,
 )
 
 log = logging.getLogger(__name__)
@@ -128,9 +119,9 @@ class Connection:
     # consumes it (one attempt per connection).
     challenge: bytes | None = field(default=None, repr=False)
     writer: FrameWriter | None = field(default=None, repr=False)
-    # Requests still being answered: their tasks, or the futures a handler
-    # gave back (see RpcServer._start).
-    inflight: set[asyncio.Future[Any]] = field(default_factory=set, repr=False)
+    # Requests still being answered: their tasks, or the futures or Replies
+    # a handler gave back (see RpcServer._start).
+    inflight: set[InFlight] = field(default_factory=set, repr=False)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     reading: bool = field(default=False, repr=False)
     # Set once the connection was refused for authentication: it is closing.
@@ -140,11 +131,81 @@ class Connection:
     watch: FrameWatch = field(default_factory=FrameWatch, repr=False)
     expired: LedgerMQError | None = field(default=None, repr=False)
     watchdog: asyncio.TimerHandle | None = field(default=None, repr=False)
+    # The connection's bytes (frames are parsed where they arrive).
+    protocol: ServerConnection | None = field(default=None, repr=False)
+
+    def stop_reading(self) -> None:
+        """No frame is handed over after this; the read loop's task ends and
+        its cleanup answers what was read, then closes."""
+        if self.protocol is not None:
+            self.protocol.halt()
+        if self.task is not None:
+            self.task.cancel()
 
 
-# `handler(body, connection)` gives the response body through an awaitable:
-# an `async def` handler's coroutine, or a future (see RpcServer._start).
-Handler = Callable[[Any, Connection], Awaitable[Any]]
+class Reply:
+    """An answer a plain handler gives later, without a future or a task.
+
+    The handler returns a Reply at once (its checks done) and calls
+    `resolve(body)` or `fail(error)` once the answer is known; the server
+    answers the request right then, in that same call: the per-message path
+    (a send answered from its proposal's completion) takes no loop hop
+    between the commit and the answer. Only the first outcome counts; one
+    given after the connection closed is dropped."""
+
+    __slots__ = ("_deliver", "_outcome", "_waiter")
+
+    def __init__(self) -> None:
+        self._deliver: Callable[[Any, BaseException | None, bool], None] | None = None
+        self._outcome: tuple[Any, BaseException | None, bool] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._outcome is not None
+
+    def resolve(self, body: Any) -> None:
+        self._settle(body, None, False)
+
+    def fail(self, error: BaseException) -> None:
+        self._settle(None, error, False)
+
+    def cancel(self) -> None:
+        """Nobody is left to answer (the connection closed)."""
+        self._settle(None, None, True)
+
+    def _settle(self, body: Any, error: BaseException | None, cancelled: bool) -> None:
+        if self._outcome is not None:
+            return
+        self._outcome = (body, error, cancelled)
+        if self._deliver is not None:
+            self._deliver(body, error, cancelled)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _bind(self, deliver: Callable[[Any, BaseException | None, bool], None]) -> None:
+        """Where the outcome goes (the server, once the handler returned)."""
+        self._deliver = deliver
+        if self._outcome is not None:
+            deliver(*self._outcome)
+
+    def _wait(self) -> asyncio.Future[None]:
+        """A future done once the outcome is in (a closing connection waits)."""
+        if self._waiter is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            if self._outcome is not None:
+                self._waiter.set_result(None)
+        return self._waiter
+
+
+# A request in flight on a connection: the task of an `async def` handler,
+# a future a handler gave back, or a Reply.
+InFlight = asyncio.Future[Any] | Reply
+
+# `handler(body, connection)` gives the response body through an awaitable
+# (an `async def` handler's coroutine, or a future) or a Reply (see
+# RpcServer._start).
+Handler = Callable[[Any, Connection], Awaitable[Any] | Reply]
 
 
 def _fmt_addr(addr: Any) -> str:
@@ -233,6 +294,12 @@ class RpcServer:
         self._server: asyncio.Server | None = None
         self._connections: set[Connection] = set()
         self._closing = False
+        read_timeout = self.limits.frame_read_timeout
+        self._guard = FrameGuard(self.max_frame_bytes, self.budget, read_timeout)
+        self._hello_guard = FrameGuard(self.limits.max_handshake_frame_bytes, self.budget,
+                                       read_timeout)
+        # Tasks of connections refused at once (they only say why and close).
+        self._detached: set[asyncio.Task[None]] = set()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -250,8 +317,8 @@ class RpcServer:
         """Bind and start accepting; port 0 picks a free port. Returns the bound address."""
         # Frame buffers must give their memory back when freed (limits.py).
         map_large_allocations()
-        self._server = await asyncio.start_server(
-            self._on_connect, host, port, ssl=self.ssl,
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: ServerConnection(self._on_connect), host, port, ssl=self.ssl,
             ssl_handshake_timeout=self.handshake_timeout if self.ssl is not None else None)
         return self.address
 
@@ -263,10 +330,10 @@ class RpcServer:
             self._server.close()
         tasks = [c.task for c in list(self._connections) if c.task is not None]
         for conn in list(self._connections):
-            if conn.reading and conn.task is not None:
-                # Cancelling interrupts only the wait for the next request; the
-                # connection's cleanup still waits for its in-flight handlers.
-                conn.task.cancel()
+            if conn.reading:
+                # Stops only the reading; the connection's cleanup still waits
+                # for its in-flight handlers.
+                conn.stop_reading()
         if tasks:
             await asyncio.wait(tasks, timeout=grace + 1.0)
         if self._server is not None:
@@ -274,31 +341,33 @@ class RpcServer:
 
     # ----------------------------------------------------------- connection
 
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peername = writer.get_extra_info("peername")
-        conn = Connection(peer=_fmt_addr(peername))
-        conn.writer = FrameWriter(writer, compress_threshold=self.compress_threshold)
+    def _on_connect(self, proto: ServerConnection) -> None:
+        """A connection was accepted (its protocol just made): admit it and
+        start the task that reads its handshake and then watches it."""
+        assert proto.transport is not None
+        loop = asyncio.get_running_loop()
+        peername = proto.transport.get_extra_info("peername")
+        conn = Connection(peer=_fmt_addr(peername), protocol=proto)
+        conn.writer = FrameWriter(asyncio.StreamWriter(proto.transport, proto, None, loop),
+                                  compress_threshold=self.compress_threshold)
         if self._closing:
-            await conn.writer.close()
+            self._spawn_detached(conn.writer.close())
             return
         address = str(peername[0]) if isinstance(peername, tuple) else str(peername)
         refused = self.caps.admit(address)
         if refused is not None:
-            await self._refuse_connection(conn, reader, address, refused)
+            self._spawn_detached(self._refuse_connection(conn, proto, address, refused))
             return
-        try:
-            # The connection runs in its own task so that close() can cancel it
-            # without cancelling the task asyncio.start_server made: Python 3.11's
-            # streams callback calls exception() on that task and logs a spurious
-            # CancelledError traceback if it ends cancelled.
-            conn.task = asyncio.create_task(self._serve(conn, reader))
-            self._connections.add(conn)
-            with contextlib.suppress(asyncio.CancelledError):
-                await conn.task
-        finally:
-            self.caps.release(address)
+        conn.task = loop.create_task(self._serve(conn, proto))
+        conn.task.add_done_callback(lambda _: self.caps.release(address))
+        self._connections.add(conn)
 
-    async def _refuse_connection(self, conn: Connection, reader: asyncio.StreamReader,
+    def _spawn_detached(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
+
+    async def _refuse_connection(self, conn: Connection, reader: ServerConnection,
                                  address: str, reason: str) -> None:
         """Over a connection cap: one error frame (id 0), then close."""
         assert conn.writer is not None
@@ -321,7 +390,7 @@ class RpcServer:
         finally:
             self._lingering -= lingering
 
-    def _linger(self, conn: Connection, reader: asyncio.StreamReader) -> bool:
+    def _linger(self, conn: Connection, reader: ServerConnection) -> bool:
         """Let the connection's close linger so its error frame arrives
         (FrameWriter.close), unless MAX_LINGERING already do: a flood of
         refused connections must not hold sockets open."""
@@ -334,67 +403,34 @@ class RpcServer:
     def _count(self, reason: str) -> None:
         self.limit_events[reason] = self.limit_events.get(reason, 0) + 1
 
-    async def _serve(self, conn: Connection, reader: asyncio.StreamReader) -> None:
+    async def _serve(self, conn: Connection, reader: ServerConnection) -> None:
         fatal: LedgerMQError | None = None
         fatal_id = CONNECTION_ERROR_ID
-        limit = asyncio.Semaphore(self.max_inflight)
         conn.reading = True
-        read_timeout = self.limits.frame_read_timeout
         try:
             try:
                 # Before the handshake a frame may only be small: a stranger
                 # must not make the server buffer megabytes.
-                hello_guard = FrameGuard(self.limits.max_handshake_frame_bytes, self.budget,
-                                         read_timeout)
                 async with asyncio.timeout(self.handshake_timeout):
-                    with guarded_reads(hello_guard):
+                    with guarded_reads(self._hello_guard):
                         await self._handshake(reader, conn)
             except TimeoutError:
                 raise HandshakeRequiredError(
                     f"no HELLO within {self.handshake_timeout:g}s"
                 ) from None
-            guard = FrameGuard(self.max_frame_bytes, self.budget, read_timeout)
-            watch, writer = conn.watch, conn.writer
-            assert writer is not None
-            clock = asyncio.get_running_loop().time
+            # Deadlines (idle, frame read) are the watchdog's: no timer per
+            # frame. Until a connection has authenticated on a server that
+            # requires it, its frames stay as small as the handshake's: a
+            # stranger's PING bomb costs the server no more than a HELLO
+            # (`_authenticate` raises the cap).
+            conn.watch.since = asyncio.get_running_loop().time()
             self._watch_deadlines(conn)
-            while True:
-                # Deadlines (idle, frame read) are the watchdog's: no timer
-                # per frame.
-                watch.since = clock()
-                first = await reader.read(1)
-                if not first:
-                    break
-                watch.reading, watch.since = True, clock()
-                if writer.backlogged:
-                    # Answers pile up unread: stop reading until they drain,
-                    # rather than queue without bound (a request answered from
-                    # a future does not wait for the drain itself).
-                    await writer.drain()
-                # Until a connection has authenticated on a server that requires
-                # it, its frames stay as small as the handshake's: a stranger's
-                # PING bomb costs the server no more than a HELLO.
-                unproven = self.require_auth and conn.principal is None
-                frame = await read_held_frame(reader, hello_guard if unproven else guard,
-                                              first, watch)
-                watch.reading = False
-                if frame is None:
-                    break
-                try:
-                    request = decode_request(frame.payload)
-                    # The request holds the decoded body now; the frame only
-                    # keeps its reservation until the answer is sent.
-                    frame.payload = b""
-                    # Backpressure: stop reading, rather than queue without bound,
-                    # while this connection already has max_inflight requests running.
-                    await limit.acquire()
-                except BaseException:
-                    self._release(frame)
-                    raise
-                self._start(conn, request, limit, frame)
-                # The handler owns the request now: this frame must not keep
-                # its body alive while it waits, maybe minutes, for the next one.
-                del request, frame
+            unproven = self.require_auth and conn.principal is None
+            # Every whole frame goes to its handler as it arrives; reading
+            # stops while max_inflight requests run or answers pile up unread.
+            await reader.serve(partial(self._on_frame, conn),
+                               self._hello_guard if unproven else self._guard,
+                               conn.watch, self.max_inflight)
         except _HandshakeFailed as exc:
             fatal, fatal_id = exc.error, exc.request_id
         except (MalformedFrameError, FrameTooLargeError, HandshakeRequiredError,
@@ -417,6 +453,7 @@ class RpcServer:
         finally:
             # From here on close() must not cancel us: the cleanup is the graceful part.
             conn.reading = False
+            reader.halt()
             if conn.watchdog is not None:
                 conn.watchdog.cancel()
             try:
@@ -460,12 +497,24 @@ class RpcServer:
                 deadline = watch.since + limit
             if expired is not None:
                 conn.expired = expired
-                conn.task.cancel()
+                conn.stop_reading()
                 return
             conn.watchdog = loop.call_at(deadline, check)
 
         first = min(t for t in (idle, read_timeout) if t is not None)
         conn.watchdog = loop.call_at(loop.time() + first, check)
+
+    def _on_frame(self, conn: Connection, frame: HeldFrame) -> None:
+        """One request frame, in the pass that read it."""
+        try:
+            request = decode_request(frame.payload)
+        except BaseException:
+            self._release(frame)
+            raise
+        # The request holds the decoded body now; the frame only keeps its
+        # reservation until the answer is sent.
+        frame.payload = b""
+        self._start(conn, request, frame)
 
     def _release(self, frame: HeldFrame) -> None:
         """A request was answered (or never ran): its frame's bytes go back to
@@ -486,7 +535,8 @@ class RpcServer:
         try:
             # Requests read before the error or shutdown still get their answers.
             if conn.inflight:
-                await asyncio.wait(list(conn.inflight), timeout=5.0)
+                await asyncio.wait([r._wait() if isinstance(r, Reply) else r
+                                    for r in conn.inflight], timeout=5.0)
             for t in list(conn.inflight):
                 t.cancel()
             if fatal is not None:
@@ -496,7 +546,7 @@ class RpcServer:
         finally:
             self._connections.discard(conn)
 
-    async def _handshake(self, reader: asyncio.StreamReader, conn: Connection) -> None:
+    async def _handshake(self, reader: ServerConnection, conn: Connection) -> None:
         payload = await read_frame(reader, self.max_frame_bytes)
         if payload is None:
             raise ConnectionClosedError("closed before HELLO")
@@ -576,6 +626,8 @@ class RpcServer:
             # attacker which access keys exist.
             raise _AuthRefused("bad_proof", key, "unknown access key or wrong secret")
         conn.principal = principal
+        if conn.protocol is not None:
+            conn.protocol.set_guard(self._guard)  # the full frame cap from the next frame
         return {"proof": server_proof(secret, challenge, nonce, claim)}
 
     def _refuse(self, conn: Connection, reason: str, access_key: str, message: str) -> None:
@@ -588,9 +640,9 @@ class RpcServer:
             log.warning("%s: authentication refused for %s (role %r, access key %r): %s: %s",
                         self.name, conn.peer, conn.role, access_key[:ACCESS_KEY_MAX], reason,
                         message)
-        if conn.reading and conn.task is not None:
+        if conn.reading:
             # Stops reading; the connection's cleanup still answers what was read.
-            conn.task.cancel()
+            conn.stop_reading()
 
     def _gate(self, conn: Connection, request: Request) -> Response | None:
         """The answer to an AUTH request, or to a request the connection may
@@ -609,14 +661,13 @@ class RpcServer:
             return error_response(request.id, UnauthenticatedError(message))
         return None
 
-    def _start(self, conn: Connection, request: Request, limit: asyncio.Semaphore,
-               frame: HeldFrame) -> None:
+    def _start(self, conn: Connection, request: Request, frame: HeldFrame) -> None:
         """Call the request's handler here in the read loop (AUTH, answered
         by `_gate`, sets the principal before the next frame is read). A
-        plain handler's checks raise at once and its future is answered from
-        a done callback; an `async def` handler's coroutine runs in a task of
-        its own."""
-        release = partial(_finished, self, conn, limit, frame)
+        plain handler's checks raise at once; its Reply is answered when the
+        handler settles it, its future from a done callback; an `async def`
+        handler's coroutine runs in a task of its own."""
+        release = partial(_finished, self, conn, frame)
         gated = self._gate(conn, request)
         rid, code = request.id, request.code
         if gated is not None:
@@ -629,6 +680,11 @@ class RpcServer:
             if handler is None:
                 raise UnknownRequestError(f"{self.name} has no request code {code}")
             pending = handler(request.body, conn)
+            if isinstance(pending, Reply):
+                conn.inflight.add(pending)
+                pending._bind(partial(self._reply_done, conn, rid, code, handler, started,
+                                      release, pending))
+                return
             if not isinstance(pending, asyncio.Future):
                 pending = asyncio.ensure_future(
                     self._answer_when_done(conn, rid, code, handler, started, pending))
@@ -642,6 +698,20 @@ class RpcServer:
         else:
             pending.add_done_callback(
                 partial(self._future_done, conn, rid, code, handler, started, release))
+
+    def _reply_done(self, conn: Connection, rid: int, code: int, handler: Handler,
+                    started: float, release: Callable[[InFlight | None], None], reply: Reply,
+                    body: Any, error: BaseException | None, cancelled: bool) -> None:
+        try:
+            if cancelled or (error is not None and not isinstance(error, Exception)):
+                # The connection closed (nobody to answer), or the request was
+                # cancelled: never raised here, in the caller's completion.
+                self._observe(handler, code, started, None, None)
+            else:
+                self._answer(conn, rid, code, handler, started, body,
+                             error if isinstance(error, Exception) else None)
+        finally:
+            release(reply)
 
     async def _answer_when_done(self, conn: Connection, rid: int, code: int, handler: Handler,
                                 started: float, pending: Awaitable[Any]) -> None:
@@ -714,14 +784,15 @@ class RpcServer:
             self.observer.handled(code, time.perf_counter() - started, error, result)
 
 
-def _finished(server: RpcServer, conn: Connection, limit: asyncio.Semaphore, frame: HeldFrame,
-              pending: asyncio.Future[Any] | None) -> None:
+def _finished(server: RpcServer, conn: Connection, frame: HeldFrame,
+              pending: InFlight | None) -> None:
     """A request was answered (or its task ended): forget it, free its
     frame's budget and let the connection read one more."""
     if pending is not None:
         conn.inflight.discard(pending)
-    limit.release()
     server._release(frame)
+    if conn.protocol is not None:
+        conn.protocol.request_done()
 
 
 class _IdleTimeout(RequestTimeoutError):
@@ -755,229 +826,3 @@ class _HandshakeFailed(Exception):
 
 async def _ping(body: Any, conn: Connection) -> Any:
     return body
-
-
-# --------------------------------------------------------------------------- client
-
-
-def _expire_request(fut: asyncio.Future[Response], rid: int, code: int, peer: str,
-                    wait: float) -> None:
-    """A request's deadline passed: its caller gets RequestTimeoutError (a
-    late response is then discarded by the read loop)."""
-    if not fut.done():
-        fut.set_exception(RequestTimeoutError(
-            f"no response to request {rid} (code {code}) from {peer} within {wait:g}s"))
-
-
-class RpcClient:
-    """One client connection. Create with `await RpcClient.connect(...)`."""
-
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        *,
-        timeout: float,
-        max_frame_bytes: int,
-        compress_threshold: int | None,
-    ) -> None:
-        self._reader = reader
-        self._writer = FrameWriter(writer, compress_threshold=compress_threshold)
-        self.timeout = timeout
-        self.max_frame_bytes = max_frame_bytes
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Response]] = {}
-        self._closed_error: BaseException | None = None
-        self._reader_task: asyncio.Task[None] | None = None
-        self.server_info: dict[str, Any] = {}
-        self.peer = _fmt_addr(writer.get_extra_info("peername"))
-
-    @classmethod
-    async def connect(
-        cls,
-        host: str,
-        port: int,
-        *,
-        role: str = "client",
-        name: str | None = None,
-        version: int = PROTOCOL_VERSION,
-        timeout: float = 5.0,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-        compress_threshold: int | None = DEFAULT_COMPRESS_THRESHOLD,
-        credentials: Credentials | None = None,
-        ssl: ssl_module.SSLContext | None = None,
-        server_hostname: str | None = None,
-        require_server_auth: bool = True,
-    ) -> RpcClient:
-        """Connect and complete the HELLO handshake, or raise (the typed error the
-        server sent, RequestTimeoutError, or OSError from connect).
-
-        With `credentials`, authenticate (AUTH) and check the server's proof:
-        UnauthenticatedError if the server refuses them, fails its own proof
-        (it does not know the secret: not the server it claims to be) or, with
-        `require_server_auth` (the default), offers no authentication at all.
-        `ssl`: connect with TLS, checking the certificate against
-        `server_hostname` (default: `host`)."""
-        try:
-            async with asyncio.timeout(timeout):
-                if ssl is None:
-                    reader, writer = await asyncio.open_connection(host, port)
-                else:
-                    reader, writer = await asyncio.open_connection(
-                        host, port, ssl=ssl, server_hostname=server_hostname or host)
-        except TimeoutError:
-            raise RequestTimeoutError(f"connect to {host}:{port} timed out") from None
-        client = cls(
-            reader,
-            writer,
-            timeout=timeout,
-            max_frame_bytes=max_frame_bytes,
-            compress_threshold=compress_threshold,
-        )
-        client._reader_task = asyncio.create_task(client._read_loop())
-        try:
-            info = await client.request(RequestCode.HELLO, hello_body(role, version, name))
-            client.server_info = info if isinstance(info, dict) else {}
-            if credentials is not None:
-                await client._authenticate(credentials, f"{role}:{name or ''}",
-                                           require_server_auth)
-        except (Exception, asyncio.CancelledError):
-            await client.close()
-            raise
-        except GeneratorExit:
-            # Closed without running (garbage-collected after its loop
-            # stopped): nothing may be awaited now, so let go without waiting.
-            with contextlib.suppress(RuntimeError):  # the loop may be closed
-                client._reader_task.cancel()
-                writer.close()
-            raise
-        return client
-
-    async def _authenticate(self, credentials: Credentials, claim: str,
-                            require_server_auth: bool) -> None:
-        """AUTH with `credentials` against the HELLO answer's challenge and
-        check the server's proof."""
-        auth = self.server_info.get("auth")
-        challenge = auth.get("challenge") if isinstance(auth, dict) else None
-        if not isinstance(challenge, bytes) or len(challenge) != CHALLENGE_BYTES:
-            if not require_server_auth:
-                return
-            # The caller asked to authenticate; a server that cannot (an open
-            # one, or an impostor that skips the challenge) must not be trusted
-            # with the messages as if it were the authenticated cluster.
-            raise UnauthenticatedError(
-                f"{self.peer} ({self.server_info.get('server', '?')}) offers no authentication;"
-                " credentials were given, so it is not trusted")
-        nonce = new_challenge()
-        reply = await self.request(RequestCode.AUTH, {
-            "access_key": credentials.access_key, "nonce": nonce,
-            "proof": client_proof(credentials.secret, challenge, nonce, claim)})
-        expected = server_proof(credentials.secret, challenge, nonce, claim)
-        if not isinstance(reply, dict) or not proof_matches(expected, reply.get("proof")):
-            raise UnauthenticatedError(
-                f"{self.peer} accepted AUTH but could not prove it knows the secret of"
-                f" {credentials.access_key!r}: it is not the server it claims to be")
-
-    @property
-    def closed(self) -> bool:
-        return self._closed_error is not None
-
-    @property
-    def server_version(self) -> int | None:
-        return self.server_info.get("version")
-
-    async def request(self, code: int, body: Any = None, *, timeout: float | None = None) -> Any:
-        """Send one request and return the response body, or raise its typed error.
-
-        RequestTimeoutError if no response within `timeout` (default: the
-        client's); ConnectionClosedError if the connection ends first. A late
-        response after a timeout is discarded.
-        """
-        if self._closed_error is not None:
-            raise ConnectionClosedError(f"connection to {self.peer} is closed") from (
-                self._closed_error
-            )
-        rid = next(self._ids)
-        if rid > MAX_REQUEST_ID:  # pragma: no cover - 2**63 requests on one connection
-            raise ConnectionClosedError("request ids exhausted; reconnect")
-        payload = encode_request(Request(rid, int(code), body))
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Response] = loop.create_future()
-        self._pending[rid] = fut
-        self._writer.send(payload)
-        wait = self.timeout if timeout is None else timeout
-        # The deadline is a timer that fails the future (one handle per
-        # request, the per-message path), not an asyncio.timeout scope; nor
-        # wait_for, whose Python 3.11 version returns the result when the
-        # response lands in the same loop pass as a cancellation of the
-        # caller, swallowing the cancellation (a consumer's stop() then
-        # waited forever for a heartbeat loop). Awaiting the future itself
-        # passes a cancellation straight through.
-        timer = loop.call_later(wait, _expire_request, fut, rid, int(code), self.peer, wait)
-        try:
-            response = await fut
-        finally:
-            timer.cancel()
-            self._pending.pop(rid, None)
-        if not response.ok:
-            raise error_from_response(response.status, response.error, response.body)
-        return response.body
-
-    async def _read_loop(self) -> None:
-        reason: BaseException = ConnectionClosedError(f"connection to {self.peer} closed")
-        abandoned = False
-        try:
-            while True:
-                payload = await read_frame(self._reader, self.max_frame_bytes)
-                if payload is None:
-                    break
-                response = decode_response(payload)
-                if response.id == CONNECTION_ERROR_ID:
-                    # The server is about to close: every pending request fails
-                    # with the reason it gave.
-                    reason = error_from_response(response.status, response.error, response.body)
-                    break
-                fut = self._pending.get(response.id)
-                if fut is not None and not fut.done():
-                    fut.set_result(response)
-        except (LedgerMQError, ConnectionError, OSError) as exc:
-            reason = exc
-        except asyncio.CancelledError:
-            reason = ConnectionClosedError(f"connection to {self.peer} closed locally")
-        except GeneratorExit:
-            # Closed by the garbage collector after its loop stopped: nothing
-            # may be awaited or scheduled now; the socket goes with its transport.
-            abandoned = True
-            raise
-        finally:
-            if not abandoned:
-                self._fail_all(reason)
-                await self._writer.close()
-
-    def _fail_all(self, reason: BaseException) -> None:
-        if self._closed_error is None:
-            self._closed_error = reason
-        for fut in self._pending.values():
-            if not fut.done():
-                if isinstance(reason, LedgerMQError):
-                    fut.set_exception(reason)
-                else:
-                    exc = ConnectionClosedError(str(reason))
-                    exc.__cause__ = reason
-                    fut.set_exception(exc)
-        self._pending.clear()
-
-    async def close(self) -> None:
-        """Close the connection; pending requests fail with ConnectionClosedError."""
-        task = self._reader_task
-        if task is not None and not task.done():
-            await cancel_and_wait([task])
-        else:
-            self._fail_all(ConnectionClosedError(f"connection to {self.peer} closed locally"))
-            await self._writer.close()
-
-    async def __aenter__(self) -> RpcClient:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()

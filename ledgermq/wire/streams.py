@@ -20,6 +20,7 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Protocol
 
 from ledgermq.base.errors import (
     MalformedFrameError,
@@ -39,6 +40,16 @@ from ledgermq.wire.codec import (
     encode_frames,
 )
 from ledgermq.wire.limits import READ_CHUNK_BYTES, SMALL_FRAME_BYTES, ByteBudget
+
+
+class ByteSource(Protocol):
+    """What frames are read from: an asyncio.StreamReader, or an RPC server
+    connection's own buffer (ledgermq/wire/server_connection.py)."""
+
+    async def read(self, n: int = -1) -> bytes: ...
+
+    async def readexactly(self, n: int) -> bytes: ...
+
 
 # How long a connection closed for a protocol error may keep draining the
 # peer's input so that its error frame arrives (see FrameWriter.close).
@@ -106,7 +117,7 @@ class FrameWatch:
 
 
 async def read_held_frame(
-    reader: asyncio.StreamReader, guard: FrameGuard, first: bytes = b"",
+    reader: ByteSource, guard: FrameGuard, first: bytes = b"",
     watch: FrameWatch | None = None,
 ) -> HeldFrame | None:
     """Read one frame under `guard`; None on a clean EOF between frames.
@@ -148,7 +159,7 @@ def frame_deadline_error(state: FrameWatch, read_timeout: float | None
         f" ({state.got} of {state.length} payload bytes)")
 
 
-async def _read_frame_body(reader: asyncio.StreamReader, guard: FrameGuard, first: bytes,
+async def _read_frame_body(reader: ByteSource, guard: FrameGuard, first: bytes,
                            state: FrameWatch) -> HeldFrame:
     """The rest of a frame whose first byte is `first`; budget bytes taken
     here are given back if it fails (or is cancelled by a deadline)."""
@@ -221,7 +232,7 @@ async def _read_frame_body(reader: asyncio.StreamReader, guard: FrameGuard, firs
 
 
 async def read_frame(
-    reader: asyncio.StreamReader, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    reader: ByteSource, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
 ) -> bytes | None:
     """Read one frame's (decompressed) payload; None on a clean EOF between frames.
 
@@ -295,7 +306,7 @@ class FrameWriter:
         # then half-closes and discards what the peer still sends for a
         # moment, so the error frame reaches it instead of being lost to the
         # reset a close with unread input causes.
-        self.linger_reader: asyncio.StreamReader | None = None
+        self.linger_reader: ByteSource | None = None
         self._high_water = writer.transport.get_write_buffer_limits()[1]
 
     @property
@@ -334,7 +345,7 @@ class FrameWriter:
     async def drain(self) -> None:
         await self._writer.drain()
 
-    async def _linger(self, reader: asyncio.StreamReader) -> None:
+    async def _linger(self, reader: ByteSource) -> None:
         """Send FIN after the error frame, then read and drop the peer's
         bytes until it closes too or LINGER_SECONDS pass (nothing is kept)."""
         with contextlib.suppress(ConnectionError, OSError, TimeoutError, RuntimeError):

@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         from ledgermq.base.errors import LedgerMQError
         from ledgermq.cli.commands.namesrv import parse_listen
         from ledgermq.cli.wire_security import client_security
-        from ledgermq.wire.rpc import RpcClient
+        from ledgermq.wire.rpc_client import RpcClient
 
         host, port = parse_listen(address)
         security = client_security(access_key, secret_file, tls_ca_file)
