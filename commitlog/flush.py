@@ -126,6 +126,7 @@ class Flusher:
         # (`sync_start_wait_s`), the fdatasync itself (`sync_s`), and from its
         # return until the event loop resumes the round (`sync_resume_wait_s`).
         self.syncs = 0
+        self.inline_syncs = 0  # of those, run on the loop's thread (`sync_now`)
         self.synced_entries = 0
         self.early_rounds = 0  # rounds started before their loop pass ended
         self.sync_start_wait_s = 0.0
@@ -271,6 +272,49 @@ class Flusher:
         self._round_submitted = self._clock()
         self._round = self._thread.submit(self._timed_sync, token)
         return True
+
+    @property
+    def idle(self) -> bool:
+        """flush="sync" with no round in flight or queued: `sync_now` would sync."""
+        return (self.sync_mode and self._round is None and not self._queued
+                and not self._closing and self.failed is None)
+
+    def sync_now(self) -> bool:
+        """flush="sync": make everything written durable right here, on the
+        loop's thread, when no round is in flight or queued (else False:
+        wait for the rounds instead). A small sync costs less than handing
+        it to the fsync thread and back (about 0.18 ms per round on this
+        project's VM, more than the fdatasync of a small entry), and a
+        Raft follower, whose acknowledgements wait for the sync, has
+        nothing else to do meanwhile. Raises StorageError when the fsync
+        fails (the log is failed for good, as in a round)."""
+        if (not self.sync_mode or self._round is not None or self._queued
+                or self._closing):
+            return False
+        self._check_alive()
+        log = self.log
+        if log.durable_index >= log.last_index:
+            return True
+        token = log.begin_sync()
+        started = self._clock()
+        try:
+            log.run_sync(token)
+        except Exception as exc:  # OSError from fdatasync; anything else is a bug
+            self._fail(exc, token, [])
+            self._fail_for_good(exc)
+            raise StorageError(f"fsync failed: {exc}") from exc
+        ended = self._clock()
+        before = log.durable_index
+        log.finish_sync(token)
+        self._synced_end = token.end
+        self.syncs += 1
+        self.inline_syncs += 1
+        self.sync_s += ended - started
+        self.synced_entries += log.durable_index - before
+        self._observer.synced(ended - started, log.durable_index - before)
+        if ended - self._last_checkpoint >= self._checkpoint_interval_s:
+            self._wake.set()  # the flusher task writes the checkpoint, off the loop
+        return log.durable_index >= log.last_index
 
     def _check_alive(self) -> None:
         failed = self.failed or self.log.failed

@@ -131,6 +131,12 @@ ROLE_NAMES: dict[Role, str] = {
 COMMIT_PERSIST_INTERVAL_S = 1.0
 # A follower's apply batch is handed over at once when it holds this many entries.
 FOLLOWER_APPLY_BATCH_MAX = 256
+# flush="sync": a Ready's entries of at most this many bytes are fsynced on
+# the loop's thread (Flusher.sync_now) when the flusher idles (and, on a
+# leader, no earlier proposal is still in flight); larger ones, and a
+# leader's pipelined rounds, go to the fsync thread, so the loop goes on
+# reading (requests, appends) during the sync.
+INLINE_SYNC_MAX_BYTES = 32 * 1024
 # stop() lets the driver finish the Ready in progress for at most this long.
 DRIVER_STOP_TIMEOUT_S = 10.0
 
@@ -421,6 +427,7 @@ class NodeStatus:
     replicate: str
     failed: str | None
     fsyncs: int
+    fsyncs_in_place: int  # of `fsyncs`, run on the loop's thread (Flusher.sync_now)
     fsynced_entries: int
     fsync_seconds: float
     fsync_handoff_seconds: float
@@ -722,6 +729,7 @@ class RaftGroupNode:
             replicate=self.config.replicate,
             failed=repr(self.failed) if self.failed else None,
             fsyncs=flusher.syncs,
+            fsyncs_in_place=flusher.inline_syncs,
             fsynced_entries=flusher.synced_entries,
             fsync_seconds=round(flusher.sync_s, 6),
             fsync_handoff_seconds=round(flusher.sync_start_wait_s + flusher.sync_resume_wait_s,
@@ -999,9 +1007,10 @@ class RaftGroupNode:
         self._queue.append(_Proposal(kind, body, then, loop.time() + timeout, timeout,
                                      self._clock(), future))
         self.counters.proposals += 1
-        if self._driver_idle and self.config.flush != "sync":
-            # Not with flush="sync": the leader's own fsync makes every such
-            # round one the driver must carry out.
+        if self._driver_idle:
+            # With flush="sync" the round syncs in place when its entries are
+            # small (`_syncs_in_place`); otherwise `_carry_out` hands it to
+            # the driver, which waits for the fsync thread.
             if future is None and self._depth == 0 and self._handoff is None:
                 self._propose_round()
             elif not self._round_scheduled:
@@ -1190,10 +1199,14 @@ class RaftGroupNode:
                 while core.has_ready():
                     rd = core.ready()
                     if self._must_wait(rd):
-                        self._handoff = rd
-                        break
-                    self.counters.inline_readies += 1
-                    self._handle_now(rd)
+                        if not self._syncs_in_place(rd, core):
+                            self._handoff = rd
+                            break
+                        self.counters.inline_readies += 1
+                        self._handle_synced_now(rd)
+                    else:
+                        self.counters.inline_readies += 1
+                        self._handle_now(rd)
                     core.advance(rd)
                     self._advanced()
             except Exception as exc:
@@ -1312,6 +1325,35 @@ class RaftGroupNode:
         self._send_now(rd)
         self._finish(rd)
 
+    def _syncs_in_place(self, rd: Ready, core: RaftNode) -> bool:
+        """Whether a Ready that waits only for its entries' fsync (flush=sync)
+        can have it here and now (`Flusher.sync_now`): the flusher idles, the
+        entries are small (INLINE_SYNC_MAX_BYTES) and, on a leader, they are
+        all that is in flight (one request at a time, where the hand-off to
+        the fsync thread would cost more than the sync)."""
+        if rd.snapshot is not None or not rd.entries or not self._flusher.idle:
+            return False
+        hs = rd.hard_state
+        if hs is not None and (hs.term, hs.vote) != (self._hs_latest.term, self._hs_latest.vote):
+            return False
+        if sum(len(e.data) for e in rd.entries) > INLINE_SYNC_MAX_BYTES:
+            return False
+        return core.role is not Role.LEADER or (
+            not self._pending or next(iter(self._pending)) >= rd.entries[0].index)
+
+    def _handle_synced_now(self, rd: Ready) -> None:
+        """Carry out a Ready whose only wait is its entries' fsync, with the
+        fsync done here: the messages (a leader's appends) leave first, so
+        the followers write while this node syncs."""
+        self.counters.readies += 1
+        self._send_now(rd)
+        waits = self._write(rd, sync_in_place=True)
+        invariant(not waits, "a Ready synced in place had something else to wait for")
+        self._flusher.sync_now()
+        invariant(self.log.durable_index >= rd.entries[-1].index,
+                  "a Ready synced in place is not durable")
+        self._finish(rd)
+
     async def _handle_ready(self, rd: Ready) -> None:
         self.counters.readies += 1
         if rd.snapshot is not None:
@@ -1338,10 +1380,11 @@ class RaftGroupNode:
                 messages = [m for m in messages if not isinstance(m, InstallSnapshot)]
             self._transport.send(messages)
 
-    def _write(self, rd: Ready) -> list[Awaitable[Any]]:
+    def _write(self, rd: Ready, sync_in_place: bool = False) -> list[Awaitable[Any]]:
         """Step 1: write the entries and the hard state; what must be awaited
         before `messages_after_persist` leave (fsync of the entries under
-        flush="sync", a new term or vote always)."""
+        flush="sync", unless the caller syncs them in place, and a new term
+        or vote always)."""
         waits: list[Awaitable[Any]] = []
         if rd.entries:
             # Only entries above the last commit handed out may be replaced.
@@ -1349,8 +1392,9 @@ class RaftGroupNode:
             self.storage.write(rd.entries, self._hs_latest.commit)
             self._observer.appended(self._clock() - started, len(rd.entries))
             self.counters.entries_written += len(rd.entries)
-            self._flusher.appended()
-            if rd.must_sync and self.config.flush == "sync":
+            if not sync_in_place:
+                self._flusher.appended()
+            if rd.must_sync and self.config.flush == "sync" and not sync_in_place:
                 waits.append(self._flusher.wait_durable(rd.entries[-1].index, self.log.generation))
         if rd.hard_state is not None:
             hs = rd.hard_state

@@ -75,6 +75,9 @@ class BrokerConfig:
     # timeout (0: off). The node's defaults, not copies of them.
     leader_lost_grace_ticks: int = NodeConfig.leader_lost_grace_ticks
     lost_leader_ticks: int = NodeConfig.lost_leader_ticks
+    # A follower applies committed entries in batches of at most this long
+    # (docs/raft.md, "The loop"; 0: at once).
+    follower_apply_delay_ms: int = NodeConfig.follower_apply_delay_ms
     preferred_leader: int = 0
     segment_size_bytes: int = 256 * MIB
     message_size_bytes_max: int = 4 * MIB
@@ -208,7 +211,7 @@ def split_address(value: str) -> tuple[str, int]:
 
 _RAFT_KEYS = {
     "tick_ms", "election_timeout_ticks", "heartbeat_interval_ticks", "preferred_leader",
-    "leader_lost_grace_ticks", "lost_leader_ticks", "bind_host",
+    "leader_lost_grace_ticks", "lost_leader_ticks", "follower_apply_delay_ms", "bind_host",
 }
 _TOP_LEVEL = {f.name for f in fields(BrokerConfig)} - {"peers", "raft_bind_host"} - _RAFT_KEYS
 _TOP_LEVEL |= {"raft"}
@@ -336,6 +339,7 @@ def validate(config: BrokerConfig) -> None:
         raise BrokerConfigError(str(exc)) from None
     _check_int(config, "preferred_leader", 0)
     _check_int(config, "leader_lost_grace_ticks", 0)
+    _check_int(config, "follower_apply_delay_ms", 0)
     _check_int(config, "snapshot_interval_entries", 0)
     _check_int(config, "snapshot_interval_bytes", 0)
     _check_int(config, "long_poll_timeout_ms", 0)

@@ -188,6 +188,12 @@ class BrokerCollector(Collector):
         c.add_metric(ids, float(status.fsynced_entries if status else 0))
         yield c
         c = CounterMetricFamily(
+            "ledgermq_commitlog_fsyncs_in_place_total",
+            "fsync rounds run on the event loop's thread instead of the fsync thread "
+            "(flush=sync: a follower's, or a leader's small entries).", labels=labels)
+        c.add_metric(ids, float(status.fsyncs_in_place if status else 0))
+        yield c
+        c = CounterMetricFamily(
             "ledgermq_commitlog_fsync_handoff_seconds_total",
             "Time fsync rounds spent passing between the event loop and the fsync "
             "thread (both ways), beyond the fsync itself.", labels=labels)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 
 import pytest
 from storage_support import message_body
 
-from commitlog import KIND_MESSAGES, CommitLog, CommitLogConfig, Flusher, StorageError
+from commitlog import KIND_MESSAGES, CommitLog, CommitLogConfig, Flusher, StorageError, fileio
 from commitlog.checkpoint import read_checkpoint
 
 
@@ -237,3 +239,63 @@ def test_append_new_under_async_flush_writes_at_once(tmp_path) -> None:
         return index, appended, durable
 
     assert asyncio.run(scenario()) == (2, 2, 0)
+
+
+class _FailingSyncs(fileio.OsFileSystem):
+    """The real file system whose fdatasync fails with EIO once armed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.fdatasync = self._fdatasync
+
+    def _fdatasync(self, fd: int) -> None:
+        if self.armed:
+            raise OSError(errno.EIO, "injected fdatasync failure")
+        os.fdatasync(fd)
+
+
+def test_a_sync_in_place_is_durable_when_it_returns_and_a_failed_one_fails_the_log(
+        tmp_path) -> None:
+    """`Flusher.sync_now` (flush=sync, no round in flight): the fdatasync
+    runs in the caller's pass, the durable point covers everything written
+    when it returns, no thread hand-off is counted; with a round in flight
+    it declines. A failing fdatasync fails the log for good and tells the
+    owner once, as a failed round does."""
+    failures: list[BaseException] = []
+
+    async def scenario() -> None:
+        filesystem = _FailingSyncs()
+        with fileio.use(filesystem):
+            log = CommitLog.open(str(tmp_path), _config("sync"))
+            flusher = Flusher(log, on_failure=failures.append)
+            await flusher.start()
+            for n in range(5):
+                log.append(log.build_entries(1, [(KIND_MESSAGES, message_body(n))]))
+                assert flusher.idle and flusher.sync_now()
+                assert log.durable_index == log.last_index == n + 1
+            assert flusher.inline_syncs == flusher.syncs == 5
+            assert flusher.sync_start_wait_s == flusher.sync_resume_wait_s == 0
+            # A round in flight (an append waiting on the thread): not now.
+            waiting = asyncio.ensure_future(flusher.append(
+                log.build_entries(1, [(KIND_MESSAGES, message_body(9))])))
+            await asyncio.sleep(0)
+            while flusher.idle and not waiting.done():
+                await asyncio.sleep(0)
+            if not waiting.done():
+                assert not flusher.sync_now()
+            await waiting
+            filesystem.armed = True
+            log.append(log.build_entries(1, [(KIND_MESSAGES, message_body(10))]))
+            with pytest.raises(StorageError, match="fsync failed"):
+                flusher.sync_now()
+            assert log.failed is not None and flusher.failed is not None
+            assert len(failures) == 1
+            assert not flusher.idle
+            with pytest.raises(StorageError):
+                await flusher.wait_durable(log.last_index)
+            filesystem.armed = False
+            await flusher.close()
+            log.close()
+
+    asyncio.run(scenario())

@@ -76,7 +76,13 @@ def _leader(h: Harness, until: float) -> object:
     return leader
 
 
-def test_enospc_on_a_checkpoint_fails_the_node_loudly() -> None:
+def test_enospc_on_a_state_file_fails_the_node_loudly() -> None:
+    """Every atomic replace fails with ENOSPC: the first of the node's
+    state files to be replaced (the CommitLog checkpoint, or the hard state
+    with its commit index, whichever comes first: flush=sync rounds of
+    small entries now sync in place and wake the flusher for the
+    checkpoint) fails the node, which stops leading and takes no proposal.
+    The checkpoint alone: tests/commitlog/test_disk_full.py."""
     h = _cluster(7, "sync")
     with fileio.use(h.fs):
         try:
@@ -92,7 +98,7 @@ def test_enospc_on_a_checkpoint_fails_the_node_loudly() -> None:
             failed = leader.node.failed
             assert failed is not None, "the node kept serving after a failed checkpoint"
             assert isinstance(failed, OSError) and failed.errno == errno.ENOSPC
-            assert str(failed.filename).endswith("/checkpoint"), failed.filename
+            assert str(failed.filename).endswith(("/checkpoint", "/hardstate")), failed.filename
             assert leader.node.role == "follower"
             try:
                 leader.loop.run_sync(lambda: leader.node.propose(1, b"x").send(None))

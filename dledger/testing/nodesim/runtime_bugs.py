@@ -6,8 +6,10 @@ catches storage-level mistakes that the core's simulator cannot see:
 
 - `ack_round_before_fsync`: the Flusher releases a group-commit round's
   waiters as soon as it hands the fsync to its worker, not when the fsync
-  returns, so the node acknowledges entries (to the leader, or as leader to
-  the client) that a power cut can still take.
+  returns, and a sync in place (`Flusher.sync_now`) moves the durable point
+  and returns before its fsync, which runs one loop pass later: the node
+  acknowledges entries (to the leader, or as leader to the client) that a
+  power cut can still take.
 - `checkpoint_beyond_durable`: the checkpoint vouches for every written
   entry, not only the fsynced ones, so after a power cut recovery finds the
   log shorter than the checkpoint claims.
@@ -15,8 +17,9 @@ catches storage-level mistakes that the core's simulator cannot see:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from commitlog.checkpoint import Checkpoint
@@ -39,6 +42,19 @@ def _ack_round_before_fsync(original: Any) -> Any:
     return begin_round
 
 
+def _sync_now_before_fsync(original: Any) -> Any:
+    def sync_now(self: Flusher) -> bool:
+        if not self.idle:
+            return False
+        log = self.log
+        token = log.begin_sync()
+        # The bug: durable at once; the fsync itself runs a loop pass later.
+        log.finish_sync(token)
+        asyncio.get_running_loop().call_soon(log.run_sync, token)
+        return True
+    return sync_now
+
+
 def _checkpoint_beyond_durable(original: Any) -> Any:
     def checkpoint_value(self: CommitLog) -> Checkpoint:
         value: Checkpoint = original(self)
@@ -46,9 +62,10 @@ def _checkpoint_beyond_durable(original: Any) -> Any:
     return checkpoint_value
 
 
-_PATCHES = {
-    "ack_round_before_fsync": (Flusher, "_begin_round", _ack_round_before_fsync),
-    "checkpoint_beyond_durable": (CommitLog, "_checkpoint_value", _checkpoint_beyond_durable),
+_PATCHES: dict[str, list[tuple[type, str, Callable[[Any], Any]]]] = {
+    "ack_round_before_fsync": [(Flusher, "_begin_round", _ack_round_before_fsync),
+                               (Flusher, "sync_now", _sync_now_before_fsync)],
+    "checkpoint_beyond_durable": [(CommitLog, "_checkpoint_value", _checkpoint_beyond_durable)],
 }
 
 
@@ -60,10 +77,13 @@ def planted(name: str) -> Iterator[None]:
         return
     if name not in _PATCHES:
         raise ValueError(f"unknown runtime bug {name!r}; known: {', '.join(RUNTIME_BUGS)}")
-    owner, attribute, wrap = _PATCHES[name]
-    original = getattr(owner, attribute)
-    setattr(owner, attribute, wrap(original))
+    originals = []
+    for owner, attribute, wrap in _PATCHES[name]:
+        original = getattr(owner, attribute)
+        originals.append((owner, attribute, original))
+        setattr(owner, attribute, wrap(original))
     try:
         yield
     finally:
-        setattr(owner, attribute, original)
+        for owner, attribute, original in originals:
+            setattr(owner, attribute, original)

@@ -40,6 +40,12 @@ def test_config_file_round_trip(tmp_path) -> None:
 
 
 
+def test_the_follower_apply_delay_reaches_the_node() -> None:
+    config = parse_config({**BASE, "raft": {"follower_apply_delay_ms": 0}})
+    assert config.follower_apply_delay_ms == 0
+    assert parse_config(BASE).follower_apply_delay_ms == 5
+
+
 @pytest.mark.parametrize("change, message", [
     ({"flush": "never"}, "flush"),
     ({"node_id": 3}, "not in [peers]"),
@@ -56,6 +62,7 @@ def test_config_file_round_trip(tmp_path) -> None:
     ({"initial_members": [True]}, "initial_members: True"),
     ({"raft": {"leader_lost_grace_ticks": -1}}, "leader_lost_grace_ticks"),
     ({"raft": {"lost_leader_ticks": 0}}, "lost_leader_ticks"),
+    ({"raft": {"follower_apply_delay_ms": -1}}, "follower_apply_delay_ms"),
 ])
 def test_config_errors_name_the_key(change, message) -> None:
     with pytest.raises(BrokerConfigError, match=message.replace("[", r"\[")):
@@ -183,6 +190,42 @@ def test_group_commit_watches_a_flush_that_returns_a_future() -> None:
         with pytest.raises(RuntimeError, match="not the leader"):
             await refused
         assert committer.batches == 3
+        await committer.close()
+
+    asyncio.run(main())
+
+
+def test_group_commit_callbacks_and_a_flush_that_finishes_itself() -> None:
+    """The send path's form: requests submitted with a callback are told
+    synchronously when the flush resolves them; a flush that returns None
+    calls `finish` (maybe before it returns, as a one-node group does),
+    which fails what it left unanswered and frees the slot at once."""
+    async def main() -> None:
+        told: list[tuple[str, object, object]] = []
+        batches: list[list[str]] = []
+        committer: GroupCommitter[str, str]
+
+        def flush(batch):  # type: ignore[no-untyped-def]
+            batches.append([p.payload for p in batch])
+            if batch[0].payload == "refused":
+                raise RuntimeError("not the leader")
+            for p in batch[:-1]:
+                p.resolve(p.payload.upper())
+            committer.finish(batch)  # the last one is left unanswered
+            return None
+
+        committer = GroupCommitter(flush, max_count=3, max_bytes=100, max_inflight=1)
+        for name in ("a", "b", "c", "d"):
+            committer.submit_then(name, 1, 1, lambda r, e, name=name: told.append((name, r, e)))
+        await asyncio.sleep(0)
+        assert batches == [["a", "b", "c"]]
+        assert told[:2] == [("a", "A", None), ("b", "B", None)]
+        assert told[2][0] == "c" and isinstance(told[2][2], RuntimeError)
+        await asyncio.sleep(0)  # the slot was freed at once: "d" went next
+        assert batches[-1] == ["d"] and isinstance(told[3][2], RuntimeError)
+        committer.submit_then("refused", 1, 1, lambda r, e: told.append(("refused", r, e)))
+        await asyncio.sleep(0)
+        assert told[-1][0] == "refused" and "not the leader" in str(told[-1][2])
         await committer.close()
 
     asyncio.run(main())
