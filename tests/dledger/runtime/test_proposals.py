@@ -202,11 +202,10 @@ def test_a_follower_hands_over_its_batch_when_it_leads_or_stops(tmp_path: Path) 
 
 def test_flush_sync_rounds_run_in_place_and_acks_still_follow_their_fsync(
         tmp_path: Path) -> None:
-    """flush=sync with one proposal at a time: followers (always) and the
-    leader (small entries) fsync in the pass that wrote, without the
-    driver or the fsync thread; every acknowledgement still leaves after
-    the fsync that covered it. An entry over 32 KiB on the leader goes to
-    the fsync thread."""
+    """flush=sync with one small proposal at a time: followers and the
+    leader fsync in the pass that wrote, without the driver or the fsync
+    thread; every acknowledgement still leaves after the fsync that
+    covered it. An entry over 32 KiB goes to the fsync thread."""
     async def main() -> None:
         cluster = Cluster(tmp_path, flush="sync")
         await cluster.start_all()
