@@ -55,24 +55,24 @@ class Pending(Generic[T, R]):
         return self.answered or (self.future is not None and self.future.done())
 
     def resolve(self, result: R) -> None:
-        if self.done:
-            return
-        self.answered = True
-        if self.then is not None:
-            self.then(result, None)
-        else:
-            assert self.future is not None
-            self.future.set_result(result)
+        self._settle(result, None)
 
     def fail(self, error: BaseException) -> None:
+        self._settle(None, error)
+
+    def _settle(self, result: R | None, error: BaseException | None) -> None:
+        """The first outcome only; a caller that left (cancelled future) gets none."""
         if self.done:
             return
         self.answered = True
         if self.then is not None:
-            self.then(None, error)
-        else:
+            self.then(result, error)
+        elif error is not None:
             assert self.future is not None
             self.future.set_exception(error)
+        else:
+            assert self.future is not None
+            self.future.set_result(result)  # type: ignore[arg-type]  # R, resolved above
 
 
 # A flush either returns an awaitable that ends when the batch has been
