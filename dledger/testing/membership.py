@@ -26,7 +26,8 @@ which a correct core refuses ("one change in flight") and the
 `two_changes_at_once` bug accepts. A plan that makes no progress within its
 deadline is abandoned (partitions may make it impossible), except repairs.
 
-Wipes pick a member pinned in the committed configuration, only while every
+Wipes pick a member pinned in the committed configuration and in every
+other voter's durable one, only while every
 voter is pinned to the disk it has, never while another wiped node awaits
 repair, and never while another running node holds no durable entry: a wipe is one
 fault, and the group is built to survive one (docs/raft.md, "Identity":
@@ -306,8 +307,24 @@ class MembershipSim:
                 return None
         pinned = [m.node_id for m in current.voters + current.learners
                   if m.directory_id and m.directory_id == cluster.directory.get(m.node_id)
-                  and m.node_id not in cluster.stopped]
+                  and m.node_id not in cluster.stopped
+                  and self._pinned_on_every_voters_disk(current, m.node_id)]
         return self.rng.choice(sorted(pinned)) if pinned else None
+
+    def _pinned_on_every_voters_disk(self, current: Membership, target: int) -> bool:
+        """Every other voter's durable configuration pins `target` to the
+        disk it has. A voter whose log lacks the pin (it fell behind, and
+        may restart from that log) counts by a configuration in which the
+        target is unpinned: it would count the wiped node's vote (seed
+        402896190: a stale node elected with the vote of the leader just
+        wiped, while the pins were committed only on the others)."""
+        cluster = self.cluster
+        for voter in current.voter_ids - {target}:
+            seen = cluster.disks[voter].durable_membership()
+            member = None if seen is None else seen.member(target)
+            if member is None or member.directory_id != cluster.directory.get(target):
+                return False
+        return True
 
     def _enqueue(self, plan: Plan) -> None:
         self.stats.plans[plan.name] += 1
