@@ -37,3 +37,43 @@ def test_the_startup_heap_is_frozen_and_later_garbage_still_collected() -> None:
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ok ")
+
+
+SPACED = textwrap.dedent("""
+    import gc, weakref
+    from ledgermq.base.heap import FULL_COLLECTION_AFTER, space_full_collections
+
+    class Node:
+        def __init__(self):
+            self.me = self
+
+    full = []
+    gc.callbacks.append(lambda phase, info: phase == "stop" and full.append(info["generation"]))
+    space_full_collections()
+    assert gc.get_threshold()[2] == FULL_COLLECTION_AFTER, gc.get_threshold()
+    later = Node()
+    ref = weakref.ref(later)
+    del later
+    # No explicit collect: the automatic young collections still find it.
+    kept = []
+    for i in range(2_000_000):  # objects that live long enough to be promoted
+        kept.append([i])
+        if i % 20_000 == 19_999:
+            kept.clear()
+    assert ref() is None, "a young cycle was not collected automatically"
+    middle = full.count(1)
+    fulls = full.count(2)
+    assert middle >= 2 * FULL_COLLECTION_AFTER, (middle, fulls)
+    assert fulls <= middle // FULL_COLLECTION_AFTER + 1, (middle, fulls)
+    print("ok", middle, fulls)
+""")
+
+
+def test_full_collections_are_spaced_and_young_cycles_still_collected() -> None:
+    """space_full_collections: a full collection only after FULL_COLLECTION_AFTER
+    collections of the middle generation; young garbage cycles are still freed
+    by the automatic collections, without an explicit gc.collect()."""
+    done = subprocess.run([sys.executable, "-c", SPACED], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok "), done.stdout
