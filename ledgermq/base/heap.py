@@ -5,11 +5,11 @@ thousand of them once it has started (modules, classes, the recovered state),
 so a full collection stops the event loop for 35-100 ms on this 2-core
 machine, and with one message per request those pauses are the p99 (issue
 18: W=64 with the SDK's merging off, p50 5 ms, p99 30-60 ms). Servers call
-`freeze_startup_heap()` once they are serving: what exists then is moved to
-the collector's permanent generation, which no collection scans again, so a
-full collection only walks what was allocated since; and they call
-`space_full_collections()`, so that full collections come ten times less
-often than CPython's default.
+`settle_heap()` once they are serving: what exists then is moved to the
+collector's permanent generation, which no collection scans again, so a
+full collection only walks what was allocated since
+(`freeze_startup_heap`), and full collections come ten times less often
+than CPython's default (`space_full_collections`).
 """
 
 from __future__ import annotations
@@ -44,3 +44,11 @@ def freeze_startup_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def settle_heap() -> int:
+    """What a server calls once it serves: `freeze_startup_heap`, then
+    `space_full_collections`; how many objects were frozen."""
+    frozen = freeze_startup_heap()
+    space_full_collections()
+    return frozen

@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
 
         from commitlog import StorageError
         from ledgermq.base import loop
-        from ledgermq.base.heap import freeze_startup_heap, space_full_collections
+        from ledgermq.base.heap import settle_heap
         from ledgermq.broker.config import BrokerConfigError, load_config
         from ledgermq.broker.main import serve
 
@@ -47,8 +47,7 @@ def register(app: typer.Typer) -> None:
             # (ledgermq/base/heap.py: full collections then pause the loop
             # for a few ms instead of 35-100 ms), and full collections come
             # ten times less often.
-            freeze_startup_heap()
-            space_full_collections()
+            settle_heap()
             print(f"broker listening on {host}:{port}", flush=True)
 
         try:

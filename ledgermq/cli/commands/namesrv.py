@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
 
         from ledgermq.base import loop
         from ledgermq.base.exposure import ExposureError
-        from ledgermq.base.heap import freeze_startup_heap, space_full_collections
+        from ledgermq.base.heap import settle_heap
         from ledgermq.namesrv.admin_http import AdminSecurity
         from ledgermq.namesrv.server import NameServerConfigError, load_security, serve
         from ledgermq.wire.auth import Credentials, SecretFileError, read_secret_file
@@ -110,8 +110,7 @@ def register(app: typer.Typer) -> None:
             # As the broker does: the startup heap leaves the cyclic
             # collector's reach (ledgermq/base/heap.py), so a full collection
             # does not stop route lookups for tens of milliseconds.
-            freeze_startup_heap()
-            space_full_collections()
+            settle_heap()
             # Plain print + flush: this line is an interface (tests and scripts
             # wait for it), so it must not be wrapped or styled.
             print(f"namesrv listening on {bound_host}:{bound_port}", flush=True)

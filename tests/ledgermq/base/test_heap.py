@@ -41,7 +41,7 @@ def test_the_startup_heap_is_frozen_and_later_garbage_still_collected() -> None:
 
 SPACED = textwrap.dedent("""
     import gc, weakref
-    from ledgermq.base.heap import FULL_COLLECTION_AFTER, space_full_collections
+    from ledgermq.base.heap import FULL_COLLECTION_AFTER, settle_heap
 
     class Node:
         def __init__(self):
@@ -49,7 +49,7 @@ SPACED = textwrap.dedent("""
 
     full = []
     gc.callbacks.append(lambda phase, info: phase == "stop" and full.append(info["generation"]))
-    space_full_collections()
+    assert settle_heap() > 0  # what the servers call: freeze, then spacing
     assert gc.get_threshold()[2] == FULL_COLLECTION_AFTER, gc.get_threshold()
     later = Node()
     ref = weakref.ref(later)
@@ -70,7 +70,7 @@ SPACED = textwrap.dedent("""
 
 
 def test_full_collections_are_spaced_and_young_cycles_still_collected() -> None:
-    """space_full_collections: a full collection only after FULL_COLLECTION_AFTER
+    """settle_heap (space_full_collections): a full collection only after FULL_COLLECTION_AFTER
     collections of the middle generation; young garbage cycles are still freed
     by the automatic collections, without an explicit gc.collect()."""
     done = subprocess.run([sys.executable, "-c", SPACED], capture_output=True, text=True,
