@@ -171,3 +171,26 @@ def test_profile_calls_counts_each_servers_calls_per_message() -> None:
         for row in result[role]["top_by_time"] + result[role]["top_by_calls"]:
             where, _, name = row["function"].partition(":")
             assert name and (where == "~" or where.endswith(".py")), row
+
+
+def test_cycles_bench_finds_no_reference_cycle_per_operation() -> None:
+    """Every process of the group, and the client, over each kind of
+    operation: an answered request must leave nothing for the cyclic
+    collector. What a connection, a producer or a consumer leaves once, when
+    it closes, stays far below one object per operation at this count; a
+    cycle made per request is ten or more (the Reply of 6cc81fa was ~10)."""
+    ops = 600
+    out = run_bench("bench/cycles.py", "--ops", str(ops), timeout=300)
+    result = json.loads(out)
+    phases = result["phases"]
+    assert set(phases) == {"send_single", "send_merged", "pull", "pull_long_poll", "offsets",
+                           "push"}
+    processes = {"client", "namesrv", "leader", "follower_1", "follower_2"}
+    for name, phase in phases.items():
+        assert phase["ops"] == (ops // 10 if name == "pull_long_poll" else ops)
+        assert processes <= set(phase), name
+        for process in processes:
+            figures = phase[process]
+            kept = sum(figures["top_types"].values())
+            assert kept <= figures["objects_per_op"] * phase["ops"] + 0.5, (name, process)
+            assert figures["objects_per_op"] < 1.0, (name, process, figures)
