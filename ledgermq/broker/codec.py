@@ -238,7 +238,7 @@ class Scanned(NamedTuple):
 
     starts: list[int]  # offset of each record in the blob
     idents: list[tuple[int, int]]  # (producer_id, sequence) per record; (0, 0): none
-    topics: dict[bytes, int]  # topic name -> highest queue id used
+    topics: dict[str, int]  # topic name (decoded once, here) -> highest queue id used
     firsts: list[int]  # index of the first record of each new (topic, queue), in order
     columns: RecordColumns | None = None  # the blob's scan_body, when it was made
 
@@ -278,14 +278,14 @@ def _scan_columns(blob: bytes, size_max: int, python_max: int = PYTHON_SCAN_MAX
     if (len(blob) > size_max and int(heads["size"].max()) > size_max) \
             or heads["sys_flag"].any():
         return None
-    topics: dict[bytes, int] = {}
+    topics: dict[str, int] = {}
     queue_ids = heads["queue_id"]
     single = len(columns.topics) == 1
     for t, name in enumerate(columns.topics):
         if not valid_topic(name):
             return None
         top = queue_ids.max() if single else queue_ids[columns.topic_ids == t].max()
-        topics[name.encode()] = int(top)
+        topics[name] = int(top)
     # Tags, keys, born host and properties are decoded at pull time: each must
     # be UTF-8.
     if columns.same_meta:
@@ -317,8 +317,7 @@ def _check_one(blob: bytes, size_max: int) -> Scanned | None:
         return None
     if not valid_topic(columns.topics[0]) or not _texts_valid(blob, 0, h):
         return None
-    return Scanned([0], [(h[6], h[7])], {blob[MESSAGE_HEAD_SIZE : MESSAGE_HEAD_SIZE + h[9]]: h[1]},
-                   [0], columns)
+    return Scanned([0], [(h[6], h[7])], {columns.topics[0]: h[1]}, [0], columns)
 
 
 def _check_small(blob: bytes, size_max: int, columns: RecordColumns) -> Scanned | None:
@@ -332,11 +331,11 @@ def _check_small(blob: bytes, size_max: int, columns: RecordColumns) -> Scanned 
             return None
         if h[1] > tops[t]:
             tops[t] = h[1]
-    topics: dict[bytes, int] = {}
+    topics: dict[str, int] = {}
     for name, top in zip(columns.topics, tops, strict=True):
         if not valid_topic(name):
             return None
-        topics[name.encode()] = top
+        topics[name] = top
     starts: list[int] = columns.starts.tolist()
     if columns.same_meta:
         if not _texts_valid(blob, 0, heads[0]):
@@ -432,7 +431,7 @@ def _scan_one_by_one(blob: bytes, size_max: int) -> Scanned:
         idents.append((f[6], f[7]))
         offset += size
         i += 1
-    return Scanned(starts, idents, topics, firsts)
+    return Scanned(starts, idents, {name.decode(): top for name, top in topics.items()}, firsts)
 
 
 class Records(NamedTuple):

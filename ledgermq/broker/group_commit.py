@@ -182,6 +182,8 @@ class GroupCommitter(Generic[T, R]):
 
 
 def _fail(batch: list[Pending[T, R]], error: BaseException) -> None:
-    """Every request of `batch` not answered yet gets `error`."""
+    """Every request of `batch` not answered yet gets `error` (after a flush
+    that answered them all, as it should, a look at each is all this costs)."""
     for pending in batch:
-        pending.fail(error)
+        if not pending.answered:
+            pending.fail(error)

@@ -89,19 +89,17 @@ class RequestChecks:
             await self.b.wait_writable()
 
     def _writable_now(self) -> bool:
-        """A send may go ahead at once (`_writable` would not wait)."""
-        try:
-            self.b.require_writable()
-        except (NotLeaderError, ServiceUnavailableError):
-            return False
-        return True
+        """A send may go ahead at once (`_writable` would not wait):
+        `require_writable` passes exactly when the node is the ready leader,
+        asked here without the exception (every send asks)."""
+        return self.b.node.leader_ready
 
     def _require_space(self) -> None:
         """New messages are refused while the disk is above disk_hard_ratio
         (DISK_FULL); control operations are not: they are tiny, and trims and
         offset commits are how a full broker recovers."""
         retention = self.b.retention
-        if retention is not None:
+        if retention is not None and retention.refusing:
             retention.require_space()
 
     def _topic(self, topic: str) -> TopicConfig:

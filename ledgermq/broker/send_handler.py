@@ -82,9 +82,9 @@ def _records_answer(scanned: Scanned, results: list[Body] | None,
     if results is not None:
         return {"results": results}
     assert done is not None
-    first, stored = done.ack.first, done.ack.stored
+    first, stored, record = done.ack
     return {"base": first, "queue_offsets": None if stored is None else [
-        stored[i].queue_offset for i in scanned.firsts]}
+        stored.queue_offset(record + i) for i in scanned.firsts]}
 
 
 def _filled(result: Body | None) -> Body:
@@ -111,13 +111,14 @@ class SendHandler(RequestChecks):
 
     def _stored_result(self, done: _Stored, k: int, duplicate: bool) -> Body:
         """The result map of record `k` of a stored `Records` (see _store)."""
-        first, stored, records = done.ack.first, done.ack.stored, done.records
+        ack, records = done.ack, done.records
         start = records.starts[k]
-        if stored is not None:
-            queue_id, queue_offset = stored[k].queue_id, stored[k].queue_offset
+        if ack.stored is not None:
+            where = ack.location(k)
+            queue_id, queue_offset = where.queue_id, where.queue_offset
         else:
             queue_id, queue_offset = _QUEUE_ID.unpack_from(records.blob, start + 4)[0], None
-        return {"msg_id": message_id(self.b.config.group, first + start), "queue_id": queue_id,
+        return {"msg_id": message_id(self.b.config.group, ack.first + start), "queue_id": queue_id,
                 "queue_offset": queue_offset, "duplicate": duplicate}
 
     def send(self, body: Any, conn: Connection) -> Awaitable[Any] | Reply:
@@ -178,30 +179,26 @@ class SendHandler(RequestChecks):
         if count is not None and count != len(scanned.starts):
             raise InvalidRequestError(
                 f"field 'count' is {count!r} but the blob holds {len(scanned.starts)} records")
-        # (topic, highest queue id it names), each name decoded once.
-        topics = [(name.decode(), top) for name, top in scanned.topics.items()]
-        for topic, _ in topics:
+        for topic in scanned.topics:
             self._allow(conn, Action.PUB, topic)
-        known = self.b.state.topics
-        if not self._writable_now() or any(topic not in known for topic, _ in topics):
-            return self._send_records_later(body, scanned, topics)
-        return self._store_records(body, scanned, topics)
+        if not self._writable_now() or not scanned.topics.keys() <= self.b.state.topics.keys():
+            return self._send_records_later(body, scanned)
+        return self._store_records(body, scanned)
 
-    async def _send_records_later(self, body: Body, scanned: Scanned,
-                                  topics: list[tuple[str, int]]) -> Body:
+    async def _send_records_later(self, body: Body, scanned: Scanned) -> Body:
         """A send that waits for a leader or for its topics to be created."""
         await self._writable()
         self._require_space()
-        for topic, _ in topics:
+        for topic in scanned.topics:
             await self._topic_for_write(topic)
-        stored = self._store_records(body, scanned, topics, in_task=True)
+        stored = self._store_records(body, scanned, in_task=True)
         assert not isinstance(stored, Reply)
         return await stored
 
-    def _store_records(self, body: Body, scanned: Scanned, topics: list[tuple[str, int]],
+    def _store_records(self, body: Body, scanned: Scanned,
                        in_task: bool = False) -> Awaitable[Body] | Reply:
         self._require_space()
-        for topic, top in topics:
+        for topic, top in scanned.topics.items():
             config = self._existing_topic_for_write(topic)
             if top >= config.queues:
                 raise InvalidRequestError(
@@ -286,6 +283,50 @@ class SendHandler(RequestChecks):
         repeated within this one). With `then`, a request whose records are
         all new hands its outcome to `then(storing, ack, error)` from group
         commit's completion (`answered_by_then`) instead of a future."""
+        all_new = self._all_new(idents)
+        if all_new:
+            # The normal request: no per-record lookups.
+            storing = _Storing(records, None, None, None, [], [], [], None, False)
+        else:
+            storing = self._sort_duplicates(records, idents)
+            if storing.fresh_at is not None:
+                if not storing.fresh_at:
+                    return storing  # nothing new
+                idents = [idents[i] for i in storing.fresh_at]
+                records = storing.records
+        total = len(records.blob)
+        if total + 64 > self.b.entry_limit:
+            raise MessageTooLargeError(
+                f"batch of {total} bytes exceeds the entry limit {self.b.entry_limit}",
+                data={"limit": self.b.entry_limit})
+        # One future for the whole request: a concurrent retry of any of its
+        # idempotent messages waits on it and takes its own slot.
+        shared: asyncio.Future[_Stored] = asyncio.get_running_loop().create_future()
+        mine = [(key, (shared, k)) for k, key in enumerate(idents) if key[0]]
+        storing.mine, storing.shared = mine, shared
+        self._inflight_seq.update(mine)
+        if mine:
+            # All new: increasing, so the last is the highest.
+            self._note_inflight_high(mine[-1:] if all_new else mine)
+        assert self.b.sends is not None
+        try:
+            if then is not None and storing.fresh_at is None:
+                storing.answered_by_then = True
+                self.b.sends.submit_then(records, total, len(records.starts),
+                                         partial(then, storing))
+            else:
+                storing.submitted = self.b.sends.submit(records, total, len(records.starts))
+        except BaseException as exc:
+            self._settled(storing, exc)
+            raise
+        return storing
+
+    def _sort_duplicates(self, records: Records, idents: list[Ident]) -> _Storing:
+        """`_store_start`'s look at each record of a request that may hold
+        duplicates: the result of each one stored before, what waits for
+        records in flight elsewhere or repeated within the request, and the
+        new records (`fresh_at`, and `records` cut down to them; `fresh_at`
+        stays None when every record is new)."""
         results: list[Body | None] | None = None
         fresh_at: list[int] | None = None
         waits: list[tuple[int, _InFlight]] = []
@@ -293,8 +334,7 @@ class SendHandler(RequestChecks):
         first_of: dict[tuple[int, int], int] = {}
         lookup = self.b.state.producers.lookup
         inflight = self._inflight_seq
-        all_new = self._all_new(idents)
-        for i, key in enumerate(idents if not all_new else ()):
+        for i, key in enumerate(idents):
             if key[0]:
                 known, stored = lookup(key[0], key[1])
                 earlier = None if known else inflight.get(key)
@@ -313,10 +353,7 @@ class SendHandler(RequestChecks):
                 first_of[key] = i
             if fresh_at is not None:
                 fresh_at.append(i)
-        storing = _Storing(records, None, results, fresh_at, waits, repeats, [], None, False)
-        if fresh_at is not None and not fresh_at:
-            return storing  # nothing new
-        if fresh_at is not None:
+        if fresh_at:
             # Some records are duplicates: store the others only.
             blob, starts = records.blob, records.starts
             ends = [*starts[1:], len(blob)]
@@ -326,36 +363,8 @@ class SendHandler(RequestChecks):
             for part in parts:
                 sub_starts.append(at)
                 at += len(part)
-            records = storing.records = Records(b"".join(parts), sub_starts)
-            fresh_idents = [idents[i] for i in fresh_at]
-        else:
-            fresh_idents = idents
-        total = len(records.blob)
-        if total + 64 > self.b.entry_limit:
-            raise MessageTooLargeError(
-                f"batch of {total} bytes exceeds the entry limit {self.b.entry_limit}",
-                data={"limit": self.b.entry_limit})
-        # One future for the whole request: a concurrent retry of any of its
-        # idempotent messages waits on it and takes its own slot.
-        shared: asyncio.Future[_Stored] = asyncio.get_running_loop().create_future()
-        mine = [(key, (shared, k)) for k, key in enumerate(fresh_idents) if key[0]]
-        storing.mine, storing.shared = mine, shared
-        inflight.update(mine)
-        if mine:
-            # All new: increasing, so the last is the highest.
-            self._note_inflight_high(mine[-1:] if all_new else mine)
-        assert self.b.sends is not None
-        try:
-            if then is not None and fresh_at is None:
-                storing.answered_by_then = True
-                self.b.sends.submit_then(records, total, len(records.starts),
-                                         partial(then, storing))
-            else:
-                storing.submitted = self.b.sends.submit(records, total, len(records.starts))
-        except BaseException as exc:
-            self._settled(storing, exc)
-            raise
-        return storing
+            records = Records(b"".join(parts), sub_starts)
+        return _Storing(records, None, results, fresh_at, waits, repeats, [], None, False)
 
     def _settle(self, storing: _Storing) -> _Stored | BaseException:
         """The request's proposal ended: where its records went, or why not."""

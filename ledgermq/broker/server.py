@@ -70,7 +70,7 @@ from ledgermq.broker.registrar import Registrar
 from ledgermq.broker.retention import Retention
 from ledgermq.broker.runtime import RaftRuntime, RuntimeFactory
 from ledgermq.broker.snapshots import SnapshotSchedule
-from ledgermq.broker.state import BrokerState, SnapshotFormatError, Stored
+from ledgermq.broker.state import AppliedRecords, BrokerState, SnapshotFormatError
 from ledgermq.broker.view import NO_BROKER_OBSERVER, BrokerObserver, ControlOp, SendAck
 from ledgermq.wire import RpcServer
 from ledgermq.wire.auth import KeyStore
@@ -141,7 +141,7 @@ class Broker:
                                    f"{config.group}/n{config.node_id}",
                                    credentials=self.security.cluster,
                                    tls=self.security.namesrv_tls)
-        self._results: dict[int, Sequence[Stored]] = {}
+        self._results: dict[int, AppliedRecords] = {}
         # id(entry body) -> (body, its columns) for bodies this leader proposed.
         self._prescanned: dict[int, tuple[bytes, RecordColumns]] = {}
         self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
@@ -517,7 +517,7 @@ class Broker:
             stored = state.apply(entry, columns)
             if columns is not None:
                 touched.update(key for key, _ in queue_groups(columns))
-                if keep:
+                if keep and isinstance(stored, AppliedRecords):
                     self._results[entry.index] = stored
         self._dispatch(entries, scanned)
         if len(self._results) > _RESULTS_KEPT:
@@ -754,10 +754,9 @@ class Broker:
         at = entry.position + HEADER_SIZE
         k = 0
         for pending in batch:
-            n = len(pending.payload.starts)
-            pending.resolve(SendAck(at, stored[k : k + n] if stored else None))
+            pending.resolve(SendAck(at, stored, k))
             at += len(pending.payload.blob)
-            k += n
+            k += len(pending.payload.starts)
 
     async def _flush_controls(self, batch: list[Pending[ControlOp, int]]) -> None:
         """One CONTROL entry for every control operation in `batch`."""

@@ -79,6 +79,10 @@ class AppliedRecords(Sequence[Stored]):
                       self.topics[int(self.topic_ids[record])],
                       int(self.queue_ids[record]), int(self.queue_offsets[record]))
 
+    def queue_offset(self, record: int) -> int:
+        """`stored(record).queue_offset`, without the rest (a send's answer)."""
+        return int(self.queue_offsets[record])
+
     @overload
     def __getitem__(self, k: int) -> Stored: ...
 

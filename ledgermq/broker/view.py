@@ -13,9 +13,7 @@ runtime (`runtime.RaftRuntime.propose`, returning the appended
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from consumequeue import ConsumeQueueStore
 from dledger.runtime.node import NodeObserver
@@ -28,21 +26,28 @@ from ledgermq.broker.members import Membership
 from ledgermq.broker.queue_repair import QueueRepairs
 from ledgermq.broker.retention import Retention
 from ledgermq.broker.runtime import RaftRuntime
-from ledgermq.broker.state import BrokerState, Stored
+from ledgermq.broker.state import AppliedRecords, BrokerState, Stored
 from ledgermq.wire import RpcServer
 from ledgermq.wire.auth import KeyStore
 
 ControlOp = dict[str, Any]  # one control operation (broker.control builds them)
 
 
-@dataclass(frozen=True, slots=True)
-class SendAck:
-    """What a send request gets back from group commit."""
+class SendAck(NamedTuple):
+    """What a send request gets back from group commit (a tuple: one per
+    request on the per-message path)."""
 
     first: int  # CommitLog position of the request's first record
-    # Where each record went, or None with replicate=async (the queue offsets
-    # are assigned at commit, after the answer).
-    stored: Sequence[Stored] | None
+    # Where every record of the request's entry went (the request's own are
+    # `record`, `record + 1`, ...), or None with replicate=async (the queue
+    # offsets are assigned at commit, after the answer).
+    stored: AppliedRecords | None
+    record: int = 0
+
+    def location(self, k: int) -> Stored:
+        """Where the request's k'th record went (`stored` is not None)."""
+        assert self.stored is not None
+        return self.stored.stored(self.record + k)
 
 
 class BrokerObserver(NodeObserver, Protocol):

@@ -105,10 +105,15 @@ class ByteBudget:
         return self.used == 0 or self.used + n <= self._ceiling(small)
 
     def try_acquire(self, n: int, small: bool = False) -> bool:
-        """Take `n` bytes now if they fit and nobody of the same kind waits."""
-        if self._waiters[small] or not self._fits(n, small):
+        """Take `n` bytes now if they fit and nobody of the same kind waits.
+        (`_fits` and `_take` spelled out: every request frame comes here.)"""
+        used = self.used
+        if self._waiters[small] or (used and used + n > (self.total if small else
+                                                          self.total - self.reserve)):
             return False
-        self._take(n)
+        self.used = used = used + n
+        if used > self.peak:
+            self.peak = used
         return True
 
     async def acquire(self, n: int, small: bool = False) -> None:
@@ -134,7 +139,9 @@ class ByteBudget:
             return
         self.used -= n
         assert self.used >= 0, "released more than acquired"
-        self._wake()
+        waiters = self._waiters
+        if waiters[True] or waiters[False]:
+            self._wake()
 
     def _take(self, n: int) -> None:
         self.used += n
