@@ -36,11 +36,11 @@ import contextlib
 import datetime as dt
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -232,7 +232,9 @@ class Scheduler:
                                 "(or LEDGERMQ_AUDIT_LIVE)")
         if not config.specs:
             raise ScheduleError("give the replicas' directories (group specs) to audit")
-        self.stopping = threading.Event()
+        # Set by the signal handler, which takes no lock (see _on_signal).
+        self.stopping = False
+        self._wake: tuple[int, int] | None = None  # the sleep's self-pipe while running
         self.child: subprocess.Popen[bytes] | None = None
         self.nights_run = 0
         self.last_exit = 0
@@ -242,7 +244,15 @@ class Scheduler:
         print(f"{now} audit-schedule: {text}", file=self.out, flush=True)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.stopping.set()
+        # A Python signal handler runs between two bytecodes of the main
+        # thread, maybe while that thread holds a lock: it must take none.
+        # (It used to set a threading.Event, whose set() takes the lock its
+        # wait() holds for a moment: a SIGTERM landing there hung the
+        # service for good.) A flag, and a byte down the sleep's pipe.
+        self.stopping = True
+        if self._wake is not None:
+            with contextlib.suppress(OSError):  # full (a byte is there) or closed
+                os.write(self._wake[1], b"x")
         child = self.child
         if child is not None and child.poll() is None:
             # The audit's whole process group: the JVM and the Python workers too.
@@ -250,6 +260,8 @@ class Scheduler:
                 os.killpg(child.pid, signal.SIGTERM)
 
     def run(self) -> int:
+        self._wake = os.pipe()
+        os.set_blocking(self._wake[1], False)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             first = dt.datetime.now(self.tz)
@@ -259,7 +271,7 @@ class Scheduler:
                      + f"; state {self.cfg.state}; priority {self.cfg.priority}")
             if self.cfg.run_at_start:
                 self.night()
-            while not self.stopping.is_set() and not self._done():
+            while not self.stopping and not self._done():
                 tick = next_tick(self.cfg.cron, dt.datetime.now(self.tz))
                 if not self._sleep_until(tick):
                     break
@@ -267,6 +279,9 @@ class Scheduler:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            wake, self._wake = self._wake, None
+            for fd in wake:
+                os.close(fd)
         if self.cfg.nights and self.nights_run >= self.cfg.nights:
             return self.last_exit
         self.log(f"stopped after {self.nights_run} nights")
@@ -277,12 +292,16 @@ class Scheduler:
 
     def _sleep_until(self, tick: dt.datetime) -> bool:
         """False when told to stop first."""
-        while True:
+        assert self._wake is not None
+        while not self.stopping:
             left = (tick - dt.datetime.now(self.tz)).total_seconds()
             if left <= 0:
                 return True
-            if self.stopping.wait(min(left, MAX_SLEEP_S)):
-                return False
+            # A stop request after the check above left a byte in the pipe.
+            readable, _, _ = select.select([self._wake[0]], [], [], min(left, MAX_SLEEP_S))
+            if readable:
+                os.read(self._wake[0], 64)
+        return False
 
     def night(self) -> int:
         """One night: cut, audit, one line. Its exit status (2: not run)."""
@@ -347,7 +366,7 @@ class Scheduler:
                 return code if code >= 0 else 128 - code  # killed by a signal
             except subprocess.TimeoutExpired:
                 pass
-            if self.stopping.is_set():
+            if self.stopping:
                 stop_seen = stop_seen or time.monotonic()
                 if time.monotonic() - stop_seen > STOP_GRACE_S:
                     with contextlib.suppress(ProcessLookupError):

@@ -153,6 +153,67 @@ def test_failed_nights_are_logged_and_sigterm_stops_the_service(
     assert "audit-schedule: stopped after" in lines[-1]
 
 
+# Runs the service with a far cron and sends it SIGTERM after its k'th
+# executed line, for k = 1, 2, ... until a run executes fewer lines than k;
+# right before a blocking call when the k'th line comes later. A trace
+# function counts the lines (every line of the standard library's too).
+_SIGTERM_EVERYWHERE = """
+import io, os, signal, sys
+from ledgermq.cli.audit_schedule import ScheduleConfig, Scheduler
+
+k = 0
+while True:
+    k += 1
+    sched = Scheduler(ScheduleConfig(cron="0 0 1 1 *", live=["http://127.0.0.1:1"],
+                                     state=sys.argv[1], specs=["g=" + sys.argv[1]]),
+                      out=io.StringIO())
+    lines, sent = 0, False
+
+    def send():
+        global sent
+        if not sent and signal.getsignal(signal.SIGTERM) == sched._on_signal:
+            sent = True
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at a next bytecode
+
+    def on_line(frame, event, arg):
+        global lines
+        if event == "line":
+            lines += 1
+            if lines >= k:
+                send()
+        return on_line
+
+    def before_blocking(frame, event, arg):
+        if event == "c_call" and getattr(arg, "__name__", "") in ("select", "acquire"):
+            send()
+
+    sys.settrace(on_line)
+    sys.setprofile(before_blocking)
+    status = sched.run()
+    sys.setprofile(None)
+    sys.settrace(None)
+    assert sent and status == 0, (k, sent, status)
+    assert "stopped after 0 nights" in sched.out.getvalue(), k
+    if lines < k:
+        break
+print("stopped every time:", k, "runs")
+"""
+
+
+def test_sigterm_anywhere_in_the_service_loop_stops_it(tmp_path: Path) -> None:
+    """A signal's handler runs between two bytecodes of the main thread,
+    wherever that is: SIGTERM sent after each line the service runs (up to
+    and into its sleep until the next night) stops it every time. The
+    handler used to set a threading.Event, whose set() takes the lock that
+    its wait() holds for a few lines: a SIGTERM landing there blocked the
+    handler on its own thread for good (a CI run of the test above hung on
+    it); this one hangs, and fails on its timeout, with that handler."""
+    done = subprocess.run([sys.executable, "-c", _SIGTERM_EVERYWHERE, str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("stopped every time:"), done.stdout
+
+
 def test_bad_configuration_is_refused_at_start(tmp_path: Path) -> None:
     proc = schedule("--cron", "61 * * * *", "--live", "http://127.0.0.1:1", str(tmp_path))
     out, _ = proc.communicate(timeout=60)
