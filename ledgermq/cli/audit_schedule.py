@@ -36,7 +36,6 @@ import contextlib
 import datetime as dt
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -45,11 +44,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Annotated, Any
 
 import typer
 
+from ledgermq.base.stop_flag import StopFlag, stop_on_signals
 from ledgermq.cli.admin_api import (
     ACCESS_KEY_OPTION,
     SECRET_FILE_OPTION,
@@ -232,9 +231,8 @@ class Scheduler:
                                 "(or LEDGERMQ_AUDIT_LIVE)")
         if not config.specs:
             raise ScheduleError("give the replicas' directories (group specs) to audit")
-        # Set by the signal handler, which takes no lock (see _on_signal).
-        self.stopping = False
-        self._wake: tuple[int, int] | None = None  # the sleep's self-pipe while running
+        # Set by SIGTERM or SIGINT while `run` runs (a StopFlag: no lock taken).
+        self.stop = StopFlag()
         self.child: subprocess.Popen[bytes] | None = None
         self.nights_run = 0
         self.last_exit = 0
@@ -243,16 +241,8 @@ class Scheduler:
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         print(f"{now} audit-schedule: {text}", file=self.out, flush=True)
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        # A Python signal handler runs between two bytecodes of the main
-        # thread, maybe while that thread holds a lock: it must take none.
-        # (It used to set a threading.Event, whose set() takes the lock its
-        # wait() holds for a moment: a SIGTERM landing there hung the
-        # service for good.) A flag, and a byte down the sleep's pipe.
-        self.stopping = True
-        if self._wake is not None:
-            with contextlib.suppress(OSError):  # full (a byte is there) or closed
-                os.write(self._wake[1], b"x")
+    def _stop_child(self, signum: int) -> None:
+        """After a stop signal (in its handler: no lock taken here either)."""
         child = self.child
         if child is not None and child.poll() is None:
             # The audit's whole process group: the JVM and the Python workers too.
@@ -260,10 +250,7 @@ class Scheduler:
                 os.killpg(child.pid, signal.SIGTERM)
 
     def run(self) -> int:
-        self._wake = os.pipe()
-        os.set_blocking(self._wake[1], False)
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        with self.stop, stop_on_signals(self.stop, also=self._stop_child):
             first = dt.datetime.now(self.tz)
             self.log(f"cron {self.cfg.cron!r} ({self.cfg.timezone}), next night at "
                      f"{next_tick(self.cfg.cron, first).isoformat()}"
@@ -271,17 +258,11 @@ class Scheduler:
                      + f"; state {self.cfg.state}; priority {self.cfg.priority}")
             if self.cfg.run_at_start:
                 self.night()
-            while not self.stopping and not self._done():
+            while not self.stop.requested and not self._done():
                 tick = next_tick(self.cfg.cron, dt.datetime.now(self.tz))
                 if not self._sleep_until(tick):
                     break
                 self.night()
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            wake, self._wake = self._wake, None
-            for fd in wake:
-                os.close(fd)
         if self.cfg.nights and self.nights_run >= self.cfg.nights:
             return self.last_exit
         self.log(f"stopped after {self.nights_run} nights")
@@ -292,15 +273,11 @@ class Scheduler:
 
     def _sleep_until(self, tick: dt.datetime) -> bool:
         """False when told to stop first."""
-        assert self._wake is not None
-        while not self.stopping:
+        while not self.stop.requested:
             left = (tick - dt.datetime.now(self.tz)).total_seconds()
             if left <= 0:
                 return True
-            # A stop request after the check above left a byte in the pipe.
-            readable, _, _ = select.select([self._wake[0]], [], [], min(left, MAX_SLEEP_S))
-            if readable:
-                os.read(self._wake[0], 64)
+            self.stop.wait(min(left, MAX_SLEEP_S))
         return False
 
     def night(self) -> int:
@@ -366,7 +343,7 @@ class Scheduler:
                 return code if code >= 0 else 128 - code  # killed by a signal
             except subprocess.TimeoutExpired:
                 pass
-            if self.stopping:
+            if self.stop.requested:
                 stop_seen = stop_seen or time.monotonic()
                 if time.monotonic() - stop_seen > STOP_GRACE_S:
                     with contextlib.suppress(ProcessLookupError):

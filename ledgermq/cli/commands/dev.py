@@ -36,13 +36,13 @@ def register(app: typer.Typer) -> None:
         import asyncio
         import shlex
         import signal
-        import threading
         from pathlib import Path
 
         from rich.console import Console
         from rich.table import Table
 
         from ledgermq.base.address import is_loopback_host
+        from ledgermq.base.stop_flag import StopFlag
         from ledgermq.broker.launcher import ADMIN_ACCESS_KEY, LocalCluster, wait_leader
         from ledgermq.cli.commands.namesrv import parse_listen
         from ledgermq.wire.auth import SecretFileError
@@ -59,9 +59,11 @@ def register(app: typer.Typer) -> None:
         cluster = LocalCluster(directory, nodes=nodes, namesrv_listen=namesrv,
                                settings={"flush": flush, "replicate": replicate},
                                log_level="INFO", admin_listen=admin, secure=not open_)
-        stop = threading.Event()
+        # Not a threading.Event: its set() in a signal handler can deadlock
+        # (ledgermq/base/stop_flag.py).
+        stop = StopFlag()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, stop.set)
         try:
             try:
                 cluster.start()
@@ -115,4 +117,5 @@ def register(app: typer.Typer) -> None:
         finally:
             console.print("stopping children ...")
             cluster.stop()
+            stop.close()
             console.print("stopped")
