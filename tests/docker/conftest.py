@@ -7,13 +7,24 @@ cache makes the build a few seconds when the sources did not change. The
 audit image (`build-image.sh --audit`: Java and PySpark on the same base) is
 built only by the tests that start the audit services; its Java and Spark
 layer is cached apart from the sources, so a source change costs seconds.
+
+On a fresh machine (every CI run) those builds take minutes, mostly
+downloads and unpacking. So once collection shows that docker tests will
+run, the builds start in the background (`pytest_collection_finish`, at
+nice 19 and the idle I/O class) while the tiers before run; the fixtures
+wait for that build, then run their own, which the layer cache makes a
+matter of seconds (and which reports any failure, as before).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,8 +74,58 @@ def needs_docker() -> None:
     require(is_root(), "docker tier: the image build (debootstrap) and volume access need root")
 
 
+# The background build started at collection (None: none, or already waited for).
+_prebuild: subprocess.Popen[bytes] | None = None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start building the images the collected docker tests need, in the
+    background (see the module's docstring)."""
+    global _prebuild
+    needs = {name for item in session.items for name in getattr(item, "fixturenames", ())
+             if name in ("ledgermq_image", "audit_image")}
+    if session.config.option.collectonly or not needs or not is_root() \
+            or docker_available() is not None:
+        return  # nothing to build, or the fixtures will say why they cannot
+    script = REPO / "docker" / "build-image.sh"
+    steps = [shlex.join([str(script), IMAGE])]
+    if "audit_image" in needs:
+        steps.append(shlex.join([str(script), "--audit", AUDIT_IMAGE]))
+    # Its output is read only if it fails: the fixture's own build then says why.
+    with open(os.path.join(tempfile.gettempdir(), "ledgermq-docker-prebuild.log"), "wb") as log:
+        _prebuild = subprocess.Popen(
+            ["nice", "-n", "19", "ionice", "-c", "3", "bash", "-c", " && ".join(steps)],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A session that ends before its docker tests (-x, Ctrl-C) stops the build."""
+    global _prebuild
+    if _prebuild is not None and _prebuild.poll() is None:
+        # SIGTERM first: the script's traps remove a half-made base tree.
+        for sig, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(_prebuild.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                _prebuild.wait(timeout=grace)
+                break
+    _prebuild = None
+
+
+def _wait_prebuild() -> None:
+    global _prebuild
+    if _prebuild is not None:
+        started = time.monotonic()
+        _prebuild.wait(timeout=1800)
+        print(f"\nbackground image build done (waited {time.monotonic() - started:.0f} s, "
+              f"exit {_prebuild.returncode})", file=sys.stderr)
+        _prebuild = None
+
+
 def build(image: str, *options: str) -> None:
     """docker/build-image.sh [options] image, or the test fails with its output."""
+    _wait_prebuild()
     started = time.monotonic()
     result = subprocess.run([str(REPO / "docker" / "build-image.sh"), *options, image],
                             cwd=REPO, capture_output=True, text=True, timeout=1800)
