@@ -43,6 +43,7 @@ from ledgermq.wire import (
     error_response,
     read_frame,
 )
+from ledgermq.wire.streams import WRITE_SLICE_FRAMES
 
 # msgpack-representable bodies, as they come back (lists, not tuples).
 bodies = st.recursive(
@@ -296,6 +297,43 @@ def test_frame_writer_coalesces_frames_queued_in_one_loop_iteration() -> None:
             await got_eof.wait()
         assert FrameDecoder().feed(bytes(received)) == [
             *(f"m{i}".encode() for i in range(10)), b"last"]
+        server.close()
+        await server.wait_closed()
+
+    loop.run(main())
+
+
+def test_frame_writer_sends_a_large_burst_in_slices_in_order() -> None:
+    """A pass that queues more than WRITE_SLICE_FRAMES frames writes a slice
+    each time that many are queued and the rest at the end of the pass: the
+    peer starts on the first answers of a window while the rest are encoded."""
+    async def main() -> None:
+        received = bytearray()
+        got_eof = asyncio.Event()
+
+        async def on_connect(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            while chunk := await r.read(1 << 16):
+                received.extend(chunk)
+            got_eof.set()
+            w.close()
+
+        server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, raw = await asyncio.open_connection("127.0.0.1", port)
+        writer = FrameWriter(raw)
+        burst = 2 * WRITE_SLICE_FRAMES + 5
+        for i in range(burst):
+            writer.send(f"m{i}".encode())
+            # A slice goes out at once when full, before the loop runs again.
+            assert writer.writes == (i + 1) // WRITE_SLICE_FRAMES
+        await asyncio.sleep(0)
+        assert writer.writes == 3 and writer.frames == burst  # two slices and the rest
+        await asyncio.sleep(0)
+        assert writer.writes == 3  # the slices left no extra flush behind
+        await writer.close()
+        async with asyncio.timeout(5):
+            await got_eof.wait()
+        assert FrameDecoder().feed(bytes(received)) == [f"m{i}".encode() for i in range(burst)]
         server.close()
         await server.wait_closed()
 
