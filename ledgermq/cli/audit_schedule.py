@@ -242,7 +242,8 @@ class Scheduler:
         print(f"{now} audit-schedule: {text}", file=self.out, flush=True)
 
     def _stop_child(self, signum: int) -> None:
-        """After a stop signal (in its handler: no lock taken here either)."""
+        """After a stop signal, in its handler: nothing here may wait for a
+        lock (Popen.poll only tries its own)."""
         child = self.child
         if child is not None and child.poll() is None:
             # The audit's whole process group: the JVM and the Python workers too.
