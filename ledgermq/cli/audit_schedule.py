@@ -231,8 +231,9 @@ class Scheduler:
                                 "(or LEDGERMQ_AUDIT_LIVE)")
         if not config.specs:
             raise ScheduleError("give the replicas' directories (group specs) to audit")
-        # Set by SIGTERM or SIGINT while `run` runs (a StopFlag: no lock taken).
-        self.stop = StopFlag()
+        # Set by SIGTERM or SIGINT while `run` runs (a StopFlag: no lock
+        # taken); made by `run`, which closes its pipe when it returns.
+        self.stop: StopFlag | None = None
         self.child: subprocess.Popen[bytes] | None = None
         self.nights_run = 0
         self.last_exit = 0
@@ -251,7 +252,8 @@ class Scheduler:
                 os.killpg(child.pid, signal.SIGTERM)
 
     def run(self) -> int:
-        with self.stop, stop_on_signals(self.stop, also=self._stop_child):
+        with StopFlag() as stop, stop_on_signals(stop, also=self._stop_child):
+            self.stop = stop
             first = dt.datetime.now(self.tz)
             self.log(f"cron {self.cfg.cron!r} ({self.cfg.timezone}), next night at "
                      f"{next_tick(self.cfg.cron, first).isoformat()}"
@@ -259,7 +261,7 @@ class Scheduler:
                      + f"; state {self.cfg.state}; priority {self.cfg.priority}")
             if self.cfg.run_at_start:
                 self.night()
-            while not self.stop.requested and not self._done():
+            while not stop.requested and not self._done():
                 tick = next_tick(self.cfg.cron, dt.datetime.now(self.tz))
                 if not self._sleep_until(tick):
                     break
@@ -274,11 +276,13 @@ class Scheduler:
 
     def _sleep_until(self, tick: dt.datetime) -> bool:
         """False when told to stop first."""
-        while not self.stop.requested:
+        stop = self.stop
+        assert stop is not None, "run() sleeps"
+        while not stop.requested:
             left = (tick - dt.datetime.now(self.tz)).total_seconds()
             if left <= 0:
                 return True
-            self.stop.wait(min(left, MAX_SLEEP_S))
+            stop.wait(min(left, MAX_SLEEP_S))
         return False
 
     def night(self) -> int:
@@ -344,7 +348,7 @@ class Scheduler:
                 return code if code >= 0 else 128 - code  # killed by a signal
             except subprocess.TimeoutExpired:
                 pass
-            if self.stop.requested:
+            if self.stop is not None and self.stop.requested:
                 stop_seen = stop_seen or time.monotonic()
                 if time.monotonic() - stop_seen > STOP_GRACE_S:
                     with contextlib.suppress(ProcessLookupError):
