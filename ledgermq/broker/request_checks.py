@@ -89,10 +89,8 @@ class RequestChecks:
             await self.b.wait_writable()
 
     def _writable_now(self) -> bool:
-        """A send may go ahead at once (`_writable` would not wait):
-        `require_writable` passes exactly when the node is the ready leader,
-        asked here without the exception (every send asks)."""
-        return self.b.node.leader_ready
+        """A send may go ahead at once (`_writable` would not wait)."""
+        return self.b.writable()
 
     def _require_space(self) -> None:
         """New messages are refused while the disk is above disk_hard_ratio

@@ -624,8 +624,15 @@ class Broker:
             return member.client_address
         return self.config.client_address_of(leader)
 
+    def writable(self) -> bool:
+        """Writes go to the leader of this term, once its no-op is applied
+        (the one condition; `require_writable` says why not)."""
+        return self.node.leader_ready
+
     def require_writable(self) -> None:
-        """Writes go to the leader of this term, once its no-op is applied."""
+        """Raise, saying why, unless `writable()`."""
+        if self.writable():
+            return
         node = self.node
         if node.failed is not None:
             raise ServiceUnavailableError(
@@ -636,10 +643,9 @@ class Broker:
             raise NotLeaderError(
                 f"node {self.config.node_id} of {self.config.group} is {node.role};"
                 f" the leader is {leader or 'unknown'}", leader=leader)
-        if not node.leader_ready:
-            raise ServiceUnavailableError(
-                f"node {self.config.node_id} leads term {node.term} but has not applied"
-                " its first entry yet; retry shortly")
+        raise ServiceUnavailableError(
+            f"node {self.config.node_id} leads term {node.term} but has not applied"
+            " its first entry yet; retry shortly")
 
     async def wait_writable(self) -> None:
         """`require_writable`, but a write that arrives while no leader is

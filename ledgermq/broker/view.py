@@ -133,8 +133,11 @@ class BrokerView(Protocol):
     def advertised(self) -> str:
         """The client address this node gives out."""
 
+    def writable(self) -> bool:
+        """This node is the ready leader: a write may go ahead at once."""
+
     def require_writable(self) -> None:
-        """Raise unless this node is the ready leader."""
+        """Raise unless `writable()`, saying why."""
 
     async def wait_writable(self) -> None:
         """`require_writable`, holding the write through an election or until

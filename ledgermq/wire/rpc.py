@@ -676,11 +676,8 @@ class RpcServer:
         handler settles it, its future from a done callback; an `async def`
         handler's coroutine runs in a task of its own."""
         release = partial(_finished, self, conn, frame)
+        gated = self._gate(conn, request)
         rid, code = request.id, request.code
-        # An authenticated (or open) connection's request other than AUTH
-        # passes the gate: checked here, without the call, on every request.
-        gated = (None if code != RequestCode.AUTH and conn.principal is not None
-                 and not conn.refused else self._gate(conn, request))
         if gated is not None:
             self._send(conn, rid, encode_response(gated))
             release(None)

@@ -34,15 +34,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a local NameServer and an N-node broker group until Ctrl-C."""
         import asyncio
+        import contextlib
         import shlex
-        import signal
         from pathlib import Path
 
         from rich.console import Console
         from rich.table import Table
 
         from ledgermq.base.address import is_loopback_host
-        from ledgermq.base.stop_flag import StopFlag
+        from ledgermq.base.stop_flag import StopFlag, stop_on_signals
         from ledgermq.broker.launcher import ADMIN_ACCESS_KEY, LocalCluster, wait_leader
         from ledgermq.cli.commands.namesrv import parse_listen
         from ledgermq.wire.auth import SecretFileError
@@ -62,8 +62,9 @@ def register(app: typer.Typer) -> None:
         # Not a threading.Event: its set() in a signal handler can deadlock
         # (ledgermq/base/stop_flag.py).
         stop = StopFlag()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, stop.set)
+        held = contextlib.ExitStack()  # closed last: the flag, and the handlers restored
+        held.enter_context(stop)
+        held.enter_context(stop_on_signals(stop))
         try:
             try:
                 cluster.start()
@@ -117,5 +118,5 @@ def register(app: typer.Typer) -> None:
         finally:
             console.print("stopping children ...")
             cluster.stop()
-            stop.close()
+            held.close()
             console.print("stopped")
