@@ -266,20 +266,27 @@ def test_read_frame_clean_eof_truncation_and_size_limit() -> None:
     loop.run(main())
 
 
+async def _sink() -> tuple[asyncio.Server, asyncio.StreamWriter, bytearray, asyncio.Event]:
+    """A loopback server that keeps every byte it reads (until EOF: the
+    event), and a connection to it."""
+    received = bytearray()
+    got_eof = asyncio.Event()
+
+    async def on_connect(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while chunk := await reader.read(65536):
+            received.extend(chunk)
+        got_eof.set()
+        w.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    _, raw = await asyncio.open_connection("127.0.0.1", port)
+    return server, raw, received, got_eof
+
+
 def test_frame_writer_coalesces_frames_queued_in_one_loop_iteration() -> None:
     async def main() -> None:
-        received = bytearray()
-        got_eof = asyncio.Event()
-
-        async def on_connect(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            while chunk := await reader.read(65536):
-                received.extend(chunk)
-            got_eof.set()
-            w.close()
-
-        server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        _, raw = await asyncio.open_connection("127.0.0.1", port)
+        server, raw, received, got_eof = await _sink()
         writer = FrameWriter(raw)
         for i in range(10):
             writer.send(f"m{i}".encode())
@@ -308,18 +315,7 @@ def test_frame_writer_sends_a_large_burst_in_slices_in_order() -> None:
     each time that many are queued and the rest at the end of the pass: the
     peer starts on the first answers of a window while the rest are encoded."""
     async def main() -> None:
-        received = bytearray()
-        got_eof = asyncio.Event()
-
-        async def on_connect(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            while chunk := await r.read(1 << 16):
-                received.extend(chunk)
-            got_eof.set()
-            w.close()
-
-        server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        _, raw = await asyncio.open_connection("127.0.0.1", port)
+        server, raw, received, got_eof = await _sink()
         writer = FrameWriter(raw)
         burst = 2 * WRITE_SLICE_FRAMES + 5
         for i in range(burst):
