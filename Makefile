@@ -21,12 +21,15 @@ run: setup
 	$(BIN)/ledgermq demo
 
 # The whole test suite: lint, the import contracts (pyproject.toml,
-# [tool.importlinter]) and the type checker first.
+# [tool.importlinter]) and the type checker first. The tests run on
+# TEST_WORKERS processes: most of them wait on clusters, sockets and fsyncs,
+# not the CPU (tests/conftest.py says which tiers share a worker).
+TEST_WORKERS ?= 3
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 bench: setup
 	$(BIN)/python bench/storage.py

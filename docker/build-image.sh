@@ -27,6 +27,8 @@
 #                         host's site CAs, e.g. a TLS-inspecting egress proxy
 #                         in front of the package index)
 #   LEDGERMQ_REBUILD_BASE=1  make the base again even if the tag exists
+#   LEDGERMQ_BUILD_LOCK   the lock file that makes builds on this host take
+#                         turns (${TMPDIR:-/tmp}/ledgermq-build-image.lock)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +46,17 @@ MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 export DOCKER_BUILDKIT=0
 
 log() { printf 'build-image: %s\n' "$*" >&2; }
+
+# One build at a time on this host: two at once (the test suite's background
+# build and a test's own, or two checkouts) would both debootstrap a missing
+# base, and each would remove the image the other just tagged as "previous".
+# The second waits, then finds everything in docker's layer cache.
+LOCK="${LEDGERMQ_BUILD_LOCK:-${TMPDIR:-/tmp}/ledgermq-build-image.lock}"
+exec 9>>"$LOCK"
+if ! flock -n 9; then
+    log "waiting for another build on this host (lock $LOCK)"
+    flock 9
+fi
 
 make_base() {
     command -v debootstrap >/dev/null || {

@@ -13,7 +13,9 @@ downloads and unpacking. So once collection shows that docker tests will
 run, the builds start in the background (`pytest_collection_finish`, at
 nice 19 and the idle I/O class) while the tiers before run; the fixtures
 wait for that build, then run their own, which the layer cache makes a
-matter of seconds (and which reports any failure, as before).
+matter of seconds (and which reports any failure, as before). Under
+pytest-xdist only the first worker starts that build; a fixture on another
+worker waits for it through build-image.sh's host-wide lock.
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     global _prebuild
     needs = {name for item in session.items for name in getattr(item, "fixturenames", ())
              if name in ("ledgermq_image", "audit_image")}
-    if session.config.option.collectonly or not needs or not is_root() \
+    first_worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0"
+    if session.config.option.collectonly or not needs or not first_worker or not is_root() \
             or docker_available() is not None:
         return  # nothing to build, or the fixtures will say why they cannot
     script = REPO / "docker" / "build-image.sh"

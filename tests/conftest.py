@@ -1,0 +1,46 @@
+"""Which tests must share one pytest-xdist worker when `make test` runs the
+suite in parallel (`pytest -n N --dist loadgroup`).
+
+Most of the suite waits on real clusters, sockets and fsyncs: run one test at
+a time, the 2-core CI machine sits 60% idle. `make test` therefore spreads the
+tests over a few worker processes. A tier whose tests share something that
+exists once per process goes to one worker as a group, so that it is made
+once, not once per worker:
+
+- tests/docker: the images (built once per session) and the docker host's
+  networks and disk, which the fixtures budget for one deployment at a time;
+- tests/spark_audit: the session's SparkSession (a JVM, ~10 s to start);
+- tests/ops and tests/ledgermq/cli: the running 3-node groups their
+  session fixtures start.
+
+Run without `-n` (plain `pytest`), the marks change nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+GROUPS = {
+    "docker": TESTS / "docker",
+    "spark": TESTS / "spark_audit",
+    "ops": TESTS / "ops",
+    "cli": TESTS / "ledgermq" / "cli",
+}
+
+
+def group_of(path: Path) -> str | None:
+    """The worker group of a test file, or None: any worker may run it."""
+    for name, folder in GROUPS.items():
+        if path.is_relative_to(folder):
+            return name
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        name = group_of(Path(item.path))
+        if name is not None:
+            item.add_marker(pytest.mark.xdist_group(name))
