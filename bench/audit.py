@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -162,6 +163,16 @@ def write_replica(root: str, n_entries: int, per_entry: int, msg_size: int,
     return {"entries": n_entries, "messages": n_entries * per_entry, "bytes": end}
 
 
+def write_identity(root: str, node_id: int) -> None:
+    """The replica's ``IDENTITY``: node ``node_id`` with a directory id of its own.
+    Written after a replica is copied from another, as every node's directory
+    carries its own (the audit flags two replicas sharing one)."""
+    ident = fmt.Identity(node_id, secrets.randbelow((1 << 63) - 1) + 1,
+                         int(time.time() * 1000), "bench")
+    with open(os.path.join(root, "IDENTITY"), "wb") as f:
+        f.write(fmt.encode_identity(ident))
+
+
 def parse_rate(root: str) -> dict[str, float]:
     """In-process parse of the first segment: the per-core cost of the pure parsers."""
     path = os.path.join(root, "commitlog", f"{0:020d}")
@@ -266,6 +277,8 @@ def run_one(a: argparse.Namespace, entries: int) -> dict[str, object]:
         for n in ("n2", "n3"):
             # Real copies (not hard links): each replica has its own page-cache pages.
             shutil.copytree(os.path.join(tmp, "g1", "n1"), os.path.join(tmp, "g1", n))
+        for k, n in enumerate(("n1", "n2", "n3"), start=1):
+            write_identity(os.path.join(tmp, "g1", n), k)
         gen_s = time.perf_counter() - t
         pure = parse_rate(os.path.join(tmp, "g1", "n1"))
 

@@ -150,6 +150,7 @@ class ReplicaMeta:
     checkpoint: fmt.Checkpoint | None = None
     hardstate: fmt.HardState | None = None
     dispatch: fmt.DispatchCheckpoint | None = None
+    identity: fmt.Identity | None = None  # None: no IDENTITY, or an unreadable one (reported)
     segment_starts: list[int] = field(default_factory=list)
     snapshots: dict[int, SnapshotFiles] = field(default_factory=dict)
     # Filled by check_group:

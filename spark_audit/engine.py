@@ -4,7 +4,7 @@ An engine does three things and knows nothing about the checks:
 
 - ``lister``: lists directories (local, or through Hadoop for the Spark engine);
 - ``read_small``: the few-byte files (checkpoint, hardstate, dispatch checkpoint,
-  snapshot metas);
+  snapshot metas, identity);
 - ``read_range``: a few bytes of a bulk file (an entry header, a Raft-index
   record), which is how the driver finds where a cut or window lies (``window``);
 - ``run_tasks``: ``tasks.run_task`` over a list of ``FileTask``, returning one
@@ -65,12 +65,15 @@ class LocalEngine:
 
 
 def decode_small(kind: str, data: bytes
-                 ) -> fmt.Checkpoint | fmt.HardState | fmt.DispatchCheckpoint | fmt.SnapshotMeta:
+                 ) -> (fmt.Checkpoint | fmt.HardState | fmt.DispatchCheckpoint | fmt.SnapshotMeta
+                       | fmt.Identity):
     """Parse a small file by kind (raises ``fmt.FormatError``)."""
     if kind == inputs.CHECKPOINT:
         return fmt.parse_checkpoint(data)
     if kind == inputs.HARDSTATE:
         return fmt.parse_hardstate(data)
+    if kind == inputs.IDENTITY:
+        return fmt.parse_identity(data)
     if kind == inputs.SNAPSHOT_META:
         return fmt.parse_snapshot_meta(data)
     return fmt.parse_dispatch_checkpoint(data)

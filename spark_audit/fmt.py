@@ -61,6 +61,14 @@ HARDSTATE_SIZE = 40
 # created_ms, state_bytes, state_crc, reserved; version 1 then has the CRC of
 # those 56 bytes, version 2 a u32 length, that many bytes of membership JSON
 # (the CONFIG entry's encoding) and the CRC of everything before it.
+# ``IDENTITY`` (whose directory this is): magic, format version, node id,
+# directory id, created ms, cluster id length L; then L bytes of cluster id
+# and the CRC of everything before it.
+IDENTITY_MAGIC = 0x49514D4C  # "LMQI"
+IDENTITY_HEAD = struct.Struct("<IIQQQH")  # bytes [0, 34)
+IDENTITY_PREFIX = struct.Struct("<II")  # magic and format version, the same in every version
+CLUSTER_ID_MAX_BYTES = 255
+
 SNAPSHOT_MAGIC = 0x53514D4C  # "LMQS"
 SNAPSHOT_META = struct.Struct("<IIQQQQQII")  # bytes [0, 56)
 SNAPSHOT_META_SIZE = 60  # version 1; version 2 is 64 + the membership's length
@@ -133,6 +141,21 @@ class SnapshotMeta:
 
 
 @dataclass(frozen=True)
+class Identity:
+    """What a replica's ``IDENTITY`` says it is."""
+
+    node_id: int
+    directory_id: int
+    created_ms: int
+    cluster_id: str
+
+
+class UnsupportedFormat(FormatError):
+    """An intact ``IDENTITY`` (magic and CRC agree) naming a format version this
+    audit does not read: the directory's files cannot be judged by this audit."""
+
+
+@dataclass(frozen=True)
 class DispatchCheckpoint:
     dispatched_index: int
     dispatched_end: int
@@ -170,6 +193,36 @@ def parse_hardstate(data: bytes) -> HardState:
         raise FormatError("hardstate CRC mismatch")
     check_plausible("hardstate", term=term, vote=vote, commit=commit)
     return HardState(term, vote, commit)
+
+
+def parse_identity(data: bytes) -> Identity:
+    """Decode ``IDENTITY``. Magic, version and CRC are checked in the order that
+    tells a newer format (intact, unknown version: ``UnsupportedFormat``) from
+    damage (``FormatError``)."""
+    if len(data) < IDENTITY_PREFIX.size + 4:
+        raise FormatError(f"identity is {len(data)} bytes, too short for its header")
+    magic, version = IDENTITY_PREFIX.unpack_from(data)
+    if magic != IDENTITY_MAGIC:
+        raise FormatError(f"identity magic {magic:#x}")
+    if crc(data[:-4]) != struct.unpack_from("<I", data, len(data) - 4)[0]:
+        raise FormatError("identity CRC mismatch")
+    if version != FORMAT_VERSION:
+        raise UnsupportedFormat(f"the directory is in on-disk format version {version}; this "
+                                f"audit reads version {FORMAT_VERSION} only")
+    if len(data) < IDENTITY_HEAD.size + 4:
+        raise FormatError(f"identity is {len(data)} bytes, too short for version 1")
+    _, _, node_id, directory_id, created_ms, length = IDENTITY_HEAD.unpack_from(data)
+    if not 1 <= length <= CLUSTER_ID_MAX_BYTES or len(data) != IDENTITY_HEAD.size + length + 4:
+        raise FormatError(f"identity is {len(data)} bytes but names a cluster id of {length}")
+    try:
+        cluster_id = data[IDENTITY_HEAD.size:IDENTITY_HEAD.size + length].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"identity cluster id is not UTF-8: {exc}") from exc
+    check_plausible("identity", created_ms=created_ms)
+    for name, value in (("node_id", node_id), ("directory_id", directory_id)):
+        if not 1 <= value <= MAX_PLAUSIBLE:  # both drawn from 1..2^63-1 by the broker
+            raise ImplausibleValue(f"identity {name} = {value} is outside [1, 2^63-1]")
+    return Identity(node_id, directory_id, created_ms, cluster_id)
 
 
 def parse_snapshot_meta(data: bytes) -> SnapshotMeta:
@@ -291,6 +344,14 @@ def encode_checkpoint(cp: Checkpoint) -> bytes:
 def encode_hardstate(hs: HardState) -> bytes:
     """Inverse of ``parse_hardstate``."""
     head = HARDSTATE.pack(HARDSTATE_MAGIC, FORMAT_VERSION, hs.term, hs.vote, hs.commit, 0)
+    return head + struct.pack("<I", crc(head))
+
+
+def encode_identity(ident: Identity, version: int = FORMAT_VERSION) -> bytes:
+    """Inverse of ``parse_identity`` (the planted suite writes replicas' identities)."""
+    cluster = ident.cluster_id.encode("utf-8")
+    head = IDENTITY_HEAD.pack(IDENTITY_MAGIC, version, ident.node_id, ident.directory_id,
+                              ident.created_ms, len(cluster)) + cluster
     return head + struct.pack("<I", crc(head))
 
 

@@ -25,8 +25,10 @@ SEGMENT, INDEX, CQ, CHECKPOINT, HARDSTATE, CQ_CHECKPOINT, OTHER = (
 # A snapshot's two files (``snapshots/<index>/meta`` and ``state``), and the
 # marker a snapshot install leaves until it is rolled forward or back.
 SNAPSHOT_META, SNAPSHOT_STATE, INSTALL_MARKER = "snapshot_meta", "snapshot_state", "install"
+# ``IDENTITY``: the cluster, node and directory the replica's data belongs to.
+IDENTITY = "identity"
 BULK_KINDS = (SEGMENT, INDEX, CQ, SNAPSHOT_STATE)
-SMALL_KINDS = (CHECKPOINT, HARDSTATE, CQ_CHECKPOINT, SNAPSHOT_META)
+SMALL_KINDS = (CHECKPOINT, HARDSTATE, CQ_CHECKPOINT, SNAPSHOT_META, IDENTITY)
 # Files the storage engine itself ignores or owns transiently: anything named
 # or inside something named ``*.tmp`` (a snapshot being written, a transfer
 # being staged under ``install.tmp/``) is not part of the replica yet.
@@ -210,6 +212,8 @@ def classify(rel: str) -> tuple[str, int, str, int]:
         return CHECKPOINT, 0, "", -1
     if rel == "hardstate":
         return HARDSTATE, 0, "", -1
+    if rel == "IDENTITY":
+        return IDENTITY, 0, "", -1
     if rel == "consumequeue/checkpoint":
         return CQ_CHECKPOINT, 0, "", -1
     if rel == "INSTALL":

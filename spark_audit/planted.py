@@ -457,6 +457,52 @@ def cq_offset_max(g: Path) -> Where:
     return Where("implausible_value", "n2", rel(g / "n2", path), 12 * 20)
 
 
+def write_identities(g: Path, **changed: dict[str, Any]) -> None:
+    """Give every replica an ``IDENTITY`` (the recorded base predates them): node
+    ``nK`` is node K of cluster ``GROUP`` with its own directory id; ``changed``
+    overrides fields per node (``version`` is the format version written)."""
+    for k, node in enumerate(NODES, start=1):
+        fields: dict[str, Any] = {"node_id": k, "directory_id": 0x5EED0000 + k,
+                                  "created_ms": 1_700_000_000_000, "cluster_id": GROUP,
+                                  "version": fmt.FORMAT_VERSION, **changed.get(node, {})}
+        version = fields.pop("version")
+        (g / node / "IDENTITY").write_bytes(fmt.encode_identity(fmt.Identity(**fields), version))
+
+
+def identity_damaged(g: Path) -> Where:
+    write_identities(g)
+    path = g / "n2" / "IDENTITY"
+    raw = bytearray(path.read_bytes())
+    raw[fmt.IDENTITY_HEAD.size] ^= 0x01  # the cluster id's first byte; the CRC is stale
+    path.write_bytes(bytes(raw))
+    return Where("bad_identity", "n2", "IDENTITY")
+
+
+def identity_newer_format(g: Path) -> Where:
+    write_identities(g, n3={"version": fmt.FORMAT_VERSION + 1})
+    return Where("unsupported_format", "n3", "IDENTITY")
+
+
+def identity_directory_id_zero(g: Path) -> Where:
+    write_identities(g, n1={"directory_id": 0})
+    return Where("implausible_value", "n1", "IDENTITY")
+
+
+def identity_other_cluster(g: Path) -> Where:
+    write_identities(g, n2={"cluster_id": "another-cluster"})
+    return Where("identity_cluster_mismatch", "n2")
+
+
+def identity_directory_copied(g: Path) -> Where:
+    write_identities(g, n3={"directory_id": 0x5EED0001})  # n1's
+    return Where("identity_directory_shared", "n3")
+
+
+def identity_node_twice(g: Path) -> Where:
+    write_identities(g, n3={"node_id": 1})
+    return Where("identity_node_shared", "n1")
+
+
 def _zero_page(node: Path, page: int) -> Path:
     seg = sorted((node / "commitlog").iterdir())[1]
     write_at(seg, page * 4096, bytes(4096))
@@ -602,6 +648,20 @@ CASES: dict[str, Case] = {
         "corruption/implausible_value/n2", "lost_offsets/cq_hole/n2",
         "index_validity/cq_not_indexed/n2"),
         "n2: a unit's offset 2^64-1"),
+    "identity_damaged": Case(identity_damaged, _v("corruption/bad_identity/n2"),
+                             "n2: a byte of IDENTITY's cluster id flipped, CRC stale"),
+    "identity_newer_format": Case(identity_newer_format, _v("corruption/unsupported_format/n3"),
+                                  "n3: IDENTITY intact but in format version 2"),
+    "identity_directory_id_zero": Case(identity_directory_id_zero, _v(
+        "corruption/implausible_value/n1"), "n1: IDENTITY's directory id 0, CRC valid"),
+    "identity_other_cluster": Case(identity_other_cluster, _v(
+        "divergence/identity_cluster_mismatch/n2"), "n2: IDENTITY names another cluster"),
+    "identity_directory_copied": Case(identity_directory_copied, _v(
+        "divergence/identity_directory_shared/n1", "divergence/identity_directory_shared/n3"),
+        "n3: IDENTITY carries n1's directory id (a copied directory)"),
+    "identity_node_twice": Case(identity_node_twice, _v(
+        "divergence/identity_node_shared/n1", "divergence/identity_node_shared/n3"),
+        "n3: IDENTITY says node 1, as n1's does"),
     "zeroed_page": Case(zeroed_page, _v(
         "corruption/bad_magic/n2", "corruption/bad_message/n2", "corruption/body_crc/n2",
         "index_validity/cq_dangling/n2", "lost_offsets/index_gap/n2",

@@ -1,8 +1,9 @@
 """What both ways of running the audit share: options, result, the start and the end.
 
 ``prepare`` discovers the files, decodes the small ones (checkpoint,
-hardstate, dispatch checkpoint, snapshot metas) into each replica's
-``checks.ReplicaMeta`` and reads the history; ``audit.run_audit`` (every
+hardstate, dispatch checkpoint, snapshot metas, identity) into each replica's
+``checks.ReplicaMeta``, checks the replicas' identities against each other
+(``identities``) and reads the history; ``audit.run_audit`` (every
 array on the driver) and ``distributed.run`` (keyed passes, the driver gets
 findings) both go on from there, and end with ``problem_findings``,
 ``history_findings`` and ``result``.
@@ -17,7 +18,18 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from spark_audit import checks, control, digest, engine, fmt, history, inputs, replicas, window
+from spark_audit import (
+    checks,
+    control,
+    digest,
+    engine,
+    fmt,
+    history,
+    identities,
+    inputs,
+    replicas,
+    window,
+)
 from spark_audit.checks import INFO, VIOLATION, Findings
 from spark_audit.replicas import ProblemRow
 
@@ -110,8 +122,12 @@ def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
         except fmt.FormatError as exc:
             # A CRC-valid file with a value no log can hold is implausible, not torn;
             # either way its values are not used.
-            kind = ("implausible_value" if isinstance(exc, fmt.ImplausibleValue)
-                    else f"bad_{f.kind}")
+            if isinstance(exc, fmt.ImplausibleValue):
+                kind = "implausible_value"
+            elif isinstance(exc, fmt.UnsupportedFormat):
+                kind = "unsupported_format"
+            else:
+                kind = f"bad_{f.kind}"
             out.add("corruption", kind, VIOLATION, gid=f.gid, rid=f.rid, fid=f.fid,
                     detail=f"{f.path}: {exc}")
             continue
@@ -122,6 +138,8 @@ def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
             meta.hardstate = value
         elif isinstance(value, fmt.SnapshotMeta):
             meta.snapshots[f.start].meta = value
+        elif isinstance(value, fmt.Identity):
+            meta.identity = value
         else:
             meta.dispatch = value
     for f in inventory:
@@ -138,6 +156,7 @@ def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
         elif f.kind == inputs.OTHER:
             out.add("corruption", "unknown_file", INFO, gid=f.gid, rid=f.rid, fid=f.fid,
                     detail=f"{f.path} is not part of the format (reported, not read)")
+    identities.check(groups, inventory, out)
     tm["read_small_s"] = time.perf_counter() - t1
     if opts.bounds:
         if opts.history:

@@ -40,6 +40,8 @@ def test_the_generator_writes_a_clean_group(tmp_path: Path, per_entry: int,
     assert got == {"entries": entries, "messages": entries * per_entry, "bytes": got["bytes"]}
     for n in ("n2", "n3"):
         shutil.copytree(g / "n1", g / n)
+    for k, n in enumerate(("n1", "n2", "n3"), start=1):
+        bench().write_identity(str(g / n), k)
     assert len(list((g / "n1" / "commitlog").iterdir())) > 1  # several segments
     key = ["check", "kind", "severity", "rid", "count", "detail"]
     found = []
