@@ -32,11 +32,11 @@ def run(specs: list[str], *, out: str = "audit-out", master: str = session.DEFAU
     """
     try:
         bounds = window.bounds_from_options(list(cuts or []), list(starts or []))
+        opts = AuditOptions(list(specs), list(history or []), max_entry_size, segment_size,
+                            max_examples, share_identical, bounds)
     except ValueError as exc:
         print(f"audit: {exc}", file=sys.stderr)
         return 2
-    opts = AuditOptions(list(specs), list(history or []), max_entry_size, segment_size,
-                        max_examples, share_identical, bounds)
     outcome = audit_to(opts, out, engine=engine, master=master, driver_memory=driver_memory,
                        progress=progress, spark=spark)
     if outcome.summary is None:

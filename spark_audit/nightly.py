@@ -50,6 +50,7 @@ from spark_audit.audit import AuditOptions
 from spark_audit.checks import VIOLATION
 from spark_audit.engine import Engine, LocalEngine
 from spark_audit.manifest import Manifest, Part, Span
+from spark_audit.prepare import check_sizes
 from spark_audit.runs import Outcome, audit_to
 
 if TYPE_CHECKING:
@@ -338,6 +339,11 @@ def run_night(opts: NightOptions) -> int:
     """One night; prints its summary line and returns the exit status."""
     if opts.rolling_nights < 1:
         print("audit night: --rolling-nights must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        check_sizes(opts.max_entry_size, opts.segment_size)
+    except ValueError as exc:
+        print(f"audit night: {exc}", file=sys.stderr)
         return 2
     try:
         with _locked(opts.state_dir):

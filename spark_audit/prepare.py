@@ -56,6 +56,20 @@ class AuditOptions:
     # (``dead_before``; the nightly manifest keeps those its new ranges held).
     deletions: dict[str, list[control.Deletion]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        check_sizes(self.max_entry_size, self.segment_size)
+
+
+def check_sizes(max_entry_size: int, segment_size: int) -> None:
+    """Refuse (ValueError) sizes no log can have, before anything is read: judged
+    by them, every entry would be reported, a finding about the options."""
+    if max_entry_size < fmt.ENTRY_HEADER_SIZE:
+        raise ValueError(f"the largest entry size ({max_entry_size}) must be at least an "
+                         f"entry header ({fmt.ENTRY_HEADER_SIZE} bytes)")
+    if segment_size < 0 or 0 < segment_size < fmt.ENTRY_HEADER_SIZE:
+        raise ValueError(f"the segment size ({segment_size}) must be 0 (inferred from the "
+                         f"file names) or at least {fmt.ENTRY_HEADER_SIZE} bytes")
+
 
 @dataclass
 class AuditResult:
@@ -145,6 +159,10 @@ def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
     for f in inventory:
         if f.kind == inputs.SEGMENT:
             groups[f.gid].replicas[f.rid].segment_starts.append(f.start)
+            if opts.segment_size and f.length > opts.segment_size:
+                # An entry never spans segments, so no file outgrows the real size.
+                raise ValueError(f"--segment-size {opts.segment_size} does not fit {f.path}, "
+                                 f"which is {f.length} bytes long")
         elif f.kind == inputs.SNAPSHOT_STATE:
             groups[f.gid].replicas[f.rid].snapshots.setdefault(
                 f.start, checks.SnapshotFiles(f.start)).state_fid = f.fid

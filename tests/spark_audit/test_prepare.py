@@ -1,0 +1,66 @@
+"""Sizes the audit is told (``--max-entry-size``, ``--segment-size``) are checked
+before they judge anything (``spark_audit.prepare``).
+
+A segment size the files contradict used to be believed: every entry past
+the first rollover was then reported out of place (thousands of
+`position_gap` violations about the option, not the data). Now the audit
+refuses such options with exit 2 and says why, on the one-off and the
+nightly command lines alike; a size that fits the files audits as before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_audit import cli, planted
+from tests.chaos.histories import REAL_RUN
+
+SEGMENT = 16384  # the recorded run's segment size
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return planted.unpack_base(REAL_RUN, tmp_path_factory.mktemp("sizes") / "base") / "data"
+
+
+BAD = [
+    (["--max-entry-size", "-5"], "the largest entry size (-5) must be at least"),
+    (["--max-entry-size", "47"], "at least an entry header (48 bytes)"),
+    (["--segment-size", "-1"], "the segment size (-1) must be 0"),
+    (["--segment-size", "7"], "the segment size (7) must be 0"),
+    # Not a divisor of the names 16384, 32768, 49152.
+    (["--segment-size", "20000"], "segment 00000000000000016384 does not start at a multiple"),
+    # A divisor of every name, but smaller than the files are long.
+    (["--segment-size", "8192"], "which is 16"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD)
+def test_sizes_no_log_can_have_are_refused(data: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str],
+                                           args: list[str], message: str) -> None:
+    code = cli.main([str(data), "--engine", "python", "--out", str(tmp_path / "o"), *args])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), BAD[:4])
+def test_the_nightly_audit_refuses_them_before_its_night(data: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         args: list[str], message: str) -> None:
+    state = tmp_path / "state"
+    code = cli.main([str(data), "--engine", "python", "--nightly", "--state", str(state), *args])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (state / "nights").exists()
+
+
+def test_the_real_segment_size_audits_as_when_inferred(data: Path, tmp_path: Path) -> None:
+    assert cli.main([str(data), "--engine", "python", "--out", str(tmp_path / "a")]) == 0
+    assert cli.main([str(data), "--engine", "python", "--out", str(tmp_path / "b"),
+                     "--segment-size", str(SEGMENT)]) == 0
+    a, b = ((tmp_path / d / "summary.json").read_text() for d in "ab")
+    assert a.count('"violations": 0') == b.count('"violations": 0')
