@@ -27,6 +27,11 @@ SEGMENT, INDEX, CQ, CHECKPOINT, HARDSTATE, CQ_CHECKPOINT, OTHER = (
 SNAPSHOT_META, SNAPSHOT_STATE, INSTALL_MARKER = "snapshot_meta", "snapshot_state", "install"
 # ``IDENTITY``: the cluster, node and directory the replica's data belongs to.
 IDENTITY = "identity"
+# A file named like a segment, index file, ConsumeQueue file or snapshot, but
+# with a number that puts it above 2^63-1 (a position, Raft index or slot no
+# log reaches): reported (``prepare``), never read.
+BAD_NAME = "bad_name"
+_NAME_MAX = (1 << 63) - 1
 BULK_KINDS = (SEGMENT, INDEX, CQ, SNAPSHOT_STATE)
 SMALL_KINDS = (CHECKPOINT, HARDSTATE, CQ_CHECKPOINT, SNAPSHOT_META, IDENTITY)
 # Files the storage engine itself ignores or owns transiently: anything named
@@ -242,6 +247,10 @@ def inventory(replicas: list[Replica], lister: Lister = LOCAL) -> list[FileInfo]
             if _IGNORED.search(rel):
                 continue
             kind, start, topic, qid = classify(rel)
+            # start + length bounds the file's last position, index or slot (a
+            # record is at least a byte); past 2^63-1 none of it can be decoded.
+            if kind != OTHER and start + length > _NAME_MAX:
+                kind = BAD_NAME
             files.append(FileInfo(len(files), rep.gid, rep.rid, join(rep.root, rel), kind,
                                   length, start, topic, qid))
     return files

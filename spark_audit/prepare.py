@@ -171,6 +171,11 @@ def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
                     detail=f"{f.path}: a snapshot install was interrupted after its commit "
                            "point; the broker finishes it when it opens the log (this replica "
                            "is audited half swapped)")
+        elif f.kind == inputs.BAD_NAME:
+            out.add("corruption", "implausible_value", VIOLATION, gid=f.gid, rid=f.rid,
+                    fid=f.fid, detail=f"{f.path}: the number in its name puts the file above "
+                                      "2^63-1, a position, Raft index or slot no log reaches "
+                                      "(not read)")
         elif f.kind == inputs.OTHER:
             out.add("corruption", "unknown_file", INFO, gid=f.gid, rid=f.rid, fid=f.fid,
                     detail=f"{f.path} is not part of the format (reported, not read)")

@@ -1,5 +1,6 @@
-"""Sizes the audit is told (``--max-entry-size``, ``--segment-size``) are checked
-before they judge anything (``spark_audit.prepare``).
+"""What ``spark_audit.prepare`` refuses or reports before any check runs: sizes
+the audit is told (``--max-entry-size``, ``--segment-size``) that no log can
+have, and files whose names put them past 2^63-1.
 
 A segment size the files contradict used to be believed: every entry past
 the first rollover was then reported out of place (thousands of
@@ -10,11 +11,14 @@ nightly command lines alike; a size that fits the files audits as before.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from spark_audit import cli, planted
+from spark_audit.audit import AuditOptions, run_audit
+from spark_audit.engine import LocalEngine, LocalFlowEngine
 from tests.chaos.histories import REAL_RUN
 
 SEGMENT = 16384  # the recorded run's segment size
@@ -64,3 +68,31 @@ def test_the_real_segment_size_audits_as_when_inferred(data: Path, tmp_path: Pat
                      "--segment-size", str(SEGMENT)]) == 0
     a, b = ((tmp_path / d / "summary.json").read_text() for d in "ab")
     assert a.count('"violations": 0') == b.count('"violations": 0')
+
+
+def test_files_named_past_2_63_are_reported_and_the_rest_audited(data: Path,
+                                                                 tmp_path: Path) -> None:
+    """A stray file whose name puts it past 2^63-1 (it used to stop the audit with
+    "Python int too large to convert to C long") is an implausible value, not read;
+    everything else is audited as before, on both in-process engines."""
+    work = tmp_path / "data"
+    shutil.copytree(data, work)
+    node = work / planted.GROUP / "n2"
+    queue = next((node / "consumequeue").glob("*/0"))
+    strays = [node / "commitlog" / "99999999999999999999",
+              node / "commitlog" / f"{(1 << 63) - 100:020d}",  # its bytes would pass 2^63-1
+              node / "index" / "99999999999999999999",
+              queue / "99999999999999999999",
+              node / "snapshots" / "99999999999999999999" / "meta"]
+    for stray in strays:
+        stray.parent.mkdir(parents=True, exist_ok=True)
+        stray.write_bytes(b"\x01" * 200)
+    clean = run_audit(AuditOptions([str(data)]), LocalEngine())
+    for eng in (LocalEngine(), LocalFlowEngine()):
+        res = run_audit(AuditOptions([str(work)]), eng)
+        files = {f.fid: f.path for f in res.files}
+        bad = [r for r in res.findings.to_pylist() if r["severity"] == "violation"]
+        assert {r["kind"] for r in bad} == {"implausible_value"}, bad
+        assert sorted(files[r["fid"]] for r in bad) == sorted(map(str, strays))
+        assert [g.committed for g in res.groups.values()] == [
+            g.committed for g in clean.groups.values()]
