@@ -55,25 +55,49 @@ def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
+_MSG_ID_HEX = 16  # ``<group>@<16 hex digits>``: the physical offset
+_U32, _U64, _I63 = (1 << 32) - 1, (1 << 64) - 1, (1 << 63) - 1
+
+
+def _int(v: dict[str, Any], name: str, hi: int, default: int, lo: int = 0) -> int:
+    """Field ``name`` of ``v``: absent (or null) gives ``default``; anything else must
+    be an integer in lo..hi (a bool, float or string is refused, not guessed at)."""
+    x = v.get(name)
+    if x is None:
+        return default
+    if isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi:
+        raise ValueError(f"{name} {x!r} is not an integer in {lo}..{hi}")
+    return x
+
+
+def _str(v: dict[str, Any], name: str) -> str:
+    x = v.get(name)
+    if x is None:
+        return ""
+    if not isinstance(x, str):
+        raise ValueError(f"{name} {x!r} is not a string")
+    return x
+
+
 def _one(path: str, line: int, op: dict[str, Any], v: dict[str, Any]) -> HistMsg:
-    msg_id = str(v.get("msg_id") or "")
-    group = str(v.get("group") or "")
+    msg_id, group = _str(v, "msg_id"), _str(v, "group")
     phys = -1
     if msg_id:
         head, _, hexpart = msg_id.rpartition("@")
-        group = group or head
         try:
-            phys = int(hexpart, 16)
+            phys = int(hexpart, 16) if len(hexpart) == _MSG_ID_HEX and head else -1
         except ValueError:
             phys = -1
-    return HistMsg(path, line, int(op.get("index", -1)), int(op.get("time_ns", 0)),
-                   str(op.get("process", "")), str(op["type"]), str(op["f"]), group,
-                   str(v.get("topic", "")), int(v.get("queue", -1)),
-                   _signed(int(v.get("producer_id", 0) or 0)),
-                   _signed(int(v.get("sequence", 0) or 0)),
-                   int(v.get("offset", -1) if v.get("offset") is not None else -1), phys,
-                   int(v["body_crc32c"]) & 0xFFFFFFFF if v.get("body_crc32c") is not None
-                   else -1)
+        if not 0 <= phys <= _I63:
+            raise ValueError(f"msg_id {msg_id!r} is not <group>@<16 hex digits> naming an "
+                             "offset up to 2^63-1")
+        group = group or head
+    process = op.get("process", "")
+    return HistMsg(path, line, _int(op, "index", _I63, -1), _int(op, "time_ns", _I63, 0),
+                   str(process), _str(op, "type"), _str(op, "f"), group, _str(v, "topic"),
+                   _int(v, "queue", _U32, -1, lo=-1), _signed(_int(v, "producer_id", _U64, 0)),
+                   _signed(_int(v, "sequence", _U64, 0)), _int(v, "offset", _I63, -1, lo=-1), phys,
+                   _int(v, "body_crc32c", _U32, -1))
 
 
 def read_history(paths: list[str]) -> tuple[list[HistMsg], int]:
@@ -81,28 +105,55 @@ def read_history(paths: list[str]) -> tuple[list[HistMsg], int]:
 
     Invocations carry no outcome and are skipped; nemesis and other ops are
     counted but otherwise ignored. A malformed line raises ``ValueError``
-    naming the file and line.
+    naming the file and line: not JSON, not an object, or a send or poll
+    whose value, message list or message fields have the wrong shape, type or
+    range. A history the audit cannot read in full is not checked in part: a
+    skipped line could be the acknowledged send that was lost.
     """
     out: list[HistMsg] = []
     ops = 0
     for path in paths:
-        with open(path, encoding="utf-8") as fh:
-            for n, text in enumerate(fh, 1):
-                if not text.strip():
+        with open(path, "rb") as fh:
+            for n, raw in enumerate(fh, 1):
+                if not raw.strip():
                     continue
-                try:
-                    op = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{n}: not JSON: {exc}") from exc
                 ops += 1
-                if op.get("f") not in ("send", "poll") or op.get("type") == "invoke":
-                    continue
-                value = op.get("value") or {}
-                items = value.get("messages") if isinstance(value, dict) else None
-                for v in items if items is not None else [value]:
-                    if isinstance(v, dict):
-                        out.append(_one(path, n, op, v))
+                try:
+                    out.extend(_messages(path, n, raw.decode("utf-8")))
+                except ValueError as exc:  # UnicodeDecodeError is one too
+                    raise ValueError(f"{path}:{n}: {exc}") from exc
     return out, ops
+
+
+def _messages(path: str, n: int, text: str) -> list[HistMsg]:
+    """The messages one line's operation names (none for invocations and other ops)."""
+    try:
+        op = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError("not JSON: nested deeper than the parser goes") from exc
+    if not isinstance(op, dict):
+        raise ValueError(f"not a JSON object but {type(op).__name__}")
+    if op.get("f") not in ("send", "poll") or op.get("type") == "invoke":
+        return []
+    if op.get("type") not in ("ok", "fail", "info"):
+        raise ValueError(f"type {op.get('type')!r} is not invoke, ok, fail or info")
+    value = op.get("value")
+    if not isinstance(value, dict):
+        raise ValueError(f"the {op.get('f')} operation's value is not an object: {value!r:.80}")
+    items = value.get("messages", [value])
+    if not isinstance(items, list):
+        raise ValueError(f"messages is not a list: {items!r:.80}")
+    msgs = []
+    for i, v in enumerate(items):
+        if not isinstance(v, dict):
+            raise ValueError(f"message {i} is not an object: {v!r:.80}")
+        try:
+            msgs.append(_one(path, n, op, v))
+        except ValueError as exc:
+            raise ValueError(f"message {i}: {exc}") from exc
+    return msgs
 
 
 def history_keys(msgs: list[HistMsg], group_ids: dict[str, int]) -> pa.Table:
