@@ -164,17 +164,33 @@ def join(base: str, rel: str) -> str:
     return base.rstrip("/") + "/" + rel
 
 
-def _is_replica_dir(lister: Lister, path: str) -> bool:
-    return any(name == "commitlog" and is_dir for name, is_dir, _ in lister.children(path))
+# What `ledgermq node repair` renames a damaged data directory to:
+# ``<dir>.damaged-<UTC time>`` (docs/operations.md, "Replica repair").
+_SET_ASIDE = re.compile(r"\.damaged-[^/]*$")
 
 
-def parse_group_specs(specs: list[str], lister: Lister = LOCAL) -> list[Replica]:
+def _is_replica_dir(lister: Lister, path: str, skipped: list[str] | None = None) -> bool:
+    """A directory holding ``commitlog/``, unless repair set it aside (then it is
+    added to ``skipped``: out of service, not a replica of its group)."""
+    if not any(name == "commitlog" and is_dir for name, is_dir, _ in lister.children(path)):
+        return False
+    if _SET_ASIDE.search(path.rstrip("/")):
+        if skipped is not None and path not in skipped:
+            skipped.append(path)
+        return False
+    return True
+
+
+def parse_group_specs(specs: list[str], lister: Lister = LOCAL,
+                      skipped: list[str] | None = None) -> list[Replica]:
     """Expand command-line group specs into replicas with ids.
 
     ``NAME=DIR,DIR,...`` names a group and its replica directories (replica
     names are the directory base names). A bare directory is a root holding
     ``<group>/<node>/``; if the directory is itself a group (its children are
-    replica directories) it is taken as one group named after it.
+    replica directories) it is taken as one group named after it. Under a
+    root, directories `ledgermq node repair` set aside (``<dir>.damaged-*``)
+    are not replicas: they are added to ``skipped``.
     """
     groups: dict[str, list[str]] = {}
     for spec in specs:
@@ -189,13 +205,13 @@ def parse_group_specs(specs: list[str], lister: Lister = LOCAL) -> list[Replica]
         kids = [n for n, is_dir, _ in lister.children(root) if is_dir]
         if not kids:
             raise ValueError(f"{spec}: no such directory or nothing in it")
-        if any(_is_replica_dir(lister, join(root, k)) for k in kids):
-            groups.setdefault(root.rsplit("/", 1)[-1], []).extend(
-                join(root, k) for k in kids if _is_replica_dir(lister, join(root, k)))
+        own = [join(root, k) for k in kids if _is_replica_dir(lister, join(root, k), skipped)]
+        if own:
+            groups.setdefault(root.rsplit("/", 1)[-1], []).extend(own)
             continue
         for g in kids:
             nodes = [join(join(root, g), n) for n, is_dir, _ in lister.children(join(root, g))
-                     if is_dir and _is_replica_dir(lister, join(join(root, g), n))]
+                     if is_dir and _is_replica_dir(lister, join(join(root, g), n), skipped)]
             if nodes:
                 groups.setdefault(g, []).extend(nodes)
     if not groups:

@@ -115,10 +115,15 @@ def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
     """Discover the files, read the small ones and the history."""
     tm: dict[str, float] = {}
     t0 = time.perf_counter()
-    replicas_ = inputs.parse_group_specs(opts.specs, eng.lister)
+    set_aside: list[str] = []
+    replicas_ = inputs.parse_group_specs(opts.specs, eng.lister, set_aside)
     files = inventory = inputs.inventory(replicas_, eng.lister)
     tm["discover_s"] = time.perf_counter() - t0
     out = Findings()
+    for path in set_aside:
+        out.add("corruption", "set_aside_dir", INFO,
+                detail=f"{path}: set aside by `ledgermq node repair` (out of service, not a "
+                       "replica): not audited")
 
     groups: dict[int, checks.GroupState] = {}
     for r in replicas_:

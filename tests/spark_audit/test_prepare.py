@@ -96,3 +96,18 @@ def test_files_named_past_2_63_are_reported_and_the_rest_audited(data: Path,
         assert sorted(files[r["fid"]] for r in bad) == sorted(map(str, strays))
         assert [g.committed for g in res.groups.values()] == [
             g.committed for g in clean.groups.values()]
+
+
+def test_a_directory_set_aside_by_repair_is_not_a_replica(data: Path, tmp_path: Path) -> None:
+    """`ledgermq node repair` renames a damaged directory to `<dir>.damaged-<time>`
+    beside its group's replicas; a root-level audit skips it, and says so. Taken
+    for a replica, a copy of n2 would be a fourth member carrying n2's identity."""
+    work = tmp_path / "data"
+    shutil.copytree(data, work)
+    aside = work / planted.GROUP / "n2.damaged-20261206T111500Z"
+    shutil.copytree(work / planted.GROUP / "n2", aside)
+    for spec in (work, work / planted.GROUP):
+        res = run_audit(AuditOptions([str(spec)]), LocalEngine())
+        assert res.valid and [r.name for r in res.replicas] == ["n1", "n2", "n3"]
+        info = [r for r in res.findings.to_pylist() if r["kind"] == "set_aside_dir"]
+        assert [r["detail"].split(":")[0] for r in info] == [str(aside)]
