@@ -165,8 +165,10 @@ def join(base: str, rel: str) -> str:
 
 
 # What `ledgermq node repair` renames a damaged data directory to:
-# ``<dir>.damaged-<UTC time>`` (docs/operations.md, "Replica repair").
+# ``<dir>.damaged-<UTC time>``, or ``<dir>/damaged-<UTC time>/`` when the
+# directory is a mount point (docs/operations.md, "Replica repair").
 _SET_ASIDE = re.compile(r"\.damaged-[^/]*$")
+_SET_ASIDE_INSIDE = re.compile(r"^damaged-[^/]*/")
 
 
 def _is_replica_dir(lister: Lister, path: str, skipped: list[str] | None = None) -> bool:
@@ -255,12 +257,21 @@ def classify(rel: str) -> tuple[str, int, str, int]:
     return OTHER, 0, "", -1
 
 
-def inventory(replicas: list[Replica], lister: Lister = LOCAL) -> list[FileInfo]:
-    """Every file of every replica, classified, with a unique file id."""
+def inventory(replicas: list[Replica], lister: Lister = LOCAL,
+              skipped: list[str] | None = None) -> list[FileInfo]:
+    """Every file of every replica, classified, with a unique file id. What repair
+    set aside inside a replica (``damaged-*/``) is not read: its directory is
+    added to ``skipped``."""
     files: list[FileInfo] = []
     for rep in replicas:
         for rel, length in sorted(lister.walk(rep.root)):
             if _IGNORED.search(rel):
+                continue
+            aside = _SET_ASIDE_INSIDE.match(rel)
+            if aside:
+                path = join(rep.root, aside.group(0).rstrip("/"))
+                if skipped is not None and path not in skipped:
+                    skipped.append(path)
                 continue
             kind, start, topic, qid = classify(rel)
             # start + length bounds the file's last position, index or slot (a

@@ -117,7 +117,7 @@ def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
     t0 = time.perf_counter()
     set_aside: list[str] = []
     replicas_ = inputs.parse_group_specs(opts.specs, eng.lister, set_aside)
-    files = inventory = inputs.inventory(replicas_, eng.lister)
+    files = inventory = inputs.inventory(replicas_, eng.lister, set_aside)
     tm["discover_s"] = time.perf_counter() - t0
     out = Findings()
     for path in set_aside:

@@ -111,3 +111,20 @@ def test_a_directory_set_aside_by_repair_is_not_a_replica(data: Path, tmp_path: 
         assert res.valid and [r.name for r in res.replicas] == ["n1", "n2", "n3"]
         info = [r for r in res.findings.to_pylist() if r["kind"] == "set_aside_dir"]
         assert [r["detail"].split(":")[0] for r in info] == [str(aside)]
+
+
+def test_what_repair_set_aside_inside_a_mount_point_is_not_read(data: Path,
+                                                               tmp_path: Path) -> None:
+    """On a mount point, repair moves the damaged files into `<dir>/damaged-<time>/`
+    and starts afresh beside them: those files are not the replica's."""
+    work = tmp_path / "data"
+    shutil.copytree(data, work)
+    node = work / planted.GROUP / "n3"
+    aside = node / "damaged-20261206T111500Z"
+    shutil.copytree(work / planted.GROUP / "n1", aside)
+    (aside / "hardstate").write_bytes(b"torn")
+    res = run_audit(AuditOptions([str(work)]), LocalEngine())
+    assert res.valid and not [f for f in res.files if "damaged-" in f.path]
+    kinds = {r["kind"]: r for r in res.findings.to_pylist()}
+    assert "unknown_file" not in kinds
+    assert kinds["set_aside_dir"]["detail"].startswith(f"{aside}:")
