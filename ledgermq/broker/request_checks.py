@@ -88,10 +88,6 @@ class RequestChecks:
         except (NotLeaderError, ServiceUnavailableError):
             await self.b.wait_writable()
 
-    def _writable_now(self) -> bool:
-        """A send may go ahead at once (`_writable` would not wait)."""
-        return self.b.writable()
-
     def _require_space(self) -> None:
         """New messages are refused while the disk is above disk_hard_ratio
         (DISK_FULL); control operations are not: they are tiny, and trims and

@@ -181,7 +181,7 @@ class SendHandler(RequestChecks):
                 f"field 'count' is {count!r} but the blob holds {len(scanned.starts)} records")
         for topic in scanned.topics:
             self._allow(conn, Action.PUB, topic)
-        if not self._writable_now() or not scanned.topics.keys() <= self.b.state.topics.keys():
+        if not self.b.writable() or not scanned.topics.keys() <= self.b.state.topics.keys():
             return self._send_records_later(body, scanned)
         return self._store_records(body, scanned)
 
