@@ -550,23 +550,11 @@ def _frame_versions(e: pd.DataFrame, ref: pd.DataFrame, index: int) -> tuple[Ent
 
 
 def group_segment_size(state: GroupState, configured: int = 0) -> int:
-    """The group's segment size: ``configured`` (``--segment-size``), else inferred from
-    every replica's segment file names (``infer_segment_size``).
-
-    A configured size the file names contradict (a segment that does not
-    start at a multiple of it) is refused with ValueError: judged by it,
-    every entry past the first rollover would be reported out of place, a
-    finding about the option, not the data."""
-    starts = sorted({s for m in state.replicas.values() for s in m.segment_starts})
-    if configured:
-        wrong = next((s for s in starts if s % configured), None)
-        if wrong is not None:
-            raise ValueError(f"--segment-size {configured} does not fit group {state.name}'s "
-                             f"files: segment {wrong:020d} does not start at a multiple of it "
-                             f"(the names suggest {infer_segment_size(starts)}; leave the "
-                             "option out to infer it)")
-        return configured
-    return infer_segment_size(starts)
+    """The group's segment size: ``configured`` (``--segment-size``, checked
+    against the files by ``prepare``), else inferred from every replica's
+    segment file names (``infer_segment_size``)."""
+    return configured or infer_segment_size(
+        sorted({s for m in state.replicas.values() for s in m.segment_starts}))
 
 
 def quorum_rule(votes: np.ndarray, versions: np.ndarray, open_versions: np.ndarray,

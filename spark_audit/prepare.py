@@ -71,6 +71,23 @@ def check_sizes(max_entry_size: int, segment_size: int) -> None:
                          f"file names) or at least {fmt.ENTRY_HEADER_SIZE} bytes")
 
 
+def check_segment_size(size: int, segments: list[inputs.FileInfo]) -> None:
+    """Refuse (ValueError) a configured segment size the segment files contradict:
+    a file that does not start at a multiple of it, or one longer than it (an
+    entry never spans segments). Believed, it would report every entry past
+    the first rollover as out of place, a finding about the option."""
+    for f in segments:
+        if f.start % size:
+            starts = sorted({g.start for g in segments})
+            raise ValueError(f"--segment-size {size} does not fit {f.path}: it does not "
+                             f"start at a multiple of it (the names suggest "
+                             f"{checks.infer_segment_size(starts)}; leave the option out to "
+                             "infer it)")
+        if f.length > size:
+            raise ValueError(f"--segment-size {size} does not fit {f.path}, which is "
+                             f"{f.length} bytes long")
+
+
 @dataclass
 class AuditResult:
     replicas: list[inputs.Replica]
@@ -118,6 +135,8 @@ def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
     set_aside: list[str] = []
     replicas_ = inputs.parse_group_specs(opts.specs, eng.lister, set_aside)
     files = inventory = inputs.inventory(replicas_, eng.lister, set_aside)
+    if opts.segment_size:
+        check_segment_size(opts.segment_size, [f for f in inventory if f.kind == inputs.SEGMENT])
     tm["discover_s"] = time.perf_counter() - t0
     out = Findings()
     for path in set_aside:
@@ -164,10 +183,6 @@ def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
     for f in inventory:
         if f.kind == inputs.SEGMENT:
             groups[f.gid].replicas[f.rid].segment_starts.append(f.start)
-            if opts.segment_size and f.length > opts.segment_size:
-                # An entry never spans segments, so no file outgrows the real size.
-                raise ValueError(f"--segment-size {opts.segment_size} does not fit {f.path}, "
-                                 f"which is {f.length} bytes long")
         elif f.kind == inputs.SNAPSHOT_STATE:
             groups[f.gid].replicas[f.rid].snapshots.setdefault(
                 f.start, checks.SnapshotFiles(f.start)).state_fid = f.fid

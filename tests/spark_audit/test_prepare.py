@@ -35,7 +35,7 @@ BAD = [
     (["--segment-size", "-1"], "the segment size (-1) must be 0"),
     (["--segment-size", "7"], "the segment size (7) must be 0"),
     # Not a divisor of the names 16384, 32768, 49152.
-    (["--segment-size", "20000"], "segment 00000000000000016384 does not start at a multiple"),
+    (["--segment-size", "20000"], "00000000000000016384: it does not start at a multiple"),
     # A divisor of every name, but smaller than the files are long.
     (["--segment-size", "8192"], "which is 16"),
 ]
