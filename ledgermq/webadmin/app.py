@@ -23,6 +23,7 @@ import json
 import logging
 import mimetypes
 import os
+import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -125,6 +127,13 @@ async def error_middleware(request: web.Request,
     except LedgerMQError as exc:
         err = from_ledgermq_error(exc)
         return json_response(error_body(err.code, err.message, err.data), err.status)
+    except RequestPayloadError as exc:
+        # The body could not be read as sent: a Content-Encoding it does not
+        # have (gzip that is not gzip), or a body cut short. The client's
+        # fault, not ours.
+        reason = re.sub(r"^\d{3}, message: ", "", " ".join(str(exc).split()))
+        return json_response(error_body("INVALID_REQUEST",
+                                        f"the request body cannot be read: {reason}"), 400)
     except web.HTTPException as exc:
         if not request.path.startswith("/api/") or exc.status < 400:
             raise

@@ -18,6 +18,7 @@ per-address cap they hit is not the producer's (127.0.0.1).
 from __future__ import annotations
 
 import asyncio
+import gzip
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -289,3 +290,32 @@ def test_admin_api_refuses_deep_and_large_json_bodies(target: Target) -> None:
         assert status == 200
         assert target.alive()
     loop.run(main())
+
+
+def test_admin_api_refuses_bodies_it_cannot_decode_and_compressed_bombs(target: Target) -> None:
+    """A body whose Content-Encoding is a lie is the client's error (400, it
+    was a 500 INTERNAL), and a gzip body that inflates past the 1 MiB limit
+    is 413 without the server holding what it inflates to."""
+    async def main() -> None:
+        url = await wait_admin_url(target.cluster, target.nid)
+        token = str(SETTINGS["admin_token"])
+        plain = b'{"topic": "coded", "queues": 4}'
+        for coding in ("gzip", "deflate"):
+            status, body = await http("POST", f"{url}/api/v1/topics", raw=plain, token=token,
+                                      headers={"Content-Encoding": coding})
+            assert status == 400 and body["error"]["code"] == "INVALID_REQUEST", (status, body)
+            assert "cannot be read" in body["error"]["message"], body
+        baseline = rss_mb(target.pid)
+        inflated = b'{"topic": "bomb", "pad": "' + b"a" * (64 * MIB) + b'"}'
+        bomb_body = gzip.compress(inflated, 9)
+        assert len(bomb_body) < MIB
+        status, _ = await http("POST", f"{url}/api/v1/topics", raw=bomb_body, token=token,
+                               headers={"Content-Encoding": "gzip"})
+        assert status == 413
+        assert rss_mb(target.pid) < baseline + 64
+        status, body = await http("POST", f"{url}/api/v1/topics", raw=gzip.compress(plain),
+                                  token=token, headers={"Content-Encoding": "gzip"})
+        assert status in (200, 201), (status, body)  # a true gzip body is read as JSON
+        assert target.alive()
+    loop.run(main())
+
