@@ -80,7 +80,8 @@ def segment_files(data_dir: str | Path) -> list[Path]:
     base = Path(data_dir) / "commitlog"
     if not base.is_dir():
         return []
-    return sorted(p for p in base.iterdir() if p.name.isdigit() and p.is_file())
+    return sorted(p for p in base.iterdir()
+                  if p.name.isascii() and p.name.isdigit() and p.is_file())
 
 
 def truncate_tail(path: str | Path, nbytes: int) -> int:

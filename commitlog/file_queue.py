@@ -34,7 +34,9 @@ def file_name(base: int) -> str:
 
 def is_file_name(name: str) -> bool:
     """Whether `name` has the shape of a file name (alignment aside)."""
-    return len(name) == NAME_DIGITS and name.isdigit()
+    # ASCII digits only: str.isdigit() also takes "²" (int() refuses it) and
+    # "٣" (int() reads it as 3).
+    return len(name) == NAME_DIGITS and name.isascii() and name.isdigit()
 
 
 class FileQueue:

@@ -26,7 +26,13 @@ from ledgermq.base.message_record import (
 HeadFields = tuple[int, ...]  # MESSAGE_HEAD's fields, in order
 
 TOPIC_LENGTH_MAX = 127
-_TOPIC_RE = re.compile(r"^[A-Za-z0-9_%|-]{1,127}$")
+# Names are matched whole (fullmatch): with re.match, "$" also matches
+# before a final newline, and "t\n" was a topic (a ConsumeQueue directory
+# named with a newline).
+_TOPIC_RE = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
+# Consumer group names: RocketMQ's rule, the topic charset up to 255 characters.
+GROUP_NAME_MAX = 255
+_GROUP_RE = re.compile(r"[A-Za-z0-9_%|-]{1,255}")
 
 SYS_TRANSACTION_MASK = 0b11
 SYS_TRANSACTION_PREPARED = 1
@@ -69,7 +75,12 @@ class StoredMessage:
 
 
 def valid_topic(topic: str) -> bool:
-    return bool(_TOPIC_RE.match(topic))
+    return _TOPIC_RE.fullmatch(topic) is not None
+
+
+def valid_group(group: str) -> bool:
+    """A consumer group name: 1-255 characters of [A-Za-z0-9_%|-]."""
+    return _GROUP_RE.fullmatch(group) is not None
 
 
 def tag_hash(tags: str | bytes) -> int:

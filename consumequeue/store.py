@@ -59,7 +59,7 @@ class CheckpointToken:
     generation: int = 0
 
 
-_TOPIC_DIR = re.compile(r"^[A-Za-z0-9_%|-]{1,127}$")
+_TOPIC_DIR = re.compile(r"[A-Za-z0-9_%|-]{1,127}")  # matched whole
 QueueKey = tuple[str, int]
 
 
@@ -259,7 +259,7 @@ class ConsumeQueueStore:
             topic_dir = os.path.join(self.directory, topic)
             if topic == "checkpoint" or topic.endswith((".tmp", ".durable")):
                 continue
-            if not (fileio.fs.isdir(topic_dir) and _TOPIC_DIR.match(topic)):
+            if not (fileio.fs.isdir(topic_dir) and _TOPIC_DIR.fullmatch(topic)):
                 self.recovery.foreign_files.append(topic_dir)
                 continue
             names = sorted(fileio.fs.listdir(topic_dir))
@@ -268,7 +268,8 @@ class ConsumeQueueStore:
                 continue
             for queue_name in names:
                 queue_dir = os.path.join(topic_dir, queue_name)
-                if not (queue_name.isdigit() and fileio.fs.isdir(queue_dir)):
+                if not (queue_name.isascii() and queue_name.isdigit()
+                        and fileio.fs.isdir(queue_dir)):
                     self.recovery.foreign_files.append(queue_dir)
                     continue
                 key = (topic, int(queue_name))

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-_NAME20 = re.compile(r"^\d{20}$")
+_NAME20 = re.compile(r"[0-9]{20}")  # matched whole: not "...\n", not other digits
 
 SEGMENT, INDEX, CQ, CHECKPOINT, HARDSTATE, CQ_CHECKPOINT, OTHER = (
     "segment", "index", "cq", "checkpoint", "hardstate", "cq_checkpoint", "other")
@@ -37,7 +37,7 @@ SMALL_KINDS = (CHECKPOINT, HARDSTATE, CQ_CHECKPOINT, SNAPSHOT_META, IDENTITY)
 # Files the storage engine itself ignores or owns transiently: anything named
 # or inside something named ``*.tmp`` (a snapshot being written, a transfer
 # being staged under ``install.tmp/``) is not part of the replica yet.
-_IGNORED = re.compile(r"(^|/)LOCK$|\.tmp(/|$)|\.durable$")
+_IGNORED = re.compile(r"(^|/)LOCK\Z|\.tmp(/|\Z)|\.durable\Z")
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ def join(base: str, rel: str) -> str:
 # What `ledgermq node repair` renames a damaged data directory to:
 # ``<dir>.damaged-<UTC time>``, or ``<dir>/damaged-<UTC time>/`` when the
 # directory is a mount point (docs/operations.md, "Replica repair").
-_SET_ASIDE = re.compile(r"\.damaged-[^/]*$")
+_SET_ASIDE = re.compile(r"\.damaged-[^/]*\Z")
 _SET_ASIDE_INSIDE = re.compile(r"^damaged-[^/]*/")
 
 
@@ -241,18 +241,19 @@ def classify(rel: str) -> tuple[str, int, str, int]:
         return CQ_CHECKPOINT, 0, "", -1
     if rel == "INSTALL":
         return INSTALL_MARKER, 0, "", -1
-    if len(parts) == 3 and parts[0] == "snapshots" and _NAME20.match(parts[1]):
+    if len(parts) == 3 and parts[0] == "snapshots" and _NAME20.fullmatch(parts[1]):
         if parts[2] == "meta":
             return SNAPSHOT_META, int(parts[1]), "", -1
         if parts[2] == "state":
             return SNAPSHOT_STATE, int(parts[1]), "", -1
-    if len(parts) == 2 and parts[0] == "commitlog" and _NAME20.match(parts[1]):
+    if len(parts) == 2 and parts[0] == "commitlog" and _NAME20.fullmatch(parts[1]):
         return SEGMENT, int(parts[1]), "", -1
-    if len(parts) == 2 and parts[0] == "index" and _NAME20.match(parts[1]):
+    if len(parts) == 2 and parts[0] == "index" and _NAME20.fullmatch(parts[1]):
         return INDEX, int(parts[1]), "", -1
     # Queue ids are u32 in the format; a larger number is not a queue directory.
-    if (len(parts) == 4 and parts[0] == "consumequeue" and parts[2].isdigit()
-            and int(parts[2]) < 1 << 32 and _NAME20.match(parts[3])):
+    if (len(parts) == 4 and parts[0] == "consumequeue"
+            and parts[2].isascii() and parts[2].isdigit()
+            and int(parts[2]) < 1 << 32 and _NAME20.fullmatch(parts[3])):
         return CQ, int(parts[3]), parts[1], int(parts[2])
     return OTHER, 0, "", -1
 

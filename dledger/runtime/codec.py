@@ -280,7 +280,8 @@ def parse_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if (not sep or not host or len(text) > ADDRESS_CHARS_MAX or not port.isdigit()
+    if (not sep or not host or len(text) > ADDRESS_CHARS_MAX
+            or not (port.isascii() and port.isdigit())
             or not 0 < int(port) < 65536 or any(c in host for c in "[] /")):
         raise CodecError(f"address {text!r:.80} is not host:port")
     return host, int(port)

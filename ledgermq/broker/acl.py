@@ -32,8 +32,8 @@ from ledgermq.base.errors import NoPermissionError, UnauthenticatedError
 from ledgermq.wire.auth import CLUSTER_KEY, SECRET_BYTES_MIN, Principal
 
 ANY_NAME = "*"
-_ACCESS_KEY_RE = re.compile(r"^[A-Za-z0-9._@-]{1,128}$")
-_GROUP_RE = re.compile(r"^[A-Za-z0-9_%|.-]{1,255}$")
+_ACCESS_KEY_RE = re.compile(r"[A-Za-z0-9._@-]{1,128}")  # matched whole (fullmatch)
+_GROUP_RE = re.compile(r"[A-Za-z0-9_%|.-]{1,255}")
 ALLOW_MAX = 64  # CIDRs in one allow-list
 GRANTS_MAX = 4096  # topic plus group grants of one user
 
@@ -86,11 +86,11 @@ class Action(Enum):
 
 
 def valid_access_key(access_key: object) -> bool:
-    return isinstance(access_key, str) and bool(_ACCESS_KEY_RE.match(access_key))
+    return isinstance(access_key, str) and _ACCESS_KEY_RE.fullmatch(access_key) is not None
 
 
 def valid_group(group: object) -> bool:
-    return isinstance(group, str) and bool(_GROUP_RE.match(group))
+    return isinstance(group, str) and _GROUP_RE.fullmatch(group) is not None
 
 
 def peer_host(peer: str) -> str:

@@ -13,7 +13,6 @@ stores it in replicated state.
 
 from __future__ import annotations
 
-import re
 import struct
 from typing import Any, NamedTuple
 
@@ -22,7 +21,7 @@ import numpy as np
 from commitlog import StoredMessage
 from commitlog.columns import PYTHON_SCAN_MAX, RecordColumns, queue_groups, scan_body, scan_one
 from commitlog.errors import MessageTooLargeError as StorageTooLarge
-from commitlog.message import valid_topic
+from commitlog.message import GROUP_NAME_MAX, valid_group, valid_topic
 from ledgermq.base.errors import InvalidRequestError, MessageTooLargeError
 from ledgermq.base.message_record import MESSAGE_HEAD, MESSAGE_HEAD_SIZE, encode_properties
 
@@ -33,19 +32,11 @@ _U64 = 2**64 - 1
 # beyond the i32 range are refused before any lookup.
 QUEUE_ID_MAX = 2**31 - 1
 OFFSET_MAX = _I64
-# Consumer group names: RocketMQ's rule, the topic charset up to 255 characters.
-GROUP_NAME_MAX = 255
-_GROUP_RE = re.compile(r"[A-Za-z0-9_%|-]{1,255}")
 # Client ids are free text the SDK makes ("<pid>@<hex>"); printable, bounded.
 CLIENT_ID_MAX = 255
 # A consumer's subscriptions: topics and their tag expressions.
 SUBSCRIPTIONS_MAX = 1024
 TAG_EXPRESSION_MAX = 4096
-
-
-def valid_group(group: str) -> bool:
-    """A consumer group name: 1-255 characters of [A-Za-z0-9_%|-]."""
-    return _GROUP_RE.fullmatch(group) is not None
 
 
 def body_map(body: Any) -> dict[str, Any]:

@@ -239,7 +239,7 @@ def parse_config(raw: Mapping[str, Any]) -> BrokerConfig:
         raise BrokerConfigError("[peers] must list every node: [peers.<id>] raft=..., client=...")
     peers: dict[int, Peer] = {}
     for key, spec in raw_peers.items():
-        if not str(key).isdigit() or int(key) < 1:
+        if not (str(key).isascii() and str(key).isdigit()) or int(key) < 1:
             raise BrokerConfigError(f"peer id {key!r} must be a positive integer")
         if not isinstance(spec, Mapping) or not {"raft", "client"} <= set(spec):
             raise BrokerConfigError(f"[peers.{key}] needs 'raft' and 'client' addresses")

@@ -108,7 +108,7 @@ def _move_snapshots(data_dir: str, first: int, aside: str) -> None:
     if not os.path.isdir(root):
         return
     for name in sorted(os.listdir(root)):
-        if name.isdigit() and int(name) >= first:
+        if name.isascii() and name.isdigit() and int(name) >= first:
             os.makedirs(os.path.join(aside, SNAPSHOTS_DIR), exist_ok=True)
             os.replace(os.path.join(root, name), os.path.join(aside, SNAPSHOTS_DIR, name))
 

@@ -49,7 +49,7 @@ from ledgermq.cli.admin_api import (
 INDEX_MAX = 2**63 - 1
 # A group name must survive `--cut GROUP=INDEX` and a `NAME=DIR,...` spec:
 # no separators, no whitespace or control characters.
-_GROUP = re.compile(r"^[^\s=,/\x00-\x1f\x7f]{1,255}$")
+_GROUP = re.compile(r"[^\s=,/\x00-\x1f\x7f]{1,255}")  # matched whole
 NOT_BROKER = "not a broker's admin API (give each broker's admin URL, not the NameServer's)"
 
 
@@ -125,7 +125,7 @@ def parse_status(url: str, answer: Any) -> NodeReport:
     group = answer.get("group")
     if group is None:
         raise CutError(f"{url}: /api/v1/status has no 'group': {NOT_BROKER}")
-    if not isinstance(group, str) or not _GROUP.match(group):
+    if not isinstance(group, str) or not _GROUP.fullmatch(group):
         raise CutError(f"{url}: /api/v1/status field 'group' is {str(group)[:80]!r}, not a "
                        "group name")
     role = answer.get("role")

@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from commitlog.message import GROUP_NAME_MAX, TOPIC_LENGTH_MAX, valid_group, valid_topic
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import (
     LedgerMQError,
@@ -83,6 +84,11 @@ class PullConsumer:
         OffsetMovedError (see the module's docstring)."""
         if on_offset_moved not in ON_OFFSET_MOVED:
             raise ValueError(f"on_offset_moved must be one of {ON_OFFSET_MOVED}")
+        # The brokers refuse a malformed name on every request, which a
+        # PushConsumer retries forever: refused here, once, instead.
+        if not valid_group(group):
+            raise ValueError(f"invalid consumer group name {group[:200]!r}: 1-{GROUP_NAME_MAX}"
+                             " characters of [A-Za-z0-9_%|-]")
         self.group = group
         self.name = name
         self.on_offset_moved = on_offset_moved
@@ -230,6 +236,9 @@ class PushConsumer:
             raise ValueError("mode must be 'clustering' or 'broadcasting'")
         if consume_from not in ("first", "last"):
             raise ValueError("consume_from must be 'first' or 'last'")
+        if not valid_topic(topic):
+            raise ValueError(f"invalid topic name {topic[:200]!r}: 1-{TOPIC_LENGTH_MAX}"
+                             " characters of [A-Za-z0-9_%|-]")
         self.group, self.topic, self.callback, self.mode = group, topic, callback, mode
         self.tags = None if tags.strip() in ("", "*") else [
             t.strip() for t in tags.split("||") if t.strip()]

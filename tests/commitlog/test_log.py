@@ -222,7 +222,12 @@ def test_damaged_index_record_is_reported_on_read(data_dir: str) -> None:
 def test_foreign_files_are_reported_not_deleted(data_dir: str) -> None:
     with CommitLog.open(data_dir, SMALL) as log:
         fill(log, 3)
-    strays = [os.path.join(data_dir, "notes.txt"), os.path.join(data_dir, "commitlog", "x.log")]
+    # Names that str.isdigit() or a "$"-anchored pattern would take for a
+    # segment: "²" (int() refuses it), "٣" (int() reads 3), a final newline.
+    strays = [os.path.join(data_dir, "notes.txt"), os.path.join(data_dir, "commitlog", "x.log"),
+              os.path.join(data_dir, "commitlog", "0" * 19 + "\u00b2"),
+              os.path.join(data_dir, "commitlog", "0" * 19 + "\u0663"),
+              os.path.join(data_dir, "commitlog", "0" * 20 + "\n")]
     for stray in strays:
         with open(stray, "w") as handle:
             handle.write("mine")

@@ -16,7 +16,7 @@ from commitlog import (
     offset_msg_id,
     tag_hash,
 )
-from commitlog.message import decode_message_at
+from commitlog.message import decode_message_at, valid_group, valid_topic
 
 text = st.text(alphabet=st.characters(blacklist_characters="\x01\x02",
                                       blacklist_categories=("Cs",)), max_size=20)
@@ -54,10 +54,18 @@ def test_oversized_message_is_refused_with_sizes_in_the_error() -> None:
         encode_message(Message("T", b"x" * 1000), 1000)
 
 
-@pytest.mark.parametrize("topic", ["", "a b", "x" * 128, "tópico", "a/b"])
+@pytest.mark.parametrize("topic", ["", "a b", "x" * 128, "tópico", "a/b", "t\n", "t\r\n",
+                                   "\nt"])
 def test_invalid_topic_names_are_refused(topic: str) -> None:
+    assert not valid_topic(topic)
     with pytest.raises(ValueError, match="invalid topic"):
         encode_message(Message(topic, b""), 1 << 20)
+
+
+def test_group_names_are_matched_whole() -> None:
+    assert valid_group("g") and valid_group("%RETRY%g") and valid_group("g" * 255)
+    for bad in ("", "g\n", "g" * 256, "g.h", "a b", "é"):
+        assert not valid_group(bad), bad
 
 
 def test_property_separators_are_refused() -> None:

@@ -156,8 +156,17 @@ def test_foreign_files_in_the_queue_tree_are_reported_not_deleted(tmp_path) -> N
         stray = os.path.join(d, "consumequeue", "A", "0", "README")
         with open(stray, "w") as handle:
             handle.write("x")
+        # A queue "²" (str.isdigit() takes it, int() refuses it) or "٣"
+        # (int() reads 3), a topic "A\n": directories, not queues.
+        odd = [os.path.join(d, "consumequeue", "A", "\u00b2"),
+               os.path.join(d, "consumequeue", "A", "\u0663"),
+               os.path.join(d, "consumequeue", "A\n")]
+        for path in odd:
+            os.makedirs(path)
         store = ConsumeQueueStore.open(d, log)
         assert stray in store.recovery.foreign_files
+        assert set(odd[:2]) <= set(store.recovery.foreign_files)
+        assert ("A\n", 3) not in _queues(store) and ("A", 3) not in _queues(store)
         assert os.path.exists(stray)
         store.close()
 

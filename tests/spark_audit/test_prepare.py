@@ -128,3 +128,33 @@ def test_what_repair_set_aside_inside_a_mount_point_is_not_read(data: Path,
     kinds = {r["kind"]: r for r in res.findings.to_pylist()}
     assert "unknown_file" not in kinds
     assert kinds["set_aside_dir"]["detail"].startswith(f"{aside}:")
+
+
+def test_names_that_only_look_like_the_format_are_unknown_files(data: Path,
+                                                               tmp_path: Path) -> None:
+    """A segment name in other digits ("٣" is a digit to Python's int()) or
+    with a final newline, a queue directory "٣", a "LOCK\\n": each used to
+    pass a "$"-anchored pattern or str.isdigit() (read as a segment, or
+    ignored as the lock); each is an unknown file now, not read, and the
+    rest audits as before."""
+    work = tmp_path / "data"
+    shutil.copytree(data, work)
+    node = work / planted.GROUP / "n2"
+    topic = next((node / "consumequeue").glob("*/0")).parent
+    strays = [node / "commitlog" / ("0" * 19 + "\u0663"),
+              node / "commitlog" / ("0" * 20 + "\n"),
+              node / "index" / ("0" * 19 + "\u0661"),
+              topic / "\u0663" / ("0" * 20),
+              node / "LOCK\n"]
+    for stray in strays:
+        stray.parent.mkdir(parents=True, exist_ok=True)
+        stray.write_bytes(b"\x01" * 200)
+    clean = run_audit(AuditOptions([str(data)]), LocalEngine())
+    for eng in (LocalEngine(), LocalFlowEngine()):
+        res = run_audit(AuditOptions([str(work)]), eng)
+        files = {f.fid: f.path for f in res.files}
+        unknown = [r for r in res.findings.to_pylist() if r["kind"] == "unknown_file"]
+        assert sorted(files[r["fid"]] for r in unknown) == sorted(map(str, strays))
+        assert res.valid == clean.valid
+        assert [g.committed for g in res.groups.values()] == [
+            g.committed for g in clean.groups.values()]

@@ -7,6 +7,7 @@ from typing import Any
 import typer
 
 from ledgermq.cli.admin_api import ACCESS_KEY_OPTION, SECRET_FILE_OPTION, TLS_CA_OPTION
+from ledgermq.cli.errors import fail
 
 
 def register(app: typer.Typer) -> None:
@@ -32,24 +33,27 @@ def register(app: typer.Typer) -> None:
         from ledgermq.client import PushConsumer
 
         security = client_security(access_key, secret_file, tls_ca_file)
+        seen = 0
+        done = asyncio.Event()
+        last = time.monotonic()
+
+        def handle(message: Any) -> None:
+            nonlocal seen, last
+            seen += 1
+            last = time.monotonic()
+            body = message.body.decode(errors="replace")
+            typer.echo(f"{message.msg_id} q{message.queue_id}@{message.queue_offset}"
+                       f" tags={message.tags!r} {body}")
+            if count and seen >= count:
+                done.set()
+
+        try:  # a malformed name is refused here, before any connection
+            consumer = PushConsumer(namesrv.split(","), group, topic, handle, tags=tags,
+                                    mode=mode, **security)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
 
         async def main() -> int:
-            seen = 0
-            done = asyncio.Event()
-            last = time.monotonic()
-
-            def handle(message: Any) -> None:
-                nonlocal seen, last
-                seen += 1
-                last = time.monotonic()
-                body = message.body.decode(errors="replace")
-                typer.echo(f"{message.msg_id} q{message.queue_id}@{message.queue_offset}"
-                           f" tags={message.tags!r} {body}")
-                if count and seen >= count:
-                    done.set()
-
-            consumer = PushConsumer(namesrv.split(","), group, topic, handle, tags=tags, mode=mode,
-                                    **security)
             await consumer.start()
             try:
                 while not done.is_set():

@@ -22,7 +22,7 @@ leader_app = typer.Typer(help="Raft leadership of a broker group.", no_args_is_h
 def node_number(node: str) -> int:
     """`n2` or `2` -> 2."""
     digits = node[1:] if node[:1].lower() == "n" else node
-    if not digits.isdigit():
+    if not (digits.isascii() and digits.isdigit()):
         raise typer.BadParameter(f"{node!r} is not a node id (n2 or 2)")
     return int(digits)
 

@@ -194,6 +194,10 @@ def test_user_records_are_validated() -> None:
         {"access_key": "bob", "secret": SECRET, "topics": ["t"]},
         {"access_key": "bob", "secret": SECRET, "groups": {"g": "PUB"}},
         {"access_key": "bob", "secret": SECRET, "groups": {"g h": "SUB"}},
+        # Names are matched whole: a final newline made another user or group.
+        {"access_key": "bob\n", "secret": SECRET},
+        {"access_key": "bob", "secret": SECRET, "topics": {"t\n": "PUB"}},
+        {"access_key": "bob", "secret": SECRET, "groups": {"g\n": "SUB"}},
     ]
     for record in bad:
         with pytest.raises(AclError):

@@ -9,6 +9,8 @@ are checked afterwards.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ledgermq.base import loop
@@ -21,8 +23,8 @@ from ledgermq.wire import RpcClient
 
 pytestmark = pytest.mark.timeout(60)
 
-BAD_TOPICS = ["x" * 70_000, "../../etc/passwd", "", "a b", "t\x00", "é"]
-BAD_GROUPS = ["g" * 256, "../../etc/passwd", "", "a/b"]
+BAD_TOPICS = ["x" * 70_000, "../../etc/passwd", "", "a b", "t\x00", "é", "t\n"]
+BAD_GROUPS = ["g" * 256, "../../etc/passwd", "", "a/b", "g\n"]
 BAD_QUEUES = [2**64 - 1, 2**31, -1, True, 1.0, "0", None]
 BAD_OFFSETS = [-1, 2**63, 2**64 - 1, True, 0.5, "1", None]
 
@@ -131,6 +133,29 @@ def test_reads_and_heartbeats_check_identifiers(tmp_path) -> None:
             assert await client.request(RequestCode.QUERY_OFFSET,
                                         {"group": "g", "topic": "t", "queue_id": 1}) \
                 == {"offset": -1}
+        finally:
+            await client.close()
+            await broker.stop()
+    loop.run(main())
+
+
+def test_topic_creation_and_sends_refuse_every_bad_topic_name(tmp_path) -> None:
+    """Before names were matched whole, "t\n" was a topic: created, written
+    to, and given a ConsumeQueue directory named with a newline."""
+    async def main() -> None:
+        broker, client = await _broker(tmp_path)
+        try:
+            last = broker.node.log.last_index
+            for t in BAD_TOPICS:
+                for code, body in ((RequestCode.CREATE_TOPIC, {"topic": t, "queues": 2}),
+                                   (RequestCode.SEND_MESSAGES,
+                                    {"messages": [{"topic": t, "body": b"m", "queue_id": 0}]})):
+                    error = await _refused(client, code, body)
+                    assert isinstance(error, InvalidRequestError), (code, t[:20], error)
+            assert broker.node.log.last_index == last
+            assert set(broker.state.topics) == {"t"}
+            queues = tmp_path / "n1" / "consumequeue"
+            assert [n for n in os.listdir(queues) if n != "checkpoint"] == ["t"]
         finally:
             await client.close()
             await broker.stop()
