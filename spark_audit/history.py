@@ -22,6 +22,10 @@ import pyarrow as pa
 
 from spark_audit.checks import INFO, VIOLATION, Findings
 
+# The longest history line read (newline included): a poll that names
+# thousands of messages is a few hundred KiB.
+LINE_BYTES_MAX = 16 << 20
+
 KEY_SCHEMA = pa.schema([
     ("gid", pa.int32()), ("producer_id", pa.int64()), ("sequence", pa.int64()),
     ("phys_offset", pa.int64()),
@@ -107,14 +111,21 @@ def read_history(paths: list[str]) -> tuple[list[HistMsg], int]:
     counted but otherwise ignored. A malformed line raises ``ValueError``
     naming the file and line: not JSON, not an object, or a send or poll
     whose value, message list or message fields have the wrong shape, type or
-    range. A history the audit cannot read in full is not checked in part: a
-    skipped line could be the acknowledged send that was lost.
+    range, or longer than LINE_BYTES_MAX. A history the audit cannot read in
+    full is not checked in part: a skipped line could be the acknowledged send
+    that was lost.
     """
     out: list[HistMsg] = []
     ops = 0
     for path in paths:
         with open(path, "rb") as fh:
-            for n, raw in enumerate(fh, 1):
+            # readline with a limit: a line is held in memory whole, and a
+            # file with no newline (a wrong path, /dev/zero) would be read
+            # until memory ran out.
+            for n, raw in enumerate(iter(lambda: fh.readline(LINE_BYTES_MAX + 1), b""), 1):
+                if len(raw) > LINE_BYTES_MAX:
+                    raise ValueError(f"{path}:{n}: a line of more than {LINE_BYTES_MAX} bytes:"
+                                     " not a client history")
                 if not raw.strip():
                     continue
                 ops += 1

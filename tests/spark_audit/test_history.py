@@ -84,3 +84,25 @@ def test_bytes_that_are_not_utf8_name_their_line(tmp_path: Path) -> None:
     path.write_bytes(json.dumps(SEND).encode() + b"\n\xff\xfe{}\n")
     with pytest.raises(ValueError, match=r"history.jsonl:2: 'utf-8' codec"):
         history.read_history([str(path)])
+
+
+def test_a_line_longer_than_any_history_has_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    with path.open("wb") as fh:
+        fh.write(json.dumps(SEND).encode() + b"\n")
+        fh.write(b" " * (history.LINE_BYTES_MAX + 10))  # no newline: the reader stops at the limit
+    with pytest.raises(ValueError, match=r"history.jsonl:2: a line of more than 16777216 bytes"):
+        history.read_history([str(path)])
+
+
+def test_a_file_with_no_newline_at_all_is_refused_not_read_to_the_end() -> None:
+    """`--history /dev/zero` (a wrong path) raised MemoryError after eating the RAM."""
+    with pytest.raises(ValueError, match=r"/dev/zero:1: a line of more than"):
+        history.read_history(["/dev/zero"])
+
+
+def test_a_poll_of_thousands_of_messages_fits_in_a_line(tmp_path: Path) -> None:
+    messages = [dict(SEND["value"], sequence=k) for k in range(1, 5001)]
+    msgs, ops = history.read_history([_write(tmp_path, {**POLL, "value": {"epoch": 1,
+                                                                          "messages": messages}})])
+    assert ops == 1 and len(msgs) == 5000
