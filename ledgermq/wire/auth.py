@@ -31,6 +31,7 @@ from typing import Protocol
 CLUSTER_KEY = "cluster"
 CHALLENGE_BYTES = 16
 SECRET_BYTES_MIN = 16
+SECRET_FILE_BYTES_MAX = 4096  # a generated secret is 64 hex characters
 ACCESS_KEY_MAX = 128
 # Domain separation: a proof made for one purpose never verifies for another.
 _CLIENT = b"ledgermq-auth-v1 client\x00"
@@ -121,16 +122,28 @@ class SecretFileError(ValueError):
 
 def read_secret_file(path: str | os.PathLike[str]) -> bytes:
     """The secret in `path` (surrounding whitespace stripped). Refuses a file
-    that group or others may read, as ssh does for private keys."""
+    that group or others may read, as ssh does for private keys, anything
+    but a regular file, and more than SECRET_FILE_BYTES_MAX bytes (checked
+    before reading: a wrong path such as /dev/zero is never read)."""
     file = Path(path)
     try:
         mode = file.stat().st_mode
-        raw = file.read_bytes().strip()
     except OSError as exc:
         raise SecretFileError(f"cannot read secret file {file}: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise SecretFileError(f"secret file {file} is not a regular file")
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise SecretFileError(f"secret file {file} is accessible by group or others "
                               f"(mode {stat.S_IMODE(mode):04o}); chmod 600 it")
+    try:
+        with file.open("rb") as fh:
+            raw = fh.read(SECRET_FILE_BYTES_MAX + 1)
+    except OSError as exc:
+        raise SecretFileError(f"cannot read secret file {file}: {exc.strerror}") from None
+    if len(raw) > SECRET_FILE_BYTES_MAX:
+        raise SecretFileError(f"secret file {file} holds more than {SECRET_FILE_BYTES_MAX}"
+                              " bytes: not a secret file")
+    raw = raw.strip()
     if len(raw) < SECRET_BYTES_MIN:
         raise SecretFileError(f"secret file {file} holds {len(raw)} bytes; "
                               f"at least {SECRET_BYTES_MIN} are needed")

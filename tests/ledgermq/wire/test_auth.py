@@ -60,3 +60,15 @@ def test_secret_files(tmp_path: Path) -> None:
         auth.read_secret_file(short)
     with pytest.raises(auth.SecretFileError, match="cannot read"):
         auth.read_secret_file(tmp_path / "missing")
+    # A wrong path is refused before anything is read: /dev/zero (mode 0666)
+    # used to be read to the end of memory before its mode was looked at.
+    for not_a_file in ("/dev/zero", str(tmp_path)):
+        with pytest.raises(auth.SecretFileError, match="not a regular file"):
+            auth.read_secret_file(not_a_file)
+    large = tmp_path / "large"
+    auth.write_secret_file(large, b"k" * (auth.SECRET_FILE_BYTES_MAX + 1))
+    with pytest.raises(auth.SecretFileError, match="more than 4096 bytes"):
+        auth.read_secret_file(large)
+    padded = tmp_path / "padded"
+    auth.write_secret_file(padded, b"  " + written + b"\n")
+    assert auth.read_secret_file(padded) == written
