@@ -50,8 +50,30 @@ def group_of(path: Path) -> str | None:
     return None
 
 
+# tryfirst: pytest-xdist's own hook (xdist/remote.py) reads the xdist_group
+# marks to put each group on one worker; run after it (as this hook did
+# until 2026-12-06), the marks came too late and every worker started the
+# groups' session clusters and SparkSession of its own.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         name = group_of(Path(item.path))
         if name is not None:
             item.add_marker(pytest.mark.xdist_group(name))
+
+
+def xdist_can_group() -> bool:
+    """Whether pytest-xdist's loadgroup can work with this pytest: xdist (3.8)
+    puts a test in its group by appending "@group" to `item._nodeid`, and
+    schedules by `item.nodeid`; pytest 9.2 derives `nodeid` from another
+    field, so the groups are spread over every worker in silence."""
+    probe = type("Probe", (), {"_nodeid": "t.py::x@g", "_id": "t.py::x"})()
+    return bool(pytest.Item.nodeid.fget(probe) == "t.py::x@g")  # type: ignore[attr-defined]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("dist", "no") == "loadgroup" and not xdist_can_group():
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} breaks pytest-xdist's --dist loadgroup (item.nodeid"
+            " no longer reads the group xdist appends): install the pytest pyproject.toml"
+            " pins (make setup), or run without -n")
