@@ -129,6 +129,20 @@ class RunConfig:
     # SEND_MESSAGES request, the SDK's per-message path).
     coalesce: bool = True
 
+    def __post_init__(self) -> None:
+        """Numbers no run can have are refused before anything starts (a
+        negative --time-limit used to run, and pass, a run of no faults)."""
+        if self.nodes not in (3, 5):
+            raise ValueError(f"nodes must be 3 or 5, not {self.nodes}")
+        for name, value in (("time_limit", self.time_limit), ("rate", self.rate)):
+            if not value > 0:  # NaN fails too
+                raise ValueError(f"{name} must be more than 0, not {value:g}")
+        for name, count, least in (("producers", self.producers, 1),
+                                   ("consumers", self.consumers, 0),
+                                   ("queues", self.queues, 1)):
+            if count < least:
+                raise ValueError(f"{name} must be at least {least}, not {count}")
+
 
 @dataclass
 class NodeState:

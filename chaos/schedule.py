@@ -31,6 +31,9 @@ class Schedule:
     def __post_init__(self) -> None:
         if self.kind not in ("fixed", "random"):
             raise ValueError("schedule must be 'fixed' or 'random'")
+        if not self.on_s > 0 or not self.off_s >= 0:  # NaN fails both
+            raise ValueError(f"a fault period lasts more than 0 s (--on {self.on_s:g}) and the"
+                             f" quiet between them 0 s or more (--off {self.off_s:g})")
 
 
 async def _act(nemesis: Nemesis, what: str, ctx: Context, history: History) -> None:

@@ -13,6 +13,7 @@ from chaos import disk_faults
 from chaos.backend import HarnessError
 from chaos.history import History
 from chaos.nemesis import REGISTRY, Bitflip, Context, MajoritiesRing, needs, parse
+from chaos.runner import RunConfig
 from chaos.schedule import Schedule, run_schedule
 
 
@@ -140,3 +141,18 @@ def test_bitflip_can_damage_a_named_file_of_the_data_dir(tmp_path: Path) -> None
     assert hardstate.read_bytes() != bytes(40)
     with pytest.raises(ValueError, match="inside the data dir"):
         Bitflip(file="../elsewhere")
+
+
+@pytest.mark.parametrize("fields", [{"time_limit": -5}, {"time_limit": float("nan")},
+                                    {"rate": 0}, {"producers": 0}, {"queues": 0},
+                                    {"consumers": -1}, {"nodes": 4}])
+def test_a_run_no_cluster_can_have_is_refused_before_it_starts(tmp_path, fields) -> None:
+    """A negative --time-limit used to run, and pass, a run with no faults."""
+    with pytest.raises(ValueError, match="must be"):
+        RunConfig(out=tmp_path / "run", **fields)
+
+
+@pytest.mark.parametrize(("on", "off"), [(0, 1), (-1, 1), (1, -1), (float("nan"), 1)])
+def test_a_schedule_with_no_time_in_it_is_refused(on: float, off: float) -> None:
+    with pytest.raises(ValueError, match="a fault period lasts"):
+        Schedule("fixed", on, off)

@@ -113,13 +113,14 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         directory = Path(out or f"chaos-runs/{time.strftime('%Y%m%d-%H%M%S')}")
-        config = RunConfig(out=directory, nodes=nodes, nemesis=nemesis, time_limit=time_limit,
-                           rate=rate, flush=flush, replicate=replicate, backend=backend,
-                           seed=seed, schedule=Schedule(schedule, on, off),
-                           producers=producers, consumers=consumers, secure=secure,
-                           broker_config=broker_config, retention=retention,
-                           spares=None if spares < 0 else spares, coalesce=coalesce)
         try:
+            config = RunConfig(out=directory, nodes=nodes, nemesis=nemesis,
+                               time_limit=time_limit, rate=rate, flush=flush,
+                               replicate=replicate, backend=backend, seed=seed,
+                               schedule=Schedule(schedule, on, off), producers=producers,
+                               consumers=consumers, secure=secure, broker_config=broker_config,
+                               retention=retention, spares=None if spares < 0 else spares,
+                               coalesce=coalesce)
             results = run_chaos(config, log=main_log)
         except CannotInject as exc:
             main_log(f"chaos: {exc}")
