@@ -41,6 +41,9 @@ class Outcome:
     error: str = ""
 
 
+ENGINES = ("spark", "python")
+
+
 def audit_to(opts: AuditOptions, out: str, *, engine: str = "spark",
              master: str = session.DEFAULT_MASTER,
              driver_memory: str = session.DEFAULT_DRIVER_MEMORY, progress: bool = True,
@@ -49,6 +52,8 @@ def audit_to(opts: AuditOptions, out: str, *, engine: str = "spark",
     from spark_audit import report
     from spark_audit.engine import LocalEngine
 
+    if engine not in ENGINES:
+        return Outcome(2, error=f"unknown engine {engine!r}: {' or '.join(ENGINES)}")
     t0 = time.perf_counter()
     eng: Engine
     if engine == "python":

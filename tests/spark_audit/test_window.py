@@ -24,6 +24,7 @@ from ledgermq.cli import app
 from spark_audit import cli, digest, fmt, planted, window
 from spark_audit.audit import AuditOptions, AuditResult, run_audit
 from spark_audit.engine import LocalEngine, LocalFlowEngine
+from spark_audit.runs import audit_to
 from tests.chaos.histories import REAL_RUN
 
 G = planted.GROUP
@@ -219,6 +220,19 @@ def test_the_cut_on_both_command_lines(base, tmp_path) -> None:
     a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
     assert a["groups"] == b["groups"] and a["groups"][0]["committed_index"] == 250
     assert a["groups"][0]["window"] == {"from": 100, "cut": 250}
+
+
+def test_an_unknown_engine_is_refused_on_both_command_lines(base, tmp_path, capsys) -> None:
+    """`ledgermq audit --engine nosuch` used to run the Spark engine."""
+    result = CliRunner().invoke(app, ["audit", "--engine", "nosuch", "--out",
+                                      str(tmp_path / "a"), str(base / "data")])
+    assert result.exit_code == 2 and "'nosuch' is not spark or python" in result.output
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(SystemExit):  # argparse's choices
+        cli.main([str(base / "data"), "--engine", "nosuch", "--out", str(tmp_path / "b")])
+    assert "invalid choice: 'nosuch'" in capsys.readouterr().err
+    outcome = audit_to(AuditOptions([str(base / "data")]), str(tmp_path / "c"), engine="nosuch")
+    assert outcome.exit == 2 and "unknown engine 'nosuch'" in outcome.error
 
 
 def test_index_records_name_the_window(base, tmp_path) -> None:

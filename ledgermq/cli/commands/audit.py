@@ -78,6 +78,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Cross-check every replica's files and the client histories; exit 1 on failure."""
         from spark_audit import cli
+        from spark_audit.runs import ENGINES
+
+        if engine not in ENGINES:  # anything else used to mean spark
+            raise typer.BadParameter(f"{engine!r} is not {' or '.join(ENGINES)}",
+                                     param_hint="--engine")
 
         if live:
             cut = audit_cut.live_cuts(audit_cut.split_urls(live), cut or [], Target(
