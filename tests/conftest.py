@@ -13,6 +13,13 @@ once, not once per worker:
 - tests/ops and tests/ledgermq/cli: the running 3-node groups their
   session fixtures start.
 
+Elsewhere, a module whose tests use a module-scoped fixture (a cluster, a
+secured arena with its workload) is a group of its own: spread over the
+workers, each worker would start the fixture again, and a test that checks
+what the module's earlier tests did to it (tests/security/test_attacks.py's
+last test: "after every attack") would see only its own worker's share.
+Every other test goes to whichever worker is free.
+
 Run without `-n` (plain `pytest`), the marks change nothing.
 
 Every JVM the tests start (the Spark sessions, spark-submit, a standalone
@@ -54,10 +61,20 @@ def group_of(path: Path) -> str | None:
 # marks to put each group on one worker; run after it (as this hook did
 # until 2026-12-06), the marks came too late and every worker started the
 # groups' session clusters and SparkSession of its own.
+def uses_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a fixture made once per module."""
+    info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the test's fixtures
+    if info is None:
+        return False
+    return any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         name = group_of(Path(item.path))
+        if name is None and uses_module_fixture(item):
+            name = Path(item.path).relative_to(TESTS).as_posix()
         if name is not None:
             item.add_marker(pytest.mark.xdist_group(name))
 
