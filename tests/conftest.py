@@ -57,10 +57,6 @@ def group_of(path: Path) -> str | None:
     return None
 
 
-# tryfirst: pytest-xdist's own hook (xdist/remote.py) reads the xdist_group
-# marks to put each group on one worker; run after it (as this hook did
-# until 2026-12-06), the marks came too late and every worker started the
-# groups' session clusters and SparkSession of its own.
 def uses_module_fixture(item: pytest.Item) -> bool:
     """Whether the test uses a fixture made once per module."""
     info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the test's fixtures
@@ -69,6 +65,10 @@ def uses_module_fixture(item: pytest.Item) -> bool:
     return any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs)
 
 
+# tryfirst: pytest-xdist's own hook (xdist/remote.py) reads the xdist_group
+# marks to put each group on one worker; run after it (as this hook did
+# until 2026-12-06), the marks came too late and every worker started the
+# groups' session clusters and SparkSession of its own.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
