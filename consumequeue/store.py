@@ -28,7 +28,6 @@ still holds them.
 from __future__ import annotations
 
 import os
-import re
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,6 +39,7 @@ from commitlog import HEADER_SIZE, KIND_MESSAGES, CommitLog, Entry, fileio, iter
 from commitlog.columns import RecordColumns, queue_groups, scan_body
 from commitlog.disk import DirtyFile, sync_and_close, sync_directory
 from commitlog.errors import CorruptionError
+from commitlog.message import valid_topic
 from consumequeue.checkpoint import (
     DispatchCheckpoint,
     read_dispatch_checkpoint,
@@ -59,7 +59,6 @@ class CheckpointToken:
     generation: int = 0
 
 
-_TOPIC_DIR = re.compile(r"[A-Za-z0-9_%|-]{1,127}")  # matched whole
 QueueKey = tuple[str, int]
 
 
@@ -259,7 +258,7 @@ class ConsumeQueueStore:
             topic_dir = os.path.join(self.directory, topic)
             if topic == "checkpoint" or topic.endswith((".tmp", ".durable")):
                 continue
-            if not (fileio.fs.isdir(topic_dir) and _TOPIC_DIR.fullmatch(topic)):
+            if not (fileio.fs.isdir(topic_dir) and valid_topic(topic)):
                 self.recovery.foreign_files.append(topic_dir)
                 continue
             names = sorted(fileio.fs.listdir(topic_dir))

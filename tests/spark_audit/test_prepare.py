@@ -12,12 +12,13 @@ nightly command lines alike; a size that fits the files audits as before.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from spark_audit import cli, planted
-from spark_audit.audit import AuditOptions, run_audit
+from spark_audit.audit import AuditOptions, AuditResult, run_audit
 from spark_audit.engine import LocalEngine, LocalFlowEngine
 from tests.chaos.histories import REAL_RUN
 
@@ -70,27 +71,40 @@ def test_the_real_segment_size_audits_as_when_inferred(data: Path, tmp_path: Pat
     assert a.count('"violations": 0') == b.count('"violations": 0')
 
 
+def _with_strays(data: Path, tmp_path: Path,
+                 paths: Callable[[Path, Path], list[Path]]) -> tuple[Path, list[Path]]:
+    """A copy of `data` with 200-byte stray files at `paths(node, queue)`: one
+    replica's directory and its first ConsumeQueue directory."""
+    work = tmp_path / "data"
+    shutil.copytree(data, work)
+    node = work / planted.GROUP / "n2"
+    strays = paths(node, next((node / "consumequeue").glob("*/0")))
+    for stray in strays:
+        stray.parent.mkdir(parents=True, exist_ok=True)
+        stray.write_bytes(b"\x01" * 200)
+    return work, strays
+
+
+def _audits(work: Path) -> Iterator[tuple[AuditResult, dict[int, str]]]:
+    """Both in-process engines' results on `work`, with each file's path by id."""
+    for eng in (LocalEngine(), LocalFlowEngine()):
+        res = run_audit(AuditOptions([str(work)]), eng)
+        yield res, {f.fid: f.path for f in res.files}
+
+
 def test_files_named_past_2_63_are_reported_and_the_rest_audited(data: Path,
                                                                  tmp_path: Path) -> None:
     """A stray file whose name puts it past 2^63-1 (it used to stop the audit with
     "Python int too large to convert to C long") is an implausible value, not read;
     everything else is audited as before, on both in-process engines."""
-    work = tmp_path / "data"
-    shutil.copytree(data, work)
-    node = work / planted.GROUP / "n2"
-    queue = next((node / "consumequeue").glob("*/0"))
-    strays = [node / "commitlog" / "99999999999999999999",
-              node / "commitlog" / f"{(1 << 63) - 100:020d}",  # its bytes would pass 2^63-1
-              node / "index" / "99999999999999999999",
-              queue / "99999999999999999999",
-              node / "snapshots" / "99999999999999999999" / "meta"]
-    for stray in strays:
-        stray.parent.mkdir(parents=True, exist_ok=True)
-        stray.write_bytes(b"\x01" * 200)
+    work, strays = _with_strays(data, tmp_path, lambda node, queue: [
+        node / "commitlog" / "99999999999999999999",
+        node / "commitlog" / f"{(1 << 63) - 100:020d}",  # its bytes would pass 2^63-1
+        node / "index" / "99999999999999999999",
+        queue / "99999999999999999999",
+        node / "snapshots" / "99999999999999999999" / "meta"])
     clean = run_audit(AuditOptions([str(data)]), LocalEngine())
-    for eng in (LocalEngine(), LocalFlowEngine()):
-        res = run_audit(AuditOptions([str(work)]), eng)
-        files = {f.fid: f.path for f in res.files}
+    for res, files in _audits(work):
         bad = [r for r in res.findings.to_pylist() if r["severity"] == "violation"]
         assert {r["kind"] for r in bad} == {"implausible_value"}, bad
         assert sorted(files[r["fid"]] for r in bad) == sorted(map(str, strays))
@@ -137,22 +151,14 @@ def test_names_that_only_look_like_the_format_are_unknown_files(data: Path,
     pass a "$"-anchored pattern or str.isdigit() (read as a segment, or
     ignored as the lock); each is an unknown file now, not read, and the
     rest audits as before."""
-    work = tmp_path / "data"
-    shutil.copytree(data, work)
-    node = work / planted.GROUP / "n2"
-    topic = next((node / "consumequeue").glob("*/0")).parent
-    strays = [node / "commitlog" / ("0" * 19 + "\u0663"),
-              node / "commitlog" / ("0" * 20 + "\n"),
-              node / "index" / ("0" * 19 + "\u0661"),
-              topic / "\u0663" / ("0" * 20),
-              node / "LOCK\n"]
-    for stray in strays:
-        stray.parent.mkdir(parents=True, exist_ok=True)
-        stray.write_bytes(b"\x01" * 200)
+    work, strays = _with_strays(data, tmp_path, lambda node, queue: [
+        node / "commitlog" / ("0" * 19 + "\u0663"),
+        node / "commitlog" / ("0" * 20 + "\n"),
+        node / "index" / ("0" * 19 + "\u0661"),
+        queue.parent / "\u0663" / ("0" * 20),
+        node / "LOCK\n"])
     clean = run_audit(AuditOptions([str(data)]), LocalEngine())
-    for eng in (LocalEngine(), LocalFlowEngine()):
-        res = run_audit(AuditOptions([str(work)]), eng)
-        files = {f.fid: f.path for f in res.files}
+    for res, files in _audits(work):
         unknown = [r for r in res.findings.to_pylist() if r["kind"] == "unknown_file"]
         assert sorted(files[r["fid"]] for r in unknown) == sorted(map(str, strays))
         assert res.valid == clean.valid
