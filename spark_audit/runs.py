@@ -11,12 +11,13 @@ or raised from a Spark executor, is exit status 2 with one line saying why.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spark_audit import session, tasks
+from spark_audit import inputs, session, tasks
 from spark_audit.audit import AuditOptions, AuditResult, run_audit
 
 if TYPE_CHECKING:
@@ -54,6 +55,10 @@ def audit_to(opts: AuditOptions, out: str, *, engine: str = "spark",
 
     if engine not in ENGINES:
         return Outcome(2, error=f"unknown engine {engine!r}: {' or '.join(ENGINES)}")
+    if engine == "spark" and spark is None:
+        missing = local_inputs_missing(opts)
+        if missing:  # said now, not after a SparkSession took seconds to start
+            return Outcome(2, error=missing)
     t0 = time.perf_counter()
     eng: Engine
     if engine == "python":
@@ -75,6 +80,27 @@ def audit_to(opts: AuditOptions, out: str, *, engine: str = "spark",
     return Outcome(0 if summary["valid"] else 1, summary, res)
 
 
+
+
+def local_inputs_missing(opts: AuditOptions) -> str:
+    """Why inputs on the local file system cannot be read ("" when they can, or
+    when some are remote: only the engine's own lister can tell for those):
+    the replica directories as `inputs.parse_group_specs` expands them, and
+    each client history file."""
+    paths = list(opts.history)
+    for spec in opts.specs:
+        named = "=" in spec and not spec.startswith(("/", "."))
+        paths += [d for d in spec.split("=", 1)[1].split(",") if d] if named else [spec]
+    if not all(inputs.is_local(p) for p in paths):
+        return ""
+    try:
+        inputs.parse_group_specs(opts.specs)
+    except ValueError as exc:
+        return str(exc)
+    for path in opts.history:
+        if not os.path.exists(inputs.local_path(path)):
+            return f"{path}: no such history file"
+    return ""
 
 
 def audit_listing_again(opts: AuditOptions, eng: Engine,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from spark_audit import cli
+from spark_audit import cli, runs
 from spark_audit.audit import AuditOptions, run_audit
 from spark_audit.engine import LocalEngine
 
@@ -218,6 +218,37 @@ def test_cli_writes_outputs_and_exit_status(tmp_path):
 def test_unreadable_inputs_exit_2(tmp_path, spec):
     arg = str(tmp_path / spec) if spec == "missing-dir" else spec
     assert cli.main([arg, "--engine", "python", "--out", str(tmp_path / "o")]) == 2
+
+
+@pytest.mark.parametrize("case", ["missing-dir", "empty-dir", "named", "history"])
+def test_missing_local_inputs_are_refused_before_spark_starts(tmp_path, monkeypatch, capsys,
+                                                              case):
+    """`ledgermq audit /nonexistent` used to start a SparkSession (seconds) and
+    only then say that the directory does not exist."""
+    def no_spark(*args, **kwargs):
+        raise AssertionError("a SparkSession was started for inputs that do not exist")
+
+    monkeypatch.setattr(runs.session, "get_session", no_spark)
+    data = tmp_path / "data"
+    scenarios.SCENARIOS["clean"](str(data / "good"))
+    (tmp_path / "empty-dir").mkdir()
+    args = {"missing-dir": [str(tmp_path / "missing-dir")],
+            "empty-dir": [str(tmp_path / "empty-dir")],
+            "named": [f"g={data}/good/n1,{tmp_path}/nonexistent"],
+            "history": [str(data), "--history", str(tmp_path / "no.jsonl")]}[case]
+    assert cli.main([*args, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("audit: cannot read the inputs: ")
+    assert {"missing-dir": "missing-dir: no such directory",
+            "empty-dir": "empty-dir: no such directory",
+            "named": f"{tmp_path}/nonexistent is missing or empty",
+            "history": "no.jsonl: no such history file"}[case] in err
+
+
+def test_remote_inputs_are_left_to_the_engine_to_list():
+    """Only the engine's lister can list a remote file system: no verdict here."""
+    assert runs.local_inputs_missing(AuditOptions(["hdfs://nn:8020/nightly/g"])) == ""
+    assert runs.local_inputs_missing(AuditOptions(["g=/data/n1,s3a://bucket/n2"])) == ""
 
 
 def test_sharing_between_identical_replicas_changes_no_finding(tmp_path):
