@@ -24,6 +24,7 @@ from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import (
     ConnectionClosedError,
     LedgerMQError,
+    MalformedFrameError,
     RequestTimeoutError,
     UnauthenticatedError,
     error_from_response,
@@ -235,6 +236,13 @@ class RpcClient:
             fut.set_result(response)
 
     def _on_closed(self, error: BaseException | None) -> None:
+        if isinstance(error, MalformedFrameError) and not self.server_info:
+            # Not even the answer to HELLO was a frame: most likely another
+            # kind of server at this address (HTTP, SSH, the admin port), which
+            # a bare "unknown frame flags 0x2f" would not tell the user.
+            error = MalformedFrameError(
+                f"{self.peer} does not answer as a LedgerMQ server (its answer to HELLO"
+                f" is not a LedgerMQ frame: {error.message})")
         self._fail_all(error if error is not None
                        else ConnectionClosedError(f"connection to {self.peer} closed"))
 

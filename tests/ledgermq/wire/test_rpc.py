@@ -18,6 +18,7 @@ from ledgermq.base.errors import (
     ErrorCode,
     FrameTooLargeError,
     InternalError,
+    MalformedFrameError,
     NoPermissionError,
     NotLeaderError,
     RequestTimeoutError,
@@ -344,6 +345,33 @@ def test_malformed_frame_fails_pending_requests_with_the_servers_reason() -> Non
             assert await c.request(ECHO, "others fine") == "others fine"
 
     run_with_server(t)
+
+
+@pytest.mark.parametrize("answer", [b"HTTP/1.1 400 Bad Request\r\n\r\n",
+                                    b"SSH-2.0-OpenSSH_9.2\r\n"], ids=["http", "ssh"])
+def test_another_kind_of_server_is_named_as_not_a_ledgermq_server(answer: bytes) -> None:
+    """A client pointed at the admin HTTP port (or anything else) used to
+    report only "MALFORMED_FRAME: unknown frame flags 0x2f"."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(64)
+        writer.write(answer)
+        await writer.drain()
+        await reader.read()  # until the client hangs up
+        writer.close()
+
+    async def t() -> None:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            with pytest.raises(MalformedFrameError) as err:
+                await RpcClient.connect("127.0.0.1", port, timeout=5.0)
+            assert f"127.0.0.1:{port} does not answer as a LedgerMQ server" in err.value.message
+            assert "not a LedgerMQ frame: " in err.value.message
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    loop.run(t())
 
 
 def test_server_on_port_zero_reports_its_port() -> None:
