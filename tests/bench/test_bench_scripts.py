@@ -194,3 +194,21 @@ def test_cycles_bench_finds_no_reference_cycle_per_operation() -> None:
             kept = sum(figures["top_types"].values())
             assert kept <= figures["objects_per_op"] * phase["ops"] + 0.5, (name, process)
             assert figures["objects_per_op"] < 1.0, (name, process, figures)
+
+
+def test_floor_bench_moves_messages_through_four_processes_and_reports_their_cpu() -> None:
+    out = run_bench("bench/floor.py", "--seconds", "1", "--rounds", "1", timeout=120)
+    result = json.loads(out)
+    assert result["bench"] == "floor"
+    assert sorted(result["rounds"]) == ["async", "sync"]
+    for flush, rounds in result["rounds"].items():
+        [r] = rounds
+        assert r["msgs_per_s"] > 0, flush
+        assert 0 < r["p50_ms"] <= r["p99_ms"]
+        cpu = r["cpu_us_per_msg"]
+        assert set(cpu) == {"client", "leader", "follower_1", "follower_2", "servers"}
+        # /proc counts CPU in clock ticks (10 ms): a short round on a busy
+        # host may show a follower at 0, never all three servers.
+        assert cpu["servers"] > 0 and all(v >= 0 for v in cpu.values()), cpu
+        assert cpu["servers"] == pytest.approx(
+            cpu["leader"] + cpu["follower_1"] + cpu["follower_2"], abs=0.2)
