@@ -12,6 +12,7 @@ from typing import Any
 
 from dledger.runtime.identity import check_cluster_id
 from dledger.runtime.node import NodeConfig
+from election.config import ElectionConfig
 from ledgermq.base.address import AddressError, split_host_port
 from ledgermq.wire.limits import ServerLimits
 
@@ -286,6 +287,38 @@ def _check_number(config: BrokerConfig, name: str, lo: float, hi: float) -> floa
     return float(value)
 
 
+# The longest election timeout a configuration may ask for (tick_ms times
+# election_timeout_ticks): a group that waits longer than this to replace a
+# dead leader is a typo, not a choice (one with 10**24 ticks never elected).
+ELECTION_TIMEOUT_MS_MAX = 600_000
+
+
+def _check_raft(config: BrokerConfig) -> None:
+    """The [raft] keys as the Raft runtime would judge them (NodeConfig
+    refused them with a traceback, after start-up had begun), and an
+    election timeout an operator could wait for."""
+    for name in ("tick_ms", "election_timeout_ticks", "heartbeat_interval_ticks",
+                 "lost_leader_ticks"):
+        _check_int(config, name, 1)
+    for name in ("preferred_leader", "leader_lost_grace_ticks", "follower_apply_delay_ms"):
+        _check_int(config, name, 0)
+    timeout_ms = config.tick_ms * config.election_timeout_ticks
+    if timeout_ms > ELECTION_TIMEOUT_MS_MAX:
+        raise BrokerConfigError(
+            f"[raft] tick_ms * election_timeout_ticks = {timeout_ms} ms is longer than the"
+            f" longest election timeout allowed, {ELECTION_TIMEOUT_MS_MAX} ms")
+    if config.preferred_leader and config.preferred_leader not in config.peers:
+        raise BrokerConfigError(
+            f"[raft] preferred_leader {config.preferred_leader} is not a node id in [peers]")
+    try:
+        ElectionConfig(election_timeout_ticks=config.election_timeout_ticks,
+                       heartbeat_interval_ticks=config.heartbeat_interval_ticks,
+                       lost_leader_ticks=config.lost_leader_ticks,
+                       preferred_leader=config.preferred_leader)
+    except ValueError as exc:
+        raise BrokerConfigError(f"[raft] {exc}") from None
+
+
 def _check_retention(config: BrokerConfig) -> None:
     _check_number(config, "retention_hours", 0, 1e6)
     _check_int(config, "retention_bytes", 0)
@@ -321,8 +354,8 @@ def validate(config: BrokerConfig) -> None:
     if config.on_divergence not in ("", "stop", "rollback"):
         raise BrokerConfigError(
             f"on_divergence must be 'stop' or 'rollback', not {config.on_divergence!r}")
-    for name in ("tick_ms", "election_timeout_ticks", "heartbeat_interval_ticks",
-                 "lost_leader_ticks", "message_size_bytes_max", "default_queues",
+    _check_raft(config)
+    for name in ("message_size_bytes_max", "default_queues",
                  "pull_max_messages",
                  "batch_max_messages", "batch_max_bytes", "max_inflight_proposals",
                  "propose_timeout_ms", "namesrv_register_interval_ms", "member_expiry_ms",
@@ -337,9 +370,6 @@ def validate(config: BrokerConfig) -> None:
         config.server_limits()
     except ValueError as exc:
         raise BrokerConfigError(str(exc)) from None
-    _check_int(config, "preferred_leader", 0)
-    _check_int(config, "leader_lost_grace_ticks", 0)
-    _check_int(config, "follower_apply_delay_ms", 0)
     _check_int(config, "snapshot_interval_entries", 0)
     _check_int(config, "snapshot_interval_bytes", 0)
     _check_int(config, "long_poll_timeout_ms", 0)

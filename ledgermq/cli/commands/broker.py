@@ -24,6 +24,7 @@ def register(app: typer.Typer) -> None:
         import sys
 
         from rich.console import Console
+        from rich.markup import escape
 
         from commitlog import StorageError
         from ledgermq.base import loop
@@ -32,11 +33,17 @@ def register(app: typer.Typer) -> None:
         from ledgermq.broker.main import serve
 
         console = Console(highlight=False, stderr=True)
+
+        def say(text: object, style: str = "red") -> None:
+            # One line (soft_wrap: scripts and supervisors grep it), the text
+            # escaped: "[raft]" or "[peers]" in a message is not markup.
+            console.print(f"[{style}]broker: {escape(str(text))}[/{style}]", soft_wrap=True)
+
         try:
             cfg = load_config(config).with_overrides(
                 flush=flush, replicate=replicate, log_level=log_level)
         except BrokerConfigError as exc:
-            console.print(f"[red]broker: {exc}[/red]")
+            say(exc)
             raise typer.Exit(2) from None
         logging.basicConfig(level=cfg.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -53,18 +60,16 @@ def register(app: typer.Typer) -> None:
         try:
             restart = loop.run(serve(cfg, on_ready=ready))
         except BrokerConfigError as exc:  # refused at start: secret files, running open
-            console.print(f"[red]broker: {exc}[/red]")
+            say(exc)
             raise typer.Exit(2) from None
         except (OSError, StorageError) as exc:  # a data directory it cannot start from
-            # One line (soft_wrap): scripts and supervisors grep it.
-            console.print(f"[red]broker: {exc}[/red]", soft_wrap=True)
+            say(exc)
             raise typer.Exit(1) from None
         if restart:
             # A rollback (broker/rollback.py) is carried out at start-up: run
             # this very command again in this process (same PID, so whoever
             # supervises it sees one process that never went away).
-            console.print("[yellow]broker: restarting to roll back onto the group's log"
-                          "[/yellow]")
+            say("restarting to roll back onto the group's log", "yellow")
             sys.stdout.flush()
             sys.stderr.flush()
             os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])

@@ -40,6 +40,11 @@ def test_config_file_round_trip(tmp_path) -> None:
 
 
 
+def test_the_longest_allowed_election_timeout_is_accepted() -> None:
+    config = parse_config({**BASE, "raft": {"tick_ms": 1000, "election_timeout_ticks": 600}})
+    assert config.tick_ms * config.election_timeout_ticks == 600_000
+
+
 def test_the_follower_apply_delay_reaches_the_node() -> None:
     config = parse_config({**BASE, "raft": {"follower_apply_delay_ms": 0}})
     assert config.follower_apply_delay_ms == 0
@@ -63,6 +68,14 @@ def test_the_follower_apply_delay_reaches_the_node() -> None:
     ({"raft": {"leader_lost_grace_ticks": -1}}, "leader_lost_grace_ticks"),
     ({"raft": {"lost_leader_ticks": 0}}, "lost_leader_ticks"),
     ({"raft": {"follower_apply_delay_ms": -1}}, "follower_apply_delay_ms"),
+    # These three reached the Raft runtime, which refused them with a traceback.
+    ({"raft": {"heartbeat_interval_ticks": 10}}, "heartbeat_interval_ticks must be in [1,"),
+    ({"raft": {"election_timeout_ticks": 1}}, "election_timeout_ticks must be >= 2"),
+    ({"raft": {"preferred_leader": 7}}, "preferred_leader 7 is not a node id in [peers]"),
+    # And these started a broker that never elected a leader.
+    ({"raft": {"tick_ms": 10**24}}, "longer than the longest election timeout"),
+    ({"raft": {"election_timeout_ticks": 100_000}}, "= 5000000 ms is longer"),
+    ({"raft": {"tick_ms": True}}, "tick_ms must be an integer"),
 ])
 def test_config_errors_name_the_key(change, message) -> None:
     with pytest.raises(BrokerConfigError, match=message.replace("[", r"\[")):

@@ -131,3 +131,25 @@ def test_a_broker_refusing_a_damaged_identity_starts_after_repair(tmp_path: Path
         assert busy.returncode == 1 and "in use by another process" in busy.stderr
     finally:
         assert child.stop() == 0
+
+
+@pytest.mark.parametrize("raft, fragment", [
+    ({"heartbeat_interval_ticks": 10, "election_timeout_ticks": 10},
+     "broker: [raft] heartbeat_interval_ticks must be in [1, election_timeout_ticks)"),
+    ({"preferred_leader": 7}, "broker: [raft] preferred_leader 7 is not a node id in [peers]"),
+    ({"tick_ms": 10**24}, "broker: [raft] tick_ms * election_timeout_ticks = "),
+], ids=["heartbeat", "preferred-leader", "huge-tick"])
+def test_a_raft_setting_the_runtime_would_refuse_is_one_line_at_start(
+        tmp_path: Path, raft: dict[str, int], fragment: str) -> None:
+    """These used to end in a traceback from the Raft runtime (or, for the
+    huge tick, in a broker that never elected a leader); the brackets of
+    "[raft]" and "[peers]" are printed, not taken for markup."""
+    path = tmp_path / "n1.toml"
+    peers = {1: Peer(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")}
+    path.write_text(render_config({"group": "g", "node_id": 1, "data_dir": str(tmp_path / "d")},
+                                  peers, {**FAST, **raft}))
+    refused = ledgermq("broker", "--config", str(path))
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(fragment), refused.stderr
+    assert not (tmp_path / "d").exists()  # refused before anything was created
