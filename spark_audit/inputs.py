@@ -137,16 +137,39 @@ class Lister:
         return self._list_dir(path)
 
     def walk(self, path: str) -> Iterable[tuple[str, int]]:
-        """Every file below ``path`` as (relative path, length)."""
+        """Every file below ``path`` as (relative path, length). A local
+        directory already walked (a link back to a parent, or a second link to
+        one directory) is not walked again: a link loop inside a replica used
+        to list its files again at every level, until the kernel's ELOOP
+        stopped the whole audit."""
         stack = [""]
+        walked: set[tuple[int, int]] = set()
         while stack:
             rel = stack.pop()
-            for name, is_dir, length in self.children(join(path, rel) if rel else path):
+            here = join(path, rel) if rel else path
+            same = file_identity(here)
+            if same is not None:
+                if same in walked:
+                    continue
+                walked.add(same)
+            for name, is_dir, length in self.children(here):
                 child = f"{rel}/{name}" if rel else name
                 if is_dir:
                     stack.append(child)
                 else:
                     yield child, length
+
+
+def file_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of a local file or directory, links followed; None for a
+    remote path (its file system has no such thing to compare) or one gone."""
+    if not is_local(path):
+        return None
+    try:
+        st = os.stat(local_path(path))
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _local_list(path: str) -> list[tuple[str, bool, int]]:
@@ -259,11 +282,16 @@ def classify(rel: str) -> tuple[str, int, str, int]:
 
 
 def inventory(replicas: list[Replica], lister: Lister = LOCAL,
-              skipped: list[str] | None = None) -> list[FileInfo]:
+              skipped: list[str] | None = None,
+              shared: list[tuple[FileInfo, FileInfo]] | None = None) -> list[FileInfo]:
     """Every file of every replica, classified, with a unique file id. What repair
     set aside inside a replica (``damaged-*/``) is not read: its directory is
-    added to ``skipped``."""
+    added to ``skipped``. A local file that is the same file (device and
+    inode: a symbolic or hard link, or a linked directory) as one of another
+    replica is added to ``shared`` with the first one: those replicas do not
+    hold copies of their own."""
     files: list[FileInfo] = []
+    owner: dict[tuple[int, int], FileInfo] = {}
     for rep in replicas:
         for rel, length in sorted(lister.walk(rep.root)):
             if _IGNORED.search(rel):
@@ -279,6 +307,12 @@ def inventory(replicas: list[Replica], lister: Lister = LOCAL,
             # record is at least a byte); past 2^63-1 none of it can be decoded.
             if kind != OTHER and start + length > _NAME_MAX:
                 kind = BAD_NAME
-            files.append(FileInfo(len(files), rep.gid, rep.rid, join(rep.root, rel), kind,
-                                  length, start, topic, qid))
+            info = FileInfo(len(files), rep.gid, rep.rid, join(rep.root, rel), kind,
+                            length, start, topic, qid)
+            files.append(info)
+            same = file_identity(info.path) if shared is not None else None
+            if shared is not None and same is not None:
+                first = owner.setdefault(same, info)
+                if (first.gid, first.rid) != (info.gid, info.rid):
+                    shared.append((info, first))
     return files

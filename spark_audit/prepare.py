@@ -133,12 +133,17 @@ def prepare(opts: AuditOptions, eng: engine.Engine) -> Prepared:
     tm: dict[str, float] = {}
     t0 = time.perf_counter()
     set_aside: list[str] = []
+    shared: list[tuple[inputs.FileInfo, inputs.FileInfo]] = []
     replicas_ = inputs.parse_group_specs(opts.specs, eng.lister, set_aside)
-    files = inventory = inputs.inventory(replicas_, eng.lister, set_aside)
+    files = inventory = inputs.inventory(replicas_, eng.lister, set_aside, shared)
     if opts.segment_size:
         check_segment_size(opts.segment_size, [f for f in inventory if f.kind == inputs.SEGMENT])
     tm["discover_s"] = time.perf_counter() - t0
     out = Findings()
+    for f, first in shared:
+        out.add("corruption", "shared_file", VIOLATION, gid=f.gid, rid=f.rid, fid=f.fid,
+                detail=f"{f.path} is the same file as {first.path} (a link): these replicas "
+                       "do not hold copies of their own, so one disk's loss loses both")
     for path in set_aside:
         out.add("corruption", "set_aside_dir", INFO,
                 detail=f"{path}: set aside by `ledgermq node repair` (out of service, not a "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -280,3 +281,73 @@ def test_counts_over_two_groups(tmp_path):
     assert res.counts["messages_decoded"] == 4 * 50
     assert res.counts["cq_units_decoded"] == 4 * 50
     assert res.counts["decode_tasks"] == 0
+
+
+def _linked_kinds(tmp_path: Path, link) -> tuple[int, dict]:
+    """Audit a clean 3-replica group after `link(group_dir)` (python engine):
+    the exit status and the summary."""
+    group = tmp_path / "data" / "g"
+    scenarios.SCENARIOS["clean"](str(group))
+    link(group)
+    out = str(tmp_path / "out")
+    rc = cli.main([str(tmp_path / "data"), "--engine", "python", "--out", out])
+    return rc, json.loads(Path(out, "summary.json").read_text())
+
+
+def _segment(replica: Path) -> Path:
+    return sorted((replica / "commitlog").iterdir())[0]
+
+
+@pytest.mark.parametrize("how", ["symlink", "hardlink", "linked_dir"])
+def test_replicas_sharing_a_file_are_reported(tmp_path, how):
+    """A replica whose segment is another replica's file (a link) looked
+    like a perfect copy: the audit passed, yet one disk's loss would lose both."""
+    def link(group: Path) -> None:
+        mine, theirs = _segment(group / "n3"), _segment(group / "n1")
+        if how == "linked_dir":
+            shutil.rmtree(group / "n3" / "commitlog")
+            (group / "n3" / "commitlog").symlink_to(group / "n1" / "commitlog")
+            return
+        mine.unlink()
+        if how == "symlink":
+            mine.symlink_to(theirs)
+        else:
+            os.link(theirs, mine)
+
+    rc, summary = _linked_kinds(tmp_path, link)
+    assert rc == 1
+    shared = summary["checks"]["corruption"]["kinds"]["shared_file"]
+    # One finding per linked file: the segment, or every file of the linked directory.
+    if how == "linked_dir":
+        assert shared["count"] >= 1
+    else:
+        assert shared["count"] == 1
+    for example in shared["examples"]:
+        assert "/n3/commitlog/" in example["detail"]
+        assert "is the same file as" in example["detail"] and "/n1/commitlog/" in example["detail"]
+
+
+def test_a_link_loop_inside_a_replica_is_walked_once(tmp_path):
+    """A link back to the replica's root used to list its files again at every
+    level until the kernel's ELOOP stopped the whole audit (exit 2)."""
+    clean_rc, clean = _linked_kinds(tmp_path / "a", lambda group: None)
+    rc, summary = _linked_kinds(
+        tmp_path / "b", lambda group: (group / "n1" / "consumequeue" / "loop").symlink_to(".."))
+    assert (clean_rc, rc) == (0, 0)
+    # Every file counted once, as without the loop.
+    assert summary["inputs"]["files"] == clean["inputs"]["files"]
+    assert summary["inputs"]["messages"] == clean["inputs"]["messages"]
+
+
+def test_a_commitlog_moved_to_another_disk_by_a_link_is_a_replica_of_its_own(tmp_path):
+    """The operator's layout: a replica's `commitlog/` linked to a directory
+    elsewhere (another disk) is not sharing."""
+    def move(group: Path) -> None:
+        elsewhere = tmp_path / "disk2" / "n2-commitlog"
+        elsewhere.parent.mkdir()
+        shutil.move(str(group / "n2" / "commitlog"), str(elsewhere))
+        (group / "n2" / "commitlog").symlink_to(elsewhere)
+
+    rc, summary = _linked_kinds(tmp_path, move)
+    assert rc == 0
+    assert "shared_file" not in summary["checks"]["corruption"].get("kinds", {})
