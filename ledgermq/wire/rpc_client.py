@@ -23,6 +23,7 @@ from typing import Any
 from ledgermq.base.codes import RequestCode
 from ledgermq.base.errors import (
     ConnectionClosedError,
+    InvalidRequestError,
     LedgerMQError,
     MalformedFrameError,
     RequestTimeoutError,
@@ -198,7 +199,13 @@ class RpcClient:
         rid = next(self._ids)
         if rid > MAX_REQUEST_ID:  # pragma: no cover - 2**63 requests on one connection
             raise ConnectionClosedError("request ids exhausted; reconnect")
-        payload = encode_request(Request(rid, int(code), body))
+        try:
+            payload = encode_request(Request(rid, int(code), body))
+        except TypeError as exc:
+            # A value of the caller's that msgpack cannot carry (an integer
+            # beyond 64 bits, an object): the request is refused here, unsent,
+            # as the server refuses one beyond its own ranges.
+            raise InvalidRequestError(str(exc)) from exc
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Response] = loop.create_future()
         self._pending[rid] = fut

@@ -18,6 +18,7 @@ from ledgermq.base.errors import (
     ErrorCode,
     FrameTooLargeError,
     InternalError,
+    InvalidRequestError,
     MalformedFrameError,
     NoPermissionError,
     NotLeaderError,
@@ -372,6 +373,18 @@ def test_another_kind_of_server_is_named_as_not_a_ledgermq_server(answer: bytes)
             await server.wait_closed()
 
     loop.run(t())
+
+
+def test_a_value_msgpack_cannot_carry_is_an_invalid_request_never_sent() -> None:
+    """A pull at offset 2**64 ended in a bare TypeError from the encoder."""
+    async def t(server: RpcServer, port: int) -> None:
+        async with await RpcClient.connect("127.0.0.1", port) as c:
+            for body in ({"offset": 2**64}, {"offset": -(2**63) - 1}, {"x": object()}):
+                with pytest.raises(InvalidRequestError, match="cannot be encoded as msgpack"):
+                    await c.request(ECHO, body)
+            assert await c.request(ECHO, "still fine") == "still fine"
+
+    run_with_server(t)
 
 
 def test_server_on_port_zero_reports_its_port() -> None:
