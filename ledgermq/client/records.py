@@ -28,10 +28,19 @@ SEQUENCE_AT = struct.calcsize("<IIIIqqQ")  # 40: where a head's sequence is
 Result = tuple[str | None, int | None, int | None, bool]
 
 
+def check_lengths(tags: bytes, keys: bytes) -> None:
+    """ValueError naming the field when tags or keys do not fit the record's
+    16-bit length (struct's own error named only its format)."""
+    for name, value in (("tags", tags), ("keys", keys)):
+        if len(value) > 0xFFFF:
+            raise ValueError(f"{name} must be shorter than 65536 bytes (UTF-8), got {len(value)}")
+
+
 def encode_record(topic: bytes, queue_id: int, body: bytes, tags: bytes, keys: bytes,
                   host: bytes, props: bytes, flag: int, born_ms: int, producer_id: int,
                   sequence: int) -> bytes:
     """One record, store timestamp 0 (the broker's leader stamps it)."""
+    check_lengths(tags, keys)
     size = HEAD_SIZE + len(topic) + len(tags) + len(keys) + len(host) + len(props) + len(body)
     return b"".join((_pack_head(size, queue_id, flag, 0, born_ms, 0, producer_id, sequence, 0,
                                 len(topic), len(tags), len(keys), len(host), len(props),

@@ -337,6 +337,14 @@ def test_unencodable_message_fails_without_disturbing_concurrent_sends() -> None
                                                                         for i in range(10))
             with pytest.raises(InvalidRequestError):
                 await producer.send("t", Message(b"x", tags="t" * 70000))
+            # The field named, not struct's "ushort format requires ...", on
+            # every encoding path: one send, a send with keys, a batch.
+            with pytest.raises(InvalidRequestError, match="tags must be shorter than 65536"):
+                await producer.send("t", b"x", tags="t" * 70000)
+            with pytest.raises(InvalidRequestError, match="keys must be shorter than 65536"):
+                await producer.send("t", b"x", keys="k" * 100000)
+            with pytest.raises(InvalidRequestError, match="keys must be shorter than 65536"):
+                await producer.send_batch("t", [b"ok", Message(b"b", keys="k" * 100000)])
         finally:
             await producer.close()
             await broker.close()
