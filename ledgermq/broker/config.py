@@ -5,6 +5,8 @@ typo fails at start-up with the key's name, not later inside the Raft runtime.
 
 from __future__ import annotations
 
+import os
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -262,13 +264,29 @@ def parse_config(raw: Mapping[str, Any]) -> BrokerConfig:
     return config
 
 
+# A broker configuration is a few dozen lines; anything this large is another file.
+CONFIG_BYTES_MAX = 1 << 20
+
+
 def load_config(path: str) -> BrokerConfig:
-    """Read and validate a broker TOML file."""
+    """Read and validate a broker TOML file: a regular file (a device such as
+    /dev/zero would be read until memory ran out, a FIFO would block) of at
+    most CONFIG_BYTES_MAX bytes of UTF-8."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise BrokerConfigError(f"cannot read {path}: not a regular file")
         with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
+            data = fh.read(CONFIG_BYTES_MAX + 1)
     except OSError as exc:
         raise BrokerConfigError(f"cannot read {path}: {exc}") from None
+    if len(data) > CONFIG_BYTES_MAX:
+        raise BrokerConfigError(f"{path}: more than {CONFIG_BYTES_MAX} bytes: not a broker"
+                                " configuration")
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise BrokerConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+                                ) from None
     except tomllib.TOMLDecodeError as exc:
         raise BrokerConfigError(f"{path}: {exc}") from None
     return parse_config(raw)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import re
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +40,25 @@ def test_config_file_round_trip(tmp_path) -> None:
     spare = parse_config({**BASE, "initial_members": [1]})
     assert spare.bootstrap_voters == {1} and spare.initial_members == (1,)
 
+
+
+@pytest.mark.parametrize("what, message", [
+    ("binary", "not UTF-8 text (invalid start byte at byte 0)"),
+    ("device", "not a regular file"),
+    ("directory", "not a regular file"),
+    ("huge", "more than 1048576 bytes: not a broker configuration"),
+])
+def test_a_config_path_that_is_not_a_config_file_is_one_error(tmp_path, what, message) -> None:
+    """A binary file ended in a UnicodeDecodeError traceback; /dev/zero was
+    read until memory ran out."""
+    path = {"binary": tmp_path / "b.toml", "device": Path("/dev/zero"), "directory": tmp_path,
+            "huge": tmp_path / "h.toml"}[what]
+    if what == "binary":
+        path.write_bytes(b"\xff\xfe" + bytes(range(256)))
+    if what == "huge":
+        path.write_text("# comment\n" * 200_000)
+    with pytest.raises(BrokerConfigError, match=re.escape(message)):
+        load_config(str(path))
 
 
 def test_the_longest_allowed_election_timeout_is_accepted() -> None:
