@@ -5,8 +5,6 @@ typo fails at start-up with the key's name, not later inside the Raft runtime.
 
 from __future__ import annotations
 
-import os
-import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -16,6 +14,7 @@ from dledger.runtime.identity import check_cluster_id
 from dledger.runtime.node import NodeConfig
 from election.config import ElectionConfig
 from ledgermq.base.address import AddressError, split_host_port
+from ledgermq.base.small_file import NotReadable, read_small_file
 from ledgermq.wire.limits import ServerLimits
 
 MIB = 1024 * 1024
@@ -273,15 +272,9 @@ def load_config(path: str) -> BrokerConfig:
     /dev/zero would be read until memory ran out, a FIFO would block) of at
     most CONFIG_BYTES_MAX bytes of UTF-8."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise BrokerConfigError(f"cannot read {path}: not a regular file")
-        with open(path, "rb") as fh:
-            data = fh.read(CONFIG_BYTES_MAX + 1)
-    except OSError as exc:
+        data = read_small_file(path, CONFIG_BYTES_MAX)
+    except NotReadable as exc:
         raise BrokerConfigError(f"cannot read {path}: {exc}") from None
-    if len(data) > CONFIG_BYTES_MAX:
-        raise BrokerConfigError(f"{path}: more than {CONFIG_BYTES_MAX} bytes: not a broker"
-                                " configuration")
     try:
         raw = tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ledgermq.base.small_file import NotReadable, read_small_file
+
 # The access key under which cluster members prove membership with the
 # cluster secret. No user may be called this.
 CLUSTER_KEY = "cluster"
@@ -126,23 +128,16 @@ def read_secret_file(path: str | os.PathLike[str]) -> bytes:
     but a regular file, and more than SECRET_FILE_BYTES_MAX bytes (checked
     before reading: a wrong path such as /dev/zero is never read)."""
     file = Path(path)
+
+    def private(mode: int) -> None:
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise SecretFileError(f"secret file {file} is accessible by group or others "
+                                  f"(mode {stat.S_IMODE(mode):04o}); chmod 600 it")
+
     try:
-        mode = file.stat().st_mode
-    except OSError as exc:
-        raise SecretFileError(f"cannot read secret file {file}: {exc.strerror}") from None
-    if not stat.S_ISREG(mode):
-        raise SecretFileError(f"secret file {file} is not a regular file")
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise SecretFileError(f"secret file {file} is accessible by group or others "
-                              f"(mode {stat.S_IMODE(mode):04o}); chmod 600 it")
-    try:
-        with file.open("rb") as fh:
-            raw = fh.read(SECRET_FILE_BYTES_MAX + 1)
-    except OSError as exc:
-        raise SecretFileError(f"cannot read secret file {file}: {exc.strerror}") from None
-    if len(raw) > SECRET_FILE_BYTES_MAX:
-        raise SecretFileError(f"secret file {file} holds more than {SECRET_FILE_BYTES_MAX}"
-                              " bytes: not a secret file")
+        raw = read_small_file(file, SECRET_FILE_BYTES_MAX, private)
+    except NotReadable as exc:
+        raise SecretFileError(f"cannot read secret file {file}: {exc}") from None
     raw = raw.strip()
     if len(raw) < SECRET_BYTES_MIN:
         raise SecretFileError(f"secret file {file} holds {len(raw)} bytes; "
