@@ -206,6 +206,15 @@ def _is_replica_dir(lister: Lister, path: str, skipped: list[str] | None = None)
     return True
 
 
+def split_spec(spec: str) -> tuple[str | None, list[str]]:
+    """(group name, its replica directories) of a ``NAME=DIR,DIR,...`` spec;
+    (None, [spec]) for a bare directory (a root, or a group named after it)."""
+    if "=" in spec and not spec.startswith(("/", ".")):
+        name, listed = spec.split("=", 1)
+        return name, [d for d in listed.split(",") if d]
+    return None, [spec]
+
+
 def parse_group_specs(specs: list[str], lister: Lister = LOCAL,
                       skipped: list[str] | None = None) -> list[Replica]:
     """Expand command-line group specs into replicas with ids.
@@ -219,9 +228,9 @@ def parse_group_specs(specs: list[str], lister: Lister = LOCAL,
     """
     groups: dict[str, list[str]] = {}
     for spec in specs:
-        if "=" in spec and not spec.startswith(("/", ".")):
-            name, listed = spec.split("=", 1)
-            for d in (d for d in listed.split(",") if d):
+        name, listed = split_spec(spec)
+        if name is not None:
+            for d in listed:
                 if not lister.children(d):
                     raise ValueError(f"{name}: replica directory {d} is missing or empty")
                 groups.setdefault(name, []).append(d)

@@ -89,8 +89,7 @@ def local_inputs_missing(opts: AuditOptions) -> str:
     each client history file."""
     paths = list(opts.history)
     for spec in opts.specs:
-        named = "=" in spec and not spec.startswith(("/", "."))
-        paths += [d for d in spec.split("=", 1)[1].split(",") if d] if named else [spec]
+        paths += inputs.split_spec(spec)[1]
     if not all(inputs.is_local(p) for p in paths):
         return ""
     try:
