@@ -36,6 +36,7 @@ from ledgermq.wire import (
     encode_frame,
     encode_request,
     hello_body,
+    rpc,
 )
 
 ECHO, SLOW, FAIL, NOT_LEADER, WHO, BIG = 900, 901, 902, 903, 904, 905
@@ -294,6 +295,28 @@ def test_large_bodies_are_compressed_and_size_limits_enforced() -> None:
             assert await other.request(ECHO, "others fine") == "others fine"
 
     run_with_server(t, max_frame_bytes=64 * 1024)
+
+
+def test_free_heap_is_returned_after_large_frames_at_most_once_a_second() -> None:
+    # A trim walks glibc's free lists; under a load of large requests the
+    # frame budget drains after each one, so the trims are spaced out, and a
+    # drain inside the interval is trimmed when the interval ends.
+    async def t(server: RpcServer, port: int) -> None:
+        async with await RpcClient.connect("127.0.0.1", port) as c:
+            assert await c.request(ECHO, "small") == "small"
+            assert server.trims == 0  # small frames never trim
+            large = RANDOM[:200_000]
+            assert await c.request(ECHO, large) == large
+            assert server.trims == 1
+            for _ in range(5):
+                assert await c.request(ECHO, large) == large
+            assert server.trims == 1  # within the interval: deferred, not done
+            await asyncio.sleep(rpc.TRIM_INTERVAL_S + 0.3)
+            assert server.trims == 2  # the deferred trim ran once
+            await asyncio.sleep(rpc.TRIM_INTERVAL_S + 0.3)
+            assert server.trims == 2  # nothing large since: nothing to trim
+
+    run_with_server(t)
 
 
 def test_graceful_close_answers_in_flight_requests_first() -> None:
