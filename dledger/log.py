@@ -84,6 +84,9 @@ class RaftLog:
         self._place = place
         self.offset = storage.last_index() + 1
         self.unstable: list[Entry] = []
+        # offset - 1 + len(unstable), kept as a field: read a few dozen times
+        # per message (set where `offset` or `unstable` change length).
+        self.last_index = self.offset - 1
         self.in_progress = self.offset - 1
         # Byte position just past the last entry; the next entry is placed from it.
         self.end_position = storage.end_position()
@@ -96,10 +99,6 @@ class RaftLog:
         # below offset until the driver installs it. Handed to one Ready only.
         self.unstable_snapshot: SnapshotMeta | None = None
         self._snapshot_handed_out = False
-
-    @property
-    def last_index(self) -> int:
-        return self.offset - 1 + len(self.unstable)
 
     def last_term(self) -> int:
         return self.term(self.last_index)
@@ -177,16 +176,20 @@ class RaftLog:
         if not entries:
             return
         first = entries[0].index
-        invariant(first <= self.last_index + 1, f"gap: append at {first} after {self.last_index}")
-        invariant(first > commit, f"truncating committed entry {first} (commit {commit})")
+        # `if not ...: raise` rather than invariant(): the messages are built
+        # only when one fails (this runs for every entry of every append).
+        if first > self.last_index + 1:
+            raise InvariantViolation(f"gap: append at {first} after {self.last_index}")
+        if first <= commit:
+            raise InvariantViolation(f"truncating committed entry {first} (commit {commit})")
         prev_end = self.end_position if first == self.last_index + 1 else self._end_of(first - 1)
+        place = self._place
         for entry in entries:
             # Every replica must derive the same position from the same prefix.
-            expected = self._place(prev_end, entry.size)
-            invariant(
-                entry.position == expected,
-                f"entry {entry.index} at position {entry.position}, rule says {expected}",
-            )
+            expected = place(prev_end, entry.size)
+            if entry.position != expected:
+                raise InvariantViolation(
+                    f"entry {entry.index} at position {entry.position}, rule says {expected}")
             prev_end = entry.end_position
         if first == self.last_index + 1:
             self.unstable.extend(entries)
@@ -200,6 +203,7 @@ class RaftLog:
             self.unstable = list(entries)
             self.offset = first
             self.in_progress = first - 1
+        self.last_index = self.offset - 1 + len(self.unstable)
         self.end_position = prev_end
 
     def _end_of(self, index: int) -> int:
@@ -255,6 +259,7 @@ class RaftLog:
         """
         self.unstable = []
         self.offset = meta.index + 1
+        self.last_index = meta.index
         self.in_progress = meta.index
         self.end_position = meta.end_position
         self.unstable_snapshot = meta

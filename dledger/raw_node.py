@@ -76,7 +76,7 @@ from dledger.entry import (
     PlaceFunction,
     segment_placement,
 )
-from dledger.log import UNLIMITED, CommittedDivergence, RaftLog, invariant
+from dledger.log import UNLIMITED, CommittedDivergence, InvariantViolation, RaftLog, invariant
 from dledger.membership import (
     UNPINNED,
     ConfigHistory,
@@ -486,13 +486,17 @@ class RaftNode:
 
     def step(self, msg: Message) -> None:
         """Feed one incoming message."""
-        invariant(msg.dst == self.id, f"message for {msg.dst} stepped into {self.id}")
+        # The hot methods (step, has_ready, ready, advance) read the elector's
+        # fields directly and raise their invariants inline: they run a few
+        # times per message, where every call and formatted message counts.
+        if msg.dst != self.id:
+            raise InvariantViolation(f"message for {msg.dst} stepped into {self.id}")
         if msg.directory_id:
             self._heard[msg.src] = msg.directory_id
         process, reply = self.elector.filter_term(msg)
         if reply is not None:
             self._outbox.append(reply)
-        if self.role is not Role.LEADER:
+        if self.elector.role is not Role.LEADER:
             self.progress = {}
         if not process:
             return
@@ -524,23 +528,27 @@ class RaftNode:
             return False
         # Field by field: called a few times per message, so it builds no
         # HardState or SoftState to compare (ready() does, once).
-        hard, soft, elector = self._last_hard_state, self._last_soft_state, self.elector
+        hard, soft, elector, log = (self._last_hard_state, self._last_soft_state,
+                                    self.elector, self.log)
         return bool(
             self._outbox
-            or self.log.has_unpersisted_snapshot()
-            or self.log.has_unpersisted()
+            or log.in_progress < log.last_index  # log.has_unpersisted()
             or self.commit != hard.commit
             or elector.term != hard.term
             or elector.vote != hard.vote
             or elector.role is not soft.role
             or elector.leader_id != soft.leader_id
             or elector.term != soft.term
-            or self.applied < self._apply_limit()
+            # self.applied < self._apply_limit(), without the call:
+            or (self.applied < self.stable_index
+                and (self.applied < self.commit or self.bugs.apply_before_commit))
+            or log.has_unpersisted_snapshot()
         )
 
     def ready(self) -> Ready:
         """Collect pending work; call `advance` with it once it is done."""
-        invariant(self._in_flight is None, "ready() called before advance() of the previous Ready")
+        if self._in_flight is not None:
+            raise InvariantViolation("ready() called before advance() of the previous Ready")
         hard = self._hard_state()
         last = self._last_hard_state
         term_or_vote_changed = (hard.term, hard.vote) != (last.term, last.vote)
@@ -548,9 +556,10 @@ class RaftNode:
         entries = self.log.take_unpersisted()
         now: list[Message] = []
         after: list[Message] = []
+        term = self.elector.term
         for msg in self._outbox:
             match msg:
-                case AppendResponse() if msg.success and msg.term != self.term:
+                case AppendResponse() if msg.success and msg.term != term:
                     # Acked before a newer leader may have cut those entries
                     # (the ack waited behind a slow fsync): drop, never mislead.
                     continue
@@ -585,7 +594,8 @@ class RaftNode:
 
     def advance(self, ready: Ready) -> None:
         """The driver persisted, sent and applied everything in `ready`."""
-        invariant(ready is self._in_flight, "advance() with a Ready this node did not hand out")
+        if ready is not self._in_flight:
+            raise InvariantViolation("advance() with a Ready this node did not hand out")
         self._in_flight = None
         if ready.snapshot is not None and self.log.snapshot_persisted(ready.snapshot):
             self.stable_index = max(self.stable_index, ready.snapshot.index)
@@ -596,16 +606,18 @@ class RaftNode:
         if ready.committed_entries:
             # max: a snapshot restored while this Ready was out moved applied past it.
             self.applied = max(self.applied, ready.committed_entries[-1].index)
-        if self.role is Role.LEADER and self._maybe_commit():  # told as rule 6 says
+        if self.elector.role is Role.LEADER and self._maybe_commit():  # told as rule 6 says
             self._after_commit()
 
     # -------------------------------------------------------------- internals
 
     def _hard_state(self) -> HardState:
-        return HardState(self.term, self.elector.vote, self.commit)
+        elector = self.elector
+        return HardState(elector.term, elector.vote, self.commit)
 
     def _soft_state(self) -> SoftState:
-        return SoftState(self.role, self.leader_id, self.term)
+        elector = self.elector
+        return SoftState(elector.role, elector.leader_id, elector.term)
 
     def _apply_limit(self) -> int:
         if self.bugs.apply_before_commit:
@@ -965,7 +977,7 @@ class RaftNode:
             self._send_snapshot(peer, pr)
             return False
         msg = AppendRequest(
-            self.id, peer, self.term, prev_index, prev_term, tuple(entries), self.commit,
+            self.id, peer, self.elector.term, prev_index, prev_term, tuple(entries), self.commit,
             directory_id=self._dir,
         )
         pr.sent(entries[-1].index if entries else prev_index)
@@ -997,7 +1009,7 @@ class RaftNode:
 
     def _handle_append_response(self, msg: AppendResponse) -> None:
         pr = self.progress.get(msg.src)
-        if pr is None or self.role is not Role.LEADER:
+        if pr is None or self.elector.role is not Role.LEADER:
             return
         self._identify(pr, msg.directory_id)
         self.elector.mark_active(msg.src, msg.directory_id)
