@@ -316,6 +316,17 @@ def _u63(value: Any, what: str) -> int:
     return value
 
 
+def _u63s(*values: Any) -> bool:
+    """Whether every value is an integer in [0, 2**63 - 1]: one call for the
+    fields of the frequent messages (appends and their answers), whose
+    per-field checks run only when this fails, to name the field (or to
+    accept a node id above 2**63, which they allow)."""
+    for value in values:
+        if type(value) is not int or not 0 <= value <= MAX_TERM_OR_INDEX:
+            return False
+    return True
+
+
 def _u32(value: Any, what: str) -> int:
     if type(value) is not int or not 0 <= value <= _MAX_U32:
         raise CodecError(f"{what} must be an integer in [0, 2**32 - 1]")
@@ -363,11 +374,12 @@ def _decode_one(obj: Any) -> Message:
     t = obj[0]
     if t == _T_APPEND_REQ and type(t) is int:
         _fields(obj, 9, "AppendRequest")
-        src, dst, term = _uint(obj[1], "src"), _uint(obj[2], "dst"), _u63(obj[3], "term")
-        d = _u63(obj[4], "directory_id")
-        prev_index, prev_term = _u63(obj[5], "prev_index"), _u63(obj[6], "prev_term")
-        commit = _u63(obj[7], "commit")
-        flat = obj[8]
+        _, src, dst, term, d, prev_index, prev_term, commit, flat = obj
+        if not _u63s(src, dst, term, d, prev_index, prev_term, commit):
+            src, dst, term = _uint(src, "src"), _uint(dst, "dst"), _u63(term, "term")
+            d = _u63(d, "directory_id")
+            prev_index, prev_term = _u63(prev_index, "prev_index"), _u63(prev_term, "prev_term")
+            commit = _u63(commit, "commit")
         if type(flat) is not list or len(flat) % 4:
             raise CodecError("AppendRequest entries must be an array of 4-tuples")
         if prev_index + len(flat) // 4 > MAX_TERM_OR_INDEX:
@@ -379,21 +391,27 @@ def _decode_one(obj: Any) -> Message:
             if type(data) is not bytes:
                 raise CodecError("entry data must be binary")
             index += 1
-            kind = _kind(e_kind)
-            if kind == _KIND_CONFIG:
+            if not (_u63s(e_term, position) and type(e_kind) is int and 0 <= e_kind <= _MAX_KIND):
+                e_kind = _kind(e_kind)
+                e_term, position = _u63(e_term, "entry term"), _u63(position, "entry position")
+            if e_kind == _KIND_CONFIG:
                 _membership(data, f"CONFIG entry {index}")
-            entries.append(Entry(index, _u63(e_term, "entry term"), kind,
-                                 data, _u63(position, "entry position")))
+            entries.append(Entry(index, e_term, e_kind, data, position))
         return AppendRequest(src, dst, term, prev_index, prev_term, tuple(entries), commit,
                              directory_id=d)
     if type(t) is not int:
         raise CodecError("message type must be an integer")
     if t == _T_APPEND_RESP:
         _fields(obj, 9, "AppendResponse")
-        return AppendResponse(_uint(obj[1], "src"), _uint(obj[2], "dst"), _u63(obj[3], "term"),
-                              _bool(obj[5], "success"), _u63(obj[6], "index"),
-                              _u63(obj[7], "hint_index"), _u63(obj[8], "hint_term"),
-                              directory_id=_u63(obj[4], "directory_id"))
+        _, src, dst, term, d, success, index, hint_index, hint_term = obj
+        if not (_u63s(src, dst, term, d, index, hint_index, hint_term)
+                and type(success) is bool):
+            src, dst, term = _uint(src, "src"), _uint(dst, "dst"), _u63(term, "term")
+            success, index = _bool(success, "success"), _u63(index, "index")
+            hint_index, hint_term = _u63(hint_index, "hint_index"), _u63(hint_term, "hint_term")
+            d = _u63(d, "directory_id")
+        return AppendResponse(src, dst, term, success, index, hint_index, hint_term,
+                              directory_id=d)
     if t == _T_HEARTBEAT:
         _fields(obj, 6, "Heartbeat")
         return Heartbeat(_uint(obj[1], "src"), _uint(obj[2], "dst"), _u63(obj[3], "term"),

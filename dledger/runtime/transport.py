@@ -218,6 +218,9 @@ class _Link:
         self.channel = channel
         self.address = address
         self.writer: asyncio.StreamWriter | None = None
+        # writer.transport, set and cleared with `writer`: `send` (a few
+        # times per message) writes to it without the StreamWriter's calls.
+        self._wire: asyncio.WriteTransport | None = None
         self.task: asyncio.Task[None] | None = None
         # Set when the peer is dropped: the link never dials again.
         self.removed = False
@@ -233,20 +236,19 @@ class _Link:
         self._last_failure = ""
 
     def send(self, messages: Sequence[Message]) -> None:
-        writer = self.writer
-        if writer is None or writer.is_closing():
+        wire = self._wire
+        if wire is None or wire.is_closing():
             self.dropped += len(messages)
             return
         limit = self.transport.replication_buffer_max
-        if (self.channel == CHANNEL_REPLICATION
-                and writer.transport.get_write_buffer_size() > limit):
+        if self.channel == CHANNEL_REPLICATION and wire.get_write_buffer_size() > limit:
             self.dropped += len(messages)
             return
         frames = [encode_frame(p, compress_threshold=self.compress_threshold)
                   for p in encode_batches(messages, FRAME_PAYLOAD_BYTES,
                                           self.transport.stamp)]
         data = frames[0] if len(frames) == 1 else b"".join(frames)
-        writer.write(data)
+        wire.write(data)
         self.frames += len(frames)
         self.bytes += len(data)
 
@@ -323,7 +325,7 @@ class _Link:
             if self.removed:  # dropped during the handshake
                 writer.transport.abort()
                 return
-            self.writer = writer
+            self.writer, self._wire = writer, writer.transport
             self.connects += 1
             started = loop.time()
             try:
@@ -333,7 +335,7 @@ class _Link:
             except (OSError, asyncio.IncompleteReadError):
                 pass
             finally:
-                self.writer = None
+                self.writer = self._wire = None
                 writer.close()
                 with contextlib.suppress(OSError, asyncio.CancelledError):
                     await writer.wait_closed()
@@ -350,7 +352,7 @@ class _Link:
         """The peer left: stop dialling, and abort the socket with whatever is
         still buffered for it (a removed node gets nothing more)."""
         self.removed = True
-        writer, self.writer = self.writer, None
+        writer, self.writer, self._wire = self.writer, None, None
         if writer is not None:
             writer.transport.abort()
         if self.task is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from dledger.messages import AppendRequest, Heartbeat
+from dledger.messages import AppendRequest, AppendResponse, Heartbeat
 from dledger.runtime.codec import MAX_TERM_OR_INDEX, CodecError, decode_batch
 
 MAX = 1 << 20
@@ -82,3 +82,22 @@ def test_entries_may_not_run_past_the_largest_index() -> None:
 def test_entry_kind_must_fit_a_byte(kind: int) -> None:
     with pytest.raises(CodecError):
         decode_batch(msgpack.packb([6, 1, 2, 3, 0, 0, 0, 0, [1, kind, 0, b""]]), MAX)
+
+
+def test_the_frequent_messages_take_node_ids_up_to_2_64_and_refuse_bools() -> None:
+    # Appends and their answers check their integers in one pass and fall
+    # back to the per-field checks when it fails: a node id above 2**63 is
+    # still accepted there, a bool where an integer (or an int where a bool)
+    # belongs is still refused.
+    big = 2**64 - 1
+    (req,) = decode_batch(msgpack.packb([6, big, 2, 3, 0, 0, 0, 0, [1, 1, 0, b"x"]]), MAX)
+    assert isinstance(req, AppendRequest) and req.src == big and req.entries[0].data == b"x"
+    (resp,) = decode_batch(msgpack.packb([7, 1, big, 3, 0, True, 4, 0, 0]), MAX)
+    assert isinstance(resp, AppendResponse) and resp.dst == big and resp.index == 4
+    for bad in ([6, 1, 2, True, 0, 0, 0, 0, []],            # AppendRequest term
+                [6, 1, 2, 3, 0, 0, 0, 0, [1, True, 0, b""]],  # entry kind
+                [6, 1, 2, 3, 0, 0, 0, 0, [1, 1, False, b""]],  # entry position
+                [7, 1, 2, 3, 0, 1, 0, 0, 0],               # AppendResponse success
+                [7, 1, 2, 3, 0, True, True, 0, 0]):        # AppendResponse index
+        with pytest.raises(CodecError):
+            decode_batch(msgpack.packb(bad), MAX)
