@@ -542,7 +542,7 @@ class RaftNode:
             # self.applied < self._apply_limit(), without the call:
             or (self.applied < self.stable_index
                 and (self.applied < self.commit or self.bugs.apply_before_commit))
-            or log.has_unpersisted_snapshot()
+            or (log.unstable_snapshot is not None and log.has_unpersisted_snapshot())
         )
 
     def ready(self) -> Ready:

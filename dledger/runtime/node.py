@@ -1213,8 +1213,12 @@ class RaftGroupNode:
                 self._fail(exc)
             finally:
                 self._depth -= 1
+            # The loop stopped at a Ready it handed off, or when the core had
+            # none left: only the completions' callbacks can have made more.
+            completions = bool(self._completions)
             self._run_completions()
-            if self.failed is not None or (self._handoff is None and not core.has_ready()):
+            if self.failed is not None or (
+                    self._handoff is None and not (completions and core.has_ready())):
                 return
         self._wake.set()
 
@@ -1372,12 +1376,14 @@ class RaftGroupNode:
         self._sync_peers()
         if rd.messages:
             messages: Sequence[Message] = rd.messages
-            if any(isinstance(m, InstallSnapshot) for m in messages):
-                # Not sent as is: its files go first (see _begin_transfer).
-                for msg in messages:
-                    if isinstance(msg, InstallSnapshot):
-                        self._begin_transfer(msg)
-                messages = [m for m in messages if not isinstance(m, InstallSnapshot)]
+            for first in messages:
+                if isinstance(first, InstallSnapshot):
+                    # Not sent as is: its files go first (see _begin_transfer).
+                    for msg in messages:
+                        if isinstance(msg, InstallSnapshot):
+                            self._begin_transfer(msg)
+                    messages = [m for m in messages if not isinstance(m, InstallSnapshot)]
+                    break
             self._transport.send(messages)
 
     def _write(self, rd: Ready, sync_in_place: bool = False) -> list[Awaitable[Any]]:
