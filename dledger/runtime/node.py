@@ -1325,7 +1325,8 @@ class RaftGroupNode:
         # ends, so writing after sending would only delay that pass (on a
         # busy host the woken follower takes the sender's core).
         waits = self._write(rd)
-        invariant(not waits, "a Ready carried out at once had something to wait for")
+        if waits:
+            raise InvariantViolation("a Ready carried out at once had something to wait for")
         self._send_now(rd)
         self._finish(rd)
 

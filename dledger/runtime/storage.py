@@ -31,7 +31,7 @@ import commitlog
 from commitlog.errors import CorruptionError
 from commitlog.snapshot import META_FILE, SnapshotInfo, latest_snapshot
 from dledger.entry import Entry, HardState
-from dledger.log import invariant
+from dledger.log import InvariantViolation, invariant
 from dledger.membership import Membership, MembershipError, decode
 from dledger.storage import LogUnavailable, SnapshotMeta
 
@@ -160,8 +160,11 @@ class CommitLogStorage:
             return []
         first = entries[0].index
         log = self.log
-        invariant(first <= log.last_index + 1, f"gap: writing {first} after {log.last_index}")
-        if first <= log.last_index:
+        last = log.last_index
+        # Checked inline: the messages are built only when a check fails.
+        if first > last + 1:
+            raise InvariantViolation(f"gap: writing {first} after {last}")
+        if first <= last:
             invariant(first > commit, f"truncating committed entry {first} (commit {commit})")
             log.truncate_after(first - 1)
             self._cut_cache(first - 1)
