@@ -7,6 +7,7 @@ import random
 import pytest
 
 from dledger import (
+    ENTRY_HEADER_BYTES,
     Config,
     Entry,
     EntryKind,
@@ -21,6 +22,7 @@ from dledger import (
 from dledger.log import RaftLog
 from dledger.progress import Progress, ProgressState
 from dledger.quorum import quorum_index
+from dledger.storage import SnapshotMeta
 
 
 def test_placement_rule_rolls_over_segments() -> None:
@@ -74,6 +76,54 @@ def test_log_reads_across_stable_and_unstable() -> None:
     got = log.entries(2, 6, 1 << 20, 100)
     assert [e.index for e in got] == [2, 3, 4, 5]
     assert [e.index for e in log.entries(2, 6, 1 << 20, 2)] == [2, 3]
+
+
+def test_log_last_index_follows_every_change_of_offset_and_tail() -> None:
+    # RaftLog.last_index is a field (read a few dozen times per message), so
+    # every change of the log's offset or unstable tail must keep it at
+    # offset - 1 + len(unstable): appends that extend, replace an unstable
+    # suffix or cut into persisted entries, persisting (stable_to) and a
+    # restored snapshot.
+    rng = random.Random(18)
+    place = segment_placement(256)
+    storage = MemoryLogStorage()
+    log = RaftLog(storage, place)
+    commit, term = 0, 1
+    for step in range(3000):
+        op = rng.random()
+        if op < 0.45:
+            first = rng.randint(commit + 1, log.last_index + 1)
+            term += rng.random() < 0.2
+            before = first - 1
+            if log.snapshot is not None and before == log.snapshot.index:
+                end = log.snapshot.end_position
+            else:
+                end = log.entry(before).end_position if before else 0
+            entries = []
+            for index in range(first, first + rng.randint(1, 4)):
+                data = b"d" * rng.randint(0, 40)
+                position = place(end, ENTRY_HEADER_BYTES + len(data))
+                entries.append(Entry(index, term, EntryKind.MESSAGES, data, position))
+                end = position + ENTRY_HEADER_BYTES + len(data)
+            log.append(entries, commit)
+        elif op < 0.8:
+            handed = log.take_unpersisted()
+            if handed:
+                storage.truncate_after(handed[0].index - 1)
+                storage.append(list(handed))
+                log.stable_to(handed[-1].index, handed[-1].term)
+        elif op < 0.97:
+            commit = rng.randint(commit, min(log.last_index, log.offset - 1))
+        elif log.last_index > commit:
+            last = log.entry(log.last_index)
+            meta = SnapshotMeta(last.index + 5, last.term, last.end_position + 4096)
+            log.restore(meta)
+            storage.install(meta)
+            assert log.snapshot_persisted(meta)
+            commit = meta.index
+        assert log.last_index == log.offset - 1 + len(log.unstable), step
+        assert log.term_or_none(log.last_index + 1) is None
+        assert log.last_index == 0 or log.term_or_none(log.last_index) is not None
 
 
 def test_progress_window_and_stale_answers() -> None:
