@@ -174,10 +174,23 @@ def file_identity(path: str) -> tuple[int, int] | None:
 
 def _local_list(path: str) -> list[tuple[str, bool, int]]:
     try:
-        with os.scandir(local_path(path)) as it:
-            return sorted((e.name, e.is_dir(), 0 if e.is_dir() else e.stat().st_size) for e in it)
+        it = os.scandir(local_path(path))
     except (FileNotFoundError, NotADirectoryError):
         return []
+    found = []
+    with it:
+        for entry in it:
+            try:
+                is_dir = entry.is_dir()
+                size = 0 if is_dir else entry.stat().st_size
+            except FileNotFoundError:
+                # Gone since the directory was read: a live broker renames
+                # its temporary files into place and deletes old segments.
+                # It is not part of the listing; the whole directory used to
+                # read as empty ("replica directory ... missing or empty").
+                continue
+            found.append((entry.name, is_dir, size))
+    return sorted(found)
 
 
 LOCAL = Lister(_local_list)

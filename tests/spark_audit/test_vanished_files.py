@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from spark_audit import runs, tasks, window
 from spark_audit.audit import AuditOptions
 from spark_audit.engine import LocalEngine
-from spark_audit.inputs import FileInfo, View
+from spark_audit.inputs import LOCAL, FileInfo, View
 
 from . import scenarios
 from .replica_builder import write_snapshot
@@ -145,3 +146,30 @@ def test_read_file_reads_exactly_the_view(tmp_path: Path):
     past = FileInfo(1, 1, 1, str(path), "segment", 100, view=View(len(data), len(data) + 100))
     with pytest.raises(tasks.FileChangedError):
         tasks.read_file(past)
+
+
+def test_a_file_gone_while_its_directory_is_listed_leaves_the_rest_listed(tmp_path: Path):
+    # A live broker renames temporary files into place (its hard state, a
+    # checkpoint): one gone between the directory's read and its stat used
+    # to make the whole directory list as empty, and a scheduled night then
+    # refused the replica as "missing or empty".
+    (tmp_path / "commitlog").mkdir()
+    stop = threading.Event()
+
+    def broker() -> None:
+        n = 0
+        while not stop.is_set():
+            temporary = tmp_path / f"hardstate.{n % 64}.tmp"
+            temporary.write_bytes(b"x")
+            temporary.rename(tmp_path / "hardstate")
+            n += 1
+
+    writer = threading.Thread(target=broker)
+    writer.start()
+    try:
+        for _ in range(3000):
+            listed = {name for name, _, _ in LOCAL.children(str(tmp_path))}
+            assert "commitlog" in listed
+    finally:
+        stop.set()
+        writer.join()

@@ -149,7 +149,8 @@ def test_failed_nights_are_logged_and_sigterm_stops_the_service(
     assert proc.returncode == 0, "".join(lines)
     assert "cron '* * * * * *' (UTC), next night at" in lines[0]
     failed = [line for line in lines if "NOT RUN" in line]
-    assert all(f"no live cut: {dead}: the broker did not answer" in line for line in failed)
+    assert all(f"no live cut: {dead}: the broker did not answer" in line for line in failed), \
+        "".join(lines)
     assert "audit-schedule: stopped after" in lines[-1]
 
 
