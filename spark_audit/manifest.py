@@ -40,6 +40,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ledgermq.base.audit_night import NAME, strict_json
+from ledgermq.base.small_file import NotReadable, read_small_file
 from spark_audit import digest
 
 FORMAT: Literal[1] = 1
@@ -168,13 +169,16 @@ def load(state_dir: str, group: str, key: bytes | None = None) -> Manifest | Non
     cannot be believed (``key``: the manifest key it must be sealed with)."""
     path = path_of(state_dir, group)
     try:
-        if os.path.getsize(path) > MAX_FILE_BYTES:
-            raise ManifestError(f"manifest {path}: larger than {MAX_FILE_BYTES} bytes")
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        os.stat(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
+        raise ManifestError(f"manifest {path}: cannot be read: {exc}") from None
+    try:
+        # A regular file, read up to the bound: a manifest replaced by a link
+        # to /dev/zero or by a FIFO is refused, not read for ever.
+        raw = read_small_file(path, MAX_FILE_BYTES)
+    except NotReadable as exc:
         raise ManifestError(f"manifest {path}: cannot be read: {exc}") from None
     try:
         doc = strict_json(raw)

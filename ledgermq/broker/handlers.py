@@ -11,11 +11,12 @@ send_handler.py; the checks all handlers share are in request_checks.py.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
 from commitlog import tag_hash
-from commitlog.message import valid_topic
+from commitlog.message import valid_group, valid_topic
 from consumequeue import Unit
 from ledgermq.base.clock import monotonic_ms
 from ledgermq.base.codes import RequestCode
@@ -26,7 +27,15 @@ from ledgermq.base.errors import (
     OffsetOutOfRangeError,
     ServiceUnavailableError,
 )
-from ledgermq.broker.acl import AclError, Action, User, parse_grants, perm_name, valid_access_key
+from ledgermq.broker.acl import (
+    ANY_NAME,
+    AclError,
+    Action,
+    User,
+    parse_grants,
+    perm_name,
+    valid_access_key,
+)
 from ledgermq.broker.codec import (
     client_id_field,
     commit_offsets_body,
@@ -56,6 +65,18 @@ from ledgermq.wire import Connection, Handler
 
 PULL_BYTES_MAX = 4 << 20
 FILTER_SCAN_MAX = 2048
+
+
+def _check_joinable(groups: Mapping[str, object]) -> None:
+    """A grant on a group no consumer can join is refused here, where an
+    administrator asks for it. The state machine's own rule (`acl.valid_group`)
+    also takes '.', and stays as it is: entries and snapshots written under
+    it must replay to the same users."""
+    for name in groups:
+        if name != ANY_NAME and not valid_group(name):
+            raise InvalidRequestError(
+                f"group {name[:300]!r}: no consumer can join a group of that name"
+                " (1-255 characters of [A-Za-z0-9_%|-])", data={"group": name[:300]})
 
 
 class Handlers(RequestChecks):
@@ -294,9 +315,10 @@ class Handlers(RequestChecks):
         record = {k: body[k] for k in ("access_key", "secret", "admin", "allow", "topics",
                                        "groups") if k in body}
         try:
-            User.from_record(record, secret=known.secret if known else None)
+            user = User.from_record(record, secret=known.secret if known else None)
         except AclError as exc:
             raise InvalidRequestError(str(exc)) from None
+        _check_joinable(user.groups)
         self.b.require_writable()
         await self._propose_control(acl_user_put(record))
         return {"user": self._public_user(key), "created": known is None}
@@ -328,6 +350,7 @@ class Handlers(RequestChecks):
             raise InvalidRequestError(str(exc)) from None
         if not parsed_topics and not parsed_groups:
             raise InvalidRequestError("nothing to grant: give 'topics' and/or 'groups'")
+        _check_joinable(parsed_groups)
         self.b.require_writable()
         await self._propose_control(acl_grant(
             key, {k: perm_name(v) for k, v in parsed_topics.items()},

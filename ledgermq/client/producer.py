@@ -68,7 +68,13 @@ from ledgermq.base.errors import (
 from ledgermq.base.message_record import encode_properties
 from ledgermq.client.coalesce import UNLIMITED_INFLIGHT, Outcome, SendCoalescer
 from ledgermq.client.model import Message, MessageQueue, SendResult, stored_result
-from ledgermq.client.records import HEAD, HEAD_SIZE, SEQUENCE_AT, check_lengths, encode_record
+from ledgermq.client.records import (
+    HEAD,
+    HEAD_SIZE,
+    SEQUENCE_AT,
+    check_tags_and_keys,
+    encode_record,
+)
 from ledgermq.client.routes import PERM_WRITE, RETRIABLE, Cluster, GroupRoute
 from ledgermq.wire.auth import Credentials
 
@@ -417,7 +423,7 @@ class Producer:
                             body = body.encode() if isinstance(body, str) else bytes(body)
                         tags = m.tags.encode()
                         keys = m.keys.encode()
-                        check_lengths(tags, keys)
+                        check_tags_and_keys(tags, keys)
                         props = encode_properties(m.properties) if m.properties else b""
                         size = fixed + len(tags) + len(keys) + len(props) + len(body)
                         append(_pack_head(size, queue_id, m.flag, 0, now, 0, pid, sequence, 0,

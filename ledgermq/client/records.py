@@ -28,19 +28,28 @@ SEQUENCE_AT = struct.calcsize("<IIIIqqQ")  # 40: where a head's sequence is
 Result = tuple[str | None, int | None, int | None, bool]
 
 
-def check_lengths(tags: bytes, keys: bytes) -> None:
+def check_tags_and_keys(tags: bytes, keys: bytes) -> None:
     """ValueError naming the field when tags or keys do not fit the record's
-    16-bit length (struct's own error named only its format)."""
+    16-bit length (struct's own error named only its format), or when the
+    tag holds '|': a subscription is a tag expression split on '||'
+    (`PushConsumer(tags="a||b")`), so no subscription could select a
+    message tagged "a||b" (RocketMQ's clients refuse '|' in a tag alike).
+    The broker stores any UTF-8 tag; the SDK refuses the mistake where it
+    is made."""
     for name, value in (("tags", tags), ("keys", keys)):
         if len(value) > 0xFFFF:
             raise ValueError(f"{name} must be shorter than 65536 bytes (UTF-8), got {len(value)}")
+    if b"|" in tags:
+        raise ValueError(f"tag {tags[:100].decode(errors='replace')!r} contains '|': a"
+                         " subscription's tag expression splits on '||', so none could"
+                         " select it")
 
 
 def encode_record(topic: bytes, queue_id: int, body: bytes, tags: bytes, keys: bytes,
                   host: bytes, props: bytes, flag: int, born_ms: int, producer_id: int,
                   sequence: int) -> bytes:
     """One record, store timestamp 0 (the broker's leader stamps it)."""
-    check_lengths(tags, keys)
+    check_tags_and_keys(tags, keys)
     size = HEAD_SIZE + len(topic) + len(tags) + len(keys) + len(host) + len(props) + len(body)
     return b"".join((_pack_head(size, queue_id, flag, 0, born_ms, 0, producer_id, sequence, 0,
                                 len(topic), len(tags), len(keys), len(host), len(props),

@@ -159,3 +159,26 @@ def test_a_manifest_without_exactly_one_seal_is_refused(tmp_path, seals) -> None
     for key in (None, KEY):
         with pytest.raises(ManifestError, match="not one seal"):
             manifest.load(str(tmp_path), "broker-a", key)
+
+
+def test_a_manifest_that_is_no_regular_file_is_refused_unread(tmp_path) -> None:
+    """A link to /dev/zero (which stat says is empty) or a FIFO (which would
+    block the reader) in the manifest's place is refused, naming the file."""
+    path = tmp_path / "manifest" / "broker-a.json"
+    path.parent.mkdir()
+    path.symlink_to("/dev/zero")
+    with pytest.raises(ManifestError, match=r"broker-a\.json: cannot be read: not a regular file"):
+        manifest.load(str(tmp_path), "broker-a")
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(ManifestError, match="not a regular file"):
+        manifest.load(str(tmp_path), "broker-a")
+
+
+def test_a_manifest_over_the_bound_is_refused(tmp_path, monkeypatch) -> None:
+    path = Path(manifest.save(str(tmp_path), sample()))
+    monkeypatch.setattr(manifest, "MAX_FILE_BYTES", path.stat().st_size - 1)
+    with pytest.raises(ManifestError, match="more than"):
+        manifest.load(str(tmp_path), "broker-a")
+    monkeypatch.setattr(manifest, "MAX_FILE_BYTES", path.stat().st_size)
+    assert manifest.load(str(tmp_path), "broker-a") == sample()

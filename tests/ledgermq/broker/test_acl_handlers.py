@@ -138,6 +138,12 @@ def test_acl_requests_over_the_wire_and_their_replay(tmp_path: Path) -> None:
                     (RequestCode.ACL_GRANT, {"access_key": "nobody", "topics": {"t": "PUB"}},
                      "no ACL user"),
                     (RequestCode.ACL_GRANT, {"access_key": "alice"}, "nothing to grant"),
+                    # A group no consumer could join: refused where it is asked for.
+                    (RequestCode.ACL_PUT_USER, {"access_key": "carol", "secret": SECRET,
+                                                "groups": {"g.h": "SUB"}},
+                     "'g.h': no consumer can join"),
+                    (RequestCode.ACL_GRANT, {"access_key": "alice", "groups": {"a.b": "SUB"}},
+                     "'a.b': no consumer can join"),
                     (RequestCode.ACL_REVOKE, {"access_key": "alice", "topics": "t"},
                      "lists of names"),
                     (RequestCode.ACL_DELETE_USER, {"access_key": "a b"}, "invalid access key"),

@@ -207,6 +207,14 @@ def test_user_records_are_validated() -> None:
     assert parse_perm("pub|sub") == Perm.PUB | Perm.SUB
 
 
+def test_a_recorded_grant_on_a_dotted_group_still_replays() -> None:
+    """The state machine's rule is unchanged (entries and snapshots written
+    under it replay to the same users); the request handlers refuse such a
+    grant instead (test_acl_handlers)."""
+    user = User.from_record({"access_key": "bob", "secret": SECRET, "groups": {"g.h": "SUB"}})
+    assert user.groups == {"g.h": Perm.SUB}
+
+
 def test_public_form_never_holds_the_secret() -> None:
     u = user(admin=True, allow=["10.0.0.1"], topics={"t": "SUB|PUB"}, groups={"*": "SUB"})
     assert u.to_public() == {"access_key": "alice", "admin": True, "allow": ["10.0.0.1/32"],

@@ -345,6 +345,16 @@ def test_unencodable_message_fails_without_disturbing_concurrent_sends() -> None
                 await producer.send("t", b"x", keys="k" * 100000)
             with pytest.raises(InvalidRequestError, match="keys must be shorter than 65536"):
                 await producer.send_batch("t", [b"ok", Message(b"b", keys="k" * 100000)])
+            # A tag no subscription could select ("a||b" is the expression
+            # for two tags), on the one-message path and in a batch; nothing
+            # of the refused request reaches the broker.
+            stored = len(broker.records)
+            with pytest.raises(InvalidRequestError, match=r"tag 'a\|\|b' contains '\|'"):
+                await producer.send("t", b"x", tags="a||b")
+            with pytest.raises(InvalidRequestError, match=r"contains '\|'"):
+                await producer.send_batch("t", [b"ok", Message(b"b", tags="x|")])
+            assert len(broker.records) == stored
+            assert (await producer.send("t", b"x", tags="a")).msg_id
         finally:
             await producer.close()
             await broker.close()
