@@ -16,12 +16,22 @@ from typing import Any
 import typer
 
 
+def _odd_group(nodes: int) -> int:
+    """A Raft group of 4 or 6 survives no more failed nodes than one of 3 or
+    5 and needs one more for each commit: the demo shows the sizes to run."""
+    if nodes % 2 == 0:
+        raise typer.BadParameter(f"{nodes}: an odd number (3, 5 or 7); a group of {nodes}"
+                                 f" survives no more failures than one of {nodes - 1}")
+    return nodes
+
+
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
         directory: str = typer.Option(None, "--dir", help="Data/log directory (default: temp)."),
         messages: int = typer.Option(2000, min=2, help="Messages to send in total."),
-        nodes: int = typer.Option(3, min=3, max=7, help="Nodes in the broker group."),
+        nodes: int = typer.Option(3, min=3, max=7, callback=_odd_group,
+                                  help="Nodes in the broker group: 3, 5 or 7."),
         replicate: str = typer.Option("sync", help="replicate: sync or async."),
         flush: str = typer.Option(
             "sync", help="flush: sync (fsync before the ack, the default) or async."),

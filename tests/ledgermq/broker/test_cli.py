@@ -45,6 +45,13 @@ def wait_gone(pids: list[int], timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
+def test_demo_refuses_an_even_group_before_starting_anything(tmp_path) -> None:
+    result = cli("demo", "--dir", str(tmp_path / "demo"), "--nodes", "4")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "an odd number (3, 5 or 7)" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "demo").exists()
+
+
 def test_demo_exits_zero_and_stops_its_children(tmp_path) -> None:
     result = cli("demo", "--dir", str(tmp_path / "demo"), "--messages", "600", timeout=150)
     assert result.returncode == 0, result.stdout + result.stderr
