@@ -22,6 +22,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise, repeat
+from operator import itemgetter
 from typing import Any, NamedTuple, cast, overload
 
 import msgpack
@@ -56,28 +57,59 @@ class Stored(NamedTuple):
     queue_offset: int
 
 
+# One applied entry's columns as the producers' dedup windows hold them: a
+# numpy object array of (base position, record starts, topics, topic ids,
+# queue ids, queue offsets). The cyclic collector never tracks a numpy
+# array, so a (columns, record) pair holds nothing it tracks and is
+# untracked at its first collection. A few producers' windows are tens of
+# thousands of pairs; while they held the AppliedRecords itself, each full
+# collection walked them all (6-10 ms pauses of the loop, docs/broker.md
+# "Snapshots and full collections off the tail"). A tuple would do only
+# once the collector had untracked it, which depends on the order it meets
+# the objects in. The columns hold no reference back: no cycle can form.
+EntryColumns = np.ndarray
+# Where a remembered message went: resolved, or (its entry's columns, record).
+Location = Stored | tuple[EntryColumns, int]
+
+
+def entry_columns(base: int, starts: np.ndarray, topics: Sequence[str], topic_ids: np.ndarray,
+                  queue_ids: np.ndarray, queue_offsets: np.ndarray) -> EntryColumns:
+    """The columns of one applied entry, as the dedup windows hold them."""
+    columns = np.empty(6, dtype=object)
+    # One element at a time: assigning the arrays as a slice would broadcast them.
+    columns[0], columns[1], columns[2] = base, starts, tuple(topics)
+    columns[3], columns[4], columns[5] = topic_ids, queue_ids, queue_offsets
+    return columns
+
+
+def stored_at(columns: EntryColumns, record: int) -> Stored:
+    """The location of record `record` of the entry `columns` describes."""
+    base, starts, topics, topic_ids, queue_ids, queue_offsets = columns
+    return Stored(base + int(starts[record]), topics[int(topic_ids[record])],
+                  int(queue_ids[record]), int(queue_offsets[record]))
+
+
 class AppliedRecords(Sequence[Stored]):
     """Where the messages of one applied entry went (records lo..hi-1), kept
     as columns: a `Stored` is made only for the records someone asks about
     (a reply needs a few, a duplicate lookup one)."""
 
-    __slots__ = ("base", "hi", "lo", "queue_ids", "queue_offsets", "starts", "topic_ids",
-                 "topics")
+    __slots__ = ("base", "columns", "hi", "lo", "queue_ids", "queue_offsets", "starts",
+                 "topic_ids", "topics")
 
     def __init__(self, base: int, starts: np.ndarray, topics: list[str],
                  topic_ids: np.ndarray, queue_ids: np.ndarray, queue_offsets: np.ndarray,
                  lo: int, hi: int) -> None:
         self.base, self.starts, self.topics, self.topic_ids = base, starts, topics, topic_ids
         self.queue_ids, self.queue_offsets, self.lo, self.hi = queue_ids, queue_offsets, lo, hi
+        self.columns = entry_columns(base, starts, topics, topic_ids, queue_ids, queue_offsets)
 
     def __len__(self) -> int:
         return self.hi - self.lo
 
     def stored(self, record: int) -> Stored:
         """The record'th record of the whole entry (ignoring lo)."""
-        return Stored(self.base + int(self.starts[record]),
-                      self.topics[int(self.topic_ids[record])],
-                      int(self.queue_ids[record]), int(self.queue_offsets[record]))
+        return stored_at(self.columns, record)
 
     def queue_offset(self, record: int) -> int:
         """`stored(record).queue_offset`, without the rest (a send's answer)."""
@@ -112,14 +144,14 @@ class _Producer:
     __slots__ = ("high", "order", "recent")
 
     def __init__(self) -> None:
-        # sequence -> Stored, or (AppliedRecords, record) made into one on lookup
-        self.recent: dict[int, Stored | tuple[AppliedRecords, int]] = {}
+        # sequence -> Stored, or (entry columns, record) made into one on lookup
+        self.recent: dict[int, Location] = {}
         self.order: deque[int] = deque()
         self.high = -1  # highest sequence ever recorded
 
 
 # (producer id, highest sequence, remembered sequences oldest first, where each went)
-ProducerCapture = tuple[int, int, list[int], list["Stored | tuple[AppliedRecords, int]"]]
+ProducerCapture = tuple[int, int, list[int], list[Location]]
 
 
 class ProducerTable:
@@ -184,13 +216,14 @@ class ProducerTable:
                 producer = self._touch(producer_id)
             else:
                 self._producers.move_to_end(producer_id)
-            producer.recent.update(zip(seqs, zip(repeat(applied), records, strict=False),
-                                       strict=True))
+            producer.recent.update(zip(seqs, zip(repeat(applied.columns), records,
+                                                 strict=False), strict=True))
             producer.order.extend(seqs)
             producer.high = seqs[-1]
             self._evict(producer)
             return
-        self.record_many(producer_id, [(seq, (applied, k))  # type: ignore[misc]
+        columns = applied.columns
+        self.record_many(producer_id, [(seq, (columns, k))  # type: ignore[misc]
                                        for seq, k in zip(seqs, records, strict=True)])
 
     def _touch(self, producer_id: int) -> _Producer:
@@ -239,11 +272,11 @@ class ProducerTable:
             return False, None
         stored = producer.recent.get(sequence)
         if stored is not None:
-            # A plain tuple is (applied entry, record number); a Stored (a
+            # A plain tuple is (entry columns, record number); a Stored (a
             # NamedTuple) is already resolved. The type test is the fast one.
             if type(stored) is tuple:
-                applied, record = cast(tuple[AppliedRecords, int], stored)
-                return True, applied.stored(record)
+                columns, record = cast(tuple[EntryColumns, int], stored)
+                return True, stored_at(columns, record)
             return True, cast(Stored, stored)
         order = producer.order
         if len(order) >= self.window and order and sequence < order[0]:
@@ -545,6 +578,7 @@ class BrokerState:
 SNAPSHOT_FORMAT = "ledgermq.broker.state"
 SNAPSHOT_VERSION = 1
 _I8, _I4 = np.dtype("<i8"), np.dtype("<i4")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 _ZSTD_LEVEL = 3  # the state is small next to the log; speed over ratio
 
 
@@ -594,42 +628,53 @@ class StateCapture:
         return data
 
 
-def _producer_columns(seqs: list[int], locations: list[Stored | tuple[AppliedRecords, int]],
+def _producer_columns(seqs: list[int], locations: list[Location],
                       names: dict[str, int]) -> list[bytes]:
     """One producer's remembered sequences and their locations as five
     little-endian columns (sequence, physical offset, topic number in `names`,
-    queue id, queue offset). Locations still held as (applied entry, record)
-    are resolved a run of one entry at a time, not record by record."""
+    queue id, queue offset). Locations still held as (entry columns, record)
+    are resolved a run of one entry at a time, not record by record.
+
+    The runs are found without a Python step per record: the encode runs on
+    a thread but holds the GIL, and with a few producers' windows (4,096
+    each) a loop per record took 60-100 ms, which the event loop waited
+    out in switch intervals (docs/broker.md, "Snapshots off the tail")."""
     n = len(seqs)
     phys, qoffs = np.empty(n, _I8), np.empty(n, _I8)
     tids, qids = np.empty(n, _I4), np.empty(n, _I4)
-    i = 0
-    while i < n:
+    # A run is a stretch of locations with the same first item: one entry's
+    # columns for (columns, record) pairs; a Stored's first item is an int,
+    # never an entry's columns, and Stored are taken one by one.
+    owners = np.fromiter(map(id, map(_FIRST, locations)), np.uint64, n)
+    bounds = [0, *(np.flatnonzero(owners[1:] != owners[:-1]) + 1).tolist(), n] if n else [0]
+    records_of: list[int] | None = None
+    for i, j in pairwise(bounds):
         location = locations[i]
         if type(location) is tuple:
-            applied = cast(tuple[AppliedRecords, int], location)[0]
-            j = i + 1
-            while j < n and type(locations[j]) is tuple and locations[j][0] is applied:
-                j += 1
-            records = np.fromiter((cast(tuple[AppliedRecords, int], locations[m])[1]
-                                   for m in range(i, j)), np.int64, j - i)
-            ids = applied.topic_ids[records]
+            base, starts, topics, topic_ids, queue_ids, queue_offsets = cast(
+                tuple[EntryColumns, int], location)[0]
+            if records_of is None:
+                records_of = list(map(_SECOND, locations))
+            records = np.array(records_of[i:j], np.int64)
             # Topics numbered in order of first use, as the one-by-one path
             # below does, so the same state always encodes to the same bytes.
-            local = np.zeros(len(applied.topics), _I4)
-            used, first = np.unique(ids, return_index=True)
-            for t in used[np.argsort(first)].tolist():
-                local[t] = names.setdefault(applied.topics[t], len(names))
-            phys[i:j] = applied.base + applied.starts[records]
-            tids[i:j] = local[ids]
-            qids[i:j] = applied.queue_ids[records]
-            qoffs[i:j] = applied.queue_offsets[records]
-            i = j
-        else:
-            stored = cast(Stored, location)
-            phys[i], qids[i], qoffs[i] = stored.physical_offset, stored.queue_id, \
+            if len(topics) == 1:  # the usual entry: one topic
+                tids[i:j] = names.setdefault(topics[0], len(names))
+            else:
+                ids = topic_ids[records]
+                local = np.zeros(len(topics), _I4)
+                used, first = np.unique(ids, return_index=True)
+                for t in used[np.argsort(first)].tolist():
+                    local[t] = names.setdefault(topics[t], len(names))
+                tids[i:j] = local[ids]
+            phys[i:j] = base + starts[records]
+            qids[i:j] = queue_ids[records]
+            qoffs[i:j] = queue_offsets[records]
+            continue
+        for k in range(i, j):
+            stored = cast(Stored, locations[k])
+            phys[k], qids[k], qoffs[k] = stored.physical_offset, stored.queue_id, \
                 stored.queue_offset
-            tids[i] = names.setdefault(stored.topic, len(names))
-            i += 1
+            tids[k] = names.setdefault(stored.topic, len(names))
     return [np.array(seqs, _I8).tobytes(), phys.tobytes(), tids.tobytes(), qids.tobytes(),
             qoffs.tobytes()]

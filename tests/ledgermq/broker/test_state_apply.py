@@ -3,6 +3,7 @@ scan's `rows`) gives the state and ConsumeQueue units the numpy path gives."""
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -98,3 +99,40 @@ def test_dispatch_of_small_and_large_entries_writes_the_same_queues(tmp_path: Pa
     for store, log in stores:
         store.close()
         log.close()
+
+
+def test_remembered_locations_leave_the_cyclic_collectors_walk() -> None:
+    """The producers' dedup windows hold tens of thousands of locations; once
+    collected, none of them (nor the entry columns they share) is tracked by
+    the cyclic collector, so a full collection does not walk them. Lookups
+    and the snapshot still resolve every one."""
+    state = BrokerState()
+    position, entry_index = 0, 0
+    for index in range(1, 41):
+        # Per entry: 50 records of producer 7 (numpy path), then 3 of
+        # producers 7 and 9 (rows path), interleaved.
+        messages = [Message(topic="t", body=b"x", queue_id=k % 3, producer_id=7,
+                            sequence=index * 100 + k) for k in range(50)]
+        mixed = [Message(topic="u", body=b"y", queue_id=1, producer_id=p,
+                         sequence=index * 100 + 60 + k) for k, p in enumerate((9, 7, 9))]
+        for batch in (messages, mixed):
+            body = encode_messages(batch, 1 << 20)
+            entry_index += 1
+            entry = Entry(entry_index, 1, KIND_MESSAGES, position, body)
+            position += HEADER_SIZE + len(body)
+            state.apply(entry, scan_body(body))
+    # One collection (of the youngest generation, where the latest pairs
+    # are) untracks every pair, whatever order the collector meets them in.
+    gc.collect(0)
+    windows = [p.recent for p in state.producers._producers.values()]
+    assert sum(map(len, windows)) == 40 * 53
+    tracked = [loc for recent in windows for loc in recent.values() if gc.is_tracked(loc)]
+    assert tracked == []
+    stored = state.producers.lookup(7, 3_149)  # entry 31, record 49
+    assert stored[0] and stored[1] is not None and stored[1].topic == "t"
+    assert stored[1].queue_id == 49 % 3
+    assert state.producers.lookup(9, 1_062)[1].topic == "u"  # type: ignore[union-attr]
+    restored = BrokerState.from_snapshot(state.to_snapshot())
+    for producer_id, sequence in ((7, 3_149), (9, 1_062), (7, 4_061)):
+        assert restored.producers.lookup(producer_id, sequence) == \
+            state.producers.lookup(producer_id, sequence)
