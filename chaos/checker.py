@@ -47,6 +47,10 @@ Categories (counts and the first examples of each are in the result):
   was invoked and by every read) or length differs. A violation: the broker
   served bytes nobody sent under that identity.
 - `unknown`: sends whose outcome is unknown; never counted as lost.
+- `orphan_completion`: a send's completion (ok, fail or info) with no
+  invoke open on its process. The history is inconsistent (a harness bug,
+  or an edited file): such an acknowledgement pairs with no send, so the
+  checker cannot judge it, and says so. A violation.
 
 Retention (a run with `retention=True`): a reader that asks for an offset
 retention has deleted is answered "moved forward" and continues at the
@@ -69,8 +73,9 @@ queue's first retained offset; the workload records each such jump as a
   (nothing may be deleted there). A violation; nothing is excused then.
 
 valid = no lost, unexpected, phantom, duplicated, inconsistent, skipped,
-order, misplaced_ack or body_mismatch anomaly (Jepsen's total-queue validity
-plus the offset, placement and body checks, and no moved answer in a run
+order, misplaced_ack, body_mismatch or orphan_completion anomaly (Jepsen's
+total-queue validity plus the offset, placement and body checks, a history
+whose every completion has its invoke, and no moved answer in a run
 without retention).
 """
 
@@ -87,7 +92,7 @@ from chaos.moved import Ack, Move, MovedRanges, OffsetBounds, expiry, moves_of
 EXAMPLES = 10
 VIOLATIONS = ("lost", "unexpected", "phantom", "duplicated", "inconsistent_offsets",
               "skipped_offsets", "order", "misplaced_ack", "body_mismatch",
-              "moved_without_retention")
+              "moved_without_retention", "orphan_completion")
 INFO = ("lost_after_consumed", "backward_offsets", "recovered", "redelivered",
         "retry_duplicated", "rebalance_resets", "unknown", "expired", "expired_unknown",
         "moved_forward")
@@ -154,7 +159,8 @@ def check(ops: Sequence[Op], *, strict_idempotence: bool = False,
     acked_at: dict[int, tuple[QueueKey, int]] = {}  # value -> where its ack said it landed
     acks: dict[int, tuple[QueueKey | None, int, int]] = {}  # value -> (queue, invoke, done)
     by_identity: dict[tuple[int, int], dict[str, Any]] = {}  # (producer, sequence) -> send
-    for invoke, done in pairs(op for op in client_ops if op.f == "send"):
+    orphans: list[Op] = []
+    for invoke, done in pairs((op for op in client_ops if op.f == "send"), orphans):
         value = _value(invoke.value["value"])
         attempted[value] = invoke.value
         kind = done.type if done is not None else "info"
@@ -174,6 +180,10 @@ def check(ops: Sequence[Op], *, strict_idempotence: bool = False,
             if key is not None:
                 acked_order[(done_value.get("producer_id", invoke.process), key)].append(
                     (done.index, value))
+
+    for op in orphans:
+        out.add("orphan_completion", {"process": op.process, "type": op.type,
+                                      "index": op.index, "value": op.value})
 
     # --- reads
     seen: list[Seen] = []

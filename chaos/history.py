@@ -131,11 +131,14 @@ def iter_history(path: str | Path) -> Iterator[Op]:
         yield Op.from_json(raw)
 
 
-def pairs(ops: Iterable[Op]) -> Iterator[tuple[Op, Op | None]]:
+def pairs(ops: Iterable[Op], orphans: list[Op] | None = None
+          ) -> Iterator[tuple[Op, Op | None]]:
     """Each invoke with its completion by the same process (None if it never completed).
 
     Client processes run one operation at a time, so an invoke's completion is
-    the next op of that process.
+    the next op of that process. A completion with no invoke open on its
+    process pairs with nothing; it goes to `orphans` (when given), so that a
+    checker can say the history is inconsistent rather than drop it.
     """
     open_ops: dict[int | str, Op] = {}
     order: list[Op] = []
@@ -149,5 +152,7 @@ def pairs(ops: Iterable[Op]) -> Iterator[tuple[Op, Op | None]]:
         elif op.process in open_ops:
             invoke = open_ops.pop(op.process)
             done[id(invoke)] = op
+        elif orphans is not None:
+            orphans.append(op)
     for invoke in order:
         yield invoke, done.get(id(invoke))

@@ -171,3 +171,21 @@ def test_a_read_body_must_be_the_body_sent_under_that_identity() -> None:
     b.send(1, 95, queue=0, offset=3, producer=7, body_crc=0xAAAA)
     b.poll(10, [(95, 0, 3)], identity={95: (7, 95)})
     assert check(b.ops)["valid"]
+
+
+def test_a_completion_without_its_invoke_makes_the_history_invalid() -> None:
+    """An acknowledgement that pairs with no send cannot be judged: the
+    checker says the history is inconsistent instead of dropping it."""
+    b = clean()
+    b.h.record(3, "ok", "send", {"topic": "t", "value": 88, "group": "g", "queue": 0,
+                                 "offset": 9})
+    result = check(b.ops)
+    assert not result["valid"] and result["bad_kinds"] == ["orphan_completion"]
+    assert result["examples"]["orphan_completion"][0]["value"]["value"] == 88
+    # A second completion of one invoke is an orphan too.
+    b = clean()
+    b.send(1, 40, queue=0, offset=3)
+    b.h.record(1, "ok", "send", {"topic": "t", "value": 40, "group": "g", "queue": 0,
+                                 "offset": 3})
+    b.poll(10, [(40, 0, 3)])
+    assert check(b.ops)["bad_kinds"] == ["orphan_completion"]
