@@ -638,7 +638,8 @@ def _producer_columns(seqs: list[int], locations: list[Location],
     The runs are found without a Python step per record: the encode runs on
     a thread but holds the GIL, and with a few producers' windows (4,096
     each) a loop per record took 60-100 ms, which the event loop waited
-    out in switch intervals (docs/broker.md, "Snapshots off the tail")."""
+    out in switch intervals (docs/broker.md, "Snapshots and full collections
+    off the tail")."""
     n = len(seqs)
     phys, qoffs = np.empty(n, _I8), np.empty(n, _I8)
     tids, qids = np.empty(n, _I4), np.empty(n, _I4)
