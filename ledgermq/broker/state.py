@@ -248,7 +248,7 @@ class ProducerTable:
         return [(pid, p.high, list(p.order), list(map(p.recent.__getitem__, p.order)))
                 for pid, p in self._producers.items()]
 
-    def restore(self, producers: list[tuple[int, int, list[tuple[int, Stored]]]]) -> None:
+    def restore(self, producers: list[tuple[int, int, list[tuple[int, Location]]]]) -> None:
         """Replace the table's content with (producer id, high, [(sequence,
         location)] oldest first) per producer, least recently written first
         (what `capture` took, resolved). This table's own bounds apply."""
@@ -564,14 +564,26 @@ class BrokerState:
         for record in doc["acl_users"]:
             self.acl.put(User.from_record(record))
         names = doc["producer_topics"]
-        producers = []
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError("producer_topics is not a list of names")
+        producers: list[tuple[int, int, list[tuple[int, Location]]]] = []
         for pid, high, seqs, phys, tids, qids, qoffs in doc["producers"]:
-            topics = [names[t] for t in np.frombuffer(tids, _I4).tolist()]
-            locations = map(Stored, np.frombuffer(phys, _I8).tolist(), topics,
-                            np.frombuffer(qids, _I4).tolist(),
-                            np.frombuffer(qoffs, _I8).tolist())
-            producers.append((pid, high, list(zip(np.frombuffer(seqs, _I8).tolist(),
-                                                  locations, strict=True))))
+            sequences = np.frombuffer(seqs, _I8).tolist()
+            n = len(sequences)
+            topic_ids = np.frombuffer(tids, _I4)
+            rest = (np.frombuffer(phys, _I8), topic_ids, np.frombuffer(qids, _I4),
+                    np.frombuffer(qoffs, _I8))
+            if any(len(column) != n for column in rest):
+                raise ValueError(f"producer {pid}: {n} sequences but columns of other lengths")
+            if n and not 0 <= int(topic_ids.min()) <= int(topic_ids.max()) < len(names):
+                raise ValueError(f"producer {pid}: a topic number outside producer_topics")
+            # The window as the columns of one entry (its locations as they
+            # were encoded): no object per message, and nothing the cyclic
+            # collector walks (see `EntryColumns`).
+            columns = entry_columns(0, rest[0], names, *rest[1:])
+            window: list[tuple[int, Location]] = list(
+                zip(sequences, zip(repeat(columns), range(n)), strict=True))
+            producers.append((pid, high, window))
         self.producers.restore(producers)
 
 

@@ -9,6 +9,7 @@ start-up and a follower's snapshot install rely on.
 from __future__ import annotations
 
 import msgpack
+import numpy as np
 import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
@@ -156,6 +157,37 @@ def test_from_snapshot_refuses_what_it_cannot_read() -> None:
         BrokerState.from_snapshot(packed({k: v for k, v in doc.items() if k != "topics"}))
     with pytest.raises(SnapshotFormatError, match="malformed"):
         BrokerState.from_snapshot(packed({**doc, "acl_users": [{"access_key": "u"}]}))
+
+
+
+def test_a_snapshot_whose_producer_columns_disagree_is_refused() -> None:
+    """A producer's window is restored as columns read lazily: a topic number
+    outside the names, or columns of another length than the sequences, is
+    refused at restore, not found at some later lookup."""
+    state = BrokerState()
+    body = encode_messages([Message(topic="t", body=b"x", producer_id=7, sequence=s)
+                            for s in (1, 2, 3)], 1 << 20)
+    state.apply(Entry(1, 1, KIND_MESSAGES, 0, body))
+    doc = msgpack.unpackb(zstandard.ZstdDecompressor().decompress(state.to_snapshot()),
+                          raw=False)
+    cctx = zstandard.ZstdCompressor(write_content_size=True)
+
+    def with_producer(**columns: bytes) -> bytes:
+        pid, high, seqs, phys, tids, qids, qoffs = doc["producers"][0]
+        fields = {"seqs": seqs, "phys": phys, "tids": tids, "qids": qids, "qoffs": qoffs,
+                  **columns}
+        producer = [pid, high, *fields.values()]
+        return cctx.compress(msgpack.packb({**doc, "producers": [producer]}, use_bin_type=True))
+
+    assert BrokerState.from_snapshot(with_producer()).producers.lookup(7, 2)[1] is not None
+    with pytest.raises(SnapshotFormatError, match="topic number outside"):
+        BrokerState.from_snapshot(with_producer(tids=np.array([0, 1, 0], "<i4").tobytes()))
+    with pytest.raises(SnapshotFormatError, match="topic number outside"):
+        BrokerState.from_snapshot(with_producer(tids=np.array([0, -1, 0], "<i4").tobytes()))
+    with pytest.raises(SnapshotFormatError, match="columns of other lengths"):
+        BrokerState.from_snapshot(with_producer(qoffs=np.array([0, 1], "<i8").tobytes()))
+    with pytest.raises(SnapshotFormatError, match="malformed"):
+        BrokerState.from_snapshot(with_producer(phys=b"\x00" * 7))
 
 
 def test_topic_delete_forgets_the_topic_and_marks_its_messages_dead() -> None:
