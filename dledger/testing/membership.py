@@ -91,6 +91,7 @@ class MembershipHost(Protocol):
     paused_until: dict[int, int]
     now: int
     faults_active: bool
+    flush_async: bool
 
     def log(self, text: str) -> None: ...
 
@@ -197,8 +198,26 @@ class MembershipSim:
         now and as later plans remove them."""
         self.random_ops = False
         self.healed = True
+        # flush=async lets a crash take acknowledged entries, a removal's
+        # CONFIG entry among them: the group may then commit a configuration
+        # that still lists the node (seed 2098137257, 5 nodes: a removed
+        # voter elected leader later). Decommissioning a member would take a
+        # voter the group needs. Under flush=sync a committed removal stays.
+        current = self._newest_committed() if self.cluster.flush_async else None
         for n in sorted(self.removed):
+            if current is not None and n in current.node_ids:
+                self.removed.discard(n)
+                self.cluster.log(f"membership: removal of {n} lost, {n} stays a member")
+                continue
             self.cluster.decommission(n)
+
+    def _newest_committed(self) -> Membership | None:
+        """The committed configuration of the running node that knows the
+        most (highest term, then commit index); None with no node running."""
+        alive = self.cluster.alive()
+        if not alive:
+            return None
+        return max(alive, key=lambda node: (node.term, node.commit)).committed_membership
 
     def settled(self) -> bool:
         """No plan running or queued and every wiped node repaired."""
