@@ -10,7 +10,9 @@ one at a time with `RaftNode.propose_membership`:
 - remove a learner or a voter (never below three voters; removing the
   leader transfers leadership to a caught-up voter first, as the core
   refuses to remove itself); the removed node keeps running and sending
-  until the group is healed, then it is decommissioned;
+  until the group is healed, then it is decommissioned (under flush=async,
+  once the healed group's leader shows the removal stands: a crash may
+  have taken it);
 - replace a voter (add a learner, promote it, remove the old one);
 - grow 3 -> 5 and shrink 5 -> 3 voters, one voter per step;
 - wipe: a member loses its disk and restarts empty under a new data
@@ -165,6 +167,9 @@ class MembershipSim:
         self.plan: Plan | None = None
         # Nodes whose removal committed: they keep running until the heal.
         self.removed: set[int] = set()
+        # flush=async: removed nodes kept running at the heal until the healed
+        # group's leader shows whether their removal stands.
+        self.undecided: set[int] = set()
         # Wiped nodes not yet repaired (rejoined and promoted, or removed).
         self.awaiting_repair: set[int] = set()
         self._next_id = bootstrap_nodes + 1
@@ -198,30 +203,43 @@ class MembershipSim:
         now and as later plans remove them."""
         self.random_ops = False
         self.healed = True
-        # flush=async lets a crash take acknowledged entries, a removal's
-        # CONFIG entry among them: the group may then commit a configuration
-        # that still lists the node (seed 2098137257, 5 nodes: a removed
-        # voter elected leader later). Decommissioning a member would take a
-        # voter the group needs. Under flush=sync a committed removal stays.
-        current = self._newest_committed() if self.cluster.flush_async else None
+        if self.cluster.flush_async:
+            # flush=async lets a crash take acknowledged entries, a removal's
+            # CONFIG entry among them: the group may then commit a
+            # configuration that lists the node again, and decommissioning it
+            # would take a voter the group needs (seed 2098137257, 5 nodes: a
+            # removed voter elected leader later; seed 90121: the only quorum
+            # left needed a removed node). No node's view at the heal tells
+            # which removals stand (the one that knows most may itself have
+            # lost committed entries), so the healed group's leader decides:
+            # see `_settle_removals`. Under flush=sync a committed removal stays.
+            self.undecided = set(self.removed)
+            return
         for n in sorted(self.removed):
-            if current is not None and n in current.node_ids:
-                self.removed.discard(n)
-                self.cluster.log(f"membership: removal of {n} lost, {n} stays a member")
-                continue
             self.cluster.decommission(n)
 
-    def _newest_committed(self) -> Membership | None:
-        """The committed configuration of the running node that knows the
-        most (highest term, then commit index); None with no node running."""
-        alive = self.cluster.alive()
-        if not alive:
-            return None
-        return max(alive, key=lambda node: (node.term, node.commit)).committed_membership
+    def _settle_removals(self) -> None:
+        """flush=async, after the heal: once a leader has committed an entry of
+        its own term (so its committed configuration is the one every later
+        leader starts from) and has no change pending, a removed node it still
+        lists stays a member and the others are decommissioned."""
+        leader = self._leader()
+        if (leader is None or leader.membership_pending
+                or leader.log.term(leader.commit) != leader.term):
+            return
+        config = leader.committed_membership
+        for n in sorted(self.undecided):
+            if n in config.node_ids:
+                self.removed.discard(n)
+                self.cluster.log(f"membership: removal of {n} lost, {n} stays a member")
+            else:
+                self.cluster.decommission(n)
+        self.undecided.clear()
 
     def settled(self) -> bool:
         """No plan running or queued and every wiped node repaired."""
-        return self.plan is None and not self.queue and not self.awaiting_repair
+        return (self.plan is None and not self.queue and not self.awaiting_repair
+                and not self.undecided)
 
     # ----------------------------------------------------------------- plans
 
@@ -366,6 +384,8 @@ class MembershipSim:
 
     def _drive(self) -> None:
         cluster = self.cluster
+        if self.undecided:
+            self._settle_removals()
         if self.plan is None:
             if not self.queue or self.queue[0].not_before > cluster.now:
                 return
