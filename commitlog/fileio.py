@@ -48,7 +48,12 @@ class FileSystem(Protocol):
 
     def size(self, fd: int) -> int: ...
 
-    def replace(self, src: str, dst: str) -> None: ...
+    def replace(self, src: str, dst: str) -> None:
+        """Rename within one directory (the engine's only use): atomic, also
+        across a crash. Across directories see `disk.move_across`."""
+
+    def link(self, src: str, dst: str) -> None:
+        """A second name for `src`'s file; FileExistsError if `dst` exists."""
 
     def remove(self, path: str) -> None: ...
 
@@ -116,6 +121,7 @@ class OsFileSystem:
         self.drop_cache = _drop_cache
         self.size = _size
         self.replace = os.replace
+        self.link = os.link
         self.remove = os.remove
         self.listdir = os.listdir
         self.makedirs = _makedirs

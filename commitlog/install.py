@@ -16,8 +16,10 @@ its data directory. Installing them:
 
 Opening a log whose data directory holds the marker redoes steps 3 and 4
 (each is idempotent) and lets recovery re-verify everything and rebuild the
-index. Moving a segment is a rename from the staging directory into
-`commitlog/`, which file systems journal as one operation (ext4, xfs).
+index. A segment moves from the staging directory into `commitlog/` as a
+link, made durable before the staged name is removed: a rename across two
+directories is not one operation on every file system (ext4 without its
+journal writes the two directories back on their own).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from commitlog import fileio
 from commitlog.checkpoint import Checkpoint, write_checkpoint
 from commitlog.disk import (
     atomic_replace,
+    link_over,
     read_exact,
     sync_directory,
     sync_fd,
@@ -209,15 +212,19 @@ def move_in(data_dir: str, marker: InstallMarker) -> None:
             fileio.fs.remove(path)
             trace_cut(path, None)
     staged = set(fileio.fs.listdir(staged_dir)) if fileio.fs.isdir(staged_dir) else set()
+    # Linked in, made durable, only then unlinked from staging (as
+    # `disk.move_across`, one directory fsync per side): a cut at any moment
+    # leaves every segment under one name or both, and this step redoes.
+    moved = [file_name(base) for base, _ in marker.segments if file_name(base) in staged]
+    for name in moved:
+        link_over(os.path.join(staged_dir, name), os.path.join(segment_dir, name))
     for base, length in marker.segments:
-        name = file_name(base)
-        target = os.path.join(segment_dir, name)
-        if name in staged:
-            source = os.path.join(staged_dir, name)
-            fileio.fs.replace(source, target)
-            trace_cut(source, None)
-            trace_durable(target, length)  # fsynced before the marker was written
-        fd = fileio.fs.open(target, os.O_RDONLY | os.O_CLOEXEC)
+        target = os.path.join(segment_dir, file_name(base))
+        try:
+            fd = fileio.fs.open(target, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise CorruptionError(target, 0, "a segment the install marker names is neither "
+                                  "in commitlog/ nor staged") from None
         try:
             found = fileio.fs.size(fd)
         finally:
@@ -225,7 +232,13 @@ def move_in(data_dir: str, marker: InstallMarker) -> None:
         if found != length:
             raise CorruptionError(target, found, f"installed segment holds {found} bytes, "
                                   f"the install marker says {length}")
+        if file_name(base) in moved:
+            trace_durable(target, length)  # fsynced before the marker was written
     sync_directory(segment_dir)
+    for name in moved:
+        source = os.path.join(staged_dir, name)
+        fileio.fs.remove(source)
+        trace_cut(source, None)
     if staged:
         sync_directory(staged_dir)
     if fileio.fs.isdir(index_dir):

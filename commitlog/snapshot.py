@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from crc32c import crc32c
 
 from commitlog import fileio
-from commitlog.disk import atomic_replace, read_exact, sync_directory, sync_fd
+from commitlog.disk import atomic_replace, move_across, read_exact, sync_directory, sync_fd
 from commitlog.errors import CorruptionError, FormatVersionError, StorageError
 from commitlog.file_queue import file_name, is_file_name
 
@@ -366,9 +366,7 @@ def adopt_snapshot(data_dir: str, staged_state_path: str, index: int, term: int,
     info = _same(data_dir, index, term, end_position, size, crc, membership)
     if info is None:
         directory = _prepare_directory(data_dir, index)
-        fileio.fs.replace(staged_state_path, os.path.join(directory, STATE_FILE))
-        sync_directory(directory)
-        sync_directory(os.path.dirname(staged_state_path) or ".")
+        move_across(staged_state_path, os.path.join(directory, STATE_FILE))
         info = _commit_meta(directory, index, term, end_position, size, crc, created_ms,
                             membership)
     else:

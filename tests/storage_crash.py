@@ -34,19 +34,6 @@ class KillingFS(SimFileSystem):
         if self.budget is not None and self.calls > self.budget:
             raise Killed(f"killed at file-system call {self.calls}")
 
-    def replace(self, src: str, dst: str) -> None:
-        """A rename from one directory to another is one journal operation on
-        ext4 and xfs: after a power cut the file has one of its two names,
-        never none. (SimFileSystem keeps the two directories' halves apart.)
-        Modelled by making both directories' name operations durable at once,
-        which a real disk may always do too."""
-        self.tick()
-        super().replace(src, dst)
-        source, target = self._split(src)[0], self._split(dst)[0]
-        if source is not target:
-            for d in (source, target):
-                d.durable, d.pending = dict(d.entries), []
-
 
 def _ticking(name: str) -> Callable[..., Any]:
     original = getattr(SimFileSystem, name)
@@ -59,8 +46,12 @@ def _ticking(name: str) -> Callable[..., Any]:
     return method
 
 
+# `replace` and `link` keep SimFileSystem's model: a rename within one
+# directory is one operation, a name added to or removed from another
+# directory is that directory's own (the engine moves files across
+# directories by link, fsync, unlink: `commitlog.disk.move_across`).
 for _name in ("open", "pwrite", "write", "ftruncate", "fsync", "fdatasync", "remove", "makedirs",
-              "rmtree"):
+              "rmtree", "replace", "link"):
     setattr(KillingFS, _name, _ticking(_name))
 
 

@@ -63,7 +63,7 @@ from typing import ClassVar
 from crc32c import crc32c
 
 from commitlog import CommitLog, fileio
-from commitlog.disk import atomic_replace, read_exact, sync_fd
+from commitlog.disk import atomic_replace, move_across, read_exact, sync_fd
 from commitlog.file_queue import file_name
 from commitlog.snapshot import SnapshotInfo, adopt_snapshot, latest_snapshot, snapshot_path
 from dledger.messages import CHANNEL_REPLICATION, Message
@@ -716,7 +716,7 @@ def finish_interrupted_install(log: CommitLog) -> SnapshotInfo | None:
             # directory before its meta was written: take it back first.
             moved = os.path.join(snapshot_path(data_dir, m.index), STATE_FILE)
             if not _holds_state(m.state_path, m) and _holds_state(moved, m):
-                fileio.fs.replace(moved, m.state_path)
+                move_across(moved, m.state_path)
             if _holds_state(m.state_path, m):
                 adopted = adopt_snapshot(data_dir, m.state_path, m.index, m.snap_term,
                                          m.end_position, membership=m.membership)

@@ -346,7 +346,7 @@ def test_a_marker_naming_a_segment_that_is_nowhere_stops_the_open(tmp_path) -> N
         tuple((int(n), os.path.getsize(os.path.join(staged.directory, n))) for n in names))
     install_module.write_marker(node, marker)
     os.remove(os.path.join(staged.directory, names[-1]))
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(CorruptionError, match="neither in commitlog/ nor staged"):
         CommitLog.open(node, SMALL)
     assert os.path.exists(os.path.join(node, "INSTALL"))  # kept for the operator
     leader.close()

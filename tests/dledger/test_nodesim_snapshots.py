@@ -15,7 +15,9 @@ from dledger.testing.nodesim.compaction import compact
 from dledger.testing.nodesim.durability import check_commits
 from dledger.testing.nodesim.harness import Harness
 from dledger.testing.nodesim.world import Slot
+from ledgermq.broker.nodesim_apply import BrokerApplier
 from ledgermq.cli import app
+from ledgermq.cli.commands.sim_real_node import seed_options
 
 COMPACTION = NodeSimOptions(nodes=3, compaction=True, segment_size=4096)
 SEEDS = range(1, 41)
@@ -135,3 +137,17 @@ def test_an_early_snapshot_ack_still_leaves_after_the_install() -> None:
     h, _, _ = _stale_leader_meets_a_compacted_group(Bugs.only("ack_snapshot_before_persist"))
     assert h.violation is None, h.violation
     assert h.counts["installs"] == 1
+
+
+def test_an_install_cut_by_a_power_cut_keeps_every_segment() -> None:
+    """Found by this simulator (seed 7000190, 5 nodes): an install moved a
+    staged segment into commitlog/ by a rename across the two directories; a
+    power cut kept the staging directory's removal but not commitlog/'s new
+    name (a file system without a journal writes the two back on their own),
+    and the node could not restart: the segment the INSTALL marker names was
+    in neither. Segments now move by link, fsync, unlink."""
+    options = seed_options(7000190, NodeSimOptions(nodes=5, applier=BrokerApplier), 0.5, 0.3)
+    assert options.compaction
+    result = run_seed(7000190, options)
+    assert result.ok, result.violation
+    assert result.counts["installs"] > 0

@@ -14,8 +14,10 @@ What survives a power cut (`crash(prefix, rng)`):
   (a page not kept beyond the old end reads as zeros, as a hole).
 - *Names.* Creating, renaming and removing a name are operations of its
   directory, durable once the directory is fsynced; a crash keeps a seeded
-  prefix of a directory's unsynced operations (a rename is one operation: it
-  is never half done). Directories themselves are durable once made (the
+  prefix of a directory's unsynced operations (a rename within a directory
+  is one operation: it is never half done; a rename across directories is
+  two, one in each, kept or lost on their own, as on a file system without
+  a journal). Directories themselves are durable once made (the
   storage engine never fsyncs a directory's parent; real file systems journal
   mkdir within seconds; simulating that loss would only re-find this choice).
 - *A failed fsync* (EIO) drops the file's queued operations from the durable
@@ -405,11 +407,29 @@ class SimFileSystem:
             raise _oserror(errno.ENOENT, src)
         if sd is dd:
             self._name_op(sd, [(dname, inode), (sname, None)])
-        else:  # not used by the storage engine; two directories, two operations
+        else:
+            # Two directories, two operations, each kept or lost on its own
+            # (ext4 without a journal): the storage engine moves files
+            # across directories with `link` instead (`disk.move_across`).
             self._name_op(dd, [(dname, inode)])
             self._name_op(sd, [(sname, None)])
         if self.on_replace is not None:
             self.on_replace(dst)
+
+    def link(self, src: str, dst: str) -> None:
+        sd, sname, src = self._split(src)
+        dd, dname, dst = self._split(dst)
+        node = self._node(src)
+        if self._roll(node, "enospc_rename"):
+            raise _oserror(errno.ENOSPC, dst)
+        if self._roll(node, "eio_rename"):
+            raise _oserror(errno.EIO, dst)
+        inode = sd.entries.get(sname)
+        if inode is None:
+            raise _oserror(errno.ENOENT, src)
+        if dname in dd.entries:
+            raise _oserror(errno.EEXIST, dst)
+        self._name_op(dd, [(dname, inode)])
 
     def remove(self, path: str) -> None:
         d, name, path = self._split(path)
