@@ -138,8 +138,11 @@ async def _demo(console: Any, base: str, total: int, nodes: int, replicate: str,
         killed_at = time.monotonic()
         sending = asyncio.create_task(send_range(half, total))
         new_leader = await wait_leader(cluster, exclude=(leader,))
+        # Found by polling the nodes' status, so later than the election
+        # itself: the producer's first acknowledgement after the kill (the
+        # summary's failover_s) can come sooner.
         console.print(f"new leader: [bold]n{new_leader}[/bold] "
-                      f"(elected {time.monotonic() - killed_at:.2f} s after the kill)")
+                      f"(found by polling {time.monotonic() - killed_at:.2f} s after the kill)")
         ack_times = await sending
         failover = (min(ack_times) - killed_at) if ack_times else float("nan")
         complete = await consumed_all(60)
