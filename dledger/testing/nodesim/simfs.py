@@ -394,7 +394,10 @@ class SimFileSystem:
         _, inode = self._file(fd)
         return len(inode.data)
 
-    def replace(self, src: str, dst: str) -> None:
+    def _new_name(self, src: str, dst: str) -> tuple[_Dir, str, _Dir, str, _Inode]:
+        """What a rename or a link of `src` as `dst` works on: the source's
+        directory, name and inode, the target's directory and name (the
+        injected faults of a name operation drawn first)."""
         sd, sname, src = self._split(src)
         dd, dname, dst = self._split(dst)
         node = self._node(src)
@@ -405,6 +408,10 @@ class SimFileSystem:
         inode = sd.entries.get(sname)
         if inode is None:
             raise _oserror(errno.ENOENT, src)
+        return sd, sname, dd, dname, inode
+
+    def replace(self, src: str, dst: str) -> None:
+        sd, sname, dd, dname, inode = self._new_name(src, dst)
         if sd is dd:
             self._name_op(sd, [(dname, inode), (sname, None)])
         else:
@@ -414,19 +421,10 @@ class SimFileSystem:
             self._name_op(dd, [(dname, inode)])
             self._name_op(sd, [(sname, None)])
         if self.on_replace is not None:
-            self.on_replace(dst)
+            self.on_replace(os.path.normpath(dst))
 
     def link(self, src: str, dst: str) -> None:
-        sd, sname, src = self._split(src)
-        dd, dname, dst = self._split(dst)
-        node = self._node(src)
-        if self._roll(node, "enospc_rename"):
-            raise _oserror(errno.ENOSPC, dst)
-        if self._roll(node, "eio_rename"):
-            raise _oserror(errno.EIO, dst)
-        inode = sd.entries.get(sname)
-        if inode is None:
-            raise _oserror(errno.ENOENT, src)
+        _, _, dd, dname, inode = self._new_name(src, dst)
         if dname in dd.entries:
             raise _oserror(errno.EEXIST, dst)
         self._name_op(dd, [(dname, inode)])
