@@ -70,6 +70,8 @@ class SyncToken:
     generation: int
     # Synced bytes out of the page-cache tail, dropped after the sync.
     cached: list[CachedRange] = dataclasses.field(default_factory=list)
+    # Order among the syncs begun (`CommitLog.finish_sync` keeps it).
+    seq: int = 0
 
 
 @dataclass
@@ -109,6 +111,14 @@ class CommitLog:
         self.last_term = state.last_term
         self.end = state.end
         self._generation = 0
+        # Syncs begun and not finished (by `SyncToken.seq`), and what those
+        # finished before an earlier one reach: (index, end, term, generation).
+        # A sync covers only the files and the directory changes it took, so
+        # the durable point moves to its end only once every sync begun
+        # before it has finished too (finish_sync).
+        self._next_sync = 0
+        self._syncs_open: set[int] = set()
+        self._syncs_done: dict[int, tuple[int, int, int, int]] = {}
         # (generation after the cut, index kept): lets a waiter learn that the
         # entry it waits for was cut (and maybe replaced) meanwhile.
         self._truncations: list[tuple[int, int]] = []
@@ -475,8 +485,10 @@ class CommitLog:
     def begin_sync(self) -> SyncToken:
         """Collect what a sync must cover (call on the owning thread)."""
         fds, directory_dirty = self.segments.take_dirty()
+        seq, self._next_sync = self._next_sync, self._next_sync + 1
+        self._syncs_open.add(seq)
         return SyncToken(fds, directory_dirty, self.last_index, self.end, self.last_term,
-                         self._generation, self._take_uncached())
+                         self._generation, self._take_uncached(), seq)
 
     def _take_uncached(self) -> list[CachedRange]:
         """The synced bytes that fell out of the cached tail since the last
@@ -511,15 +523,29 @@ class CommitLog:
             drop_cached(token.cached, drop=token.generation == self._generation)
 
     def finish_sync(self, token: SyncToken, error: BaseException | None = None) -> None:
-        """Advance the durable point (call on the owning thread)."""
+        """Advance the durable point (call on the owning thread).
+
+        Only as far as every sync begun before this one has finished too: a
+        sync begun while an earlier one is still running (the synchronous
+        flush of a conflict repair while the Flusher's round is on its
+        thread) did not take the files and the directory entries that the
+        earlier one took, so its end is durable only once those are (the
+        real-node simulator, seed 7000784 on 5 nodes: a new segment's name
+        was still unsynced when the hard state claimed its first entry)."""
+        self._syncs_open.discard(token.seq)
         if error is not None:
             # A failed fsync may have dropped dirty pages: nothing written since
             # the last good sync can be trusted, so stop accepting writes.
             self.failed = error
             raise StorageError(f"fsync failed in {self.data_dir}: {error}") from error
-        if token.generation == self._generation and token.index > self.durable_index:
-            self.durable_index, self.durable_end, self.durable_term = (
-                token.index, token.end, token.term)
+        self._syncs_done[token.seq] = (token.index, token.end, token.term, token.generation)
+        oldest_open = min(self._syncs_open, default=None)
+        for seq in sorted(self._syncs_done):
+            if oldest_open is not None and seq > oldest_open:
+                break
+            index, end, term, generation = self._syncs_done.pop(seq)
+            if generation == self._generation and index > self.durable_index:
+                self.durable_index, self.durable_end, self.durable_term = index, end, term
 
     def flush(self) -> int:
         """Synchronously make everything written durable; returns durable_index."""

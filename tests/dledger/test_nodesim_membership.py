@@ -159,3 +159,16 @@ def test_recovery_stops_at_a_segment_after_one_holding_nothing(seed: int) -> Non
     result = run_seed(seed, seed_options(seed, NodeSimOptions(nodes=3, applier=BrokerApplier),
                                          0.5, 1.0))
     assert result.ok, result.violation
+
+
+def test_a_sync_that_ends_first_claims_nothing_an_earlier_one_holds() -> None:
+    """Found by this simulator (seed 7000784, 5 nodes, flush=async): a
+    conflict repair's flush ended while the Flusher's round, which had taken
+    the new segment's directory entry, was still on its thread; the durable
+    point moved anyway, and the hard state saved a commit index whose entry's
+    file name a power cut would still take. The durable point now waits for
+    every sync begun before (tests/commitlog/test_sync_order.py)."""
+    options = seed_options(7000784, NodeSimOptions(nodes=5, applier=BrokerApplier), 0.5, 0.3)
+    assert options.membership
+    result = run_seed(7000784, options)
+    assert result.ok, result.violation
