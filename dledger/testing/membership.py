@@ -237,7 +237,8 @@ class MembershipSim:
         self.undecided.clear()
 
     def settled(self) -> bool:
-        """No plan running or queued and every wiped node repaired."""
+        """No plan running or queued, every wiped node repaired and every
+        removal decided (flush=async, `_settle_removals`)."""
         return (self.plan is None and not self.queue and not self.awaiting_repair
                 and not self.undecided)
 
