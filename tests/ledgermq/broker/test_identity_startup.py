@@ -184,3 +184,15 @@ def test_a_wiped_directory_gets_a_new_directory_id(
     assert status["identity"]["how"] == "created"
     assert status["identity"]["directory_id"] != used_dir[1]["identity"]["directory_id"]
     assert status["term"] == 1  # it remembered nothing
+
+
+def test_a_log_damaged_before_its_durable_point_refuses_to_start_and_says_the_repair(
+        tmp_path: Path, copy: Path) -> None:
+    segments = sorted((copy / "commitlog").iterdir())
+    newest = segments[-1]
+    newest.write_bytes(newest.read_bytes()[:-10])  # a cut inside the last, durable entry
+    before = _tree(copy)
+    line = _refused(_config(tmp_path, copy))
+    assert line.startswith(f"broker: corrupt data in {newest} at offset ")
+    assert "refusing to start" in line and f"ledgermq node repair --data-dir {copy}" in line
+    assert _tree(copy) == before  # nothing cut or rewritten
