@@ -177,3 +177,18 @@ def test_a_sync_that_ends_first_claims_nothing_an_earlier_one_holds(
     assert options.membership
     result = run_seed(seed, options)
     assert result.ok, result.violation
+
+
+def test_a_commit_counted_with_a_configuration_no_append_carried_yet_is_legal() -> None:
+    """Found by this simulator (seed 7400664, 5 nodes, flush=sync): the
+    leader appended the removal of n5 ([1, 3, 4]) and, counting with it at
+    once (a configuration takes effect when appended), committed entries 41
+    and 42 held by 2 of those 3 voters, which is safe (any quorum of the old
+    [1, 3, 4, 5] meets any quorum of the new); a follower applied them before
+    any message had carried the removal, and the durability check, which
+    knew only the configurations that had left a leader, counted 2 of 4.
+    The check now knows every configuration a leader holds as it sends."""
+    options = seed_options(7400664, NodeSimOptions(nodes=5, applier=BrokerApplier), 0.5, 0.5)
+    assert options.membership
+    result = run_seed(7400664, options)
+    assert result.ok, result.violation

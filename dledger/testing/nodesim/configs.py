@@ -6,7 +6,9 @@ with; the harness fills it as things happen and never asks a node for it:
 - every CONFIG entry that any leader sent, by (index, term), decoded
   (`observe_entries`, from the AppendRequests the transports see: a
   committed entry reached a quorum of at least two voters, so it left its
-  leader in one);
+  leader in one), and every one a leader holds as it sends anything
+  (`note_appended`: a leader counts with a configuration once appended, so
+  it may commit earlier entries with it before any append carries it);
 - the committed configurations (`note_committed`, from the durability
   checks' record of committed terms and from compaction), checked in index
   order once every index up to them was seen committed (`advance`: a node
@@ -94,6 +96,13 @@ class ConfigBook:
             self.seen[key] = membership
             self._legitimise(membership)
         return None
+
+    def note_appended(self, index: int, term: int, membership: Membership) -> None:
+        """A leader holds CONFIG entry (index, term) in its log: it counts with
+        that configuration from now on, before any append carries it."""
+        if (index, term) not in self.seen:
+            self.seen[(index, term)] = membership
+            self._legitimise(membership)
 
     def note_committed(self, index: int, term: int) -> None:
         """Entry (index, term) is seen committed (flush=sync), on a node's log

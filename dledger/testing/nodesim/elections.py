@@ -58,6 +58,15 @@ def observe_elections(h: World, src: int, messages: Sequence[Message]) -> None:
         return
     term = core.term
     pending = [i for i, _ in core.configs.items() if i > core.commit]
+    # Counted with from its append on: it may commit earlier entries before
+    # any message carries it (seed 7400664: entry 42 committed by 2 of the 3
+    # voters of a removal no follower had received yet), and the durability
+    # checks must know it before a follower applies those entries.
+    for index, membership in core.configs.items():
+        if index > core.commit:
+            appended_term = core.log.term_or_none(index)
+            if appended_term is not None:
+                book.note_appended(index, appended_term, membership)
     if len(pending) > 1 and any(core.log.term_or_none(i) == term for i in pending):
         # (Entries of earlier terms above a restarted leader's commit index
         # may all be committed already: its saved commit index lags.)
