@@ -14,10 +14,13 @@ durable.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from storage_support import SMALL, fill
 
 from commitlog import CommitLog, fileio
+from commitlog.log import SyncToken
 from dledger.testing.nodesim.simfs import NO_FAULTS, SimFileSystem
 
 NODE = "/sim/n1"
@@ -37,62 +40,57 @@ def durable_through(fs: SimFileSystem, log: CommitLog) -> int:
     return index
 
 
-def sim_fs() -> SimFileSystem:
+@contextmanager
+def sim_log() -> Iterator[tuple[SimFileSystem, CommitLog]]:
+    """A log on the simulator's file system, closed at the end."""
     fs = SimFileSystem(random.Random(1))
     fs.makedirs(NODE)
     fs.set_faults(NODE, NO_FAULTS)
-    return fs
+    with fileio.use(fs):
+        log = CommitLog.open(NODE, SMALL)
+        yield fs, log
+
+
+def synced(log: CommitLog, token: SyncToken) -> None:
+    log.run_sync(token)
+    log.finish_sync(token)
 
 
 def test_a_sync_that_ends_first_waits_for_the_one_begun_before_it() -> None:
-    fs = sim_fs()
-    with fileio.use(fs):
-        log = CommitLog.open(NODE, SMALL)
+    with sim_log() as (fs, log):
         fill(log, 10)  # more than one segment: two files and a new name
         assert len(log.segments.bases) > 1
         first = log.begin_sync()  # the Flusher's round: every file, the directory
         fill(log, 3)
         second = log.begin_sync()  # only the last segment's new bytes
         assert not second.directory_dirty
-        log.run_sync(second)
-        log.finish_sync(second)
+        synced(log, second)
         # Before: durable_index == second.index, with the first segment's
         # bytes and the second's name not yet synced.
         assert log.durable_index == 0
         assert durable_through(fs, log) < second.index
-        log.run_sync(first)
-        log.finish_sync(first)
+        synced(log, first)
         assert log.durable_index == second.index == durable_through(fs, log)
-        log.close()
 
 
 def test_a_conflict_repair_during_a_round_claims_only_what_is_durable() -> None:
-    fs = sim_fs()
-    with fileio.use(fs):
-        log = CommitLog.open(NODE, SMALL)
+    with sim_log() as (fs, log):
         fill(log, 6)
         round_token = log.begin_sync()  # in flight on the Flusher's thread
         fill(log, 4)
         log.truncate_after(8)  # its flush ends before the round's
         assert log.durable_index <= durable_through(fs, log)
         fill(log, 2, term=2)
-        log.run_sync(round_token)
-        log.finish_sync(round_token)  # older than the cut: says nothing itself
+        synced(log, round_token)  # older than the cut: says nothing itself
         # The cut's own flush, held until the round ended (an fsync covers
         # what the file holds when it runs, so more may be durable).
         assert log.durable_index == 8 <= durable_through(fs, log)
         log.flush()
         assert log.durable_index == log.last_index == durable_through(fs, log)
-        log.close()
 
 
 def test_syncs_finished_in_order_move_the_point_at_once() -> None:
-    fs = sim_fs()
-    with fileio.use(fs):
-        log = CommitLog.open(NODE, SMALL)
+    with sim_log() as (fs, log):
         fill(log, 3)
-        token = log.begin_sync()
-        log.run_sync(token)
-        log.finish_sync(token)
+        synced(log, log.begin_sync())
         assert log.durable_index == 3 == durable_through(fs, log)
-        log.close()
