@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from commitlog.disk import DirtyFile, sync_and_close
+from commitlog.disk import DirtyFile, sync_and_close, sync_directory
 from commitlog.errors import DiskFullError
 from commitlog.file_queue import FileQueue
 
@@ -170,8 +170,18 @@ class IndexFiles:
         self.write_pending()
         return self.files.take_dirty()
 
+    def take_directory_dirty(self) -> bool:
+        """Whether an index file was created or removed since the last call."""
+        return self.files.take_directory_dirty()
+
     def sync(self) -> None:
+        """The records written so far, and the files' names, durable. The
+        directory always (this runs only before a checkpoint is lowered or
+        an install finishes, both rare): a checkpoint on the Flusher's
+        thread may have taken the directory's flag and not synced it yet."""
         sync_and_close(self.dirty_fds())
+        self.files.take_directory_dirty()
+        sync_directory(self.directory)
 
     def close(self, write_pending: bool = True) -> None:
         """Close the files; `write_pending=False` drops queued records (a crash)."""

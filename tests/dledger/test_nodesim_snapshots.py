@@ -151,3 +151,13 @@ def test_an_install_cut_by_a_power_cut_keeps_every_segment() -> None:
     result = run_seed(7000190, options)
     assert result.ok, result.violation
     assert result.counts["installs"] > 0
+
+
+def test_stale_index_files_never_come_back_after_a_power_cut() -> None:
+    """Found by this simulator (seed 9101397, 3 nodes, flush=sync): index
+    files a conflict repair removed came back after a power cut, since no
+    checkpoint synced the index directory; recovery trusted their records
+    and the node could not restart (tests/commitlog/test_truncation_power_cut.py)."""
+    options = seed_options(9101397, NodeSimOptions(nodes=3, applier=BrokerApplier), 0.7, 0.5)
+    result = run_seed(9101397, options)
+    assert result.ok, result.violation
