@@ -192,3 +192,16 @@ def test_a_commit_counted_with_a_configuration_no_append_carried_yet_is_legal() 
     assert options.membership
     result = run_seed(7400664, options)
     assert result.ok, result.violation
+
+
+def test_under_flush_async_a_node_that_diverged_unnoticed_need_not_converge() -> None:
+    """Found by this simulator (seed 9301447, 3 nodes, flush=async): power
+    cuts took the committed removal of n5, and n5 led term 7; n6 and n7 had
+    committed the removal, so they refuse n5's connections and never learn
+    that their committed log is not the group's. Like a node that stops on
+    a CommittedDivergence, they are left out of convergence (and counted)."""
+    options = seed_options(9301447, NodeSimOptions(nodes=3, applier=BrokerApplier), 0.7, 0.5)
+    assert options.membership  # flush mix: this seed draws async
+    result = run_seed(9301447, options)
+    assert result.ok, result.violation
+    assert any("diverged without noticing" in line for line in result.trace)
