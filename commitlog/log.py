@@ -550,7 +550,9 @@ class CommitLog:
                 self.durable_index, self.durable_end, self.durable_term = index, end, term
 
     def flush(self) -> int:
-        """Synchronously make everything written durable; returns durable_index."""
+        """Synchronously fsync everything written; returns durable_index,
+        which reaches the end only once every sync begun before this one (a
+        Flusher round still on its thread) has finished too (finish_sync)."""
         token = self.begin_sync()
         try:
             self.run_sync(token)
