@@ -1,5 +1,6 @@
-"""Function calls per message on each server: cProfile of the leader and a
-follower over exactly N acknowledged sends, as JSON.
+"""Function calls per message on each server and the client: cProfile of the
+leader, a follower and this process's SDK over exactly N acknowledged
+sends, as JSON.
 
 A 3-node group on loopback (flush and Raft timing as bench/produce.py's
 `--raft defaults`), one client with the SDK's merging off (or on, `--merging`) sending 1 KiB
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import os
 import pstats
@@ -105,9 +107,13 @@ async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             for pid in pids.values():
                 os.kill(pid, signal.SIGUSR1)
             await asyncio.sleep(0.2)
+            client = cProfile.Profile()
+            client.enable()
             seconds = await send(producer, args.messages, args.window)
+            client.disable()
             for pid in pids.values():
                 os.kill(pid, signal.SIGUSR2)
+            client.dump_stats(str(profiles / "client.prof"))
         out: dict[str, Any] = {"bench": "profile_calls", "window": args.window,
                                "messages": args.messages, "flush": args.flush,
                                "merging": args.merging,
@@ -119,6 +125,7 @@ async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                 await asyncio.sleep(0.1)
             await asyncio.sleep(0.2)  # written by dump_stats in one go; let it finish
             out[name] = summarize(path, args.messages, args.top)
+        out["client"] = summarize(profiles / "client.prof", args.messages, args.top)
         return out
     finally:
         cluster.stop()
