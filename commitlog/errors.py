@@ -21,6 +21,12 @@ class CorruptionError(StorageError):
         self.reason = reason
 
 
+class DurableDataLostError(StorageError):
+    """Entries the saved hard state vouches for as durable are missing from
+    the log: the disk lost acknowledged data (a damaged CommitLog, like
+    `CorruptionError`, that recovery found at a clean entry boundary)."""
+
+
 class FormatVersionError(StorageError):
     """A file carries a format version this code does not know."""
 

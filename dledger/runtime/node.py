@@ -65,7 +65,7 @@ from typing import Any, Protocol
 
 import commitlog
 from commitlog import CommitLog, CommitLogConfig, Flusher
-from commitlog.errors import StorageError
+from commitlog.errors import DurableDataLostError, StorageError
 from commitlog.flush import FlushObserver, Worker
 from commitlog.snapshot import SnapshotInfo, adopt_snapshot, list_snapshots
 from commitlog.sync_thread import SyncThread
@@ -555,10 +555,10 @@ class RaftGroupNode:
             # entries it covers survived any crash: if they are gone, the disk
             # lost acknowledged data. Serving would hide it.
             self.log.close()
-            raise StorageError(
+            raise DurableDataLostError(
                 f"{config.data_dir}: the hard state says entry {self._initial_hard_state.commit}"
                 f" is committed but the log ends at {self.log.last_index}: durable entries "
-                "were lost; repair this replica")
+                "were lost")
         self._core: RaftNode | None = None
         self._clock = io.clock
         self._flusher = Flusher(self.log, worker=io.fsync_worker, clock=io.clock,

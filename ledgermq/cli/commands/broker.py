@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.markup import escape
 
-        from commitlog import CorruptionError, StorageError
+        from commitlog import CorruptionError, DurableDataLostError, StorageError
         from ledgermq.base import loop
         from ledgermq.base.heap import settle_heap
         from ledgermq.broker.config import BrokerConfigError, load_config
@@ -62,7 +62,8 @@ def register(app: typer.Typer) -> None:
         except BrokerConfigError as exc:  # refused at start: secret files, running open
             say(exc)
             raise typer.Exit(2) from None
-        except CorruptionError as exc:  # damaged at or before its durable point
+        except (CorruptionError, DurableDataLostError) as exc:
+            # Damaged at or before its durable point: only a repair brings it back.
             say(f"{exc}: refusing to start. Set the directory aside and rejoin the group"
                 f" with `ledgermq node repair --data-dir {cfg.data_dir}`"
                 " (docs/operations.md, \"Replica repair\")")

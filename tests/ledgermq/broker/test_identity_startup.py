@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from crc32c import crc32c
 
+from commitlog import HardState
+from commitlog.checkpoint import read_hard_state, write_hard_state
 from dledger.runtime.identity import FORMAT_VERSION, IDENTITY_FILE, read_identity
 from ledgermq.base.loop import run
 from ledgermq.base.ports import free_port
@@ -196,3 +198,22 @@ def test_a_log_damaged_before_its_durable_point_refuses_to_start_and_says_the_re
     assert line.startswith(f"broker: corrupt data in {newest} at offset ")
     assert "refusing to start" in line and f"ledgermq node repair --data-dir {copy}" in line
     assert _tree(copy) == before  # nothing cut or rewritten
+
+
+def test_a_log_shorter_than_its_commit_refuses_to_start_and_says_the_repair(
+        tmp_path: Path, copy: Path) -> None:
+    """Whole entries gone (a cut at an entry boundary above the recovery
+    checkpoint, which chaos's `truncate` makes): the hard state vouches for
+    entries the log no longer has. The hard state here is rewritten to say
+    so, the way the disk would leave it."""
+    status_last = _run_broker(_config(tmp_path, copy))["last_index"]
+    state = read_hard_state(str(copy))
+    assert state is not None and state.commit <= status_last
+    write_hard_state(str(copy), HardState(state.term, state.vote, status_last + 5))
+    before = _tree(copy)
+    line = _refused(_config(tmp_path, copy))
+    assert line.startswith(f"broker: {copy}: the hard state says entry {status_last + 5} is"
+                           f" committed but the log ends at {status_last}: durable entries were"
+                           " lost: refusing to start"), line
+    assert f"ledgermq node repair --data-dir {copy}" in line
+    assert _tree(copy) == before
