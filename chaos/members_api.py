@@ -39,7 +39,8 @@ T = TypeVar("T")
 View = dict[str, Any]
 # Answers after which the same operation may succeed on another try.
 RETRY_CODES = ("NOT_LEADER", "LEADERSHIP_MOVED", "SERVICE_UNAVAILABLE", "UNREACHABLE",
-               "MEMBERSHIP_REFUSED", "TRANSFER_FAILED", "HTTP_ERROR", "BAD_ANSWER")
+               "MEMBERSHIP_REFUSED", "OUTCOME_UNKNOWN", "TRANSFER_FAILED", "HTTP_ERROR",
+               "BAD_ANSWER")
 ASK_TIMEOUT = 3.0  # one GET of a member's view
 RETRY_PAUSE = 0.5
 # Attempts kept in a record: the first and the last few (a minute of "no
@@ -279,7 +280,8 @@ class MemberApi:
             if attempt.status == 400 or (attempt.code not in RETRY_CODES
                                          and attempt.code != "NO_LEADER"):
                 return result  # the request itself is wrong: another try changes nothing
-            if attempt.code in ("NOT_LEADER", "LEADERSHIP_MOVED", "UNREACHABLE"):
+            if attempt.code in ("NOT_LEADER", "LEADERSHIP_MOVED", "UNREACHABLE",
+                                "OUTCOME_UNKNOWN"):
                 self._leader_hint = None
             if time.monotonic() >= deadline:
                 return result

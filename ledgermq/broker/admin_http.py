@@ -558,6 +558,9 @@ class BrokerAdmin:
         except reconfigure.LeadershipMoved as exc:
             raise ApiError(409, "LEADERSHIP_MOVED", str(exc),
                            {"leader": exc.leader_id, "retry": True}) from None
+        except reconfigure.OutcomeUnknown as exc:
+            raise ApiError(503, "OUTCOME_UNKNOWN", str(exc),
+                           {"index": exc.index, "retry": True}) from None
         except reconfigure.ReconfigureError as exc:
             raise ApiError(exc.status, "MEMBERSHIP_REFUSED", str(exc)) from None
         except NotLeaderError as exc:

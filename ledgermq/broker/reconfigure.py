@@ -6,7 +6,7 @@ The Raft core accepts one change at a time and refuses unsafe ones
 operator asks for and adds the checks that need a view of the whole group:
 
 - add: the node joins as a learner, is promoted once it has caught up (unless
-  it should stay a learner);
+  it should stay a learner); resumable, like replace;
 - remove: refused when the voters left could not form a majority with the
   members that are healthy now (`force` overrides); the leader is never
   removed by itself: it hands leadership over first and the caller retries
@@ -17,6 +17,9 @@ operator asks for and adds the checks that need a view of the whole group:
   learner under its new directory id and is promoted again once caught up.
 
 Only the leader runs these; the admin API answers elsewhere with NOT_LEADER.
+A leader whose term ends before one of its CONFIG entries commits cannot
+know what became of it (`OutcomeUnknown`, 503 OUTCOME_UNKNOWN): the caller
+reads the configuration and retries, which the resumable operations make safe.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from dledger.membership import (
     rejoin,
     remove,
 )
+from dledger.runtime.node import ProposalUnknown
 from ledgermq.broker.runtime import RaftRuntime
 
 # How often progress is looked at while waiting for a learner to catch up.
@@ -52,6 +56,21 @@ class ReconfigureError(Exception):
         self.status = status
         # The core's refusal passes by itself (`MembershipChangeRefused.transient`).
         self.transient = transient
+
+
+class OutcomeUnknown(ReconfigureError):
+    """Leadership changed while a CONFIG entry of the operation was not yet
+    committed: the entry may have been cut, or may still commit under the
+    new leader. The operations are resumable (`add`, `promote` and `replace`
+    skip what is already done; a promotion of a voter is refused, 400), so
+    the answer is: read the configuration and retry, on whoever leads now."""
+
+    def __init__(self, action: str, node_id: int, index: int) -> None:
+        super().__init__(
+            f"{action} n{node_id}: leadership changed before its configuration entry {index}"
+            " committed, so whether it takes effect is unknown: read the configuration"
+            " (`ledgermq member list`) and retry the operation", 503)
+        self.index = index
 
 
 class LeadershipMoved(ReconfigureError):
@@ -92,6 +111,8 @@ async def _commit(node: RaftRuntime, action: str, node_id: int,
     except TimeoutError:
         raise ReconfigureError(f"{action} n{node_id} was not committed within {timeout:g}s",
                                503) from None
+    except ProposalUnknown as exc:
+        raise OutcomeUnknown(action, node_id, exc.index) from None
     return Step(action, node_id, index, time.monotonic() - started)
 
 
@@ -162,8 +183,17 @@ async def _promote_when_caught_up(node: RaftRuntime, node_id: int, timeout: floa
 async def add(node: RaftRuntime, node_id: int, address: str, directory_id: int = 0, *,
               client_address: str = "", learner: bool = False,
               timeout: float = 60.0) -> list[Step]:
-    """Add `node_id` (Raft transport at `address`) as a learner, then promote it."""
+    """Add `node_id` (Raft transport at `address`) as a learner, then promote it.
+
+    Resumable, as `replace` is: a node already a learner at `address` (an
+    earlier attempt's entry committed, its answer lost) is only promoted, one
+    already a voter there is left as it is."""
     member = Member(node_id, address, directory_id, client_address)
+    present = node.membership.member(node_id)
+    if present is not None and present.address == address:
+        if node_id in node.membership.voter_ids:
+            return []
+        return [] if learner else [await _promote_when_caught_up(node, node_id, timeout)]
     steps = [await _commit(node, "add_learner", node_id, lambda m: add_learner(m, member),
                            timeout)]
     if not learner:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ import pytest
 from ops.support import TOKEN, OpsCluster, http
 
 from ledgermq.base import loop
-from ledgermq.broker.launcher import REPO
+from ledgermq.broker.launcher import REPO, node_status
 from ledgermq.client import Producer, PullConsumer
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -175,3 +176,53 @@ def test_grow_replace_remove_the_leader_and_repair_a_wiped_node(tmp_path: Path) 
         got = loop.run(read_all(cluster))
         expected = {b"%s-%03d" % (p, i) for p in (b"a", b"b", b"c") for i in range(40)}
         assert set(got) == expected and len(got) == len(expected)
+
+
+def test_a_change_whose_term_ends_before_it_commits_is_retried_by_the_cli(
+        tmp_path: Path) -> None:
+    """`member add` while the leader cannot commit (its followers stopped
+    with SIGSTOP): it steps down, the followers come back and elect in a
+    later term, and the leader answers the add 503 OUTCOME_UNKNOWN (it was an
+    internal error before). The CLI says so and retries on the new leader,
+    where the add, resumable, finishes."""
+    cluster = OpsCluster(tmp_path / "c", nodes=4)
+    cluster.settings["initial_members"] = [1, 2, 3]
+    # A leader without its followers keeps leading for an election timeout:
+    # long enough here (4 s) for the CLI's process to start and ask it.
+    cluster.raft = {"tick_ms": 100, "election_timeout_ticks": 40, "heartbeat_interval_ticks": 1}
+    with cluster:
+        leader = wait(lambda: view(cluster).get("leader_id"), 30, "a leader")
+        followers = [cluster.brokers[n].proc.pid for n in (1, 2, 3) if n != leader]
+        spare = cluster.peers[4]
+        env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
+        for pid in followers:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            adding = subprocess.Popen(
+                [sys.executable, "-m", "ledgermq.cli", "member", "add", "--node", "n4",
+                 "--address", spare.raft, "--client-address", spare.client,
+                 "--admin", cluster.namesrv_url, "--token", TOKEN, "--timeout", "20"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                cwd=REPO)
+
+            def appended() -> bool:  # the add's CONFIG entry, which cannot commit
+                status = loop.run(node_status(cluster.peers[leader].client))
+                return bool(status) and status["last_index"] > status["commit_index"]
+
+            wait(appended, 30, "the add's entry appended on the leader")
+
+            def stepped_down() -> bool:  # check-quorum, after an election timeout
+                status = loop.run(node_status(cluster.peers[leader].client))
+                return bool(status) and status["role"] != "leader"
+
+            wait(stepped_down, 30, "the leader stepped down without a quorum")
+        finally:
+            for pid in followers:
+                os.kill(pid, signal.SIGCONT)
+        out, _ = adding.communicate(timeout=120)
+        assert adding.returncode == 0, out
+        assert "add_learner n4: leadership changed before its configuration entry" in out, out
+        assert "retry the operation" in out
+        wait(lambda: view(cluster)["voters"] == [1, 2, 3, 4], 30, "n4 a voter")
+        loop.run(send(cluster, [b"after-%d" % i for i in range(10)]))
+        assert sorted(loop.run(read_all(cluster))) == [b"after-%d" % i for i in range(10)]

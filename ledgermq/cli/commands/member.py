@@ -29,6 +29,8 @@ TIMEOUT_OPTION = typer.Option(60.0, help="Seconds each step may take (catch-up i
 # A leader asked to remove itself hands leadership over and asks for a retry
 # on the new one: a few attempts cover the election and the route update.
 LEADERSHIP_MOVED_RETRIES = 10
+# Operations a retry finishes instead of repeating (ledgermq/broker/reconfigure.py).
+RESUMABLE = ("add", "replace")
 
 
 def _group(api: Target, group: str) -> str:
@@ -54,10 +56,13 @@ def _change(api: Target, group: str, action: str, body: dict[str, Any],
                                           timeout=timeout * 3 + 10)
             return answer
         except AdminApiError as exc:
-            retry = exc.code in ("LEADERSHIP_MOVED", "NOT_LEADER", "SERVICE_UNAVAILABLE")
+            # OUTCOME_UNKNOWN (leadership changed under a CONFIG entry) is
+            # retried only where the operation skips what is already done.
+            retry = exc.code in ("LEADERSHIP_MOVED", "NOT_LEADER", "SERVICE_UNAVAILABLE") or (
+                exc.code == "OUTCOME_UNKNOWN" and action in RESUMABLE)
             if not retry or attempt == LEADERSHIP_MOVED_RETRIES - 1:
                 raise
-            if exc.code == "LEADERSHIP_MOVED":
+            if exc.code in ("LEADERSHIP_MOVED", "OUTCOME_UNKNOWN"):
                 typer.echo(f"  {exc}")
             time.sleep(0.5)
     raise AssertionError("unreachable")

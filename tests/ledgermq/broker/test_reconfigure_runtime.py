@@ -74,3 +74,57 @@ def test_a_member_that_never_answers_is_named_with_its_address(tmp_path: Path) -
             await cluster.stop_all()
 
     run(main())
+
+
+def test_a_change_a_new_term_overtakes_is_an_unknown_outcome_and_a_retry_finishes_it(
+        tmp_path: Path) -> None:
+    """The leader appends the CONFIG entry of an `add`, cannot commit it (its
+    followers are down), and its term ends before it does. The operation
+    answers OutcomeUnknown (503 OUTCOME_UNKNOWN over the admin API, which the
+    CLI and the chaos harness retry), not an internal error; the same `add`
+    on whoever leads then finishes it whichever way the entry went."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path, n=4, tick_ms=20, initial_voters=frozenset({1, 2, 3}))
+        await cluster.start_all(only=[1, 2, 3])
+        try:
+            leader = await cluster.wait_leader()
+            others = [n for n in (1, 2, 3) if n != leader.node_id]
+            for node_id in others:
+                await cluster.stop(node_id)
+            address = format_address(cluster.peers[4])
+            adding = asyncio.ensure_future(
+                reconfigure.add(leader, 4, address, learner=True, timeout=30))
+            await wait_until(lambda: leader.last_index > leader.commit_index, 5.0,
+                             "the CONFIG entry appended and not committed")
+            # Check-quorum: without its followers it steps down, and the
+            # election that follows their return is of a later term.
+            await wait_until(lambda: leader.role != "leader", 10.0,
+                             "the leader stepped down without a quorum")
+            for node_id in others:
+                await cluster.start(node_id)
+            with pytest.raises(reconfigure.OutcomeUnknown) as info:
+                await adding
+            assert info.value.status == 503
+            assert f"add_learner n4: leadership changed before its configuration entry" \
+                   f" {info.value.index} committed" in str(info.value)
+            assert "read the configuration" in str(info.value)
+            await cluster.start(4)
+            now = await cluster.wait_leader()
+            await reconfigure.add(now, 4, address, learner=True, timeout=20)
+            assert 4 in now.membership.learner_ids
+            # Once more: already there, nothing to do (resumable, not "already a member").
+            assert await reconfigure.add(now, 4, address, learner=True, timeout=20) == []
+            # A plain add of the learner only promotes it; then, a voter at
+            # that address, there is nothing left to do.
+            steps = await reconfigure.add(now, 4, address, timeout=20)
+            assert [s.action for s in steps] == ["promote"]
+            assert 4 in now.membership.voter_ids
+            assert await reconfigure.add(now, 4, address, timeout=20) == []
+            # Another address is another node: refused, as before.
+            with pytest.raises(reconfigure.ReconfigureError) as refused:
+                await reconfigure.add(now, 4, "127.0.0.1:1", timeout=20)
+            assert refused.value.status == 400 and "already a member" in str(refused.value)
+        finally:
+            await cluster.stop_all()
+
+    run(main())
