@@ -767,11 +767,20 @@ class RaftGroupNode:
         return self.config.node_id
 
     def membership_at(self, index: int) -> Membership:
-        """The configuration in effect at log index `index` (for snapshots)."""
+        """The configuration in effect at log index `index` (for snapshots).
+
+        LookupError when the core no longer knows it: `index` lies below its
+        log's start, which happens while an install is pending (the core
+        restored a leader's later snapshot, whose configuration it would
+        otherwise give for every older index, while the CommitLog and the
+        state machine are still at `index`: seed 12003263)."""
         core = self._core
         if core is None:
             info = self.storage.snapshot_membership
             return info if info is not None else self.config.bootstrap_membership()
+        if index < core.log.first_index() - 1:
+            raise LookupError(f"the configuration at index {index} is no longer known here "
+                              f"(the log starts at {core.log.first_index()})")
         return core.membership_at(index)
 
     async def change_membership(self, new: Membership, timeout: float = 10.0) -> int:
@@ -1703,9 +1712,11 @@ class RaftGroupNode:
                 self._sender_step(sender, functools.partial(sender.on_ack, msg, now))
             return
         core = self._require_core()
-        if msg.term < core.term or self._installing:
-            # From a deposed leader; or an install is running (the sender
-            # retransmits once it is over).
+        if msg.term < core.term or self.install_pending:
+            # From a deposed leader; or an install is running or about to
+            # (the core restored a snapshot whose staged files the driver
+            # has yet to install: a new offer, or a failing write of one,
+            # would discard them). The sender retransmits once it is over.
             return
         receiver = self._receiver
         ack: SnapshotAck | None

@@ -101,7 +101,8 @@ class RaftRuntime(Protocol):
         """The group's configuration in effect (docs/raft.md, "Membership changes")."""
 
     def membership_at(self, index: int) -> Membership:
-        """The configuration in effect at log index `index` (for snapshots)."""
+        """The configuration in effect at log index `index` (for snapshots);
+        LookupError if no longer known (an install of a later snapshot pending)."""
 
     async def change_membership(self, new: Membership, timeout: float = 10.0) -> int:
         """Propose `new` as the next configuration (leader only); the index of

@@ -123,10 +123,13 @@ class SnapshotSchedule:
             return self.latest  # nothing applied since (e.g. right after an install)
         started = time.perf_counter()
         term, end = log_.term_at(index), log_.entry_end(index)
-        capture = state.capture()
         # The configuration in effect at the index goes into the snapshot's
         # meta: a node started from it (or installing it) must know its group.
-        membership = encode_membership(self.node.membership_at(index))
+        try:
+            membership = encode_membership(self.node.membership_at(index))
+        except LookupError:
+            return self.latest  # a later snapshot is being installed: it replaces this state
+        capture = state.capture()
         # The intervals restart now, so a slow write is not started again.
         self._base_index, self._base_end = index, end
         try:

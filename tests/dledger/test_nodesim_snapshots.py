@@ -4,6 +4,7 @@ and snapshot installs, with every check of the simulator still holding."""
 from __future__ import annotations
 
 import json
+from functools import partial
 
 from typer.testing import CliRunner
 
@@ -15,7 +16,7 @@ from dledger.testing.nodesim.compaction import compact
 from dledger.testing.nodesim.durability import check_commits
 from dledger.testing.nodesim.harness import Harness
 from dledger.testing.nodesim.world import Slot
-from ledgermq.broker.nodesim_apply import BrokerApplier
+from ledgermq.broker.nodesim_apply import BrokerApplier, CheckpointRot
 from ledgermq.cli import app
 from ledgermq.cli.commands.sim_real_node import seed_options
 
@@ -161,3 +162,48 @@ def test_stale_index_files_never_come_back_after_a_power_cut() -> None:
     options = seed_options(9101397, NodeSimOptions(nodes=3, applier=BrokerApplier), 0.7, 0.5)
     result = run_seed(9101397, options)
     assert result.ok, result.violation
+
+
+def test_an_offer_while_an_install_is_pending_keeps_the_staged_files() -> None:
+    """Found by this simulator (seed 12001131, 3 nodes, flush=sync): the core
+    had restored a leader's snapshot from staged files, and before the driver
+    installed them a new leader's SnapshotOffer arrived; staging it discarded
+    the staged files, and the install that followed found none (the node
+    failed an invariant). Transfer messages now wait while an install is
+    pending, not only while it runs."""
+    applier = partial(BrokerApplier, rot=CheckpointRot(0.3))
+    options = seed_options(12001131, NodeSimOptions(nodes=3, applier=applier), 0.7, 0.5)
+    assert options.compaction
+    result = run_seed(12001131, options)
+    assert result.ok, result.violation
+    assert result.counts["installs"] > 0
+
+
+def test_a_node_that_failed_is_not_read_by_the_durability_checks() -> None:
+    """Found by this simulator (seed 12003390, 3 nodes, flush=sync): an
+    install that failed on an injected full disk left n3's in-memory index
+    empty under a log of 1..29; before the harness restarted n3, a commit
+    claim of n1 asked what n3's disk held and the harness's own assertion
+    failed. A failed node now counts as down in those checks (its files are
+    read again at its restart)."""
+    applier = partial(BrokerApplier, rot=CheckpointRot(0.3))
+    options = seed_options(12003390, NodeSimOptions(nodes=3, applier=applier), 0.7, 0.5)
+    result = run_seed(12003390, options)
+    assert result.ok, result.violation
+    assert result.counts["node_failures"] > 0
+
+
+def test_no_snapshot_is_written_with_a_pending_installs_configuration() -> None:
+    """Found by this simulator (seed 12003263, 3 nodes, flush=sync): n2, its
+    state machine at index 20, snapshotted while the core had restored a
+    leader's snapshot 32 not yet installed; the configuration the node gave
+    for index 20 was that snapshot's (voters [1, 2, 3, 4], committed at 26),
+    and snapshot 20 recorded it. `membership_at` now refuses an index below
+    the core's log (LookupError), and snapshots wait for the install, as the
+    broker's snapshotter does."""
+    applier = partial(BrokerApplier, rot=CheckpointRot(0.3))
+    options = seed_options(12003263, NodeSimOptions(nodes=3, applier=applier), 0.7, 0.5)
+    assert options.compaction and options.membership
+    result = run_seed(12003263, options)
+    assert result.ok, result.violation
+    assert result.counts["snapshot_configs_checked"] > 0

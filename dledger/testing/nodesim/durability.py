@@ -68,6 +68,16 @@ UNBEATABLE_LOG = (1 << 62, 1 << 62)
 HARD_STATE_READ_BYTES = 1 << 16
 
 
+def readable(slot: Slot) -> bool:
+    """The node runs and its view of its files can be asked. A node that
+    failed (on an injected disk fault, say) and is not restarted yet counts
+    as down: the operation that failed may have left its in-memory log and
+    index half changed (seed 12003390: a failed install left the index empty
+    under a log of 1..29), and only a restart reads its files again."""
+    node = slot.node
+    return slot.state == "up" and node is not None and node.failed is None
+
+
 def durable(h: World, slot: Slot, index: int) -> bool:
     """Entry `index` of the node's log (as it reads now) would survive a power cut."""
     node = slot.node
@@ -152,9 +162,10 @@ def check_acked(h: World, slot: Slot, index: int, term: int, what: str) -> None:
     held: set[int] = set()
     for other in h.slots.values():
         node = other.node
-        if other.state != "up" or node is None:
+        if not readable(other):
             held.add(other.nid)  # cannot tell without reading its files: assume it does
             continue
+        assert node is not None
         log = node.log
         if index < log.first_index:
             held.add(other.nid)  # deleted below a snapshot: committed and applied there
@@ -261,9 +272,7 @@ def electable_without(h: World, commit: int, term: int) -> str | None:
     to (any, if unpinned)."""
     voters: dict[int, tuple[int, int]] = {}
     for other in h.slots.values():
-        onode = other.node
-        if other.state != "up" or onode is None \
-                or not h.configs.entitled(other.nid, other.directory_id):
+        if not readable(other) or not h.configs.entitled(other.nid, other.directory_id):
             # A node that is down cannot be read without a restart: as a
             # candidate it is taken to hold the entry, as a voter to refuse
             # everyone (the check stays sound, only weaker).
@@ -272,8 +281,8 @@ def electable_without(h: World, commit: int, term: int) -> str | None:
             voters[other.nid] = durable_last(h, other)
     for cand in h.slots.values():
         cnode = cand.node
-        if cand.state != "up" or cnode is None:
-            continue
+        if not readable(cand) or cnode is None:
+            continue  # down, or failed: it campaigns only after a restart
         view = cnode.membership
         if not view.can_vote(cand.nid, cand.directory_id):
             continue  # it never campaigns

@@ -136,4 +136,5 @@ def _config_before_term(node: RaftGroupNode, term: int) -> Membership:
     first = log.last_index
     while first > 0 and log.term_or_none(first) == term:
         first -= 1
-    return node.membership_at(first)
+    # Below the log's start, the configuration is the snapshot's (its base).
+    return node.membership_at(max(first, log.first_index() - 1))
