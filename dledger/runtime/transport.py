@@ -62,7 +62,10 @@ sender/addressee contradicts the handshake closes *that* connection only;
 a refused handshake is logged as one WARNING line (rate-limited) and counted
 by reason (`auth_failures`, `on_auth_failure`).
 Outgoing connections are re-dialled with exponential backoff (20 ms .. 500 ms,
-short so a restarted node is reached quickly); while a link is down its
+short so a restarted node is reached quickly), also when bytes sent on one
+stay unacknowledged for `user_timeout_s` (3 s; TCP_USER_TIMEOUT: a partition
+that drops packets leaves the connection open, with TCP's retransmissions
+backed off by then to tens of seconds); while a link is down its
 messages are dropped, which Raft tolerates (appends are re-sent after
 `resend_ticks`, heartbeats every interval). A replication link whose socket
 buffer exceeds `replication_buffer_max` also drops, bounding memory when a
@@ -74,6 +77,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -119,6 +123,13 @@ FRAME_PAYLOAD_BYTES = 4 * 1024 * 1024
 BACKOFF_MIN_S = 0.02
 BACKOFF_MAX_S = 0.5
 CONNECT_TIMEOUT_S = 2.0
+# A link's bytes unacknowledged this long abort its connection (TCP_USER_TIMEOUT),
+# and the link re-dials. Without it, a connection a partition cut silently
+# (packets dropped, no reset) stays open while TCP backs its retransmissions
+# off, doubling up to 2 minutes apart: after a one-minute partition a healed
+# follower heard nothing for tens of seconds more (a chaos run, 2026-12-07).
+# A healthy peer, even one whose process is paused, has its kernel acknowledge.
+PEER_USER_TIMEOUT_S = 3.0
 # Replication payloads are compressed from this size on: catch-up batches.
 # A steady-state Ready (tens to hundreds of KiB) is cheaper to send as is on
 # loopback or a LAN: zstd costs ~20-40 us to compress and up to ~70 us to
@@ -305,6 +316,10 @@ class _Link:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
                 continue
+            sock = writer.get_extra_info("socket")
+            if sock is not None and hasattr(socket, "TCP_USER_TIMEOUT"):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                                int(t.user_timeout_s * 1000))
             try:
                 async with asyncio.timeout(t.handshake_timeout):
                     await self._handshake(reader, writer)
@@ -386,6 +401,7 @@ class PeerTransport:
         compress_threshold: int | None = REPLICATION_COMPRESS_THRESHOLD,
         replication_buffer_max: int = 32 * 1024 * 1024,
         handshake_timeout: float = 5.0,
+        user_timeout_s: float = PEER_USER_TIMEOUT_S,
         secret: bytes = b"",
         server_ssl: ssl.SSLContext | None = None,
         client_ssl: ssl.SSLContext | None = None,
@@ -424,6 +440,7 @@ class PeerTransport:
         self.compress_threshold = compress_threshold
         self.replication_buffer_max = replication_buffer_max
         self.handshake_timeout = handshake_timeout
+        self.user_timeout_s = user_timeout_s
         self.secret = secret
         self.server_ssl = server_ssl
         self.client_ssl = client_ssl
