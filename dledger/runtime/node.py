@@ -787,7 +787,8 @@ class RaftGroupNode:
         """Propose `new` as the next configuration; its CONFIG entry's index once
         committed. Raises NotLeaderError, `dledger.MembershipChangeRefused`
         (the core's rules: one change at a time, single-server, ...),
-        ProposalUnknown if a new leader replaced the entry, TimeoutError."""
+        ProposalUnknown if this node stopped leading before it committed,
+        TimeoutError."""
         core = self._require_core()
         if self.failed is not None or self._stopping:
             raise NotLeaderError(0, f"node unavailable: {self.failed or 'stopping'}")
@@ -799,7 +800,11 @@ class RaftGroupNode:
         self._wake.set()
 
         def settled() -> bool:
-            return core.commit >= proposed.index or core.term != proposed.term
+            # A leader that stepped down (check-quorum: it lost its quorum)
+            # cannot commit the entry any more; only a later leader can, so
+            # its outcome is unknown from that moment, not at the timeout.
+            return core.commit >= proposed.index or core.term != proposed.term \
+                or core.role is not Role.LEADER
 
         if not await self._wait_for(settled, timeout):
             raise TimeoutError(f"configuration entry {proposed.index} not committed within "

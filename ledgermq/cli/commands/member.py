@@ -27,7 +27,8 @@ member_app = typer.Typer(help="Membership of a broker group (voters and learners
 GROUP_OPTION = typer.Option("", help="Broker group (default: the only one registered).")
 TIMEOUT_OPTION = typer.Option(60.0, help="Seconds each step may take (catch-up included).")
 # A leader asked to remove itself hands leadership over and asks for a retry
-# on the new one: a few attempts cover the election and the route update.
+# on the new one: a few attempts cover the election and the route update
+# (and retries go on for as long as the command's --timeout allows).
 LEADERSHIP_MOVED_RETRIES = 10
 # Operations a retry finishes instead of repeating (ledgermq/broker/reconfigure.py).
 RESUMABLE = ("add", "replace")
@@ -47,10 +48,18 @@ def _group(api: Target, group: str) -> str:
 
 def _change(api: Target, group: str, action: str, body: dict[str, Any],
             timeout: float) -> dict[str, Any]:
+    """POST the change, retrying an answer that says to try again (another
+    leader, none yet, or an outcome a leader change left unknown, for the
+    operations that finish what an earlier attempt did) until `timeout`
+    seconds have passed, and at least LEADERSHIP_MOVED_RETRIES times."""
     from ledgermq.webadmin.app import AdminApiError
 
     body = {**body, "group": group, "timeout": timeout}
-    for attempt in range(LEADERSHIP_MOVED_RETRIES):
+    deadline = time.monotonic() + timeout
+    said = ""
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             answer: dict[str, Any] = call(api, "POST", f"members/{action}", body,
                                           timeout=timeout * 3 + 10)
@@ -60,12 +69,13 @@ def _change(api: Target, group: str, action: str, body: dict[str, Any],
             # retried only where the operation skips what is already done.
             retry = exc.code in ("LEADERSHIP_MOVED", "NOT_LEADER", "SERVICE_UNAVAILABLE") or (
                 exc.code == "OUTCOME_UNKNOWN" and action in RESUMABLE)
-            if not retry or attempt == LEADERSHIP_MOVED_RETRIES - 1:
+            if not retry or (attempt >= LEADERSHIP_MOVED_RETRIES
+                             and time.monotonic() >= deadline):
                 raise
-            if exc.code in ("LEADERSHIP_MOVED", "OUTCOME_UNKNOWN"):
+            if exc.code in ("LEADERSHIP_MOVED", "OUTCOME_UNKNOWN") and str(exc) != said:
+                said = str(exc)
                 typer.echo(f"  {exc}")
             time.sleep(0.5)
-    raise AssertionError("unreachable")
 
 
 def _print_view(view: dict[str, Any]) -> None:
