@@ -114,6 +114,10 @@ class _Membership(_Restarting):
     # How long one operator operation may take, retries included.
     change_timeout: ClassVar[float] = CHANGE_TIMEOUT
 
+    @property
+    def plan_unfinished(self) -> bool:
+        return self.required and not self.finished
+
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         self._api: MemberApi | None = None

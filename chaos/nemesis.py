@@ -70,6 +70,12 @@ class Nemesis(abc.ABC):
         whose nemeses are all finished stops its fault phase early."""
         return False
 
+    @property
+    def plan_unfinished(self) -> bool:
+        """A plan that must be carried out whole (the membership plan nemeses)
+        and is not yet: the schedule runs on past its time limit for it."""
+        return False
+
 
 def _cut_between(ctx: Context, side_a: list[int], side_b: list[int]) -> None:
     for a in side_a:

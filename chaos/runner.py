@@ -3,7 +3,8 @@
 1. Start the cluster on a backend (for netns: a private namespace) and wait
    for a ready leader; create the topic.
 2. Start the consumers and producers; drive the nemeses on their schedule
-   for `time_limit` seconds.
+   for `time_limit` seconds (longer while a membership plan is unfinished,
+   up to three times as long: chaos.schedule).
 3. Final heal: every active nemesis is stopped (links healed, nodes resumed
    and restarted), then wait for a leader again, and ask every node whether
    it is up (alive and answering PING).

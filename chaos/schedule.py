@@ -52,26 +52,61 @@ async def _act(nemesis: Nemesis, what: str, ctx: Context, history: History) -> N
     ctx.log(f"chaos: {nemesis.name} {what}: {detail}")
 
 
+# A run whose plan is unfinished at its time limit runs on, to this many
+# times the limit at most.
+OVERTIME_FACTOR = 3.0
+
+
 async def run_schedule(nemeses: list[Nemesis], schedule: Schedule, ctx: Context,
                        history: History, time_limit: float, rng: random.Random) -> None:
-    """Drive the nemeses for `time_limit` seconds, then stop every active one."""
-    deadline = time.monotonic() + time_limit
+    """Drive the nemeses for `time_limit` seconds, then stop every active one.
+
+    A plan that must be carried out whole (`Nemesis.plan_unfinished`: replace
+    every node, grow to five...) and is not when the time limit passes gets
+    more periods, in each of which it is chosen, until it is done or
+    OVERTIME_FACTOR times the time limit has passed: a random schedule may
+    have picked it too rarely, and a plan cut short by the clock says
+    nothing about the system (the final check would have called the run
+    invalid for a configuration the plan never got to make)."""
+    started = time.monotonic()
+    deadline = started + time_limit
     active: list[Nemesis] = []
 
     async def sleep_until(t: float) -> None:
         await asyncio.sleep(max(0.0, min(t, deadline) - time.monotonic()))
 
+    def unfinished() -> list[Nemesis]:
+        return [n for n in nemeses if n.plan_unfinished]
+
+    limit, overtime = deadline, started + time_limit * OVERTIME_FACTOR
     try:
-        while time.monotonic() < deadline and nemeses:
+        while nemeses:
+            now = time.monotonic()
+            if now >= limit:
+                late = unfinished()
+                if not late or now >= overtime:
+                    if deadline > limit and not late:
+                        # The plan ended in overtime: its aftermath under load.
+                        ctx.log("chaos: every plan is carried out")
+                        await asyncio.sleep(schedule.off_s)
+                    break
+                if deadline < overtime:
+                    ctx.log(f"chaos: time limit reached with "
+                            f"{', '.join(n.name for n in late)} unfinished: periods go on "
+                            f"until it is done, {time_limit * OVERTIME_FACTOR:g} s in all "
+                            "at most")
+                    deadline = overtime
             await sleep_until(time.monotonic() + schedule.off_s)
             if time.monotonic() >= deadline:
-                break
+                continue  # the time limit, or the overtime's end: decided above
+            late = unfinished() if time.monotonic() >= limit else []
             if schedule.kind == "fixed":
                 chosen = list(nemeses)
                 length = schedule.on_s
             else:
-                chosen = [] if rng.random() < 0.25 else \
+                chosen = [] if rng.random() < 0.25 and not late else \
                     rng.sample(nemeses, rng.randint(1, len(nemeses)))
+                chosen += [n for n in late if n not in chosen]
                 length = rng.uniform(schedule.on_s / 2, schedule.on_s * 1.5)
             for nemesis in chosen:
                 await _act(nemesis, "start", ctx, history)
@@ -86,7 +121,8 @@ async def run_schedule(nemeses: list[Nemesis], schedule: Schedule, ctx: Context,
                 ctx.log("chaos: every nemesis has finished its plan")
                 await sleep_until(time.monotonic() + schedule.off_s)
                 return
-        await sleep_until(deadline)
+        if deadline == limit:
+            await sleep_until(deadline)
     finally:
         # The final heal: also after a cancellation (Ctrl-C), nothing stays broken.
         for nemesis in _stop_order(active):

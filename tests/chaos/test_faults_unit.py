@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from chaos import disk_faults
 from chaos.backend import HarnessError
 from chaos.history import History
-from chaos.nemesis import REGISTRY, Bitflip, Context, MajoritiesRing, needs, parse
+from chaos.nemesis import REGISTRY, Bitflip, Context, MajoritiesRing, Nemesis, needs, parse
 from chaos.runner import RunConfig
 from chaos.schedule import Schedule, run_schedule
 
@@ -156,3 +158,77 @@ def test_a_run_no_cluster_can_have_is_refused_before_it_starts(tmp_path, fields)
 def test_a_schedule_with_no_time_in_it_is_refused(on: float, off: float) -> None:
     with pytest.raises(ValueError, match="a fault period lasts"):
         Schedule("fixed", on, off)
+
+
+class _Plan(Nemesis):
+    """A plan of `steps` steps, one per period it is chosen in (as the
+    membership plans carry out one change per period)."""
+
+    name, needs, doc = "plan", (), "a plan of steps"
+
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.steps, self.done = steps, 0
+
+    def start(self, ctx: Context) -> dict[str, Any]:
+        self.done += 1
+        return {"step": self.done}
+
+    def stop(self, ctx: Context) -> dict[str, Any]:
+        return {}
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= self.steps
+
+    @property
+    def plan_unfinished(self) -> bool:
+        return not self.finished
+
+
+class _Fault(_Plan):
+    name = "fault"
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+    @property
+    def finished(self) -> bool:
+        return False
+
+    @property
+    def plan_unfinished(self) -> bool:
+        return False
+
+
+def _schedule(nemeses: list[Nemesis], tmp_path: Path, time_limit: float,
+              seed: int = 7) -> tuple[float, list[str]]:
+    said: list[str] = []
+    ctx = Context(DiskBackend(1, tmp_path), random.Random(seed),  # type: ignore[arg-type]
+                  leader=lambda: None, log=said.append)
+    history = History(tmp_path / f"history-{seed}.jsonl")
+    began = time.monotonic()
+    asyncio.run(run_schedule(nemeses, Schedule("random", 0.02, 0.02), ctx, history,
+                             time_limit, random.Random(seed)))
+    history.close()
+    return time.monotonic() - began, said
+
+
+def test_a_plan_unfinished_at_the_time_limit_gets_more_periods(tmp_path: Path) -> None:
+    """A random schedule may pick a plan too rarely for its steps: at the time
+    limit it runs on, the plan chosen every period, until the plan is done
+    (the run's final check would call it invalid for a configuration the plan
+    never got to make), and then stops; never past 3 times the limit."""
+    plan, fault = _Plan(4), _Fault()
+    _seconds, said = _schedule([plan, fault], tmp_path, 0.1)
+    assert plan.finished, plan.done
+    assert any("unfinished: periods go on" in line for line in said), said
+    assert "chaos: every plan is carried out" in said
+    # Only faults: the time limit is the time limit.
+    seconds, said = _schedule([_Fault()], tmp_path, 0.1, seed=8)
+    assert not any("unfinished" in line for line in said) and seconds < 0.3
+    # A plan that cannot finish is cut at 3 times the limit (the final check
+    # then reports it).
+    endless = _Plan(10**6)
+    seconds, said = _schedule([endless], tmp_path, 0.1, seed=9)
+    assert not endless.finished and 0.3 <= seconds < 1.0
