@@ -17,7 +17,7 @@ operator asks for and adds the checks that need a view of the whole group:
   learner under its new directory id and is promoted again once caught up.
 
 Only the leader runs these; the admin API answers elsewhere with NOT_LEADER.
-A leader whose term ends before one of its CONFIG entries commits cannot
+A leader that stops leading before one of its CONFIG entries commits cannot
 know what became of it (`OutcomeUnknown`, 503 OUTCOME_UNKNOWN): the caller
 reads the configuration and retries, which the resumable operations make safe.
 """
@@ -61,9 +61,9 @@ class ReconfigureError(Exception):
 class OutcomeUnknown(ReconfigureError):
     """Leadership changed while a CONFIG entry of the operation was not yet
     committed: the entry may have been cut, or may still commit under the
-    new leader. The operations are resumable (`add`, `promote` and `replace`
-    skip what is already done; a promotion of a voter is refused, 400), so
-    the answer is: read the configuration and retry, on whoever leads now."""
+    new leader. `add` and `replace` are resumable (they skip what is already
+    done), so the answer is: read the configuration and retry, on whoever
+    leads now."""
 
     def __init__(self, action: str, node_id: int, index: int) -> None:
         super().__init__(
