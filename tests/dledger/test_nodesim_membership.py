@@ -47,8 +47,12 @@ CAUGHT = {
     "two_changes_at_once": (2, "while another was in flight"),
     # A wiped node's vote is counted though it forgot what it voted for, and
     # a wiped node is elected (elections: identity); seed 6 before the
-    # notices, a vote from a directory other than the pinned one.
-    "ignore_directory_id": (12, "but its configuration pins it to"),
+    # notices, a vote from a directory other than the pinned one; seed 12
+    # ("... but its configuration pins it to") before a leader that steps
+    # down ended its pending change at once (04c22a5: the membership plans
+    # move on sooner); now an elector that counted the vote of a directory
+    # other than the one pinned.
+    "ignore_directory_id": (22, "not the one its configuration pins"),
     # The elector keeps the committed configuration: a removed voter's
     # grant is counted: a node is elected by too few voters of the
     # configuration in effect (seed 4 before the notices: a vote counted

@@ -26,6 +26,20 @@ from ledgermq.client import Producer, PullConsumer
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 TOPIC = "members"
+# `ledgermq ...` (the arguments after the first) run once the file named by
+# the first argument exists; `<file>.ready` says the imports are done.
+CLI_ON_SIGNAL = """
+import sys, time
+from pathlib import Path
+from ledgermq.cli import main
+import ledgermq.cli.commands.member, ledgermq.webadmin.app
+go = Path(sys.argv[1])
+Path(str(go) + ".ready").touch()
+while not go.exists():
+    time.sleep(0.01)
+sys.argv = ["ledgermq", *sys.argv[2:]]
+main()
+"""
 
 
 def ledgermq(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -187,23 +201,28 @@ def test_a_change_whose_term_ends_before_it_commits_is_retried_by_the_cli(
     where the add, resumable, finishes."""
     cluster = OpsCluster(tmp_path / "c", nodes=4)
     cluster.settings["initial_members"] = [1, 2, 3]
-    # A leader without its followers keeps leading for an election timeout:
-    # long enough here (4 s) for the CLI's process to start and ask it.
+    # A leader without its followers keeps leading for an election timeout (4 s).
     cluster.raft = {"tick_ms": 100, "election_timeout_ticks": 40, "heartbeat_interval_ticks": 1}
     with cluster:
         leader = wait(lambda: view(cluster).get("leader_id"), 30, "a leader")
         followers = [cluster.brokers[n].proc.pid for n in (1, 2, 3) if n != leader]
         spare = cluster.peers[4]
         env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
-        for pid in followers:
-            os.kill(pid, signal.SIGSTOP)
+        go = tmp_path / "go"
+        # The CLI's process starts (and imports) first, and runs the command
+        # when told: on a loaded machine its start-up alone can outlast the
+        # election timeout the leader keeps leading for without followers.
+        adding = subprocess.Popen(
+            [sys.executable, "-c", CLI_ON_SIGNAL, str(go), "member", "add", "--node", "n4",
+             "--address", spare.raft, "--client-address", spare.client,
+             "--admin", cluster.namesrv_url, "--token", TOKEN, "--timeout", "30"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
         try:
-            adding = subprocess.Popen(
-                [sys.executable, "-m", "ledgermq.cli", "member", "add", "--node", "n4",
-                 "--address", spare.raft, "--client-address", spare.client,
-                 "--admin", cluster.namesrv_url, "--token", TOKEN, "--timeout", "20"],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                cwd=REPO)
+            wait(lambda: (tmp_path / "go.ready").exists() or adding.poll() is not None, 60,
+                 "the CLI's process ready")
+            for pid in followers:
+                os.kill(pid, signal.SIGSTOP)
+            go.touch()
 
             def appended() -> bool:  # the add's CONFIG entry, which cannot commit
                 status = loop.run(node_status(cluster.peers[leader].client))
