@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -202,16 +201,16 @@ class _Fault(_Plan):
 
 
 def _schedule(nemeses: list[Nemesis], tmp_path: Path, time_limit: float,
-              seed: int = 7) -> tuple[float, list[str]]:
+              seed: int = 7) -> list[str]:
+    """Run the random schedule; what it logged."""
     said: list[str] = []
     ctx = Context(DiskBackend(1, tmp_path), random.Random(seed),  # type: ignore[arg-type]
                   leader=lambda: None, log=said.append)
     history = History(tmp_path / f"history-{seed}.jsonl")
-    began = time.monotonic()
     asyncio.run(run_schedule(nemeses, Schedule("random", 0.02, 0.02), ctx, history,
                              time_limit, random.Random(seed)))
     history.close()
-    return time.monotonic() - began, said
+    return said
 
 
 def test_a_plan_unfinished_at_the_time_limit_gets_more_periods(tmp_path: Path) -> None:
@@ -220,15 +219,17 @@ def test_a_plan_unfinished_at_the_time_limit_gets_more_periods(tmp_path: Path) -
     (the run's final check would call it invalid for a configuration the plan
     never got to make), and then stops; never past 3 times the limit."""
     plan, fault = _Plan(4), _Fault()
-    _seconds, said = _schedule([plan, fault], tmp_path, 0.1)
+    said = _schedule([plan, fault], tmp_path, 0.1)
     assert plan.finished, plan.done
     assert any("unfinished: periods go on" in line for line in said), said
-    assert "chaos: every plan is carried out" in said
+    assert said[-1] == "chaos: every plan is carried out", said
     # Only faults: the time limit is the time limit.
-    seconds, said = _schedule([_Fault()], tmp_path, 0.1, seed=8)
-    assert not any("unfinished" in line for line in said) and seconds < 0.3
+    said = _schedule([_Fault()], tmp_path, 0.1, seed=8)
+    assert not any("unfinished" in line or "carried out" in line for line in said), said
     # A plan that cannot finish is cut at 3 times the limit (the final check
-    # then reports it).
+    # then reports it): the schedule returns, the plan unfinished.
     endless = _Plan(10**6)
-    seconds, said = _schedule([endless], tmp_path, 0.1, seed=9)
-    assert not endless.finished and 0.3 <= seconds < 1.0
+    said = _schedule([endless], tmp_path, 0.1, seed=9)
+    assert not endless.finished and endless.done > 0
+    assert any("0.3 s in all at most" in line for line in said), said
+    assert "chaos: every plan is carried out" not in said

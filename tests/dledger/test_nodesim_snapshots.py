@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from commitlog import fileio
 from dledger.config import Bugs
-from dledger.testing.nodesim import NodeSimOptions, run_seed
+from dledger.testing.nodesim import NodeSimOptions, NodeSimResult, run_seed
 from dledger.testing.nodesim.checks import final_checks
 from dledger.testing.nodesim.compaction import compact
 from dledger.testing.nodesim.durability import check_commits
@@ -140,6 +140,18 @@ def test_an_early_snapshot_ack_still_leaves_after_the_install() -> None:
     assert h.counts["installs"] == 1
 
 
+def _sweep_seed(seed: int, nodes: int, compaction: float, membership: float,
+                cq_rot: float = 0.0) -> NodeSimResult:
+    """Run `seed` as `ledgermq sim --real-node` runs it with these shares, and
+    require it to pass (a seed with which a sweep found a defect)."""
+    applier = partial(BrokerApplier, rot=CheckpointRot(cq_rot)) if cq_rot else BrokerApplier
+    options = seed_options(seed, NodeSimOptions(nodes=nodes, applier=applier), compaction,
+                           membership)
+    result = run_seed(seed, options)
+    assert result.ok, result.violation
+    return result
+
+
 def test_an_install_cut_by_a_power_cut_keeps_every_segment() -> None:
     """Found by this simulator (seed 7000190, 5 nodes): an install moved a
     staged segment into commitlog/ by a rename across the two directories; a
@@ -147,11 +159,7 @@ def test_an_install_cut_by_a_power_cut_keeps_every_segment() -> None:
     name (a file system without a journal writes the two back on their own),
     and the node could not restart: the segment the INSTALL marker names was
     in neither. Segments now move by link, fsync, unlink."""
-    options = seed_options(7000190, NodeSimOptions(nodes=5, applier=BrokerApplier), 0.5, 0.3)
-    assert options.compaction
-    result = run_seed(7000190, options)
-    assert result.ok, result.violation
-    assert result.counts["installs"] > 0
+    assert _sweep_seed(7000190, 5, 0.5, 0.3).counts["installs"] > 0
 
 
 def test_stale_index_files_never_come_back_after_a_power_cut() -> None:
@@ -159,9 +167,7 @@ def test_stale_index_files_never_come_back_after_a_power_cut() -> None:
     files a conflict repair removed came back after a power cut, since no
     checkpoint synced the index directory; recovery trusted their records
     and the node could not restart (tests/commitlog/test_truncation_power_cut.py)."""
-    options = seed_options(9101397, NodeSimOptions(nodes=3, applier=BrokerApplier), 0.7, 0.5)
-    result = run_seed(9101397, options)
-    assert result.ok, result.violation
+    _sweep_seed(9101397, 3, 0.7, 0.5)
 
 
 def test_an_offer_while_an_install_is_pending_keeps_the_staged_files() -> None:
@@ -171,12 +177,7 @@ def test_an_offer_while_an_install_is_pending_keeps_the_staged_files() -> None:
     the staged files, and the install that followed found none (the node
     failed an invariant). Transfer messages now wait while an install is
     pending, not only while it runs."""
-    applier = partial(BrokerApplier, rot=CheckpointRot(0.3))
-    options = seed_options(12001131, NodeSimOptions(nodes=3, applier=applier), 0.7, 0.5)
-    assert options.compaction
-    result = run_seed(12001131, options)
-    assert result.ok, result.violation
-    assert result.counts["installs"] > 0
+    assert _sweep_seed(12001131, 3, 0.7, 0.5, cq_rot=0.3).counts["installs"] > 0
 
 
 def test_a_node_that_failed_is_not_read_by_the_durability_checks() -> None:
@@ -186,11 +187,7 @@ def test_a_node_that_failed_is_not_read_by_the_durability_checks() -> None:
     claim of n1 asked what n3's disk held and the harness's own assertion
     failed. A failed node now counts as down in those checks (its files are
     read again at its restart)."""
-    applier = partial(BrokerApplier, rot=CheckpointRot(0.3))
-    options = seed_options(12003390, NodeSimOptions(nodes=3, applier=applier), 0.7, 0.5)
-    result = run_seed(12003390, options)
-    assert result.ok, result.violation
-    assert result.counts["node_failures"] > 0
+    assert _sweep_seed(12003390, 3, 0.7, 0.5, cq_rot=0.3).counts["node_failures"] > 0
 
 
 def test_no_snapshot_is_written_with_a_pending_installs_configuration() -> None:
@@ -201,9 +198,5 @@ def test_no_snapshot_is_written_with_a_pending_installs_configuration() -> None:
     and snapshot 20 recorded it. `membership_at` now refuses an index below
     the core's log (LookupError), and snapshots wait for the install, as the
     broker's snapshotter does."""
-    applier = partial(BrokerApplier, rot=CheckpointRot(0.3))
-    options = seed_options(12003263, NodeSimOptions(nodes=3, applier=applier), 0.7, 0.5)
-    assert options.compaction and options.membership
-    result = run_seed(12003263, options)
-    assert result.ok, result.violation
+    result = _sweep_seed(12003263, 3, 0.7, 0.5, cq_rot=0.3)
     assert result.counts["snapshot_configs_checked"] > 0
