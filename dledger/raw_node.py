@@ -20,7 +20,12 @@ Rules
    has the current term (Raft §5.4.2). A new leader appends a NOOP so that
    earlier entries commit without waiting for a client write.
 3. Committed entries are handed out only when also durable locally, so every
-   applied entry survives a crash of this node.
+   applied entry survives a crash of this node. One exception: while a
+   leader's Ready is out (its driver waits for that Ready's fsync),
+   `take_commits` hands out what the followers' acknowledgements commit
+   meanwhile. Those entries are durable on a quorum of the others (rule 2),
+   so the leader's clients need not wait for its own fsync; after a crash
+   of the leader they survive on that quorum.
 4. The leader assigns each new entry's CommitLog position with the injected
    placement rule; followers check it (`RaftLog.append`).
 5. Snapshots: when the entries (or the previous term) a follower needs are
@@ -590,6 +595,29 @@ class RaftNode:
         self._last_soft_state = soft
         self._in_flight = ready
         return ready
+
+    def take_commits(self) -> tuple[Entry, ...]:
+        """A leader's entries committed since its Ready went out, while that
+        Ready is out (the driver waits for its fsync): rule 3's exception.
+
+        Committed means durable on a quorum without this node (it counts
+        itself only for entries reported durable, rule 2), so the leader may
+        apply them, and answer their clients, before its own copy is durable:
+        a crash of this node loses nothing acknowledged. The driver must have
+        applied the out Ready's `committed_entries` first (they come before
+        these). Empty on a follower or candidate, or with no Ready out."""
+        ready = self._in_flight
+        if ready is None or self.elector.role is not Role.LEADER or self.commit <= self.applied:
+            return ()
+        after = self.applied
+        if ready.committed_entries:
+            after = max(after, ready.committed_entries[-1].index)
+        if self.commit <= after:
+            return ()
+        taken = tuple(self.log.entries(after + 1, self.commit + 1, UNLIMITED, UNLIMITED))
+        if taken:
+            self.applied = taken[-1].index
+        return taken
 
     def advance(self, ready: Ready) -> None:
         """The driver persisted, sent and applied everything in `ready`."""

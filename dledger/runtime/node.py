@@ -70,7 +70,7 @@ from commitlog.flush import FlushObserver, Worker
 from commitlog.snapshot import SnapshotInfo, adopt_snapshot, list_snapshots
 from commitlog.sync_thread import SyncThread
 from dledger.config import NO_BUGS, Bugs, Config
-from dledger.entry import HardState, segment_placement
+from dledger.entry import Entry, HardState, segment_placement
 from dledger.log import CommittedDivergence, InvariantViolation, invariant
 from dledger.membership import Membership, bootstrap
 from dledger.membership import encode as encode_membership
@@ -364,6 +364,9 @@ class NodeCounters:
     entries_written: int = 0
     acks_sent: int = 0
     acks_not_durable: int = 0  # acks of entries the follower had not fsynced yet
+    # Leader: entries applied (their clients answered) while its own fsync of
+    # them still ran: committed on a quorum of the others (`take_commits`).
+    applied_before_fsync: int = 0
     peer_errors: int = 0
     # Peer connections refused before their handshake completed, by reason
     # (bad_proof, no_proof, unknown_peer, connection_limit, ..., see transport.py).
@@ -583,6 +586,10 @@ class RaftGroupNode:
         # A Ready `_carry_out` took from the core but could not carry out
         # without waiting: the driver's next.
         self._handoff: Ready | None = None
+        # The leader's Ready the driver is waiting on (its fsync) after
+        # applying its committed entries: commits made meanwhile are applied
+        # at once (`_apply_taken`).
+        self._syncing: Ready | None = None
         self._pending: dict[int, _Proposal] = {}
         # Outcomes of proposals, told to their callers once no Ready is being
         # carried out in this call stack (`_depth` 0): a caller may then
@@ -1207,6 +1214,8 @@ class RaftGroupNode:
         if core is None or self._stopping or self.failed is not None:
             self._run_completions()
             return
+        if self._syncing is not None:
+            self._apply_taken(core)
         if not self._queue and self._handoff is None:
             self._depth += 1
             try:
@@ -1379,10 +1388,50 @@ class RaftGroupNode:
             # First, before anything else of this Ready (dledger/ready.py).
             await self._install_snapshot(rd)
         self._send_now(rd)
+        early = self._may_apply_before_sync(rd)
         waits = self._write(rd)
+        applied = False
         if waits:
-            await asyncio.gather(*waits)
-        self._finish(rd)
+            applied = early and self._apply_before_sync(rd)
+            try:
+                await asyncio.gather(*waits)
+            finally:
+                self._syncing = None
+        self._finish(rd, applied)
+
+    def _may_apply_before_sync(self, rd: Ready) -> bool:
+        """Whether `rd` is a leader's Ready whose only wait is its entries'
+        fsync (no snapshot, no new term or vote): call before `_write`."""
+        core, hs = self._core, rd.hard_state
+        return (core is not None and core.role is Role.LEADER and rd.snapshot is None
+                and bool(rd.entries) and (hs is None or (hs.term, hs.vote) == (
+                    self._hs_latest.term, self._hs_latest.vote)))
+
+    def _apply_before_sync(self, rd: Ready) -> bool:
+        """A leader's Ready that waits only for its entries' fsync
+        (`_may_apply_before_sync`): apply its committed entries (durable
+        here already) now, and from now until the fsync ends whatever the
+        followers' acknowledgements commit (`RaftNode.take_commits`, rule 3's
+        exception): the clients' answers do not wait for this node's own
+        fsync when a quorum of the others holds their entries durably."""
+        if rd.committed_entries:
+            self._apply(rd.committed_entries)
+        self._syncing = rd
+        self._run_completions()
+        return True
+
+    def _apply_taken(self, core: RaftNode) -> None:
+        """While the driver waits for the leader's fsync: apply what the
+        acknowledgements stepped since committed (see _apply_before_sync)."""
+        try:
+            taken = core.take_commits()
+            if taken:
+                self.counters.applied_before_fsync += len(taken)
+                self._apply(taken)
+                self._notify_state()
+        except Exception as exc:
+            self._fail(exc)
+        self._run_completions()
 
     def _send_now(self, rd: Ready) -> None:
         """Step 2 of the contract: `messages` may leave before the write."""
@@ -1427,9 +1476,9 @@ class RaftGroupNode:
                 waits.append(self._save_hard_state())
         return waits
 
-    def _finish(self, rd: Ready) -> None:
-        """Steps 3 and 4, once step 1 is durable: acknowledgements, apply,
-        then the soft state."""
+    def _finish(self, rd: Ready, applied: bool = False) -> None:
+        """Steps 3 and 4, once step 1 is durable: acknowledgements, apply
+        (unless `applied` before the fsync), then the soft state."""
         self._sync_peers()
         if rd.messages_after_persist:
             for msg in rd.messages_after_persist:
@@ -1438,16 +1487,16 @@ class RaftGroupNode:
                     if self.log.durable_index < msg.index:
                         self.counters.acks_not_durable += 1
             self._transport.send(rd.messages_after_persist)
-        if rd.committed_entries:
-            self._apply(rd)
+        if rd.committed_entries and not applied:
+            self._apply(rd.committed_entries)
         if rd.soft_state is not None:
             self._soft_state_changed(rd.soft_state)
 
-    def _apply(self, rd: Ready) -> None:
+    def _apply(self, committed: Sequence[Entry]) -> None:
         batch = self._apply_batch
         last = batch[-1].index if batch else self._applied
         out = [commitlog.Entry(e.index, e.term, e.kind, e.position, e.data)
-               for e in rd.committed_entries if e.index > last]
+               for e in committed if e.index > last]
         if out:
             delay = self.config.follower_apply_delay_ms
             core = self._core
@@ -1463,7 +1512,7 @@ class RaftGroupNode:
                 self._hand_over(out)
         if not self._pending:
             return
-        for e in rd.committed_entries:
+        for e in committed:
             p = self._pending.pop(e.index, None)
             if p is None or p.done:
                 continue

@@ -9,7 +9,11 @@ sit in a heap ordered by (time, sequence number), so a run is a pure function
 of its seed. After every event that touched a node, the node's Ready is
 handled the way the real driver will: write entries and hard state, send
 `messages`, and once the (simulated) fsync completes, send
-`messages_after_persist`, apply `committed_entries` and `advance`.
+`messages_after_persist`, apply `committed_entries` and `advance`. A
+leader's Ready that waits only for its entries' fsync has its committed
+entries applied at once, and while that fsync runs, whatever the
+followers' acknowledgements commit (`RaftNode.take_commits`), as the
+runtime does (docs/raft.md, "Apply").
 
 `SafetyChecker` observes every write, send, commit and leader on the spot, so
 the first broken invariant stops the run at the step that broke it.
@@ -142,6 +146,8 @@ class SimStats:
     # Restarts of a node whose durable log starts after a snapshot.
     snapshot_restarts: int = 0
     wipes: int = 0
+    # Entries a leader applied while its own fsync of them ran (take_commits).
+    applied_before_fsync: int = 0
     trace: deque[str] = field(default_factory=lambda: deque(maxlen=60))
 
 
@@ -212,6 +218,9 @@ class SimCluster:
         # Incremented on every crash so that stale fsync completions are ignored.
         self.generation = dict.fromkeys(self.node_ids, 0)
         self.syncing: dict[int, Ready | None] = dict.fromkeys(self.node_ids)
+        # Leaders whose `syncing` Ready had its committed entries applied
+        # before its fsync: their commits meanwhile are taken (take_commits).
+        self._applying_early: set[int] = set()
         # Clock skew: every node's tick lasts a different number of units.
         self.tick_period = {n: self.rng.randint(*profile.tick_period_units) for n in self.node_ids}
         # Batch and window sizes vary per run: one-entry batches split a new
@@ -405,6 +414,7 @@ class SimCluster:
             return
         self.nodes[n] = None
         self.syncing[n] = None
+        self._applying_early.discard(n)
         self.generation[n] += 1
         self.paused_until[n] = 0
         self._flushing[n] = False
@@ -540,6 +550,11 @@ class SimCluster:
                     self.call_at(self.now + self.rng.randint(1, 30), lambda: self._kill(n))
                 if self.on_new_leader is not None:
                     self.on_new_leader(n)  # before the NOOP leaves: a scenario may cut links
+        if n in self._applying_early:
+            taken = node.take_commits()
+            if taken:
+                self.stats.applied_before_fsync += len(taken)
+                self._apply(n, taken)
         self._drain(n)
         self._check_claim(n)
 
@@ -671,6 +686,14 @@ class SimCluster:
                 wait = hs is not None and (hs.term, hs.vote) != (durable.term, durable.vote)
                 wait = wait or ready.snapshot is not None
             if wait:
+                hs = ready.hard_state
+                if (node.role is Role.LEADER and ready.entries and ready.snapshot is None
+                        and (hs is None or (hs.term, hs.vote) == (durable.term, durable.vote))):
+                    # Only the entries' fsync to wait for: apply what is
+                    # committed now, and take later commits as they come.
+                    if ready.committed_entries:
+                        self._apply(n, ready.committed_entries)
+                    self._applying_early.add(n)
                 self.syncing[n] = ready
                 delay = self.profile.fsync_delay(self.rng)
                 self._schedule(self.now + delay, _SyncDone(n, self.generation[n]))
@@ -683,18 +706,20 @@ class SimCluster:
         if generation != self.generation[n] or ready is None:
             return  # the node crashed while this fsync was pending
         self.syncing[n] = None
+        applied = n in self._applying_early
+        self._applying_early.discard(n)
         if self.flush_async and ready.snapshot is None:
             self.disks[n].sync_hard_state()
         else:
             self.disks[n].sync()
-        self._finish(n, ready)
+        self._finish(n, ready, applied)
         self._after_step(n)
 
-    def _finish(self, n: int, ready: Ready) -> None:
+    def _finish(self, n: int, ready: Ready, applied: bool = False) -> None:
         node = self.nodes[n]
         assert node is not None
         self._send(n, ready.messages_after_persist)
-        if ready.committed_entries:
+        if ready.committed_entries and not applied:
             self._apply(n, ready.committed_entries)
         node.advance(ready)
 

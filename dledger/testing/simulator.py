@@ -133,6 +133,7 @@ class RunResult:
     figure8: bool = False
     pauses: int = 0
     stale_appends: int = 0
+    applied_before_fsync: int = 0
     # flush=async: nodes stopped after detecting lost committed data, and why.
     stopped: dict[int, str] = field(default_factory=dict)
     # flush=async: committed indexes whose entry was later replaced (allowed loss).
@@ -242,6 +243,7 @@ def run_seed(
         figure8=figure8,
         pauses=cluster.stats.pauses,
         stale_appends=cluster.stats.stale_appends,
+        applied_before_fsync=cluster.stats.applied_before_fsync,
         stopped=dict(cluster.stopped),
         committed_lost=cluster.checker.committed_lost,
         compaction=compaction,

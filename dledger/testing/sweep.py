@@ -29,7 +29,7 @@ from dledger.testing.simulator import SimOptions, run_seed
 TOTALS = ("steps", "elections", "crashes", "committed", "compactions", "installs",
           "config_changes", "membership_plans", "membership_plans_done", "membership_refusals",
           "nodes_added", "nodes_removed", "wipes", "repairs", "leader_notices",
-          "leader_notices_taken", "leader_notices_wrong")
+          "leader_notices_taken", "leader_notices_wrong", "applied_before_fsync")
 
 
 def _run(seeds: list[int], options: SimOptions) -> tuple[Counter[str], list[tuple[int, str]]]:

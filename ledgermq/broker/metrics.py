@@ -76,6 +76,9 @@ def _node_counters(c: NodeCounters) -> list[tuple[str, str, int]]:
         ("ledgermq_raft_peer_errors_total", "Messages that could not be sent.", c.peer_errors),
         ("ledgermq_raft_hard_state_saves_total", "Hard-state files written.",
          c.hard_state_saves),
+        ("ledgermq_raft_applied_before_fsync_total",
+         "Entries this leader applied while its own fsync of them ran (flush=sync): "
+         "durable on a quorum of the others.", c.applied_before_fsync),
     ]
 
 

@@ -93,6 +93,9 @@ MEMBERSHIP_COUNTS = (
     "wipes", "wiped_vote_requests", "removed_running", "removed_sends", "open_peers_runs",
     "snapshot_configs_checked",
 )
+# The runtime's own counters summed over every node that ran (NodeCounters):
+# early elections, and entries a leader applied before its own fsync ended.
+NODE_COUNTS = ("leader_lost_notices", "applied_before_fsync")
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,7 @@ class Harness:
         self.close_share = self.connloss_rng.choice(CLOSE_SHARES)
         self.net.model_connections = self.connection_loss
         self.counts.update({"connection_resets": 0, "phantom_losses": 0,
-                            "leader_lost_notices": 0})
+                            **dict.fromkeys(NODE_COUNTS, 0)})
 
     # -------------------------------------------------------------- tracing
 
@@ -345,7 +348,8 @@ class Harness:
     def _abandon(self, slot: Slot) -> None:
         """The process is gone: its loop never runs again."""
         if slot.node is not None:
-            self.counts["leader_lost_notices"] += slot.node.counters.leader_lost_notices
+            for name in NODE_COUNTS:
+                self.counts[name] += getattr(slot.node.counters, name)
         if slot.loop is not None and not slot.loop.dead:
             slot.loop.abandon()
             self.dead_loops.append(slot.loop)
@@ -675,8 +679,9 @@ class Harness:
         out.update({name: self.fs.counts.get(name, 0) for name in FAULT_NAMES})
         out["cache_drops"] = self.fs.cache_drops
         out.update({f"net_{k}": v for k, v in sorted(self.net.counts.items())})
-        out["leader_lost_notices"] += sum(
-            s.node.counters.leader_lost_notices for s in self.slots.values() if s.node is not None)
+        for name in NODE_COUNTS:
+            out[name] += sum(getattr(s.node.counters, name)
+                             for s in self.slots.values() if s.node is not None)
         out["proposals"] = len(self.proposals)
         out["acked"] = sum(p.outcome == "acked" for p in self.proposals)
         return out

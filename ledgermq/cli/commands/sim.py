@@ -99,7 +99,7 @@ def register(app: typer.Typer) -> None:
         counted = ("steps", "elections", "proposals", "committed", "acked", "crashes",
                    "compactions", "installs", "snapshots_sent", "transfer_failures",
                    "snapshot_restarts", "config_changes", "wipes", "repairs", "nodes_added",
-                   "nodes_removed")
+                   "nodes_removed", "applied_before_fsync")
         totals = dict.fromkeys(("runs", *counted, "compaction_runs", "runs_with_install"), 0)
         failures = []
         modes: Counter[str] = Counter()
