@@ -20,12 +20,12 @@ Rules
    has the current term (Raft §5.4.2). A new leader appends a NOOP so that
    earlier entries commit without waiting for a client write.
 3. Committed entries are handed out only when also durable locally, so every
-   applied entry survives a crash of this node. One exception: while a
-   leader's Ready is out (its driver waits for that Ready's fsync),
-   `take_commits` hands out what the followers' acknowledgements commit
-   meanwhile. Those entries are durable on a quorum of the others (rule 2),
-   so the leader's clients need not wait for its own fsync; after a crash
-   of the leader they survive on that quorum.
+   applied entry survives a crash of this node; except on a leader, whose
+   commit is durable on a quorum without it (rule 2): its clients need not
+   wait for its own fsync, and after its crash the entries survive on that
+   quorum. A leader's driver may therefore advance a Ready before its fsync
+   ends (`advance(ready, durable=False)`, then `durable_to`), so that the
+   next Ready's appends and answers do not queue behind its own disk.
 4. The leader assigns each new entry's CommitLog position with the injected
    placement rule; followers check it (`RaftLog.append`).
 5. Snapshots: when the entries (or the previous term) a follower needs are
@@ -544,8 +544,8 @@ class RaftNode:
             or elector.role is not soft.role
             or elector.leader_id != soft.leader_id
             or elector.term != soft.term
-            # The limit never passes stable_index: most passes skip the call.
-            or (self.applied < self.stable_index and self.applied < self._apply_limit())
+            # The limit never passes the commit: most passes skip the call.
+            or (self.applied < self.commit and self.applied < self._apply_limit())
             or (log.unstable_snapshot is not None and log.has_unpersisted_snapshot())
         )
 
@@ -596,31 +596,16 @@ class RaftNode:
         self._in_flight = ready
         return ready
 
-    def take_commits(self) -> tuple[Entry, ...]:
-        """A leader's entries committed since its Ready went out, while that
-        Ready is out (the driver waits for its fsync): rule 3's exception.
+    def advance(self, ready: Ready, durable: bool = True) -> None:
+        """The driver persisted, sent and applied everything in `ready`.
 
-        Committed means durable on a quorum without this node (it counts
-        itself only for entries reported durable, rule 2), so the leader may
-        apply them, and answer their clients, before its own copy is durable:
-        a crash of this node loses nothing acknowledged. The driver must have
-        applied the out Ready's `committed_entries` first (they come before
-        these). Empty on a follower or candidate, or with no Ready out."""
-        ready = self._in_flight
-        if ready is None or self.elector.role is not Role.LEADER or self.commit <= self.applied:
-            return ()
-        after = self.applied
-        if ready.committed_entries:
-            after = max(after, ready.committed_entries[-1].index)
-        if self.commit <= after:
-            return ()
-        taken = tuple(self.log.entries(after + 1, self.commit + 1, UNLIMITED, UNLIMITED))
-        if taken:
-            self.applied = taken[-1].index
-        return taken
-
-    def advance(self, ready: Ready) -> None:
-        """The driver persisted, sent and applied everything in `ready`."""
+        `durable=False`: its entries are written but their fsync still runs
+        (a leader's Ready under flush=sync whose only wait was that fsync,
+        and which had no `messages_after_persist`): the driver reports the
+        fsync's end with `durable_to`, and until then this node does not
+        count them toward a commit (rule 2). The next Ready may go out
+        meanwhile, so the leader's appends and answers do not queue behind
+        its own disk."""
         if ready is not self._in_flight:
             raise InvariantViolation("advance() with a Ready this node did not hand out")
         self._in_flight = None
@@ -628,12 +613,24 @@ class RaftNode:
             self.stable_index = max(self.stable_index, ready.snapshot.index)
         if ready.entries:
             last = ready.entries[-1]
-            if self.log.stable_to(last.index, last.term):
+            if self.log.stable_to(last.index, last.term) and durable:
                 self.stable_index = max(self.stable_index, last.index)
         if ready.committed_entries:
             # max: a snapshot restored while this Ready was out moved applied past it.
             self.applied = max(self.applied, ready.committed_entries[-1].index)
         if self.elector.role is Role.LEADER and self._maybe_commit():  # told as rule 6 says
+            self._after_commit()
+
+    def durable_to(self, index: int) -> None:
+        """The storage made the current log durable up to `index` (an fsync
+        of entries advanced with `durable=False` ended; the driver reads the
+        index from its storage, which drops what a truncation cut). Counted
+        only over entries already advanced (written)."""
+        index = min(index, self.log.offset - 1)
+        if index <= self.stable_index:
+            return
+        self.stable_index = index
+        if self.elector.role is Role.LEADER and self._maybe_commit():
             self._after_commit()
 
     # -------------------------------------------------------------- internals
@@ -649,6 +646,11 @@ class RaftNode:
     def _apply_limit(self) -> int:
         if self.bugs.apply_before_commit:
             return self.stable_index
+        if self.elector.role is Role.LEADER:
+            # Rule 3's exception: a leader's commit counts itself only for
+            # what it synced (rule 2), so a committed entry is durable on a
+            # quorum even when this node's own fsync of it still runs.
+            return self.commit
         return min(self.commit, self.stable_index)
 
     def _append_as_leader(self, kind: int, data: bytes,

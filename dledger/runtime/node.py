@@ -365,7 +365,7 @@ class NodeCounters:
     acks_sent: int = 0
     acks_not_durable: int = 0  # acks of entries the follower had not fsynced yet
     # Leader: entries applied (their clients answered) while its own fsync of
-    # them still ran: committed on a quorum of the others (`take_commits`).
+    # them still ran: committed on a quorum of the others (RaftNode rule 3).
     applied_before_fsync: int = 0
     peer_errors: int = 0
     # Peer connections refused before their handshake completed, by reason
@@ -586,10 +586,12 @@ class RaftGroupNode:
         # A Ready `_carry_out` took from the core but could not carry out
         # without waiting: the driver's next.
         self._handoff: Ready | None = None
-        # The leader's Ready the driver is waiting on (its fsync) after
-        # applying its committed entries: commits made meanwhile are applied
-        # at once (`_apply_taken`).
-        self._syncing: Ready | None = None
+        # A leader's Readies advanced before their fsync ended
+        # (`_handle_unsynced`): the last of their entries, and the task
+        # telling the core when the log is durable that far.
+        self._unsynced_target = 0
+        self._unsynced_wake = asyncio.Event()
+        self._durability_task: asyncio.Task[None] | None = None
         self._pending: dict[int, _Proposal] = {}
         # Outcomes of proposals, told to their callers once no Ready is being
         # carried out in this call stack (`_depth` 0): a caller may then
@@ -922,6 +924,9 @@ class RaftGroupNode:
         failures: list[Exception] = []
         if self._ticker_task is not None:
             await self._step(failures, "ticker", cancel_and_wait([self._ticker_task]))
+        if self._durability_task is not None:
+            await self._step(failures, "durability reports",
+                             cancel_and_wait([self._durability_task]))
         self._wake.set()
         if self._driver is not None:
             # The driver returns after the Ready in progress (it turns its own
@@ -1214,23 +1219,27 @@ class RaftGroupNode:
         if core is None or self._stopping or self.failed is not None:
             self._run_completions()
             return
-        if self._syncing is not None:
-            self._apply_taken(core)
         if not self._queue and self._handoff is None:
             self._depth += 1
             try:
                 while core.has_ready():
                     rd = core.ready()
+                    durable = True
                     if self._must_wait(rd):
-                        if not self._syncs_in_place(rd, core):
+                        if self._syncs_in_place(rd, core):
+                            self.counters.inline_readies += 1
+                            self._handle_synced_now(rd)
+                        elif self._leader_unsynced(rd, core):
+                            self.counters.inline_readies += 1
+                            self._handle_unsynced(rd)
+                            durable = False
+                        else:
                             self._handoff = rd
                             break
-                        self.counters.inline_readies += 1
-                        self._handle_synced_now(rd)
                     else:
                         self.counters.inline_readies += 1
                         self._handle_now(rd)
-                    core.advance(rd)
+                    core.advance(rd, durable)
                     self._advanced()
             except Exception as exc:
                 self._fail(exc)
@@ -1316,8 +1325,12 @@ class RaftGroupNode:
                     ready = core.ready()
                 else:
                     self._handoff = None  # taken by _carry_out, which could not wait
-                await self._handle_ready(ready)
-                core.advance(ready)
+                if self._leader_unsynced(ready, core):
+                    self._handle_unsynced(ready)
+                    core.advance(ready, durable=False)
+                else:
+                    await self._handle_ready(ready)
+                    core.advance(ready)
                 self._advanced()
                 self._run_completions()
         except asyncio.CancelledError:
@@ -1388,50 +1401,72 @@ class RaftGroupNode:
             # First, before anything else of this Ready (dledger/ready.py).
             await self._install_snapshot(rd)
         self._send_now(rd)
-        early = self._may_apply_before_sync(rd)
         waits = self._write(rd)
-        applied = False
         if waits:
-            applied = early and self._apply_before_sync(rd)
-            try:
-                await asyncio.gather(*waits)
-            finally:
-                self._syncing = None
-        self._finish(rd, applied)
+            await asyncio.gather(*waits)
+        self._finish(rd)
 
-    def _may_apply_before_sync(self, rd: Ready) -> bool:
+    def _leader_unsynced(self, rd: Ready, core: RaftNode) -> bool:
         """Whether `rd` is a leader's Ready whose only wait is its entries'
-        fsync (no snapshot, no new term or vote): call before `_write`."""
-        core, hs = self._core, rd.hard_state
-        return (core is not None and core.role is Role.LEADER and rd.snapshot is None
-                and bool(rd.entries) and (hs is None or (hs.term, hs.vote) == (
-                    self._hs_latest.term, self._hs_latest.vote)))
+        fsync (flush=sync; no snapshot, no new term or vote, nothing to send
+        after the persist): carried out and advanced at once, its fsync's
+        end told to the core later (`_handle_unsynced`)."""
+        hs = rd.hard_state
+        return (core.role is Role.LEADER and self.config.flush == "sync" and bool(rd.entries)
+                and rd.snapshot is None and not rd.messages_after_persist
+                and (hs is None or (hs.term, hs.vote) == (self._hs_latest.term,
+                                                          self._hs_latest.vote)))
 
-    def _apply_before_sync(self, rd: Ready) -> bool:
-        """A leader's Ready that waits only for its entries' fsync
-        (`_may_apply_before_sync`): apply its committed entries (durable
-        here already) now, and from now until the fsync ends whatever the
-        followers' acknowledgements commit (`RaftNode.take_commits`, rule 3's
-        exception): the clients' answers do not wait for this node's own
-        fsync when a quorum of the others holds their entries durably."""
-        if rd.committed_entries:
-            self._apply(rd.committed_entries)
-        self._syncing = rd
-        self._run_completions()
-        return True
+    def _handle_unsynced(self, rd: Ready) -> None:
+        """A leader's Ready that waits only for its entries' fsync, carried
+        out without waiting (RaftNode rule 3): the appends leave, the
+        entries are written and handed to the fsync, the committed entries
+        are applied. The caller advances it with `durable=False`; the
+        durability task reports the fsync's end (`RaftNode.durable_to`).
+        Until then the leader does not count these entries toward a commit,
+        so what it answers meanwhile a quorum of the others holds durably,
+        and its next Ready need not wait for its disk."""
+        self.counters.readies += 1
+        self._send_now(rd)
+        self._write(rd, reported=True)
+        self._unsynced_target = max(self._unsynced_target, rd.entries[-1].index)
+        self._unsynced_wake.set()
+        if self._durability_task is None:
+            self._durability_task = asyncio.get_running_loop().create_task(
+                self._report_durable(), name=f"raft-{self.config.node_id}-durable")
+        self._finish(rd)
 
-    def _apply_taken(self, core: RaftNode) -> None:
-        """While the driver waits for the leader's fsync: apply what the
-        acknowledgements stepped since committed (see _apply_before_sync)."""
+    async def _report_durable(self) -> None:
+        """Tell the core how far the log is durable whenever a fsync of a
+        leader's unsynced entries ends (see _handle_unsynced)."""
+        log = self.log
         try:
-            taken = core.take_commits()
-            if taken:
-                self.counters.applied_before_fsync += len(taken)
-                self._apply(taken)
-                self._notify_state()
+            while not self._stopping:
+                await self._unsynced_wake.wait()
+                self._unsynced_wake.clear()
+                while (core := self._core) is not None and self.failed is None:
+                    target = min(self._unsynced_target, log.last_index)
+                    if log.durable_index < target:
+                        try:
+                            await self._flusher.wait_durable(target)
+                        except StorageError:
+                            if self._flusher.failed is not None or log.failed is not None:
+                                raise
+                            break  # truncated meanwhile: not leading any more
+                    before = core.stable_index
+                    if log.durable_index > before:
+                        core.durable_to(log.durable_index)
+                    if core.stable_index == before:
+                        # Nothing new it may count (a follower's entries
+                        # synced before its Ready was advanced are its own
+                        # driver's to report).
+                        break
+                    self._advanced()
+                    self._carry_out()
+        except asyncio.CancelledError:
+            raise
         except Exception as exc:
             self._fail(exc)
-        self._run_completions()
 
     def _send_now(self, rd: Ready) -> None:
         """Step 2 of the contract: `messages` may leave before the write."""
@@ -1450,11 +1485,12 @@ class RaftGroupNode:
                     break
             self._transport.send(messages)
 
-    def _write(self, rd: Ready, sync_in_place: bool = False) -> list[Awaitable[Any]]:
+    def _write(self, rd: Ready, sync_in_place: bool = False,
+               reported: bool = False) -> list[Awaitable[Any]]:
         """Step 1: write the entries and the hard state; what must be awaited
         before `messages_after_persist` leave (fsync of the entries under
-        flush="sync", unless the caller syncs them in place, and a new term
-        or vote always)."""
+        flush="sync", unless the caller syncs them in place or has their
+        fsync `reported` to the core, and a new term or vote always)."""
         waits: list[Awaitable[Any]] = []
         if rd.entries:
             # Only entries above the last commit handed out may be replaced.
@@ -1464,7 +1500,7 @@ class RaftGroupNode:
             self.counters.entries_written += len(rd.entries)
             if not sync_in_place:
                 self._flusher.appended()
-            if rd.must_sync and self.config.flush == "sync" and not sync_in_place:
+            if rd.must_sync and self.config.flush == "sync" and not (sync_in_place or reported):
                 waits.append(self._flusher.wait_durable(rd.entries[-1].index, self.log.generation))
         if rd.hard_state is not None:
             hs = rd.hard_state
@@ -1476,9 +1512,9 @@ class RaftGroupNode:
                 waits.append(self._save_hard_state())
         return waits
 
-    def _finish(self, rd: Ready, applied: bool = False) -> None:
-        """Steps 3 and 4, once step 1 is durable: acknowledgements, apply
-        (unless `applied` before the fsync), then the soft state."""
+    def _finish(self, rd: Ready) -> None:
+        """Steps 3 and 4, once step 1 is durable: acknowledgements, apply,
+        then the soft state."""
         self._sync_peers()
         if rd.messages_after_persist:
             for msg in rd.messages_after_persist:
@@ -1487,7 +1523,7 @@ class RaftGroupNode:
                     if self.log.durable_index < msg.index:
                         self.counters.acks_not_durable += 1
             self._transport.send(rd.messages_after_persist)
-        if rd.committed_entries and not applied:
+        if rd.committed_entries:
             self._apply(rd.committed_entries)
         if rd.soft_state is not None:
             self._soft_state_changed(rd.soft_state)
@@ -1497,6 +1533,10 @@ class RaftGroupNode:
         last = batch[-1].index if batch else self._applied
         out = [commitlog.Entry(e.index, e.term, e.kind, e.position, e.data)
                for e in committed if e.index > last]
+        if out and self.config.flush == "sync" and out[-1].index > self.log.durable_index:
+            # A leader's (RaftNode rule 3): durable on a quorum of the others.
+            self.counters.applied_before_fsync += (
+                out[-1].index - max(self.log.durable_index, out[0].index - 1))
         if out:
             delay = self.config.follower_apply_delay_ms
             core = self._core

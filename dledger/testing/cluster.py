@@ -10,10 +10,10 @@ of its seed. After every event that touched a node, the node's Ready is
 handled the way the real driver will: write entries and hard state, send
 `messages`, and once the (simulated) fsync completes, send
 `messages_after_persist`, apply `committed_entries` and `advance`. A
-leader's Ready that waits only for its entries' fsync has its committed
-entries applied at once, and while that fsync runs, whatever the
-followers' acknowledgements commit (`RaftNode.take_commits`), as the
-runtime does (docs/raft.md, "Apply").
+leader's Ready that waits only for its entries' fsync is advanced at once
+(`advance(ready, durable=False)`) and its fsync's end reported with
+`durable_to`, as the runtime does (docs/raft.md, "Apply"): its next Ready
+goes out meanwhile.
 
 `SafetyChecker` observes every write, send, commit and leader on the spot, so
 the first broken invariant stops the run at the step that broke it.
@@ -99,11 +99,13 @@ class _SyncDone:
 
 @dataclass(frozen=True, slots=True)
 class _FlushDone:
-    """flush=async: a background flush made writes up to `upto` durable."""
+    """flush=async: a background flush made writes up to `upto` durable; or
+    (`leader`) the fsync of a leader's Ready it advanced before that fsync."""
 
     node: int
     generation: int
     upto: int
+    leader: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +148,7 @@ class SimStats:
     # Restarts of a node whose durable log starts after a snapshot.
     snapshot_restarts: int = 0
     wipes: int = 0
-    # Entries a leader applied while its own fsync of them ran (take_commits).
+    # Entries a leader applied while its own fsync of them ran.
     applied_before_fsync: int = 0
     trace: deque[str] = field(default_factory=lambda: deque(maxlen=60))
 
@@ -218,9 +220,6 @@ class SimCluster:
         # Incremented on every crash so that stale fsync completions are ignored.
         self.generation = dict.fromkeys(self.node_ids, 0)
         self.syncing: dict[int, Ready | None] = dict.fromkeys(self.node_ids)
-        # Leaders whose `syncing` Ready had its committed entries applied
-        # before its fsync: their commits meanwhile are taken (take_commits).
-        self._applying_early: set[int] = set()
         # Clock skew: every node's tick lasts a different number of units.
         self.tick_period = {n: self.rng.randint(*profile.tick_period_units) for n in self.node_ids}
         # Batch and window sizes vary per run: one-entry batches split a new
@@ -414,7 +413,6 @@ class SimCluster:
             return
         self.nodes[n] = None
         self.syncing[n] = None
-        self._applying_early.discard(n)
         self.generation[n] += 1
         self.paused_until[n] = 0
         self._flushing[n] = False
@@ -515,8 +513,14 @@ class SimCluster:
         n, generation, upto = event.node, event.generation, event.upto
         if generation != self.generation[n]:
             return
-        self._flushing[n] = False
         self.disks[n].sync(upto)
+        if not event.leader:
+            self._flushing[n] = False
+            return
+        node = self.nodes[n]
+        if node is not None:
+            node.durable_to(self._durable_prefix(n))
+            self._after_step(n)
 
     def _deliver(self, msg: Message) -> None:
         node = self.nodes[msg.dst]
@@ -550,11 +554,6 @@ class SimCluster:
                     self.call_at(self.now + self.rng.randint(1, 30), lambda: self._kill(n))
                 if self.on_new_leader is not None:
                     self.on_new_leader(n)  # before the NOOP leaves: a scenario may cut links
-        if n in self._applying_early:
-            taken = node.take_commits()
-            if taken:
-                self.stats.applied_before_fsync += len(taken)
-                self._apply(n, taken)
         self._drain(n)
         self._check_claim(n)
 
@@ -581,10 +580,15 @@ class SimCluster:
             # under config_on_commit the committed one). A follower's
             # configuration may lag the one its leader counted.
             last = entries[-1]
-            self._claim_voters = node.commit_voters
-            holders, abstaining = self._holders(self._claim_voters, last.index, last.term)
-            self.checker.observe_leader_claim(n, last, holders, abstaining,
-                                              len(self._claim_voters))
+            voters = node.commit_voters
+            latest = self.checker.latest_committed()
+            if latest is None or last.index >= latest.index:
+                # The voters of the newest claim: a stale leader (paused
+                # through a newer leader's term) claiming an older index
+                # does not speak for the newest committed entry.
+                self._claim_voters = voters
+            holders, abstaining = self._holders(voters, last.index, last.term)
+            self.checker.observe_leader_claim(n, last, holders, abstaining, len(voters))
         self._check_electable()
 
     def _holders(self, voters: tuple[tuple[int, int], ...], index: int,
@@ -685,15 +689,22 @@ class SimCluster:
                 hs = ready.hard_state
                 wait = hs is not None and (hs.term, hs.vote) != (durable.term, durable.vote)
                 wait = wait or ready.snapshot is not None
+            hs = ready.hard_state
+            if wait and (node.role is Role.LEADER and ready.entries and ready.snapshot is None
+                         and not ready.messages_after_persist
+                         and (hs is None or (hs.term, hs.vote) == (durable.term, durable.vote))
+                         and node.commit < ready.entries[0].index - 1):
+                # A leader's Ready whose only wait is its entries' fsync,
+                # while earlier entries are still in flight: on at once, the
+                # fsync's end reported by _flush_done. With nothing else in
+                # flight it waits, as the runtime syncs a lone entry in place
+                # (dledger/runtime/node.py, `_syncs_in_place`).
+                delay = self.profile.fsync_delay(self.rng)
+                self._schedule(self.now + delay, _FlushDone(n, self.generation[n], disk.issued,
+                                                            leader=True))
+                self._finish(n, ready, durable=False)
+                continue
             if wait:
-                hs = ready.hard_state
-                if (node.role is Role.LEADER and ready.entries and ready.snapshot is None
-                        and (hs is None or (hs.term, hs.vote) == (durable.term, durable.vote))):
-                    # Only the entries' fsync to wait for: apply what is
-                    # committed now, and take later commits as they come.
-                    if ready.committed_entries:
-                        self._apply(n, ready.committed_entries)
-                    self._applying_early.add(n)
                 self.syncing[n] = ready
                 delay = self.profile.fsync_delay(self.rng)
                 self._schedule(self.now + delay, _SyncDone(n, self.generation[n]))
@@ -706,22 +717,40 @@ class SimCluster:
         if generation != self.generation[n] or ready is None:
             return  # the node crashed while this fsync was pending
         self.syncing[n] = None
-        applied = n in self._applying_early
-        self._applying_early.discard(n)
         if self.flush_async and ready.snapshot is None:
             self.disks[n].sync_hard_state()
         else:
             self.disks[n].sync()
-        self._finish(n, ready, applied)
+        self._finish(n, ready)
         self._after_step(n)
 
-    def _finish(self, n: int, ready: Ready, applied: bool = False) -> None:
+    def _finish(self, n: int, ready: Ready, durable: bool = True) -> None:
         node = self.nodes[n]
         assert node is not None
         self._send(n, ready.messages_after_persist)
-        if ready.committed_entries and not applied:
+        if ready.committed_entries:
+            if node.role is Role.LEADER:
+                synced = self._durable_prefix(n)
+                self.stats.applied_before_fsync += sum(
+                    e.index > synced for e in ready.committed_entries)
             self._apply(n, ready.committed_entries)
-        node.advance(ready)
+        node.advance(ready, durable)
+
+    def _durable_prefix(self, n: int) -> int:
+        """How far node n's current log is durable: the last durable entry
+        whose term matches the log's (Log Matching covers the prefix), as a
+        CommitLog's `durable_index` drops what a truncation cut."""
+        node, disk = self.nodes[n], self.disks[n]
+        assert node is not None
+        index = min(disk.durable_last()[1], node.log.last_index)
+        while index > 0:
+            term = node.log.term_or_none(index)
+            if term is None:
+                return 0  # below what the log can tell: claims nothing new
+            if disk.durable_term_any(index) == term:
+                return index
+            index -= 1
+        return 0
 
     def _check_one_change(self, leader: RaftNode) -> None:
         """A leader's log holds at most one uncommitted CONFIG entry of its term."""

@@ -40,13 +40,19 @@ SEED_BUDGET = 200
 CAUGHT_BY_SCENARIO = {"follower_commit_to_last_index"}
 # Switches that need membership changes in every seed, and must break safety.
 MEMBERSHIP_ONLY = {"config_on_commit"}
+# Their budget: `config_on_commit` breaks safety only in the window between a
+# CONFIG entry's append and its commit, which a leader that no longer waits
+# for its own fsync before its next Ready (RaftNode rule 3, issue 18)
+# shortened: its first failing seed on 3 nodes moved from 125 to 242.
+MEMBERSHIP_SEED_BUDGET = 300
 
 
 def first_failure(bug: str, nodes: int) -> None:
     options = SimOptions(nodes=nodes, bugs=Bugs.only(bug))
     if bug in MEMBERSHIP_ONLY:
         options = SimOptions(nodes=nodes, bugs=Bugs.only(bug), membership=1.0)
-    for seed in range(1, SEED_BUDGET + 1):
+    budget = MEMBERSHIP_SEED_BUDGET if bug in MEMBERSHIP_ONLY else SEED_BUDGET
+    for seed in range(1, budget + 1):
         result = run_seed(seed, options)
         if not result.ok:
             print(f"{bug} ({nodes} nodes): found at seed {seed} "
@@ -57,7 +63,7 @@ def first_failure(bug: str, nodes: int) -> None:
             again = run_seed(seed, options)
             assert again.violation == result.violation and again.steps == result.steps
             return
-    pytest.fail(f"bug {bug!r} not detected in {SEED_BUDGET} seeds on {nodes} nodes")
+    pytest.fail(f"bug {bug!r} not detected in {budget} seeds on {nodes} nodes")
 
 
 @pytest.mark.parametrize("bug", [b for b in Bugs.names() if b not in CAUGHT_BY_SCENARIO])

@@ -1,6 +1,7 @@
 """flush=sync: a leader answers what a quorum of the others holds durably
-without waiting for its own fsync (`RaftNode.take_commits`), and never
-with fewer copies.
+without waiting for its own fsync (RaftNode rule 3: the runtime advances
+its Ready before that fsync ends and reports the end with `durable_to`),
+and never with fewer copies.
 
 Three `RaftGroupNode`s on one loop over real TCP and real CommitLogs; the
 leader's fsyncs run on a real fsync thread whose jobs a test holds back
