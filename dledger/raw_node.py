@@ -1167,6 +1167,14 @@ def _decode(entry: Entry) -> Membership:
         raise  # unreachable: invariant() raised
 
 
+def stored_membership(storage: LogStorage, bootstrap: Membership) -> Membership:
+    """The configuration a core started on `storage` will have in effect
+    (its snapshot's, or `bootstrap`, then the last CONFIG entry stored):
+    for a driver or a checker that asks before the core exists. Reads the
+    whole stored log without a `config_entries` hook."""
+    return _configs_of(storage, bootstrap).current[1]
+
+
 def _configs_of(storage: LogStorage, bootstrap: Membership) -> ConfigHistory:
     """The configurations of the stored log: its snapshot's (or the bootstrap
     one), then one per CONFIG entry stored after it."""

@@ -70,7 +70,7 @@ from commitlog.flush import FlushObserver, Worker
 from commitlog.snapshot import SnapshotInfo, adopt_snapshot, list_snapshots
 from commitlog.sync_thread import SyncThread
 from dledger.config import NO_BUGS, Bugs, Config
-from dledger.entry import Entry, HardState, segment_placement
+from dledger.entry import HardState, segment_placement
 from dledger.log import CommittedDivergence, InvariantViolation, invariant
 from dledger.membership import Membership, bootstrap
 from dledger.membership import encode as encode_membership
@@ -1524,15 +1524,15 @@ class RaftGroupNode:
                         self.counters.acks_not_durable += 1
             self._transport.send(rd.messages_after_persist)
         if rd.committed_entries:
-            self._apply(rd.committed_entries)
+            self._apply(rd)
         if rd.soft_state is not None:
             self._soft_state_changed(rd.soft_state)
 
-    def _apply(self, committed: Sequence[Entry]) -> None:
+    def _apply(self, rd: Ready) -> None:
         batch = self._apply_batch
         last = batch[-1].index if batch else self._applied
         out = [commitlog.Entry(e.index, e.term, e.kind, e.position, e.data)
-               for e in committed if e.index > last]
+               for e in rd.committed_entries if e.index > last]
         if out and self.config.flush == "sync" and out[-1].index > self.log.durable_index:
             # A leader's (RaftNode rule 3): durable on a quorum of the others.
             self.counters.applied_before_fsync += (
@@ -1552,7 +1552,7 @@ class RaftGroupNode:
                 self._hand_over(out)
         if not self._pending:
             return
-        for e in committed:
+        for e in rd.committed_entries:
             p = self._pending.pop(e.index, None)
             if p is None or p.done:
                 continue

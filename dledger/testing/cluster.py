@@ -10,10 +10,11 @@ of its seed. After every event that touched a node, the node's Ready is
 handled the way the real driver will: write entries and hard state, send
 `messages`, and once the (simulated) fsync completes, send
 `messages_after_persist`, apply `committed_entries` and `advance`. A
-leader's Ready that waits only for its entries' fsync is advanced at once
-(`advance(ready, durable=False)`) and its fsync's end reported with
-`durable_to`, as the runtime does (docs/raft.md, "Apply"): its next Ready
-goes out meanwhile.
+leader's Ready that waits only for its entries' fsync while earlier entries
+are still in flight is advanced at once (`advance(ready, durable=False)`)
+and its fsync's end reported with `durable_to`, as the runtime does
+(docs/raft.md, "Apply"): its next Ready goes out meanwhile. A lone one
+waits, as the runtime syncs it in place.
 
 `SafetyChecker` observes every write, send, commit and leader on the spot, so
 the first broken invariant stops the run at the step that broke it.

@@ -141,12 +141,14 @@ def test_an_early_snapshot_ack_still_leaves_after_the_install() -> None:
 
 
 def _sweep_seed(seed: int, nodes: int, compaction: float, membership: float,
-                cq_rot: float = 0.0) -> NodeSimResult:
+                cq_rot: float = 0.0, flush: str = "mix",
+                connection_loss: float = NodeSimOptions.connection_loss) -> NodeSimResult:
     """Run `seed` as `ledgermq sim --real-node` runs it with these shares, and
     require it to pass (a seed with which a sweep found a defect)."""
     applier = partial(BrokerApplier, rot=CheckpointRot(cq_rot)) if cq_rot else BrokerApplier
-    options = seed_options(seed, NodeSimOptions(nodes=nodes, applier=applier), compaction,
-                           membership)
+    options = seed_options(seed, NodeSimOptions(nodes=nodes, applier=applier, flush=flush,
+                                                connection_loss=connection_loss),
+                           compaction, membership)
     result = run_seed(seed, options)
     assert result.ok, result.violation
     return result
@@ -200,3 +202,17 @@ def test_no_snapshot_is_written_with_a_pending_installs_configuration() -> None:
     broker's snapshotter does."""
     result = _sweep_seed(12003263, 3, 0.7, 0.5, cq_rot=0.3)
     assert result.counts["snapshot_configs_checked"] > 0
+
+
+def test_a_node_being_restarted_is_checked_under_its_stored_configuration() -> None:
+    """Found by this simulator (seed 16100146, 5 nodes, flush=sync, every
+    seed with connection loss): n3, power-cut and restarted with a log of
+    1..86 holding the configuration [1, 2, 3, 6, 7], was checked before its
+    core existed, under the bootstrap voters [1, 2, 3, 4, 5] its
+    `membership` gives before start; with the removed n4 and n5 still
+    running, the check found it electable without entry 121 (a false
+    violation: a node campaigns only once started, under the configuration
+    its log holds). The checks now read a restarting node's configuration
+    from its stored log (`dledger.raw_node.stored_membership`)."""
+    result = _sweep_seed(16100146, 5, 0.7, 0.5, cq_rot=0.3, flush="sync", connection_loss=1.0)
+    assert result.counts["removed_running"] > 0

@@ -59,6 +59,8 @@ from dledger.messages import (
     VoteRequest,
     VoteResponse,
 )
+from dledger.raw_node import stored_membership
+from dledger.runtime.node import RaftGroupNode
 from dledger.runtime.snapshot_transfer import SnapshotAck
 from dledger.testing.nodesim.world import Slot, World
 
@@ -198,6 +200,18 @@ def _holders(h: World, membership: Membership, held: set[int]) -> int:
     return count
 
 
+def _view(node: RaftGroupNode) -> Membership:
+    """The configuration the node acts on: its core's, or, while it is being
+    restarted (its CommitLog open, its core not made yet), the one its core
+    will read from its stored log. Not its `membership` property, which
+    gives the bootstrap configuration before start: a restarted node taken to
+    campaign under the bootstrap voters looked electable by removed nodes
+    (seed 16100146, a false violation)."""
+    if node.core is not None:
+        return node.membership
+    return stored_membership(node.storage, node.config.bootstrap_membership())
+
+
 def quorum_configs(h: World, slot: Slot, index: int) -> list[Membership]:
     """The configurations a leader that committed `index` may have counted
     with, as far as the node in `slot` and the run can tell: its own in effect
@@ -208,7 +222,7 @@ def quorum_configs(h: World, slot: Slot, index: int) -> list[Membership]:
     node = slot.node
     core = node.core if node is not None else None
     if core is None:
-        return [node.membership if node is not None else h.configs.bootstrap]
+        return [_view(node) if node is not None else h.configs.bootstrap]
     base = core.configs.at(index)[0]
     out = [m for i, m in core.configs.items() if i >= base]
     if h.membership:
@@ -283,7 +297,7 @@ def electable_without(h: World, commit: int, term: int) -> str | None:
         cnode = cand.node
         if not readable(cand) or cnode is None:
             continue  # down, or failed: it campaigns only after a restart
-        view = cnode.membership
+        view = _view(cnode)
         if not view.can_vote(cand.nid, cand.directory_id):
             continue  # it never campaigns
         clog = cnode.log
@@ -299,7 +313,7 @@ def electable_without(h: World, commit: int, term: int) -> str | None:
                 continue  # not counted: another directory answers for that voter
             vnode = vslot.node
             if vnode is not None and vslot is not cand \
-                    and not vnode.membership.identity_matches(cand.nid, cand.directory_id):
+                    and not _view(vnode).identity_matches(cand.nid, cand.directory_id):
                 continue  # it refuses a candidate pinned to another directory
             v_term, v_index = voters[m.node_id]
             if last_term > v_term or (last_term == v_term and last_index >= v_index):
