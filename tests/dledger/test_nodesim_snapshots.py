@@ -216,3 +216,13 @@ def test_a_node_being_restarted_is_checked_under_its_stored_configuration() -> N
     from its stored log (`dledger.raw_node.stored_membership`)."""
     result = _sweep_seed(16100146, 5, 0.7, 0.5, cq_rot=0.3, flush="sync", connection_loss=1.0)
     assert result.counts["removed_running"] > 0
+
+
+def test_a_disk_full_announced_in_an_earlier_incarnation_is_an_injected_fault() -> None:
+    """Found by this simulator (seed 16001537, 3 nodes, flush=sync): an
+    injected short write leaves the node's disk full for its next write; n2
+    died before that write, and its restart's first write (an index file)
+    got the ENOSPC, which the harness, counting no new injected fault, took
+    for a failure of the restart itself. The announced disk full now counts
+    as an injected fault: the restart is retried like any other that met one."""
+    assert _sweep_seed(16001537, 3, 0.7, 0.5, cq_rot=0.3).counts["restart_faults"] > 0

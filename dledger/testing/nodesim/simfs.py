@@ -318,7 +318,11 @@ class SimFileSystem:
         f, inode = self._file(fd)
         node = f.node
         if node in self._full:
+            # The disk full that an injected short write announced: counted
+            # as the node's injected fault too, since it may come in a later
+            # incarnation (a restart's first write: seed 16001537).
             self._full.discard(node)
+            self._node_counts[node] += 1
             raise _oserror(errno.ENOSPC, f.path)
         data = bytes(data)
         if self._roll(node, "enospc_write"):
