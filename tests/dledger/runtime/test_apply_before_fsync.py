@@ -59,6 +59,14 @@ async def start(cluster: Cluster) -> dict[int, HeldWorker]:
     return workers
 
 
+async def stop(cluster: Cluster, workers: dict[int, HeldWorker]) -> None:
+    for worker in workers.values():
+        worker.release.set()
+    await cluster.stop_all()
+    for worker in workers.values():
+        worker.shutdown()
+
+
 def test_a_quorum_of_followers_answers_while_the_leaders_fsync_is_held(tmp_path: Path) -> None:
     async def main() -> None:
         cluster = Cluster(tmp_path, flush="sync")
@@ -84,11 +92,7 @@ def test_a_quorum_of_followers_answers_while_the_leaders_fsync_is_held(tmp_path:
                              "the leader's held fsync to end")
             assert await cluster.wait_converged() >= entry.index
         finally:
-            for worker in workers.values():
-                worker.release.set()
-            await cluster.stop_all()
-            for worker in workers.values():
-                worker.shutdown()
+            await stop(cluster, workers)
 
     run(main())
 
@@ -116,10 +120,6 @@ def test_one_follower_and_a_held_leader_answer_nothing(tmp_path: Path) -> None:
                 entry = await proposal
             assert leader.log.durable_index >= entry.index
         finally:
-            for worker in workers.values():
-                worker.release.set()
-            await cluster.stop_all()
-            for worker in workers.values():
-                worker.shutdown()
+            await stop(cluster, workers)
 
     run(main())
