@@ -122,12 +122,17 @@ def test_a_follower_behind_retention_catches_up_by_install(tmp_path: Path, wipe:
             assert after == list(range(snap.index + 1, commit + 1))
             assert node.applied_index == commit
 
+            # A heartbeat answered while the install ran shows the follower's
+            # old log, and the leader may start streaming the snapshot again
+            # (a CI run under load saw it): that transfer ends on its own.
+            await wait_until(lambda: leader.status().transfers == {}, 20,
+                             "the leader's transfers to end")
             ls, ns = leader.status(), node.status()
-            assert ls.counters.installs_sent == 1 and ns.counters.installs_received == 1
+            assert ls.counters.installs_sent >= 1 and ns.counters.installs_received == 1
             assert ls.counters.install_bytes_sent >= ns.counters.install_bytes_received > 0
             assert ns.counters.install_seconds > 0 and ls.counters.transfer_seconds > 0
             assert ns.first_index == leader.log.first_index
-            assert ns.snapshot_index == snap.index and ls.transfers == {}
+            assert ns.snapshot_index == snap.index
 
             # Replication goes on past the snapshot.
             await write(leader, 400, 450)
