@@ -106,13 +106,21 @@ def test_one_follower_and_a_held_leader_answer_nothing(tmp_path: Path) -> None:
             lid = leader.config.node_id
             await cluster.stop(next(i for i in cluster.peers if i != lid))
             workers[lid].release.clear()
+            before = leader.log.last_index
             proposal = asyncio.ensure_future(leader.propose(commitlog.KIND_MESSAGES, BIG))
-            follower = next(n for i, n in cluster.nodes.items() if i != lid)
-            await wait_until(lambda: follower.log.durable_index >= leader.log.last_index, 20,
-                             "the follower to hold the entry durably")
-            # One durable copy of three: the leader counts itself only once
-            # its own fsync ends, so nothing is committed or answered yet.
-            await asyncio.sleep(0.5)
+            await wait_until(lambda: leader.log.last_index > before, 20, "the entry's write")
+            fid = next(i for i in cluster.nodes if i != lid)
+            last = leader.log.last_index
+
+            def acked() -> bool:
+                core = leader.status().core
+                return core is not None and core.followers[fid].match >= last
+
+            await wait_until(acked, 20, "the leader to hear the follower's acknowledgement")
+            # One durable copy of three, acknowledged: the leader counts
+            # itself only once its own fsync ends, so nothing is committed
+            # or answered yet.
+            assert cluster.nodes[fid].log.durable_index >= last
             assert not proposal.done()
             assert leader.commit_index < leader.log.last_index
             workers[lid].release.set()
