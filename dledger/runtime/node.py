@@ -203,6 +203,12 @@ class NodeConfig:
     # apply (its acks are sent before it), and a batch costs the state
     # machine's fixed work once. 0: apply in the pass that learned the commit.
     follower_apply_delay_ms: int = 5
+    # The leader sends the voting followers its commit does not need (the
+    # reserves, RaftNode rule 8) new entries once this many wait, or at the
+    # next tick; the others get each entry at once. Saves each reserve a Ready
+    # round per request and the leader an acknowledgement to read when
+    # requests come one at a time. 0: every follower gets every entry at once.
+    reserve_batch_entries: int = 8
 
     def __post_init__(self) -> None:
         if self.node_id not in self.peers:
@@ -234,6 +240,8 @@ class NodeConfig:
             raise ValueError("snapshot_stall_s and install_max_bytes must be positive")
         if self.follower_apply_delay_ms < 0:
             raise ValueError("follower_apply_delay_ms must be >= 0")
+        if self.reserve_batch_entries < 0:
+            raise ValueError("reserve_batch_entries must be >= 0")
         if not 0 <= self.directory_id < 1 << 63:
             raise ValueError(f"directory_id {self.directory_id} is not in 0..2^63-1")
         # Validates the tick counts (>= 2, heartbeat below the timeout).
@@ -881,6 +889,7 @@ class RaftGroupNode:
             election=cfg.election_config(),
             append_entries_max=256,
             append_bytes_max=1 << 20,
+            reserve_batch_entries=cfg.reserve_batch_entries,
             bugs=self._bugs,
         )
         self._core = RaftNode(core_config, self.storage, self._rng,

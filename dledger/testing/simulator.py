@@ -99,6 +99,9 @@ class SimOptions:
     # Share of seeds with leader-connection notices (`connloss.py`, drawn
     # from its own rng: 0.0 replays every seed as before they existed).
     connection_loss: float = 0.5
+    # Share of seeds whose leaders batch the entries of the followers their
+    # commit does not need (RaftNode rule 8, reserves; its own rng).
+    reserves: float = 0.0
 
     def __post_init__(self) -> None:
         if self.flush not in FLUSH_MODES:
@@ -109,6 +112,8 @@ class SimOptions:
             raise ValueError("membership is a share of seeds, 0.0 to 1.0")
         if not 0.0 <= self.connection_loss <= 1.0:
             raise ValueError("connection_loss is a share of seeds, 0.0 to 1.0")
+        if not 0.0 <= self.reserves <= 1.0:
+            raise ValueError("reserves is a share of seeds, 0.0 to 1.0")
         if self.install_mutant is not None and self.install_mutant not in INSTALL_MUTANTS:
             raise ValueError(f"install_mutant must be one of {INSTALL_MUTANTS}")
         if self.profile is not None:
@@ -161,6 +166,7 @@ class RunResult:
     # Leader-connection notices: whether this seed had them, how many were
     # delivered, taken by the core (an early election), and wrong ones.
     connection_loss: bool = False
+    reserve_batch: int = 0
     leader_notices: int = 0
     leader_notices_taken: int = 0
     leader_notices_wrong: int = 0
@@ -190,6 +196,9 @@ def run_seed(
     membership = membership_rng.random() < options.membership
     connloss_rng = random.Random(f"connloss:{seed}")
     connection_loss = connloss_rng.random() < options.connection_loss
+    reserves_rng = random.Random(f"reserves:{seed}")
+    reserve_batch = reserves_rng.choice((2, 8)) if reserves_rng.random() < options.reserves \
+        else 0
     cluster = SimCluster(
         seed, options.nodes, options.bugs, segment_size_bytes=options.segment_size_bytes,
         trace=trace, profile=profile, flush_async=flush == "async", rng=rng,
@@ -198,6 +207,7 @@ def run_seed(
         promote_lag_max=membership_rng.choice((0, 0, 4)),
         membership=membership, membership_rng=membership_rng,
         connection_loss=connection_loss, connection_loss_rng=connloss_rng,
+        reserve_batch=reserve_batch,
     )
     cluster.log(f"profile {profile.name} flush={flush} figure8={figure8}"
                 + (f" compaction far_behind={far_behind}" if compaction else "")
@@ -205,7 +215,8 @@ def run_seed(
                 + (f" connection_loss close={cluster.connloss.close_probability}"
                    f" grace={cluster.connloss.grace_ticks}"
                    f" wrong_every={cluster.connloss.wrong_every}"
-                   f" fanout={cluster.connloss.fanout}" if connection_loss else ""))
+                   f" fanout={cluster.connloss.fanout}" if connection_loss else "")
+                + (f" reserves batch={reserve_batch}" if reserve_batch else ""))
     cluster.members.start(options.fault_phase_units)
     cluster.connloss.start(options.fault_phase_units)
     if far_behind:
@@ -264,6 +275,7 @@ def run_seed(
         wipes=cluster.stats.wipes,
         repairs=cluster.members.stats.repairs_done,
         connection_loss=connection_loss,
+        reserve_batch=reserve_batch,
         leader_notices=cluster.connloss.notices,
         leader_notices_taken=cluster.connloss.taken,
         leader_notices_wrong=cluster.connloss.wrong,
@@ -521,7 +533,7 @@ def _final_checks(cluster: SimCluster) -> str | None:
 
 def replay_hint(seed: int, nodes: int, flush: str = "sync", compaction: float | None = None,
                 membership: float | None = None,
-                connection_loss: float | None = None) -> str:
+                connection_loss: float | None = None, reserves: float = 0.0) -> str:
     """The command that replays a seed (`compaction`, `membership`: shares other
     than the defaults)."""
     extra = ""
@@ -531,6 +543,8 @@ def replay_hint(seed: int, nodes: int, flush: str = "sync", compaction: float | 
         extra += f" --membership {membership}"
     if connection_loss is not None and connection_loss != SimOptions.connection_loss:
         extra += f" --connection-loss {connection_loss}"
+    if reserves:
+        extra += f" --reserves {reserves}"
     return f"replay with: ledgermq sim --seed {seed} --nodes {nodes} --flush {flush}{extra} --trace"
 
 

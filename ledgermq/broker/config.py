@@ -80,6 +80,9 @@ class BrokerConfig:
     # A follower applies committed entries in batches of at most this long
     # (docs/raft.md, "The loop"; 0: at once).
     follower_apply_delay_ms: int = NodeConfig.follower_apply_delay_ms
+    # The leader batches new entries to the followers its commit does not
+    # need (docs/raft.md, "Reserves"; 0: every follower gets each at once).
+    reserve_batch_entries: int = NodeConfig.reserve_batch_entries
     preferred_leader: int = 0
     segment_size_bytes: int = 256 * MIB
     message_size_bytes_max: int = 4 * MIB
@@ -214,6 +217,7 @@ def split_address(value: str) -> tuple[str, int]:
 _RAFT_KEYS = {
     "tick_ms", "election_timeout_ticks", "heartbeat_interval_ticks", "preferred_leader",
     "leader_lost_grace_ticks", "lost_leader_ticks", "follower_apply_delay_ms", "bind_host",
+    "reserve_batch_entries",
 }
 _TOP_LEVEL = {f.name for f in fields(BrokerConfig)} - {"peers", "raft_bind_host"} - _RAFT_KEYS
 _TOP_LEVEL |= {"raft"}
@@ -311,7 +315,8 @@ def _check_raft(config: BrokerConfig) -> None:
     for name in ("tick_ms", "election_timeout_ticks", "heartbeat_interval_ticks",
                  "lost_leader_ticks"):
         _check_int(config, name, 1)
-    for name in ("preferred_leader", "leader_lost_grace_ticks", "follower_apply_delay_ms"):
+    for name in ("preferred_leader", "leader_lost_grace_ticks", "follower_apply_delay_ms",
+                 "reserve_batch_entries"):
         _check_int(config, name, 0)
     timeout_ms = config.tick_ms * config.election_timeout_ticks
     if timeout_ms > ELECTION_TIMEOUT_MS_MAX:

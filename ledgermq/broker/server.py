@@ -217,6 +217,7 @@ class Broker:
             leader_lost_grace_ticks=c.leader_lost_grace_ticks,
             lost_leader_ticks=c.lost_leader_ticks,
             follower_apply_delay_ms=c.follower_apply_delay_ms,
+            reserve_batch_entries=c.reserve_batch_entries,
             preferred_leader=c.preferred_leader, segment_size_bytes=c.segment_size_bytes,
             commitlog=log_config, bind_host=c.raft_bind_host or raft_host,
             initial_voters=frozenset(c.initial_members),

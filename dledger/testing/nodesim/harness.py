@@ -119,6 +119,10 @@ class NodeSimOptions:
     # watch, with connection resets and wrong reports (connloss.py); drawn
     # from the seed's own stream, so the other seeds replay as before.
     connection_loss: float = 0.5
+    # Share of seeds whose leaders batch the reserves' entries (RaftNode rule
+    # 8, on in the runtime's defaults), with a batch of 2 or 8 entries;
+    # drawn from the seed's own stream, so the other seeds replay as before.
+    reserves: float = 0.0
 
 
 @dataclass
@@ -148,6 +152,10 @@ class Harness:
                  trace: Callable[[str], None] | None) -> None:
         self.seed = seed
         self.options = options
+        # Reserves (RaftNode rule 8), on their own stream like connection loss.
+        reserves_rng = random.Random(f"reserves/{seed}")
+        self.reserve_batch = (reserves_rng.choice((2, 8))
+                              if reserves_rng.random() < options.reserves else 0)
         rng = random.Random(seed)
         self.rng = rng
         self.flush = options.flush
@@ -222,6 +230,7 @@ class Harness:
         self.close_share = self.connloss_rng.choice(CLOSE_SHARES)
         self.net.model_connections = self.connection_loss
         self.counts.update({"connection_resets": 0, "phantom_losses": 0,
+                            "reserve_runs": int(bool(self.reserve_batch)),
                             **dict.fromkeys(NODE_COUNTS, 0)})
 
     # -------------------------------------------------------------- tracing
@@ -247,6 +256,7 @@ class Harness:
             initial_voters=self.bootstrap_ids if self.membership else frozenset(),
             directory_id=slot.directory_id,
             tick_ms=TICK_MS, election_timeout_ticks=ELECTION_TICKS,
+            reserve_batch_entries=self.reserve_batch,
             commitlog=commitlog.CommitLogConfig(
                 segment_size_bytes=self.options.segment_size, index_file_records=64,
                 flush_interval_ms=100, flush_bytes=8192, checkpoint_interval_ms=300,
@@ -688,12 +698,14 @@ class Harness:
 
 
 def replay_hint(seed: int, nodes: int, compaction: float = 0.0,
-                membership: float = 0.0, connection_loss: float | None = None) -> str:
+                membership: float = 0.0, connection_loss: float | None = None,
+                reserves: float = 0.0) -> str:
     """The command that replays a seed of the real-node simulator."""
     extra = " --compaction 1" if compaction else ""
     extra += " --membership 1" if membership else ""
     if connection_loss is not None and connection_loss != NodeSimOptions.connection_loss:
         extra += f" --connection-loss {connection_loss}"
+    extra += f" --reserves {reserves}" if reserves else ""
     return f"ledgermq sim --real-node{extra} --seed {seed} --nodes {nodes} --trace"
 
 

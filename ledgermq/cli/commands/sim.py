@@ -17,6 +17,9 @@ removes and replaces nodes and wipes and repairs disks while the faults run
 (the summary counts configuration changes, wipes and repairs). `--cq-rot
 SHARE` (`--real-node` only, default 0) damages the ConsumeQueue dispatch
 checkpoint before that share of restarts (`nodesim_apply.CheckpointRot`).
+`--reserves SHARE` (default 0) sets the share of seeds whose leaders batch
+the entries of the followers their commit does not need (RaftNode rule 8,
+on in the runtime's defaults; 0 replays every seed as before it existed).
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ def register(app: typer.Typer) -> None:
             0.5, min=0.0, max=1.0,
             help="Share of seeds in which followers are told their leader's connections "
                  "closed (real and wrong notices; docs/raft.md, leader connection loss)."),
+        reserves: float = typer.Option(
+            0.0, min=0.0, max=1.0,
+            help="Share of seeds whose leaders send the followers their commit does not need "
+                 "new entries in batches (docs/raft.md, reserves; on in the runtime)."),
         cq_rot: float = typer.Option(
             0.0, min=0.0, max=1.0,
             help="--real-node: share of restarts whose ConsumeQueue checkpoint is damaged "
@@ -80,7 +87,7 @@ def register(app: typer.Typer) -> None:
 
             sim_real_node.run([seed] if seed is not None else list(range(start, start + seeds)),
                               nodes, flush or "mix", trace, json_output, bug, compaction or 0.0,
-                              membership or 0.0, connection_loss, cq_rot)
+                              membership or 0.0, connection_loss, cq_rot, reserves)
         flush = flush or "sync"
         try:
             bugs = Bugs.only(bug) if bug else Bugs()
@@ -92,7 +99,7 @@ def register(app: typer.Typer) -> None:
                                  compaction=0.5 if compaction is None else compaction,
                                  membership=0.5 if membership is None else membership,
                                  install_mutant=install_mutant,
-                                 connection_loss=connection_loss)
+                                 connection_loss=connection_loss, reserves=reserves)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
         seed_list = [seed] if seed is not None else list(range(start, start + seeds))
@@ -100,7 +107,8 @@ def register(app: typer.Typer) -> None:
                    "compactions", "installs", "snapshots_sent", "transfer_failures",
                    "snapshot_restarts", "config_changes", "wipes", "repairs", "nodes_added",
                    "nodes_removed", "applied_before_fsync")
-        totals = dict.fromkeys(("runs", *counted, "compaction_runs", "runs_with_install"), 0)
+        totals = dict.fromkeys(("runs", *counted, "compaction_runs", "runs_with_install",
+                                "reserve_runs"), 0)
         failures = []
         modes: Counter[str] = Counter()
         profiles: Counter[str] = Counter()
@@ -116,13 +124,15 @@ def register(app: typer.Typer) -> None:
                 totals[key] += getattr(result, key)
             totals["compaction_runs"] += result.compaction
             totals["runs_with_install"] += result.installs > 0
+            totals["reserve_runs"] += result.reserve_batch > 0
             modes[result.flush] += 1
             profiles[result.profile] += 1
             stopped_runs += bool(result.stopped)
             if not result.ok:
                 failures.append(result)
                 if not json_output:
-                    hint = replay_hint(s, nodes, flush, compaction, membership, connection_loss)
+                    hint = replay_hint(s, nodes, flush, compaction, membership, connection_loss,
+                                       reserves)
                     if install_mutant:
                         hint += f" --install-mutant {install_mutant}"
                     print_failure(console, result, nodes, trace, hint)

@@ -79,7 +79,7 @@ def seed_options(seed: int, base: NodeSimOptions, compaction: float,
 def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: bool,
         bug: str | None, compaction: float = 0.0, membership: float = 0.0,
         connection_loss: float = 0.5,  # NodeSimOptions.connection_loss
-        cq_rot: float = 0.0) -> None:
+        cq_rot: float = 0.0, reserves: float = 0.0) -> None:
     from rich.console import Console
 
     from dledger.config import Bugs
@@ -103,7 +103,8 @@ def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: 
     rot = CheckpointRot(cq_rot)
     applier = partial(BrokerApplier, rot=rot) if cq_rot else BrokerApplier
     options = NodeSimOptions(nodes=nodes, flush=flush, bugs=bugs, runtime_bug=runtime_bug,
-                             applier=applier, connection_loss=connection_loss)
+                             applier=applier, connection_loss=connection_loss,
+                             reserves=reserves)
     snapshot_applier = BrokerApplier if issubclass(BrokerApplier, SnapshotApplier) \
         else RecordingApplier
     console = Console()
@@ -128,13 +129,14 @@ def run(seed_list: list[int], nodes: int, flush: str, trace: bool, json_output: 
             if not json_output:
                 print_failure(console, result, nodes, trace,
                               replay_hint(s, nodes, 1.0 if on else 0.0,
-                                          1.0 if members else 0.0, connection_loss)
+                                          1.0 if members else 0.0, connection_loss, reserves)
                               + (f" --cq-rot {cq_rot}" if cq_rot else ""))
     elapsed = time.perf_counter() - began
     summary = {
         "simulator": "real-node", "nodes": nodes, "first_seed": seed_list[0],
         "compaction": compaction, "compaction_applier": snapshot_applier.__name__,
-        "membership": membership, "cq_rot": cq_rot, "cq_checkpoints_damaged": rot.damaged,
+        "membership": membership, "reserves": reserves, "cq_rot": cq_rot,
+        "cq_checkpoints_damaged": rot.damaged,
         "runs": len(seed_list), "flush_sync": modes["sync"], "flush_async": modes["async"],
         "violations": len(failures), "failed_seeds": [r.seed for r in failures],
         "seconds": round(elapsed, 2),

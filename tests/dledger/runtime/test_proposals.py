@@ -217,10 +217,13 @@ def test_flush_sync_rounds_run_in_place_and_acks_still_follow_their_fsync(
                 entry = await leader.propose(commitlog.KIND_MESSAGES, b"small-%d" % i)
                 assert leader.status().durable_index >= entry.index
             await cluster.wait_converged()
-            for node_id, node in cluster.nodes.items():
-                status = node.status()
-                assert status.fsyncs_in_place >= before[node_id] + 30, (node_id, status)
-                assert status.counters.acks_not_durable == 0
+            # The leader and its quick follower sync each entry; the reserve
+            # (RaftNode rule 8) gets them in batches, also synced in place.
+            gained = sorted(node.status().fsyncs_in_place - before[n]
+                            for n, node in cluster.nodes.items())
+            assert gained[0] >= 1 and gained[1] >= 30, gained
+            for node in cluster.nodes.values():
+                assert node.status().counters.acks_not_durable == 0
             in_place, rounds = leader.status().fsyncs_in_place, leader.status().fsyncs
             entry = await leader.propose(commitlog.KIND_MESSAGES, b"x" * 100_000)
             status = leader.status()
