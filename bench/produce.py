@@ -499,11 +499,15 @@ async def main(args: argparse.Namespace) -> None:
                                "loads": loads, "procs": args.procs, "raft": args.raft,
                                "load_average_start": os.getloadavg(),
                                "calibration_s_start": calibrate(), "runs": []}
+    raft = dict(RAFT[args.raft] or {})
+    if args.reserve_batch is not None:
+        raft["reserve_batch_entries"] = args.reserve_batch
+        results["reserve_batch_entries"] = args.reserve_batch
     try:
         for flush in args.flush.split(",") if args.seconds > 0 else ():
             results["runs"] += await throughput(base, flush, args.seconds, securities,
                                                 args.rounds, loads, args.procs, profiler,
-                                                RAFT[args.raft], args.idle_seconds)
+                                                raft or None, args.idle_seconds)
         results["cost"] = costs(results["runs"])
         if args.kills:
             results["failover"] = await failover(base, args.kills)
@@ -536,6 +540,9 @@ if __name__ == "__main__":
     parser.add_argument("--raft", default="fast", choices=sorted(RAFT),
                         help="Raft timing: the launcher's (20 ms ticks) or the documented"
                              " defaults (50 ms ticks, as the side-by-side kit measures)")
+    parser.add_argument("--reserve-batch", type=int, default=None,
+                        help="[raft] reserve_batch_entries (default: the broker's; 0: every"
+                             " follower gets each entry at once, docs/raft.md \"Reserves\")")
     parser.add_argument("--idle-seconds", type=float, default=0.0,
                         help="measure each server's idle CPU first; report CPU per message"
                              " less it (cpu_us_per_msg_less_idle)")

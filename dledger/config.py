@@ -91,8 +91,12 @@ class Config:
     # Rule 8 of RaftNode (reserves): a voting follower the commit does not need
     # is sent new entries once this many wait (or at the next tick); 0 (the
     # core's default, classic Raft) sends every follower every entry at once.
-    # The runtime's default is on (`RaftNodeConfig.reserve_batch_entries`).
+    # The runtime's default is on (`NodeConfig.reserve_batch_entries`).
     reserve_batch_entries: int = 0
+    # ... or once this many bytes of them wait: large entries (a client's
+    # merged batches) go at once, not as bursts the reserve then takes the
+    # CPU for (docs/broker.md, "Reserves").
+    reserve_batch_bytes: int = 64 * 1024
     # Preferred leader must be within this many entries of the leader's log
     # end to be handed leadership.
     preferred_lag_max: int = 0
@@ -124,8 +128,8 @@ class Config:
             raise ValueError("promote_lag_max must be >= 0")
         if self.append_entries_max < 1 or self.append_bytes_max < 1 or self.inflight_max < 1:
             raise ValueError("batch and window limits must be >= 1")
-        if self.reserve_batch_entries < 0:
-            raise ValueError("reserve_batch_entries must be >= 0")
+        if self.reserve_batch_entries < 0 or self.reserve_batch_bytes < 1:
+            raise ValueError("reserve_batch_entries must be >= 0, reserve_batch_bytes >= 1")
         if self.resend_ticks < 1:
             raise ValueError("resend_ticks must be >= 1")
         if self.snapshot_timeout_ticks < 1:

@@ -206,6 +206,11 @@ class RaftLog:
         self.last_index = self.offset - 1 + len(self.unstable)
         self.end_position = prev_end
 
+    def end_of(self, index: int) -> int:
+        """The CommitLog position where entry `index` ends (0 for index 0);
+        raises LogUnavailable below the stored log and its snapshot."""
+        return self._end_of(index)
+
     def _end_of(self, index: int) -> int:
         if index == 0:
             return 0

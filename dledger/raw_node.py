@@ -69,7 +69,8 @@ Rules
    so many followers (a quorum less the leader). The voting followers with
    the highest match (counted as in rule 2) are sent each new entry at
    once; the others, the reserves, get new entries in batches: once that
-   many wait, at every tick and after each heartbeat answer. A reserve whose
+   many wait (or `reserve_batch_bytes` of them), at every tick and after
+   each heartbeat answer. A reserve whose
    acknowledgement moves the commit (the quick ones were slow or gone) is
    made quick at once; the choice is made again at every tick. Learners,
    the transferee and the preferred leader are never reserves. This only
@@ -251,6 +252,7 @@ class RaftNode:
         # entries in batches (rule 8).
         self.progress: dict[int, Progress] = {}
         self._reserves: frozenset[int] = frozenset()
+        self._reserve_marks: dict[int, tuple[int, int]] = {}  # peer: (index, end position)
         self._outbox: list[Message] = []
         # Hard and soft state as of the last Ready handed out.
         self._last_hard_state = HardState(hard_state.term, hard_state.vote, self.commit)
@@ -838,6 +840,7 @@ class RaftNode:
             for peer in self._membership.node_ids - {self.id}
         }
         self._reserves = frozenset()  # chosen at the first tick, from the acks by then
+        self._reserve_marks = {}
         # The NOOP gives the new term an entry of its own: committing it
         # commits every earlier entry (§5.4.2), which counting cannot. When
         # members wait to be pinned (and no change is pending) the first entry
@@ -1009,13 +1012,26 @@ class RaftNode:
     def _broadcast_append(self) -> None:
         reserves = self._reserves
         for peer, pr in self.progress.items():
-            if peer in reserves and self._reserve_waits(pr):
+            if peer in reserves and self._reserve_waits(peer, pr):
                 continue
             self._send_append(peer)
 
-    def _reserve_waits(self, pr: Progress) -> bool:
-        """A reserve's new entries wait until a batch of them is due (rule 8)."""
-        return self.log.last_index - pr.next + 1 < self.config.reserve_batch_entries
+    def _reserve_waits(self, peer: int, pr: Progress) -> bool:
+        """A reserve's new entries wait until a batch of them is due (rule
+        8): `reserve_batch_entries` of them, or `reserve_batch_bytes`."""
+        log = self.log
+        if log.last_index - pr.next + 1 >= self.config.reserve_batch_entries:
+            return False
+        # Where the entries it was sent end: looked up once per batch sent.
+        sent = pr.next - 1
+        mark = self._reserve_marks.get(peer)
+        if mark is None or mark[0] != sent:
+            try:
+                mark = (sent, log.end_of(sent))
+            except LogUnavailable:
+                return False  # compacted: `_send_append` sends the snapshot
+            self._reserve_marks[peer] = mark
+        return log.end_position - mark[1] < self.config.reserve_batch_bytes
 
     def _choose_reserves(self) -> None:
         """Rule 8: all voting followers but the `needed` with the highest
@@ -1077,7 +1093,7 @@ class RaftNode:
         """Pipelining: keep sending batches while the window has room and
         entries remain (for a reserve, once a batch is due, or on `flush`)."""
         pr = self.progress[peer]
-        if not flush and peer in self._reserves and self._reserve_waits(pr):
+        if not flush and peer in self._reserves and self._reserve_waits(peer, pr):
             return
         while pr.next <= self.log.last_index and not pr.paused():
             if not self._send_append(peer):

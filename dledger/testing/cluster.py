@@ -179,12 +179,14 @@ class SimCluster:
         connection_loss: bool = False,
         connection_loss_rng: random.Random | None = None,
         reserve_batch: int = 0,
+        reserve_bytes: int = 64 * 1024,
     ) -> None:
         self.rng = rng or random.Random(seed)
         # Directory ids come from their own rng: the main one's draws stay as they were.
         self.identity_rng = identity_rng or random.Random(f"identity:{seed}")
         self.promote_lag_max = promote_lag_max
         self.reserve_batch = reserve_batch  # RaftNode rule 8; 0: off
+        self.reserve_bytes = reserve_bytes
         # Compaction draws come from their own rng (see dledger.testing.compaction).
         self.snapshots = SnapshotSim(
             self, compaction_rng or random.Random(f"compaction:{seed}"), compaction,
@@ -398,6 +400,7 @@ class SimCluster:
             append_bytes_max=2048,
             inflight_max=self.inflight_max,
             reserve_batch_entries=self.reserve_batch,
+            reserve_batch_bytes=self.reserve_bytes,
             resend_ticks=4,
             snapshot_timeout_ticks=self.snapshots.snapshot_timeout_ticks,
             bugs=self.bugs,

@@ -199,6 +199,7 @@ def run_seed(
     reserves_rng = random.Random(f"reserves:{seed}")
     reserve_batch = reserves_rng.choice((2, 8)) if reserves_rng.random() < options.reserves \
         else 0
+    reserve_bytes = reserves_rng.choice((256, 64 * 1024))
     cluster = SimCluster(
         seed, options.nodes, options.bugs, segment_size_bytes=options.segment_size_bytes,
         trace=trace, profile=profile, flush_async=flush == "async", rng=rng,
@@ -207,7 +208,7 @@ def run_seed(
         promote_lag_max=membership_rng.choice((0, 0, 4)),
         membership=membership, membership_rng=membership_rng,
         connection_loss=connection_loss, connection_loss_rng=connloss_rng,
-        reserve_batch=reserve_batch,
+        reserve_batch=reserve_batch, reserve_bytes=reserve_bytes,
     )
     cluster.log(f"profile {profile.name} flush={flush} figure8={figure8}"
                 + (f" compaction far_behind={far_behind}" if compaction else "")
@@ -216,7 +217,8 @@ def run_seed(
                    f" grace={cluster.connloss.grace_ticks}"
                    f" wrong_every={cluster.connloss.wrong_every}"
                    f" fanout={cluster.connloss.fanout}" if connection_loss else "")
-                + (f" reserves batch={reserve_batch}" if reserve_batch else ""))
+                + (f" reserves batch={reserve_batch} bytes={reserve_bytes}"
+                   if reserve_batch else ""))
     cluster.members.start(options.fault_phase_units)
     cluster.connloss.start(options.fault_phase_units)
     if far_behind:

@@ -3,6 +3,8 @@ exact replay, and every bug switch it catches caught within its budget."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dledger.config import Bugs
@@ -56,6 +58,20 @@ def _options(nodes: int, bug: str = "") -> NodeSimOptions:
 @pytest.mark.parametrize(("nodes", "seeds"), [(3, SEEDS_3), (5, SEEDS_5)])
 def test_fixed_seeds_have_no_violation(nodes: int, seeds: range) -> None:
     failed = [(s, r.violation) for s in seeds if not (r := run_seed(s, _options(nodes))).ok]
+    assert not failed, failed
+
+
+@pytest.mark.parametrize(("nodes", "seeds"), [(3, range(1, 61)), (5, range(1, 21))])
+def test_seeds_with_reserves_have_no_violation(nodes: int, seeds: range) -> None:
+    """The runtime's default: leaders batch their reserves' entries
+    (RaftNode rule 8), in batches of 2 or 8."""
+    options = replace(_options(nodes), reserves=1.0)
+    failed = []
+    for seed in seeds:
+        result = run_seed(seed, options)
+        assert result.counts["reserve_runs"] == 1
+        if not result.ok:
+            failed.append((seed, result.violation))
     assert not failed, failed
 
 

@@ -114,3 +114,15 @@ def test_a_group_still_catching_up_gets_another_liveness_window() -> None:
                       trace=traced.append)
     assert result.ok, result.violation
     assert any("window extended" in line for line in traced)
+
+
+@pytest.mark.parametrize(("nodes", "seeds"), [(3, range(1, 151)), (5, range(1, 81))])
+def test_seeds_with_reserves(nodes: int, seeds: range) -> None:
+    """Every seed with the leaders batching their reserves' entries (RaftNode
+    rule 8, on in the runtime), in batches of 2 or 8."""
+    options = SimOptions(nodes=nodes, flush="mix", reserves=1.0)
+    for seed in seeds:
+        result = run_seed(seed, options)
+        assert result.reserve_batch in (2, 8)
+        assert result.ok, (f"seed={seed}: {result.violation}\n"
+                           f"{replay_hint(seed, nodes, 'mix', reserves=1.0)}")

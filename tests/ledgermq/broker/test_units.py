@@ -13,6 +13,7 @@ from ledgermq.broker.config import BrokerConfigError, load_config, parse_config
 from ledgermq.broker.control import encode_control, offsets_commit, topic_delete, topic_put
 from ledgermq.broker.group_commit import GroupCommitter
 from ledgermq.broker.members import Membership
+from ledgermq.broker.server import Broker
 from ledgermq.broker.state import BrokerState, ProducerTable, Stored
 from ledgermq.client.allocate import allocate_averagely
 
@@ -72,6 +73,13 @@ def test_the_follower_apply_delay_reaches_the_node() -> None:
     assert parse_config(BASE).follower_apply_delay_ms == 5
 
 
+def test_the_reserve_batch_reaches_the_node() -> None:
+    config = parse_config({**BASE, "raft": {"reserve_batch_entries": 0}})
+    assert config.reserve_batch_entries == 0
+    assert Broker(config)._node_config().reserve_batch_entries == 0
+    assert Broker(parse_config(BASE))._node_config().reserve_batch_entries == 8
+
+
 @pytest.mark.parametrize("change, message", [
     ({"flush": "never"}, "flush"),
     ({"node_id": 3}, "not in [peers]"),
@@ -89,6 +97,8 @@ def test_the_follower_apply_delay_reaches_the_node() -> None:
     ({"raft": {"leader_lost_grace_ticks": -1}}, "leader_lost_grace_ticks"),
     ({"raft": {"lost_leader_ticks": 0}}, "lost_leader_ticks"),
     ({"raft": {"follower_apply_delay_ms": -1}}, "follower_apply_delay_ms"),
+    ({"raft": {"reserve_batch_entries": -1}}, "reserve_batch_entries"),
+    ({"raft": {"reserve_batch_entries": 2.5}}, "reserve_batch_entries"),
     # These three reached the Raft runtime, which refused them with a traceback.
     ({"raft": {"heartbeat_interval_ticks": 10}}, "heartbeat_interval_ticks must be in [1,"),
     ({"raft": {"election_timeout_ticks": 1}}, "election_timeout_ticks must be >= 2"),
