@@ -1365,14 +1365,15 @@ class RaftGroupNode:
     def _handle_now(self, rd: Ready) -> None:
         """Carry out a Ready that awaits nothing (`_must_wait` is False)."""
         self.counters.readies += 1
-        # The write first, then the messages: nothing here waits for the
-        # disk, and the followers' answers are read only once this pass
-        # ends, so writing after sending would only delay that pass (on a
-        # busy host the woken follower takes the sender's core).
+        # The messages first (the contract lets `messages` leave before the
+        # write; acknowledgements are in `messages_after_persist`): a
+        # leader's appends then reach the followers while it writes. Writing
+        # first, as before, cost W=1 with flush=async 9 % of its throughput
+        # (p50 0.68 -> 0.59 ms, docs/broker.md "Reserves").
+        self._send_now(rd)
         waits = self._write(rd)
         if waits:
             raise InvariantViolation("a Ready carried out at once had something to wait for")
-        self._send_now(rd)
         self._finish(rd)
 
     def _syncs_in_place(self, rd: Ready, core: RaftNode) -> bool:
