@@ -70,9 +70,9 @@ Rules
    the highest match (counted as in rule 2) are sent each new entry at
    once; the others, the reserves, get new entries in batches: once that
    many wait (or `reserve_batch_bytes` of them), at every tick and after
-   each heartbeat answer. A reserve whose
-   acknowledgement moves the commit (the quick ones were slow or gone) is
-   made quick at once; the choice is made again at every tick. Learners,
+   each heartbeat answer. A reserve whose acknowledgement moves the commit
+   (the quick ones were slow or gone) is made quick at once; the choice
+   is made again at every tick. Learners,
    the transferee and the preferred leader are never reserves. This only
    delays messages, which Raft allows any network to do, so safety does not
    rest on it; it saves a reserve one Ready round per request and the leader
