@@ -187,6 +187,8 @@ class FollowerStatus:
     # Pinned to another directory than the one it answers from: its disk was
     # wiped or replaced; repair = rejoin (as a learner), catch up, promote.
     identity_mismatch: bool = False
+    # A reserve of this leader (rule 8): its new entries go in batches.
+    reserve: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +254,7 @@ class RaftNode:
         # entries in batches (rule 8).
         self.progress: dict[int, Progress] = {}
         self._reserves: frozenset[int] = frozenset()
+        self._reserves_chosen = False  # by this leader, since it was elected
         self._reserve_marks: dict[int, tuple[int, int]] = {}  # peer: (index, end position)
         self._outbox: list[Message] = []
         # Hard and soft state as of the last Ready handed out.
@@ -261,6 +264,10 @@ class RaftNode:
         # Counters for the simulator and metrics.
         self.elections_won = 0
         self.snapshots_sent = 0
+        # Rule 8: appends with entries sent to reserves (their batches), and
+        # how often the set of reserves changed after a leader's first choice.
+        self.reserve_appends = 0
+        self.reserve_changes = 0
         self.snapshots_restored = 0
         # The acknowledgement of a restored snapshot (bug injection sends it early).
         self._snapshot_ack: AppendResponse | None = None
@@ -355,6 +362,7 @@ class RaftNode:
             learner=peer in self._membership.learner_ids,
             directory_id=heard,
             identity_mismatch=pinned != UNPINNED and heard != 0 and heard != pinned,
+            reserve=peer in self._reserves,
         )
 
     # ----------------------------------------------------------------- inputs
@@ -840,6 +848,7 @@ class RaftNode:
             for peer in self._membership.node_ids - {self.id}
         }
         self._reserves = frozenset()  # chosen at the first tick, from the acks by then
+        self._reserves_chosen = False
         self._reserve_marks = {}
         # The NOOP gives the new term an entry of its own: committing it
         # commits every earlier entry (§5.4.2), which counting cannot. When
@@ -1047,7 +1056,12 @@ class RaftNode:
         ranked.sort(reverse=True)
         needed = len(self._voter_pins) // 2  # a quorum, less the leader
         keep = (self.elector.transferee, self.elector.config.preferred_leader)
-        self._reserves = frozenset(-n for _, _, n in ranked[needed:] if -n not in keep)
+        reserves = frozenset(-n for _, _, n in ranked[needed:] if -n not in keep)
+        if reserves != self._reserves:
+            if self._reserves_chosen:
+                self.reserve_changes += 1
+            self._reserves = reserves
+        self._reserves_chosen = True
 
     def _send_append(self, peer: int) -> bool:
         """Send the next batch to `peer` unless its window is full; True if entries went."""
@@ -1071,6 +1085,8 @@ class RaftNode:
         )
         pr.sent(entries[-1].index if entries else prev_index)
         self._outbox.append(msg)
+        if entries and peer in self._reserves:
+            self.reserve_appends += 1
         return bool(entries)
 
     def _send_snapshot(self, peer: int, pr: Progress) -> None:

@@ -75,7 +75,7 @@ from dledger.log import CommittedDivergence, InvariantViolation, invariant
 from dledger.membership import Membership, bootstrap
 from dledger.membership import encode as encode_membership
 from dledger.messages import AppendResponse, InstallSnapshot, Message
-from dledger.raw_node import NotLeader, RaftNode
+from dledger.raw_node import NotLeader, RaftNode, stored_membership
 from dledger.ready import Ready, SoftState
 from dledger.runtime.codec import CodecError, format_address, parse_address
 from dledger.runtime.snapshot_transfer import (
@@ -209,6 +209,9 @@ class NodeConfig:
     # round per request and the leader an acknowledgement to read when
     # requests come one at a time. 0: every follower gets every entry at once.
     reserve_batch_entries: int = 8
+    # ... or once this many bytes of entries wait (so that a large entry, a
+    # merged batch of messages, goes to every follower at once).
+    reserve_batch_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
         if self.node_id not in self.peers:
@@ -240,8 +243,8 @@ class NodeConfig:
             raise ValueError("snapshot_stall_s and install_max_bytes must be positive")
         if self.follower_apply_delay_ms < 0:
             raise ValueError("follower_apply_delay_ms must be >= 0")
-        if self.reserve_batch_entries < 0:
-            raise ValueError("reserve_batch_entries must be >= 0")
+        if self.reserve_batch_entries < 0 or self.reserve_batch_bytes < 1:
+            raise ValueError("reserve_batch_entries must be >= 0, reserve_batch_bytes >= 1")
         if not 0 <= self.directory_id < 1 << 63:
             raise ValueError(f"directory_id {self.directory_id} is not in 0..2^63-1")
         # Validates the tick counts (>= 2, heartbeat below the timeout).
@@ -404,6 +407,7 @@ class FollowerStatus:
     directory_id: int = 0  # the data directory its messages come from (0: none heard)
     identity_mismatch: bool = False  # pinned to another directory: wiped, needs rejoin
     connected: bool = False  # the transport has a live link to it
+    reserve: bool = False  # gets new entries in batches (RaftNode rule 8)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -418,6 +422,9 @@ class LeaderStatus:
     elections_won: int
     followers: dict[int, FollowerStatus]  # meaningful on the leader only
     transport: dict[str, Any]
+    # RaftNode rule 8: appends sent to reserves, changes of the reserves.
+    reserve_appends: int = 0
+    reserve_changes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -467,6 +474,8 @@ class NodeStatus:
             out["stable_index"] = self.core.stable_index
             out["vote"] = self.core.vote
             out["elections_won"] = self.core.elections_won
+            out["reserve_appends"] = self.core.reserve_appends
+            out["reserve_changes"] = self.core.reserve_changes
             out["followers"] = {peer: asdict(f) for peer, f in self.core.followers.items()}
             out["transport"] = self.core.transport
         return out
@@ -728,9 +737,10 @@ class RaftGroupNode:
                     f.match, f.next, f.state, f.inflight, st.last_index - f.match,
                     learner=f.learner, directory_id=f.directory_id,
                     identity_mismatch=f.identity_mismatch,
-                    connected=self._transport.connected(peer))
+                    connected=self._transport.connected(peer), reserve=f.reserve)
                            for peer, f in st.progress.items()},
-                transport=self._transport.stats())
+                transport=self._transport.stats(),
+                reserve_appends=core.reserve_appends, reserve_changes=core.reserve_changes)
         return NodeStatus(
             group=self.config.group,
             node_id=self.config.node_id,
@@ -771,9 +781,13 @@ class RaftGroupNode:
 
     @property
     def membership(self) -> Membership:
-        """The configuration in effect (the bootstrap one before start)."""
+        """The configuration in effect; before start, the one the core will
+        start with (the stored log's last CONFIG entry, its snapshot's, or
+        the bootstrap one)."""
         core = self._core
-        return core.membership if core is not None else self.config.bootstrap_membership()
+        if core is not None:
+            return core.membership
+        return stored_membership(self.storage, self.config.bootstrap_membership())
 
     @property
     def directory_id(self) -> int:
@@ -890,6 +904,7 @@ class RaftGroupNode:
             append_entries_max=256,
             append_bytes_max=1 << 20,
             reserve_batch_entries=cfg.reserve_batch_entries,
+            reserve_batch_bytes=cfg.reserve_batch_bytes,
             bugs=self._bugs,
         )
         self._core = RaftNode(core_config, self.storage, self._rng,

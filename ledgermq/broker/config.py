@@ -83,6 +83,7 @@ class BrokerConfig:
     # The leader batches new entries to the followers its commit does not
     # need (docs/raft.md, "Reserves"; 0: every follower gets each at once).
     reserve_batch_entries: int = NodeConfig.reserve_batch_entries
+    reserve_batch_bytes: int = NodeConfig.reserve_batch_bytes
     preferred_leader: int = 0
     segment_size_bytes: int = 256 * MIB
     message_size_bytes_max: int = 4 * MIB
@@ -217,7 +218,7 @@ def split_address(value: str) -> tuple[str, int]:
 _RAFT_KEYS = {
     "tick_ms", "election_timeout_ticks", "heartbeat_interval_ticks", "preferred_leader",
     "leader_lost_grace_ticks", "lost_leader_ticks", "follower_apply_delay_ms", "bind_host",
-    "reserve_batch_entries",
+    "reserve_batch_entries", "reserve_batch_bytes",
 }
 _TOP_LEVEL = {f.name for f in fields(BrokerConfig)} - {"peers", "raft_bind_host"} - _RAFT_KEYS
 _TOP_LEVEL |= {"raft"}
@@ -313,7 +314,7 @@ def _check_raft(config: BrokerConfig) -> None:
     refused them with a traceback, after start-up had begun), and an
     election timeout an operator could wait for."""
     for name in ("tick_ms", "election_timeout_ticks", "heartbeat_interval_ticks",
-                 "lost_leader_ticks"):
+                 "lost_leader_ticks", "reserve_batch_bytes"):
         _check_int(config, name, 1)
     for name in ("preferred_leader", "leader_lost_grace_ticks", "follower_apply_delay_ms",
                  "reserve_batch_entries"):

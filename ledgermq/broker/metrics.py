@@ -163,14 +163,32 @@ class BrokerCollector(Collector):
         lag = GaugeMetricFamily("ledgermq_raft_follower_lag_entries",
                                 "Leader's view: entries a follower is behind the leader's log.",
                                 labels=[*labels, "follower"])
+        reserve = GaugeMetricFamily(
+            "ledgermq_raft_follower_reserve",
+            "Leader's view: 1 when a follower is a reserve, sent new entries in batches "
+            "([raft] reserve_batch_entries).", labels=[*labels, "follower"])
         if current == "leader" and status is not None and status.core is not None:
             for peer, f in sorted(status.core.followers.items()):
                 if peer == b.config.node_id:
                     continue
                 match.add_metric([*ids, str(peer)], f.match)
                 lag.add_metric([*ids, str(peer)], f.lag)
+                reserve.add_metric([*ids, str(peer)], 1.0 if f.reserve else 0.0)
         yield match
         yield lag
+        yield reserve
+        core = status.core if status is not None else None
+        for name, doc, count in (
+                ("ledgermq_raft_reserve_appends_total",
+                 "Appends with entries this node sent to reserves while leading "
+                 "(each carries a batch).", core.reserve_appends if core else 0),
+                ("ledgermq_raft_reserve_changes_total",
+                 "Times a leading node's set of reserves changed after its first choice "
+                 "(a reserve whose acknowledgement moved the commit became quick).",
+                 core.reserve_changes if core else 0)):
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric(ids, float(count))
+            yield c
         for name, doc, count in _node_counters(node.counters):
             c = CounterMetricFamily(name, doc, labels=labels)
             c.add_metric(ids, float(count))

@@ -218,6 +218,7 @@ class Broker:
             lost_leader_ticks=c.lost_leader_ticks,
             follower_apply_delay_ms=c.follower_apply_delay_ms,
             reserve_batch_entries=c.reserve_batch_entries,
+            reserve_batch_bytes=c.reserve_batch_bytes,
             preferred_leader=c.preferred_leader, segment_size_bytes=c.segment_size_bytes,
             commitlog=log_config, bind_host=c.raft_bind_host or raft_host,
             initial_voters=frozenset(c.initial_members),

@@ -30,6 +30,8 @@ def _propose_one(g: Group, leader: int, k: int) -> None:
 def test_a_reserve_gets_new_entries_in_batches_and_the_quick_follower_each_at_once() -> None:
     g = Group(reserve_batch_entries=BATCH)
     g.elect(1)  # its settle ticks: node 3 is the reserve (ties go to the lower id)
+    progress = g.nodes[1].status().progress
+    assert (progress[2].reserve, progress[3].reserve) == (False, True)
     for k in range(BATCH - 1):
         _propose_one(g, 1, k)
         assert len(_appends_to(g, 2)) == 1, "the quick follower gets each entry at once"
@@ -41,6 +43,7 @@ def test_a_reserve_gets_new_entries_in_batches_and_the_quick_follower_each_at_on
     assert len(batch) == 1 and len(batch[0].entries) == BATCH
     g.stabilize()
     assert g.nodes[3].log.last_index == g.nodes[1].log.last_index
+    assert g.nodes[1].reserve_appends == 1 and g.nodes[1].reserve_changes == 0
 
 
 def test_a_tick_sends_a_reserve_what_waits() -> None:
@@ -66,6 +69,9 @@ def test_without_the_quick_follower_the_reserve_commits_after_a_tick_and_becomes
     g.tick(1)
     g.stabilize()
     assert leader.commit == index  # the tick's batch to node 3, acked, committed it
+    progress = leader.status().progress
+    assert (progress[2].reserve, progress[3].reserve) == (True, False)
+    assert leader.reserve_changes == 1
     _propose_one(g, 1, 1)
     assert len(_appends_to(g, 3)) == 1, "node 3 is quick now: each entry at once"
     g.stabilize()

@@ -52,6 +52,9 @@ def test_figures_move_with_traffic_and_leader_change(ops_cluster: OpsCluster) ->
         assert {dict(ls)["follower"] for (n, ls) in lead
                 if n == "ledgermq_raft_follower_match_index"} == \
             {str(n) for n in urls if n != leader}
+        # Three nodes: one quick follower, one reserve (RaftNode rule 8).
+        assert sorted(v for (n, _), v in lead.items()
+                      if n == "ledgermq_raft_follower_reserve") == [0.0, 1.0]
 
         count = 300
         async with Producer([ops_cluster.namesrv_address]) as producer:
@@ -71,6 +74,9 @@ def test_figures_move_with_traffic_and_leader_change(ops_cluster: OpsCluster) ->
         assert value(after_leader, "ledgermq_requests_total", request="send_messages") >= 6
         assert value(after_leader, "ledgermq_raft_proposals_total") > \
             value(lead, "ledgermq_raft_proposals_total")
+        # The reserve got the entries in batches (at ticks, at the latest).
+        assert value(after_leader, "ledgermq_raft_reserve_appends_total") > \
+            value(lead, "ledgermq_raft_reserve_appends_total")
         # Followers store the same messages; their appends and fsyncs are timed.
         for nid in urls:
             samples = await until(

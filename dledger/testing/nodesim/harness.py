@@ -156,6 +156,8 @@ class Harness:
         reserves_rng = random.Random(f"reserves/{seed}")
         self.reserve_batch = (reserves_rng.choice((2, 8))
                               if reserves_rng.random() < options.reserves else 0)
+        # Or a batch of bytes: 256 (most entries go at once) or the default.
+        self.reserve_bytes = reserves_rng.choice((256, 64 * 1024))
         rng = random.Random(seed)
         self.rng = rng
         self.flush = options.flush
@@ -257,6 +259,7 @@ class Harness:
             directory_id=slot.directory_id,
             tick_ms=TICK_MS, election_timeout_ticks=ELECTION_TICKS,
             reserve_batch_entries=self.reserve_batch,
+            reserve_batch_bytes=self.reserve_bytes,
             commitlog=commitlog.CommitLogConfig(
                 segment_size_bytes=self.options.segment_size, index_file_records=64,
                 flush_interval_ms=100, flush_bytes=8192, checkpoint_interval_ms=300,

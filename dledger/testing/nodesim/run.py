@@ -35,7 +35,8 @@ def run_seed(seed: int, options: NodeSimOptions | None = None,
                     + (" open peers" if h.open_peers else "")
                     + (f" connection loss (crashes close {h.close_share})"
                        if h.connection_loss else "")
-                    + (f" reserves batch={h.reserve_batch}" if h.reserve_batch else ""))
+                    + (f" reserves batch={h.reserve_batch} bytes={h.reserve_bytes}"
+                       if h.reserve_batch else ""))
             for slot in h.slots.values():
                 h.start(slot)
             h.client_loop.create_task(h.client())

@@ -40,6 +40,9 @@ def test_the_reserve_takes_a_round_per_batch_and_carries_the_commit_when_needed(
             gained = await _rounds_per_follower(cluster)
             quick, reserve = sorted(gained, key=lambda n: -gained[n])
             assert gained[quick] >= PROPOSALS, gained
+            core = (await cluster.wait_leader()).status().core
+            assert core is not None and core.reserve_appends > 0
+            assert {n for n, f in core.followers.items() if f.reserve} == {reserve}
             # A batch of 8 entries, and a round per tick (heartbeats) meanwhile.
             assert gained[reserve] <= gained[quick] // 2, gained
             await cluster.wait_converged()  # the reserve catches up at the next tick
@@ -56,9 +59,14 @@ def test_the_reserve_takes_a_round_per_batch_and_carries_the_commit_when_needed(
     run(main())
 
 
-def test_zero_replicates_each_entry_to_every_follower_at_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("knobs", [
+    {"reserve_batch_entries": 0},
+    # `reserve_batch_bytes` reaches the core: one small entry is a batch.
+    {"reserve_batch_bytes": 16},
+], ids=["no-reserves", "byte-limit-below-one-entry"])
+def test_every_follower_takes_a_round_per_entry(tmp_path: Path, knobs: dict[str, int]) -> None:
     async def main() -> None:
-        cluster = Cluster(tmp_path, flush="async", reserve_batch_entries=0)
+        cluster = Cluster(tmp_path, flush="async", **knobs)
         await cluster.start_all()
         try:
             gained = await _rounds_per_follower(cluster)

@@ -78,6 +78,9 @@ def test_the_reserve_batch_reaches_the_node() -> None:
     assert config.reserve_batch_entries == 0
     assert Broker(config)._node_config().reserve_batch_entries == 0
     assert Broker(parse_config(BASE))._node_config().reserve_batch_entries == 8
+    config = parse_config({**BASE, "raft": {"reserve_batch_bytes": 4096}})
+    assert Broker(config)._node_config().reserve_batch_bytes == 4096
+    assert Broker(parse_config(BASE))._node_config().reserve_batch_bytes == 64 * 1024
 
 
 @pytest.mark.parametrize("change, message", [
@@ -99,6 +102,8 @@ def test_the_reserve_batch_reaches_the_node() -> None:
     ({"raft": {"follower_apply_delay_ms": -1}}, "follower_apply_delay_ms"),
     ({"raft": {"reserve_batch_entries": -1}}, "reserve_batch_entries"),
     ({"raft": {"reserve_batch_entries": 2.5}}, "reserve_batch_entries"),
+    ({"raft": {"reserve_batch_bytes": 0}}, "reserve_batch_bytes"),
+    ({"raft": {"reserve_batch_bytes": True}}, "reserve_batch_bytes"),
     # These three reached the Raft runtime, which refused them with a traceback.
     ({"raft": {"heartbeat_interval_ticks": 10}}, "heartbeat_interval_ticks must be in [1,"),
     ({"raft": {"election_timeout_ticks": 1}}, "election_timeout_ticks must be >= 2"),
