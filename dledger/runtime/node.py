@@ -606,6 +606,8 @@ class RaftGroupNode:
         # A leader's Readies advanced before their fsync ended
         # (`_handle_unsynced`): the last of their entries, and the task
         # telling the core when the log is durable that far.
+        # `membership` before start, and the log's (first, last) index it was read at.
+        self._stored_membership: tuple[tuple[int, int], Membership] | None = None
         self._unsynced_target = 0
         self._unsynced_wake = asyncio.Event()
         self._durability_task: asyncio.Task[None] | None = None
@@ -787,7 +789,15 @@ class RaftGroupNode:
         core = self._core
         if core is not None:
             return core.membership
-        return stored_membership(self.storage, self.config.bootstrap_membership())
+        # Read once per shape of the log: the CommitLog storage has no index
+        # of entry kinds, so this reads the stored log (as the core does at
+        # start); a repair before start (a cut tail) reads it again.
+        shape = (self.log.first_index, self.log.last_index)
+        cached = self._stored_membership
+        if cached is None or cached[0] != shape:
+            cached = self._stored_membership = (shape, stored_membership(
+                self.storage, self.config.bootstrap_membership()))
+        return cached[1]
 
     @property
     def directory_id(self) -> int:
