@@ -69,7 +69,7 @@ from commitlog.errors import DurableDataLostError, StorageError
 from commitlog.flush import FlushObserver, Worker
 from commitlog.snapshot import SnapshotInfo, adopt_snapshot, list_snapshots
 from commitlog.sync_thread import SyncThread
-from dledger.config import NO_BUGS, Bugs, Config
+from dledger.config import NO_BUGS, RESERVE_BATCH_BYTES, Bugs, Config
 from dledger.entry import HardState, segment_placement
 from dledger.log import CommittedDivergence, InvariantViolation, invariant
 from dledger.membership import Membership, bootstrap
@@ -211,7 +211,7 @@ class NodeConfig:
     reserve_batch_entries: int = 8
     # ... or once this many bytes of entries wait (so that a large entry, a
     # merged batch of messages, goes to every follower at once).
-    reserve_batch_bytes: int = 64 * 1024
+    reserve_batch_bytes: int = RESERVE_BATCH_BYTES
 
     def __post_init__(self) -> None:
         if self.node_id not in self.peers:

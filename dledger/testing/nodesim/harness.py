@@ -157,7 +157,7 @@ class Harness:
         self.reserve_batch = (reserves_rng.choice((2, 8))
                               if reserves_rng.random() < options.reserves else 0)
         # Or a batch of bytes: 256 (most entries go at once) or the default.
-        self.reserve_bytes = reserves_rng.choice((256, 64 * 1024))
+        self.reserve_bytes = reserves_rng.choice((256, NodeConfig.reserve_batch_bytes))
         rng = random.Random(seed)
         self.rng = rng
         self.flush = options.flush

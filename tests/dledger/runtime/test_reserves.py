@@ -40,14 +40,14 @@ def test_the_reserve_takes_a_round_per_batch_and_carries_the_commit_when_needed(
             gained = await _rounds_per_follower(cluster)
             quick, reserve = sorted(gained, key=lambda n: -gained[n])
             assert gained[quick] >= PROPOSALS, gained
-            core = (await cluster.wait_leader()).status().core
+            leader = await cluster.wait_leader()
+            core = leader.status().core
             assert core is not None and core.reserve_appends > 0
             assert {n for n, f in core.followers.items() if f.reserve} == {reserve}
             # A batch of 8 entries, and a round per tick (heartbeats) meanwhile.
             assert gained[reserve] <= gained[quick] // 2, gained
             await cluster.wait_converged()  # the reserve catches up at the next tick
 
-            leader = await cluster.wait_leader()
             await cluster.stop(quick)
             for i in range(5):
                 async with asyncio.timeout(10):
