@@ -29,8 +29,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def measure(root: Path, kills: int, knobs: dict[str, object], poll_s: float) -> dict:
-    cluster = ProcessCluster(root, **knobs)
+async def measure(root: Path, kills: int, knobs: dict[str, object], poll_s: float,
+                  nodes: int = 3) -> dict:
+    cluster = ProcessCluster(root, nodes, **knobs)
     for node_id in cluster.peers:
         cluster.start(node_id)
     elected: list[float] = []
@@ -77,7 +78,7 @@ async def measure(root: Path, kills: int, knobs: dict[str, object], poll_s: floa
         return {"p50_ms": round(statistics.median(ms), 1), "p90_ms": round(percentile(ms, 0.9), 1),
                 "max_ms": round(max(ms), 1), "min_ms": round(min(ms), 1)}
 
-    return {"bench": "failover", "kills": kills, **knobs,
+    return {"bench": "failover", "kills": kills, "nodes": nodes, **knobs,
             "elected": summary(elected), "leader_ready": summary(ready)}
 
 
@@ -88,12 +89,15 @@ def main() -> None:
     parser.add_argument("--election-ticks", type=int, default=10)
     parser.add_argument("--flush", default="sync", choices=("sync", "async"))
     parser.add_argument("--poll-ms", type=float, default=5.0)
+    parser.add_argument("--nodes", type=int, default=3, choices=(3, 5))
+    parser.add_argument("--reserve-batch", type=int, default=8,
+                        help="reserve_batch_entries (0: every follower gets every entry at once)")
     args = parser.parse_args()
     knobs: dict[str, object] = {"tick_ms": args.tick_ms,
                                 "election_timeout_ticks": args.election_ticks,
-                                "flush": args.flush}
+                                "flush": args.flush, "reserve_batch_entries": args.reserve_batch}
     with tempfile.TemporaryDirectory(prefix="ledgermq-failover-") as root:
-        result = run(measure(Path(root), args.kills, knobs, args.poll_ms / 1000))
+        result = run(measure(Path(root), args.kills, knobs, args.poll_ms / 1000, args.nodes))
     print(json.dumps(result))
 
 

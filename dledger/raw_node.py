@@ -866,13 +866,14 @@ class RaftNode:
     # -- votes
 
     def _handle_vote_request(self, msg: VoteRequest) -> None:
+        last_index, last_term = self.log.last_index, self.log.last_term()
         response = self.elector.decide_vote(
-            msg,
-            self.log.last_index,
-            self.log.last_term(),
-            check_log=not self.bugs.skip_log_up_to_date_check,
-        )
+            msg, last_index, last_term, check_log=not self.bugs.skip_log_up_to_date_check)
         self._outbox.append(response)
+        if not response.granted and self.elector.hurry_after_refusal(msg, last_index, last_term):
+            # Our log is longer than the candidate's and our leader is gone:
+            # we can win and it cannot, so do not wait for our own timer.
+            self.campaign()
 
     def _handle_vote_response(self, msg: VoteResponse) -> None:
         if self.role not in (Role.PRE_CANDIDATE, Role.CANDIDATE):

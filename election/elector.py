@@ -10,7 +10,9 @@ Theory of operation
 - `filter_term(msg)` applies Raft's term rules to every incoming message
   before the owner looks at it (adopt a higher term, drop stale messages,
   honour the leader lease). It may return a reply for the sender.
-- `decide_vote()` answers a `VoteRequest`; `record_vote()` counts answers.
+- `decide_vote()` answers a `VoteRequest`; `record_vote()` counts answers;
+  `hurry_after_refusal()` says when a refusal should be followed by our own
+  campaign (a leader-lost follower whose log is longer than the candidate's).
 - `become_*()` change role through the table in `election.roles`.
 - `leader_lost(leader)` is the owner's word that the leader's process looks
   gone (every connection to and from it closed): a follower ends its lease
@@ -114,7 +116,8 @@ class Elector:
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         # Invariant: election_timeout <= randomized_timeout < 2 * election_timeout,
-        # except in the short rounds after `leader_lost` (1..lost_leader_ticks).
+        # except in the short rounds after `leader_lost` (1..lost_leader_ticks,
+        # or the next tick after `hurry_after_refusal`).
         self.randomized_timeout = config.election_timeout_ticks
         # Timer draws left from the short range (`leader_lost`).
         self._hasty = 0
@@ -397,6 +400,34 @@ class Elector:
             pre_vote=request.pre_vote,
             directory_id=self.directory_id,
         )
+
+    def hurry_after_refusal(self, request: VoteRequest, own_last_index: int,
+                            own_last_term: int) -> bool:
+        """A follower that has just refused `request` may be the node that
+        should lead: the request is a pre-vote, the candidate's log is behind
+        ours (so it cannot win while we live: that was the refusal's reason),
+        and we are in a `leader_lost` episode (no leader since the notice).
+        The candidate's timer fired first, but without this the group would
+        wait for ours. The case is common with reserves (RaftNode rule 8): a
+        dead leader's reserve is a few entries behind its quick followers.
+
+        Returns True to campaign now: in a group of three (quorum 2) we are
+        the only quick follower, so no other node hurries with us. In larger
+        groups every quick follower refused the same request at the same
+        moment, and campaigning at once they would split the vote; each sets
+        its timer to its next tick instead, and the ticks of separate
+        processes fall at independent moments. Nothing of safety rests on
+        this (any node may campaign at any time); outside a `leader_lost`
+        episode (a pause, a partition) nothing is hurried."""
+        if not (request.pre_vote and self._hasty > 0 and self.role is Role.FOLLOWER
+                and self.leader_id == 0
+                and not log_up_to_date(request.last_term, request.last_index,
+                                       own_last_term, own_last_index)):
+            return False
+        if self.quorum <= 2:
+            return True
+        self.randomized_timeout = min(self.randomized_timeout, self.election_elapsed + 1)
+        return False
 
     def record_vote(self, response: VoteResponse) -> VoteOutcome:
         """Count an answer for the round we are in; stray answers are PENDING."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,29 @@ class Cluster:
     async def stop(self, node_id: int) -> None:
         node = self.nodes.pop(node_id)
         await node.stop()
+
+    async def start_pinned(self) -> RaftGroupNode:
+        """Start every node under directory id 100 + its id; returns the
+        leader once it has pinned every member's directory."""
+        self.directory_ids = {n: 100 + n for n in self.peers}
+        await self.start_all()
+        leader = await self.wait_leader()
+        await wait_until(lambda: not leader.membership.unpinned(), 10.0, "pinned members")
+        return leader
+
+    async def wipe(self, node_id: int, directory_id: int, leader: RaftGroupNode) -> None:
+        """Stop `node_id`, delete its data directory and start it again under
+        `directory_id`; returns once `leader` flags the new directory."""
+        await self.stop(node_id)
+        shutil.rmtree(self.root / f"n{node_id}")
+        self.directory_ids[node_id] = directory_id
+        await self.start(node_id)
+
+        def flagged() -> bool:
+            core = leader.status().core
+            return core is not None and core.followers[node_id].identity_mismatch
+
+        await wait_until(flagged, 10.0, f"the leader sees n{node_id}'s new directory")
 
     async def stop_all(self) -> None:
         for node_id in list(self.nodes):

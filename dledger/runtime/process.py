@@ -49,7 +49,7 @@ _ENTRIES_BYTES_MAX = 4 * 1024 * 1024
 
 _KNOBS = ("flush", "replicate", "tick_ms", "election_timeout_ticks", "heartbeat_interval_ticks",
           "leader_lost_grace_ticks", "lost_leader_ticks", "preferred_leader",
-          "segment_size_bytes", "bind_host")
+          "segment_size_bytes", "bind_host", "reserve_batch_entries")
 
 
 def load_config(raw: dict[str, Any]) -> tuple[NodeConfig, str, int]:

@@ -62,7 +62,9 @@ sender/addressee contradicts the handshake closes *that* connection only;
 a refused handshake is logged as one WARNING line (rate-limited) and counted
 by reason (`auth_failures`, `on_auth_failure`).
 Outgoing connections are re-dialled with exponential backoff (20 ms .. 500 ms,
-short so a restarted node is reached quickly), also when bytes sent on one
+short so a restarted node is reached quickly; a link waiting out its back-off
+dials at once when the peer's own connection on that channel is accepted,
+which says it is up), also when bytes sent on one
 stay unacknowledged for `user_timeout_s` (3 s; TCP_USER_TIMEOUT: a partition
 that drops packets leaves the connection open, with TCP's retransmissions
 backed off by then to tens of seconds); while a link is down its
@@ -245,6 +247,8 @@ class _Link:
         # The last handshake failure logged; logged again only when it changes
         # (a peer with another secret would otherwise log twice a second).
         self._last_failure = ""
+        # Set by `wake` (the peer dialled us, so it is up): ends a back-off.
+        self._woken = asyncio.Event()
 
     def send(self, messages: Sequence[Message]) -> None:
         wire = self._wire
@@ -309,12 +313,10 @@ class _Link:
                         server_hostname=host if t.client_ssl is not None else None)
             except ssl.SSLError as exc:
                 self._handshake_failed(REASON_PEER_TLS, str(exc))
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                backoff = await self._back_off(backoff)
                 continue
             except (OSError, TimeoutError):
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                backoff = await self._back_off(backoff)
                 continue
             sock = writer.get_extra_info("socket")
             if sock is not None and hasattr(socket, "TCP_USER_TIMEOUT"):
@@ -330,8 +332,7 @@ class _Link:
                 writer.close()
                 with contextlib.suppress(OSError, asyncio.CancelledError):
                     await writer.wait_closed()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                backoff = await self._back_off(backoff)
                 continue
             if self._last_failure:
                 log.warning("raft %s/%d: handshake with node %d (%s) succeeds again", t.group,
@@ -341,6 +342,7 @@ class _Link:
                 writer.transport.abort()
                 return
             self.writer, self._wire = writer, writer.transport
+            self._woken.clear()  # connected: an earlier wake is spent
             self.connects += 1
             started = loop.time()
             try:
@@ -356,17 +358,44 @@ class _Link:
                     await writer.wait_closed()
             if loop.time() - started > 1.0:
                 backoff = BACKOFF_MIN_S
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            backoff = await self._back_off(backoff)
+
+    async def _back_off(self, backoff: float) -> float:
+        """Wait `backoff` seconds before the next dial, or until `wake` (also
+        one that came during the dial that just failed: the peer may have
+        started listening since); returns the next back-off (doubled, or the
+        shortest after a wake)."""
+        if not self._woken.is_set():
+            try:
+                async with asyncio.timeout(backoff):
+                    await self._woken.wait()
+            except TimeoutError:
+                return min(backoff * 2, BACKOFF_MAX_S)
+        self._woken.clear()
+        return BACKOFF_MIN_S
+
+    def wake(self) -> None:
+        """The peer just dialled us, so it is up: a link waiting out a
+        back-off dials now. Without it a peer restarted after a few seconds
+        down was reached up to `BACKOFF_MAX_S` late: long enough, in the
+        failover benchmark, for the next election's pre-votes to it to be
+        dropped (a candidate that would have won waited a round)."""
+        if self._wire is None:
+            self._woken.set()
 
     def close(self) -> None:
+        """The transport closes: end the connection, and a back-off too (a
+        cancellation that lands in `run`'s wait for a closed socket is
+        swallowed there, and the loop would otherwise sleep on)."""
         if self.writer is not None:
             self.writer.close()
+        self._woken.set()
 
     def drop(self) -> None:
         """The peer left: stop dialling, and abort the socket with whatever is
         still buffered for it (a removed node gets nothing more)."""
         self.removed = True
+        self._woken.set()
         writer, self.writer, self._wire = self.writer, None, None
         if writer is not None:
             writer.transport.abort()
@@ -793,6 +822,9 @@ class PeerTransport:
             previous.close()
         self._authenticated[key] = conn
         self.accepted_connections += 1
+        link = self._links.get(key)
+        if link is not None:
+            link.wake()
         try:
             conn.serve(self._batch_reader(conn, key), self.max_frame_bytes)
             error = await conn.wait_closed()

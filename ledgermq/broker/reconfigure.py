@@ -14,7 +14,8 @@ operator asks for and adds the checks that need a view of the whole group:
 - replace: add the new node, promote it, remove the old one: the group never
   has fewer voters than before, so its fault tolerance never drops;
 - rejoin: a member whose data directory is new (wiped, repaired) becomes a
-  learner under its new directory id and is promoted again once caught up.
+  learner under its new directory id and is promoted again once caught up;
+  resumable, like add.
 
 Only the leader runs these; the admin API answers elsewhere with NOT_LEADER.
 A leader that stops leading before one of its CONFIG entries commits cannot
@@ -61,9 +62,10 @@ class ReconfigureError(Exception):
 class OutcomeUnknown(ReconfigureError):
     """Leadership changed while a CONFIG entry of the operation was not yet
     committed: the entry may have been cut, or may still commit under the
-    new leader. `add` and `replace` are resumable (they skip what is already
-    done), so the answer is: read the configuration and retry, on whoever
-    leads now."""
+    new leader. `add`, `replace` and `rejoin` are resumable (they skip what
+    is already done), so the answer is: read the configuration and retry, on
+    whoever leads now (the CLI does; for `remove` it first looks whether the
+    leader's committed configuration already shows it)."""
 
     def __init__(self, action: str, node_id: int, index: int) -> None:
         super().__init__(
@@ -273,24 +275,38 @@ async def rejoin_member(node: RaftRuntime, node_id: int, directory_id: int = 0, 
                         learner: bool = False, timeout: float = 60.0) -> list[Step]:
     """Re-admit `node_id` under its new data directory (wiped or repaired).
 
-    `directory_id` 0 means the one the leader last heard from the node."""
+    `directory_id` 0 means the one the leader last heard from the node.
+    Resumable, as `add` is: a learner already pinned to that directory (the
+    rejoin's entry committed, its promotion did not, or its answer was lost)
+    is only promoted, and a healthy voter pinned to it is left as it is."""
     if node_id == node.node_id:
         raise ReconfigureError("a leader does not rejoin itself", 400)
-    if not directory_id:
+    member = node.membership.member(node_id)
+    if member is None:
+        raise ReconfigureError(f"n{node_id} is not a member of the group", 400)
+    as_heard = not directory_id
+    if as_heard:
         view = follower_view(node, node_id)
         directory_id = int(view["directory_id"]) if view else 0
         if not directory_id:
             raise ReconfigureError(
                 f"n{node_id} has not been heard from: start it (with its new data directory) "
                 "first, or give its directory id", 409)
-        pinned = node.membership.member(node_id)
-        if pinned is not None and pinned.directory_id == directory_id:
+    if member.directory_id == directory_id:
+        if node_id in node.membership.learner_ids:
+            return [] if learner else [await _promote_when_caught_up(node, node_id, timeout)]
+        if node_id in healthy_voters(node):
+            return []  # rejoined and promoted already, or never needed it
+        if as_heard:
             # Not heard from its new directory yet: the id heard is the old,
             # wiped one, and pinning it again would never let it vote.
             raise ReconfigureError(
                 f"n{node_id} still answers from its pinned directory {directory_id}: it has "
                 "not restarted on its new one yet (or was not wiped); retry once it has, or "
                 "give --directory-id", 409)
+        raise ReconfigureError(
+            f"n{node_id} is a voter pinned to directory {directory_id} already; rejoin is "
+            "for a node that comes back with a new one", 409)
     steps = [await _commit(node, "rejoin", node_id,
                            lambda m: rejoin(m, node_id, directory_id), timeout)]
     if not learner:

@@ -121,3 +121,36 @@ def test_a_large_entry_goes_to_the_reserve_at_once() -> None:
     g.process(1)
     [append] = _appends_to(g, 3)
     assert [len(e.data) for e in append.entries] == [2, 100]  # what waited, with it
+
+
+def _leader_gone_and_the_reserve_campaigns(g: Group, reserve: int) -> None:
+    g.isolated.add(1)
+    for follower in g.ids[1:]:
+        assert g.nodes[follower].leader_unreachable(1)
+    g.nodes[reserve].campaign()  # the reserve's short timer fired first
+    g.stabilize()
+
+
+def test_when_the_leader_dies_the_quick_follower_does_not_wait_for_its_timer() -> None:
+    # The reserve is behind, so its pre-vote is refused; the quick follower,
+    # whose log is the longest, campaigns as it refuses, without a tick.
+    g = Group(reserve_batch_entries=BATCH)
+    g.elect(1)
+    _propose_one(g, 1, 0)
+    g.stabilize()
+    assert g.nodes[3].log.last_index < g.nodes[2].log.last_index
+    _leader_gone_and_the_reserve_campaigns(g, 3)
+    assert g.nodes[2].role is Role.LEADER
+    assert g.nodes[3].role is Role.FOLLOWER and g.nodes[3].leader_id == 2
+
+
+def test_five_nodes_the_quick_followers_campaign_at_their_next_tick() -> None:
+    g = Group(5, reserve_batch_entries=BATCH)
+    g.elect(1)
+    _propose_one(g, 1, 0)
+    g.stabilize()
+    _leader_gone_and_the_reserve_campaigns(g, 4)
+    assert [g.nodes[i].role for i in (2, 3)] == [Role.FOLLOWER, Role.FOLLOWER]
+    g.tick(3)  # node 3's next tick, before node 2's
+    g.stabilize()
+    assert g.nodes[3].role is Role.LEADER

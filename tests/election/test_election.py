@@ -222,3 +222,49 @@ def test_after_leader_lost_a_split_vote_is_retried_within_a_few_ticks() -> None:
     # The notice's own wait and the retries are short; then a full timeout.
     assert all(w <= 4 for w in waits[:LOST_LEADER_ROUNDS])
     assert waits[LOST_LEADER_ROUNDS] >= e.config.election_timeout_ticks
+
+
+def _pre_vote(src: int, last_index: int, last_term: int = 3) -> VoteRequest:
+    return VoteRequest(src, 1, 4, last_index, last_term, pre_vote=True)
+
+
+def test_a_leader_lost_follower_with_the_longer_log_hurries_after_refusing() -> None:
+    # Reserves (RaftNode rule 8) leave a dead leader's reserve a few entries
+    # behind its quick follower: the reserve's timer may fire first, but only
+    # the quick follower can win, so it campaigns as soon as it refuses.
+    e = _following(2)
+    assert e.leader_lost(2)
+    behind = _pre_vote(3, last_index=7)
+    assert not e.decide_vote(behind, 10, 3).granted
+    assert e.hurry_after_refusal(behind, 10, 3)
+
+
+@pytest.mark.parametrize("case", ["equal log", "longer log", "real vote", "no notice",
+                                  "pre-candidate"])
+def test_no_hurry_where_the_refuser_could_not_be_the_one_to_lead(case: str) -> None:
+    e = _following(2)
+    if case != "no notice":
+        assert e.leader_lost(2)
+    request = _pre_vote(3, last_index=7)
+    own_index = 10
+    if case == "equal log":
+        own_index = 7  # the candidate can win too: nothing to hurry for
+    elif case == "longer log":
+        own_index = 5
+    elif case == "real vote":
+        request = VoteRequest(3, 1, 4, 7, 3)
+    elif case == "pre-candidate":
+        e.become_pre_candidate()  # already campaigning
+    timeout = e.randomized_timeout
+    assert not e.hurry_after_refusal(request, own_index, 3)
+    assert e.randomized_timeout == timeout  # and its timer unchanged
+
+
+def test_with_five_voters_the_quick_followers_hurry_to_their_next_tick() -> None:
+    # Two quick followers refuse the same reserve at once: campaigning at once
+    # they would split the vote; each campaigns at its own next tick instead.
+    e = _following(2, voters=5, lost_leader_ticks=4)
+    assert e.leader_lost(2)
+    e.randomized_timeout = 4
+    assert not e.hurry_after_refusal(_pre_vote(3, last_index=7), 10, 3)
+    assert _ticks_to_campaign(e) == 1

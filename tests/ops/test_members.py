@@ -245,3 +245,51 @@ def test_a_change_whose_term_ends_before_it_commits_is_retried_by_the_cli(
         wait(lambda: view(cluster)["voters"] == [1, 2, 3, 4], 30, "n4 a voter")
         loop.run(send(cluster, [b"after-%d" % i for i in range(10)]))
         assert sorted(loop.run(read_all(cluster))) == [b"after-%d" % i for i in range(10)]
+
+
+def test_a_remove_whose_outcome_was_unknown_is_found_done_by_the_cli(tmp_path: Path) -> None:
+    """`member remove` of a follower while both followers are stopped: the
+    leader appends the change, cannot commit it, steps down, and answers 503
+    OUTCOME_UNKNOWN. Only the other follower comes back, so only the old
+    leader, whose log holds the change, can win, and it commits the removal.
+    The broker refuses to remove a node that is no longer a member, so the
+    CLI looks at the leader's committed configuration before it retries and
+    finds the removal done (before, it gave up on OUTCOME_UNKNOWN)."""
+    cluster = OpsCluster(tmp_path / "c", nodes=3)
+    cluster.raft = {"tick_ms": 100, "election_timeout_ticks": 40, "heartbeat_interval_ticks": 1}
+    with cluster:
+        leader = wait(lambda: view(cluster).get("leader_id"), 30, "a leader")
+        removed, other = [n for n in (1, 2, 3) if n != leader]
+        pids = {n: cluster.brokers[n].proc.pid for n in (removed, other)}
+        env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
+        go = tmp_path / "go"
+        removing = subprocess.Popen(
+            [sys.executable, "-c", CLI_ON_SIGNAL, str(go), "member", "remove", "--node",
+             str(removed), "--force", "--admin", cluster.namesrv_url, "--token", TOKEN,
+             "--timeout", "60"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+        stopped = list(pids.values())
+        try:
+            wait(lambda: (tmp_path / "go.ready").exists() or removing.poll() is not None, 60,
+                 "the CLI's process ready")
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            go.touch()
+
+            def stepped_down_with_the_entry() -> bool:
+                status = loop.run(node_status(cluster.peers[leader].client))
+                return (bool(status) and status["role"] != "leader"
+                        and status["last_index"] > status["commit_index"])
+
+            wait(stepped_down_with_the_entry, 30, "the leader stepped down, the removal pending")
+            os.kill(pids[other], signal.SIGCONT)
+            stopped.remove(pids[other])
+            out, _ = removing.communicate(timeout=120)
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+        assert removing.returncode == 0, out
+        assert f"remove n{removed}: leadership changed before its configuration entry" in out, out
+        assert "the earlier remove committed: nothing left to do" in out, out
+        final = view(cluster)
+        assert final["voters"] == sorted([leader, other]) and final["leader_id"] == leader

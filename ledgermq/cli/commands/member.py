@@ -5,6 +5,7 @@ to the group's leader; docs/operations.md, "Membership changes")."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -31,7 +32,32 @@ TIMEOUT_OPTION = typer.Option(60.0, help="Seconds each step may take (catch-up i
 # (and retries go on for as long as the command's --timeout allows).
 LEADERSHIP_MOVED_RETRIES = 10
 # Operations a retry finishes instead of repeating (ledgermq/broker/reconfigure.py).
-RESUMABLE = ("add", "replace")
+RESUMABLE = ("add", "replace", "rejoin")
+# What the leader's committed configuration shows once an operation is done
+# (a members view -> bool), for `remove`, which the broker refuses once done
+# (a removed node is not a member): after OUTCOME_UNKNOWN the CLI looks
+# before it retries.
+Done = Callable[[dict[str, Any]], bool]
+
+
+def _no_member(node_id: int) -> Done:
+    return lambda view: all(m["node_id"] != node_id for m in view.get("members", []))
+
+
+def _committed_view(api: Target, group: str) -> dict[str, Any] | None:
+    """The group's members view if it comes from its leader and names no
+    change still committing (a follower's view, or a leader's pending entry,
+    may still be cut), else None."""
+    from ledgermq.webadmin.app import AdminApiError
+
+    try:
+        answer = call(api, "GET", "members", query={"group": group})
+    except AdminApiError:
+        return None  # no leader to ask yet: retry the operation
+    view: dict[str, Any] = answer.get("groups", {}).get(group, answer)
+    if view.get("leader_id") != view.get("node_id") or view.get("membership_pending"):
+        return None
+    return view
 
 
 def _group(api: Target, group: str) -> str:
@@ -47,28 +73,39 @@ def _group(api: Target, group: str) -> str:
 
 
 def _change(api: Target, group: str, action: str, body: dict[str, Any],
-            timeout: float) -> dict[str, Any]:
+            timeout: float, done: Done | None = None) -> dict[str, Any]:
     """POST the change, retrying an answer that says to try again (another
     leader, none yet, or an outcome a leader change left unknown, for the
-    operations that finish what an earlier attempt did) until `timeout`
-    seconds have passed, and at least LEADERSHIP_MOVED_RETRIES times."""
+    operations that finish what an earlier attempt did or that say by `done`
+    how to see that it did) until `timeout` seconds have passed, and at least
+    LEADERSHIP_MOVED_RETRIES times."""
     from ledgermq.webadmin.app import AdminApiError
 
     body = {**body, "group": group, "timeout": timeout}
     deadline = time.monotonic() + timeout
     said = ""
     attempt = 0
+    unknown = False
     while True:
         attempt += 1
+        if unknown and done is not None:
+            view = _committed_view(api, group)
+            if view is not None and done(view):
+                typer.echo(f"  the earlier {action} committed: nothing left to do")
+                return {**view, "steps": []}
         try:
             answer: dict[str, Any] = call(api, "POST", f"members/{action}", body,
                                           timeout=timeout * 3 + 10)
             return answer
         except AdminApiError as exc:
             # OUTCOME_UNKNOWN (leadership changed under a CONFIG entry) is
-            # retried only where the operation skips what is already done.
+            # retried only where a retry cannot do the change twice; after it,
+            # an operation with `done` retries whatever the answer (a removed
+            # node is "not a member") until its look above says it is done.
+            unknown |= exc.code == "OUTCOME_UNKNOWN"
             retry = exc.code in ("LEADERSHIP_MOVED", "NOT_LEADER", "SERVICE_UNAVAILABLE") or (
-                exc.code == "OUTCOME_UNKNOWN" and action in RESUMABLE)
+                exc.code == "OUTCOME_UNKNOWN" and action in RESUMABLE) or (
+                unknown and done is not None)
             if not retry or (attempt >= LEADERSHIP_MOVED_RETRIES
                              and time.monotonic() >= deadline):
                 raise
@@ -167,8 +204,9 @@ def remove(
 ) -> None:
     """Remove a node (the leader hands leadership over first)."""
     api = target(admin, access_key, secret_file, token, tls_ca_file)
-    _print_steps(_change(api, _group(api, group), "remove",
-                         {"node_id": node_number(node), "force": force}, timeout))
+    node_id = node_number(node)
+    _print_steps(_change(api, _group(api, group), "remove", {"node_id": node_id, "force": force},
+                         timeout, done=_no_member(node_id)))
 
 
 @member_app.command("replace")

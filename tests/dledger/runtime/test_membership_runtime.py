@@ -10,7 +10,6 @@ directory was wiped cannot vote or get itself elected until it rejoins.
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 
 import pytest
@@ -101,26 +100,16 @@ def test_a_spare_joins_as_learner_is_promoted_and_a_voter_is_removed(tmp_path: P
 def test_a_wiped_node_cannot_vote_or_win_until_it_rejoins(tmp_path: Path) -> None:
     async def main() -> None:
         cluster = Cluster(tmp_path, n=3, tick_ms=20)
-        cluster.directory_ids = {1: 101, 2: 102, 3: 103}
-        await cluster.start_all()
         try:
-            leader = await cluster.wait_leader()
             # The leader pins every member's directory once it heard it.
-            await wait_until(lambda: not leader.membership.unpinned(), 10.0, "pinned members")
+            leader = await cluster.start_pinned()
             await _fill(leader, 20, b"before")
             await cluster.wait_converged()
             lid = leader.config.node_id
             wiped, other = [n for n in (1, 2, 3) if n != lid]
 
             # Wipe a follower's disk; it comes back under a new directory.
-            await cluster.stop(wiped)
-            shutil.rmtree(tmp_path / f"n{wiped}")
-            cluster.directory_ids[wiped] = 999
-            await cluster.start(wiped)
-            await wait_until(
-                lambda: leader.status().core is not None
-                and leader.status().core.followers[wiped].identity_mismatch, 10.0,
-                "the leader sees the wiped node's new directory")
+            await cluster.wipe(wiped, 999, leader)
 
             # Without the leader, the wiped node's vote does not count for the
             # healthy follower, and its own campaign is refused: no leader.

@@ -132,3 +132,48 @@ def test_a_change_a_new_term_overtakes_is_an_unknown_outcome_and_a_retry_finishe
             await cluster.stop_all()
 
     run(main())
+
+
+def test_a_rejoin_retried_finishes_what_the_first_attempt_did_and_never_repeats_it(
+        tmp_path: Path) -> None:
+    """A retry of `rejoin` (after OUTCOME_UNKNOWN, or an answer lost) finds
+    the node a learner under its new directory and only promotes it; once a
+    voter there, nothing is left to do. Before, the retry was refused (409,
+    "still answers from its pinned directory"), or, with the directory id
+    given, demoted the healthy voter to a learner once more."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path, n=3, tick_ms=20)
+        try:
+            leader = await cluster.start_pinned()
+            wiped = next(n for n in (1, 2, 3) if n != leader.node_id)
+            await cluster.wipe(wiped, 999, leader)
+            first = await reconfigure.rejoin_member(leader, wiped, learner=True, timeout=20)
+            assert [s.action for s in first] == ["rejoin"]
+            assert wiped in leader.membership.learner_ids
+            config_index = leader.status().membership_index
+            # The retry (as heard, then with the id given) only promotes.
+            again = await reconfigure.rejoin_member(leader, wiped, timeout=20)
+            assert [s.action for s in again] == ["promote"]
+            assert again[0].index > config_index
+            member = leader.membership.member(wiped)
+            assert member is not None and member.directory_id == 999
+            assert sorted(leader.membership.voter_ids) == [1, 2, 3]
+            await wait_until(lambda: wiped in reconfigure.healthy_voters(leader), 10.0,
+                             "the rejoined voter replicating")
+            promoted_at = leader.status().membership_index
+            assert await reconfigure.rejoin_member(leader, wiped, timeout=20) == []
+            assert await reconfigure.rejoin_member(leader, wiped, 999, timeout=20) == []
+            assert leader.status().membership_index == promoted_at  # no entry appended
+            # A voter whose pinned directory is given again while it is down
+            # is not demoted: that is no rejoin.
+            await cluster.stop(wiped)
+            await wait_until(lambda: wiped not in reconfigure.healthy_voters(leader), 10.0,
+                             "the leader sees it gone")
+            with pytest.raises(reconfigure.ReconfigureError) as refused:
+                await reconfigure.rejoin_member(leader, wiped, 999, timeout=20)
+            assert refused.value.status == 409 and "pinned to directory 999" in str(refused.value)
+            assert wiped in leader.membership.voter_ids
+        finally:
+            await cluster.stop_all()
+
+    run(main())
