@@ -171,6 +171,16 @@ class FileQueue:
             self.remove(base)
         return removed
 
+    def distrust_from(self, address: int) -> None:
+        """Have the next sync include every file holding `address` or later,
+        and the directory: found on disk, not vouched for, their bytes and
+        names may be in the page cache only (written by a process that died
+        before syncing them; a crash without power loss keeps them)."""
+        for base in self.bases:
+            if base + self.span > address:
+                self._dirty.add(base)
+        self._directory_dirty = True
+
     def mark_dirty(self, base: int) -> None:
         """Have the next `take_dirty` include the file at `base` (one found
         on disk whose bytes are not known to be durable)."""

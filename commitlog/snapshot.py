@@ -384,6 +384,23 @@ def _commit_meta(directory: str, index: int, term: int, end_position: int, size:
     return SnapshotInfo(index, term, end_position, created, size, crc, directory, membership)
 
 
+def sync_snapshot_names(data_dir: str) -> None:
+    """At open: make every snapshot's names durable. A process that died
+    between a meta's rename and its directory's fsync, or whose fsync of it
+    failed, left a snapshot that every read sees and a power cut may take;
+    recovery must not build on it (keep a log that starts above what the
+    older snapshots cover, drop the staging of the install that made it)
+    while it is not durable (the real-node simulator, seed 18511427)."""
+    root = snapshots_root(data_dir)
+    if not fileio.fs.isdir(root):
+        return
+    for name in fileio.fs.listdir(root):
+        path = os.path.join(root, name)
+        if fileio.fs.isdir(path):
+            sync_directory(path)
+    sync_directory(root)
+
+
 def prune_snapshots(data_dir: str, keep: int) -> list[str]:
     """Remove every snapshot directory except the `keep` newest usable ones;
     damaged directories newer than the newest usable one stay (evidence, or a
@@ -424,5 +441,6 @@ __all__ = [
     "read_state",
     "scan_snapshots",
     "snapshot_path",
+    "sync_snapshot_names",
     "write_snapshot",
 ]

@@ -453,8 +453,7 @@ class RaftNode:
         kept a group from electing a leader in the simulator, seed 32865)."""
         if self.role is Role.LEADER or not self._may_campaign():
             return
-        pre_vote = self.elector.config.pre_vote or (self._dir and self.log.last_index == 0)
-        if not pre_vote or transfer:
+        if not (self.elector.config.pre_vote or self._asks_first()) or transfer:
             self._campaign_for_real(transfer)
             return
         self.elector.become_pre_candidate()
@@ -468,6 +467,11 @@ class RaftNode:
                 VoteRequest(self.id, peer, self.term + 1, last_index, last_term, pre_vote=True,
                             directory_id=self._dir)
             )
+
+    def _asks_first(self) -> bool:
+        """Whether this node campaigns by pre-vote even with pre-vote off: it
+        tracks identity and holds an empty log (see `campaign`)."""
+        return bool(self._dir) and self.log.last_index == 0
 
     def leader_unreachable(self, leader_id: int) -> bool:
         """The driver saw every connection to and from `leader_id` close and
@@ -529,6 +533,18 @@ class RaftNode:
         if msg.directory_id:
             self._heard[msg.src] = msg.directory_id
         process, reply = self.elector.filter_term(msg)
+        if reply is None and not process and msg.from_leader and msg.term < self.elector.term \
+                and self._asks_first():
+            # A stale leader's message is answered with our term only with
+            # pre-vote or check-quorum on; without them the elector leaves it
+            # to our next campaign, which carries our term. A node that asks
+            # first (an empty log: a wiped one) campaigns by pre-vote, whose
+            # term nobody adopts: unanswered, a leader below our term never
+            # learns of it and we never take its appends (the simulator,
+            # seed 18503113, pre-vote and check-quorum off: a wiped learner
+            # whose term a removed node's campaign had raised, stuck).
+            reply = HeartbeatResponse(self.id, msg.src, self.elector.term,
+                                      directory_id=self._dir)
         if reply is not None:
             self._outbox.append(reply)
         if self.elector.role is not Role.LEADER:

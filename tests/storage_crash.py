@@ -82,3 +82,43 @@ def crash_points(node: str, setup: Callable[[KillingFS], None],
         if completed:
             return point
     raise AssertionError(f"the action did not complete within {limit} file-system calls")
+
+
+class KeepNothing(random.Random):
+    """A power cut that keeps exactly what was made durable: no queued write,
+    no unsynced name operation, no torn page."""
+
+    def randint(self, a: int, b: int) -> int:
+        return a
+
+    def random(self) -> float:
+        return 0.99
+
+
+def reopen_points(node: str, setup: Callable[[], None], step: Callable[[], None],
+                  look: Callable[[], Any], limit: int = 10_000) -> int:
+    """For each n: on a fresh file system run `setup`, kill `step` at its
+    n-th file-system call, let a new process `look` at what is left (its
+    open may sync things: that is what is tested), kill it too, cut the power
+    keeping only what was synced, and check that `look` finds the same again;
+    stop once `step` completes. Returns the number of kill points."""
+    for point in range(limit):
+        fs = KillingFS(random.Random(point))
+        fs.set_faults(node, NO_FAULTS)
+        with fileio.use(fs):
+            setup()
+            fs.calls, fs.budget = 0, point
+            try:
+                step()
+                completed = True
+            except Killed:
+                completed = False
+            fs.budget = None
+            fs.kill(node)
+            seen = look()
+            fs.kill(node)
+            fs.crash(node, KeepNothing())
+            assert look() == seen, f"killed at call {point}: a power cut took what a restart saw"
+        if completed:
+            return point
+    raise AssertionError(f"the step did not complete within {limit} file-system calls")

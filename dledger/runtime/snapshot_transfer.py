@@ -65,7 +65,13 @@ from crc32c import crc32c
 from commitlog import CommitLog, fileio
 from commitlog.disk import atomic_replace, move_across, read_exact, sync_fd
 from commitlog.file_queue import file_name
-from commitlog.snapshot import SnapshotInfo, adopt_snapshot, latest_snapshot, snapshot_path
+from commitlog.snapshot import (
+    SnapshotInfo,
+    adopt_snapshot,
+    latest_snapshot,
+    snapshot_path,
+    sync_snapshot_names,
+)
 from dledger.messages import CHANNEL_REPLICATION, Message
 
 # A chunk's payload as sent, and the most a follower accepts in one.
@@ -695,7 +701,9 @@ def remove_staging(data_dir: str) -> None:
 
 
 def finish_interrupted_install(log: CommitLog) -> SnapshotInfo | None:
-    """At open: complete an install a power cut interrupted, and clear staging.
+    """At open: make the snapshots' names durable (`sync_snapshot_names`: a
+    process that died before syncing one left it visible only), complete an
+    install a power cut interrupted, and clear staging.
 
     The install replaces the log first and adopts the state second (see
     `RaftGroupNode._install_snapshot`). If the log now is exactly what the
@@ -706,6 +714,7 @@ def finish_interrupted_install(log: CommitLog) -> SnapshotInfo | None:
     deleted. Returns the adopted snapshot, if any.
     """
     data_dir = log.data_dir
+    sync_snapshot_names(data_dir)
     adopted = None
     m = read_manifest(data_dir)
     if m is not None and (log.first_index, log.last_index, log.last_term, log.end) == (

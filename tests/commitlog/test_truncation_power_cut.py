@@ -15,23 +15,13 @@ from __future__ import annotations
 import os
 import random
 
+from storage_crash import KeepNothing
 from storage_support import SMALL, fill, message_body
 
 from commitlog import KIND_MESSAGES, CommitLog, fileio
 from dledger.testing.nodesim.simfs import NO_FAULTS, SimFileSystem
 
 NODE = "/sim/n1"
-
-
-class _KeepNothing(random.Random):
-    """A power cut that keeps exactly what was made durable: no queued write,
-    no unsynced name operation, no torn page."""
-
-    def randint(self, a: int, b: int) -> int:
-        return a
-
-    def random(self) -> float:
-        return 0.99
 
 
 def _terms(log: CommitLog) -> list[tuple[int, int]]:
@@ -68,7 +58,7 @@ def test_a_power_cut_after_a_conflict_repair_never_mixes_the_two_logs() -> None:
         dir_fd = fs.open(os.path.dirname(third), os.O_RDONLY | os.O_DIRECTORY)
         fs.fsync(dir_fd)
         fs.close(dir_fd)
-        fs.crash(NODE, _KeepNothing())
+        fs.crash(NODE, KeepNothing())
         with CommitLog.open(NODE, SMALL) as reopened:
             recovered = _terms(reopened)
     # Never entry `last_of_second` of term 1 followed by entries of term 2.
@@ -105,6 +95,6 @@ def test_index_files_a_checkpoint_vouches_for_survive_a_power_cut_by_name() -> N
         log.checkpoint()
         expected = _terms(log)
         assert len(log.segments.bases) > 2  # recovery trusts the index below the last one
-        fs.crash(NODE, _KeepNothing())
+        fs.crash(NODE, KeepNothing())
         with CommitLog.open(NODE, SMALL) as reopened:
             assert _terms(reopened) == expected

@@ -96,3 +96,17 @@ def test_replay_with_membership_is_exact() -> None:
 def test_replay_hint_names_the_membership_share() -> None:
     assert "--membership 1.0" in replay_hint(7, 3, "mix", membership=1.0)
     assert "--membership" not in replay_hint(7, 3, "mix", membership=0.5)
+
+
+def test_a_wiped_learner_whose_term_ran_ahead_is_caught_up_with_pre_vote_off() -> None:
+    """Found by this simulator (seed 18503113, reserves, pre-vote and
+    check-quorum off): a wiped node took a higher term from a removed node's
+    campaign and, rejoined as a learner, ignored the leader's appends of the
+    lower term without answering (the elector answers a stale leader only
+    with pre-vote or check-quorum on, leaving it to the node's next
+    campaign), while its own campaigns were pre-votes (an empty log asks
+    first), whose term nobody adopts: no convergence for 16,000 units. An
+    empty-log node now answers a stale leader with its term."""
+    result = run_seed(18503113, SimOptions(nodes=3, flush="mix", reserves=1.0))
+    assert result.wipes and result.membership
+    assert result.ok, result.violation
