@@ -533,7 +533,7 @@ class RaftNode:
         if msg.directory_id:
             self._heard[msg.src] = msg.directory_id
         process, reply = self.elector.filter_term(msg)
-        if reply is None and not process and msg.from_leader and msg.term < self.elector.term \
+        if not process and reply is None and msg.from_leader and msg.term < self.elector.term \
                 and self._asks_first():
             # A stale leader's message is answered with our term only with
             # pre-vote or check-quorum on; without them the elector leaves it

@@ -69,6 +69,27 @@ def wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         time.sleep(0.2)
 
 
+def cli_once_stopped(tmp_path: Path, cluster: OpsCluster, pids: list[int],
+                     *args: str) -> subprocess.Popen[str]:
+    """`ledgermq member ...` (`args`, against the cluster's NameServer) in a
+    process that starts and imports first, then runs the command right after
+    the brokers `pids` are stopped (SIGSTOP; the caller resumes them): on a
+    loaded machine the CLI's start-up alone can outlast the election timeout
+    a leader keeps leading for without followers."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
+    go = tmp_path / "go"
+    cli = subprocess.Popen(
+        [sys.executable, "-c", CLI_ON_SIGNAL, str(go), "member", *args,
+         "--admin", cluster.namesrv_url, "--token", TOKEN],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    wait(lambda: (tmp_path / "go.ready").exists() or cli.poll() is not None, 60,
+         "the CLI's process ready")
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    go.touch()
+    return cli
+
+
 def view(cluster: OpsCluster) -> dict[str, Any]:
     done = member(cluster, "list", "--json")
     groups = json.loads(done.stdout)["groups"]
@@ -207,22 +228,10 @@ def test_a_change_whose_term_ends_before_it_commits_is_retried_by_the_cli(
         leader = wait(lambda: view(cluster).get("leader_id"), 30, "a leader")
         followers = [cluster.brokers[n].proc.pid for n in (1, 2, 3) if n != leader]
         spare = cluster.peers[4]
-        env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
-        go = tmp_path / "go"
-        # The CLI's process starts (and imports) first, and runs the command
-        # when told: on a loaded machine its start-up alone can outlast the
-        # election timeout the leader keeps leading for without followers.
-        adding = subprocess.Popen(
-            [sys.executable, "-c", CLI_ON_SIGNAL, str(go), "member", "add", "--node", "n4",
-             "--address", spare.raft, "--client-address", spare.client,
-             "--admin", cluster.namesrv_url, "--token", TOKEN, "--timeout", "30"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
         try:
-            wait(lambda: (tmp_path / "go.ready").exists() or adding.poll() is not None, 60,
-                 "the CLI's process ready")
-            for pid in followers:
-                os.kill(pid, signal.SIGSTOP)
-            go.touch()
+            adding = cli_once_stopped(
+                tmp_path, cluster, followers, "add", "--node", "n4", "--address", spare.raft,
+                "--client-address", spare.client, "--timeout", "30")
 
             def appended() -> bool:  # the add's CONFIG entry, which cannot commit
                 status = loop.run(node_status(cluster.peers[leader].client))
@@ -261,20 +270,10 @@ def test_a_remove_whose_outcome_was_unknown_is_found_done_by_the_cli(tmp_path: P
         leader = wait(lambda: view(cluster).get("leader_id"), 30, "a leader")
         removed, other = [n for n in (1, 2, 3) if n != leader]
         pids = {n: cluster.brokers[n].proc.pid for n in (removed, other)}
-        env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
-        go = tmp_path / "go"
-        removing = subprocess.Popen(
-            [sys.executable, "-c", CLI_ON_SIGNAL, str(go), "member", "remove", "--node",
-             str(removed), "--force", "--admin", cluster.namesrv_url, "--token", TOKEN,
-             "--timeout", "60"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
         stopped = list(pids.values())
         try:
-            wait(lambda: (tmp_path / "go.ready").exists() or removing.poll() is not None, 60,
-                 "the CLI's process ready")
-            for pid in stopped:
-                os.kill(pid, signal.SIGSTOP)
-            go.touch()
+            removing = cli_once_stopped(tmp_path, cluster, stopped, "remove", "--node",
+                                        str(removed), "--force", "--timeout", "60")
 
             def stepped_down_with_the_entry() -> bool:
                 status = loop.run(node_status(cluster.peers[leader].client))
