@@ -1,5 +1,5 @@
 """Function calls per message on each server and the client: cProfile of the
-leader, a follower and this process's SDK over exactly N acknowledged
+leader, the followers and this process's SDK over exactly N acknowledged
 sends, as JSON.
 
 A 3-node group on loopback (flush and Raft timing as bench/produce.py's
@@ -24,6 +24,7 @@ import cProfile
 import json
 import os
 import pstats
+import shutil
 import signal
 import sys
 import tempfile
@@ -102,8 +103,12 @@ async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             await send(producer, args.warmup, args.window)
             leader = await wait_leader(cluster)
             pids = {"leader": cluster.brokers[leader].proc.pid}
-            pids["follower"] = next(child.proc.pid for nid, child in
-                                    sorted(cluster.brokers.items()) if nid != leader)
+            # Both followers: with reserves (docs/raft.md) one gets each
+            # entry at once, the other in batches, and their costs differ.
+            followers = [child.proc.pid for nid, child in sorted(cluster.brokers.items())
+                         if nid != leader]
+            for k, pid in enumerate(followers, 1):
+                pids[f"follower_{k}"] = pid
             for pid in pids.values():
                 os.kill(pid, signal.SIGUSR1)
             await asyncio.sleep(0.2)
@@ -125,6 +130,11 @@ async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                 await asyncio.sleep(0.1)
             await asyncio.sleep(0.2)  # written by dump_stats in one go; let it finish
             out[name] = summarize(path, args.messages, args.top)
+            if args.keep is not None:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, args.keep / f"{name}.prof")
+        if args.keep is not None:
+            shutil.copyfile(profiles / "client.prof", args.keep / "client.prof")
         out["client"] = summarize(profiles / "client.prof", args.messages, args.top)
         return out
     finally:
@@ -140,6 +150,9 @@ def main() -> None:
     parser.add_argument("--merging", action="store_true",
                         help="the SDK merges concurrent sends into one request")
     parser.add_argument("--top", type=int, default=25, help="functions listed per ranking")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="copy the raw profiles here (leader.prof, follower_1.prof, "
+                             "client.prof) for pstats: callers, callees")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lmq-profile-calls-") as base:
         print(json.dumps(loop.run(run(args, Path(base))), indent=2))

@@ -231,3 +231,38 @@ def test_a_snapshot_seen_at_a_restart_is_made_durable_before_it_is_built_on() ->
                                                     reserves=1.0), 0.7, 0.5)
     result = run_seed(18511427, options)
     assert result.ok, result.violation
+
+
+def test_a_claim_names_the_entry_the_core_committed_not_the_files_older_one() -> None:
+    """Found by this simulator (seed 19100618, flush=sync, a slow disk): a
+    follower's core replaced its log's tail with a new leader's entries and
+    committed the first of them while the Ready carrying the replacement was
+    still being written. The check read the entry from the node's files,
+    which still held the replaced one (57 of term 2, on no quorum), and
+    reported a false violation; the claim is the core's (57 of term 3,
+    committed). What the driver applies and saves as its commit index stops
+    at the core's stable index, which the truncation lowered."""
+    applier = partial(BrokerApplier, rot=CheckpointRot(0.3))
+    options = seed_options(19100618, NodeSimOptions(nodes=3, flush="mix", applier=applier,
+                                                    reserves=1.0), 0.7, 0.5)
+    result = run_seed(19100618, options)
+    assert result.flush == "sync" and result.counts["changes_committed"]
+    assert result.ok, result.violation
+
+
+def test_under_flush_async_an_install_may_replace_what_a_cut_off_node_applied() -> None:
+    """Found by this simulator (seed 19100317, flush=async): entry 10 was
+    committed on the leader and n2 only; the leader's power cut took it, n2
+    was cut off, and the restarted leader and n3 (a majority without it)
+    wrote another entry 10, as the contract allows (docs/configuration.md,
+    "What flush and replicate promise"). n2 then caught up by a snapshot,
+    which names only its last entry and cannot show the contradiction, so n2
+    was re-anchored without noticing. The check now compares what a node
+    applied under async only from its last install on, and counts the case."""
+    applier = partial(BrokerApplier, rot=CheckpointRot(0.3))
+    options = seed_options(19100317, NodeSimOptions(nodes=3, flush="mix", applier=applier,
+                                                    reserves=1.0), 0.7, 0.5)
+    result = run_seed(19100317, options)
+    assert result.flush == "async"
+    assert result.ok, result.violation
+    assert result.counts["async_rewritten_before_install"] == 1

@@ -90,6 +90,32 @@ def cli_once_stopped(tmp_path: Path, cluster: OpsCluster, pids: list[int],
     return cli
 
 
+def cli_while_quorum_lost(tmp_path: Path, cluster: OpsCluster, leader: int, stays: int,
+                          back: int, *args: str) -> tuple[int, str]:
+    """`ledgermq member ...` (`args`) run once the followers `stays` and
+    `back` are stopped, so that the leader appends the change and cannot
+    commit it; once the leader stepped down with the entry pending, `back`
+    alone is resumed. The CLI's exit status and output."""
+    pids = {n: cluster.brokers[n].proc.pid for n in (stays, back)}
+    stopped = list(pids.values())
+    try:
+        cli = cli_once_stopped(tmp_path, cluster, stopped, *args)
+
+        def stepped_down_with_the_entry() -> bool:
+            status = loop.run(node_status(cluster.peers[leader].client))
+            return (bool(status) and status["role"] != "leader"
+                    and status["last_index"] > status["commit_index"])
+
+        wait(stepped_down_with_the_entry, 30, "the leader stepped down, the change pending")
+        os.kill(pids[back], signal.SIGCONT)
+        stopped.remove(pids[back])
+        out, _ = cli.communicate(timeout=120)
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    return cli.returncode, out
+
+
 def view(cluster: OpsCluster) -> dict[str, Any]:
     done = member(cluster, "list", "--json")
     groups = json.loads(done.stdout)["groups"]
@@ -269,26 +295,44 @@ def test_a_remove_whose_outcome_was_unknown_is_found_done_by_the_cli(tmp_path: P
     with cluster:
         leader = wait(lambda: view(cluster).get("leader_id"), 30, "a leader")
         removed, other = [n for n in (1, 2, 3) if n != leader]
-        pids = {n: cluster.brokers[n].proc.pid for n in (removed, other)}
-        stopped = list(pids.values())
-        try:
-            removing = cli_once_stopped(tmp_path, cluster, stopped, "remove", "--node",
-                                        str(removed), "--force", "--timeout", "60")
-
-            def stepped_down_with_the_entry() -> bool:
-                status = loop.run(node_status(cluster.peers[leader].client))
-                return (bool(status) and status["role"] != "leader"
-                        and status["last_index"] > status["commit_index"])
-
-            wait(stepped_down_with_the_entry, 30, "the leader stepped down, the removal pending")
-            os.kill(pids[other], signal.SIGCONT)
-            stopped.remove(pids[other])
-            out, _ = removing.communicate(timeout=120)
-        finally:
-            for pid in stopped:
-                os.kill(pid, signal.SIGCONT)
-        assert removing.returncode == 0, out
+        status, out = cli_while_quorum_lost(tmp_path, cluster, leader, removed, other, "remove",
+                                            "--node", str(removed), "--force", "--timeout", "60")
+        assert status == 0, out
         assert f"remove n{removed}: leadership changed before its configuration entry" in out, out
         assert "the earlier remove committed: nothing left to do" in out, out
         final = view(cluster)
         assert final["voters"] == sorted([leader, other]) and final["leader_id"] == leader
+
+
+def test_a_promote_whose_outcome_was_unknown_is_found_done_by_the_cli(tmp_path: Path) -> None:
+    """`member promote` of a caught-up learner while both followers are
+    stopped: the leader appends the change (n4 gets it too), cannot commit
+    it, steps down and answers 503 OUTCOME_UNKNOWN. One follower comes back;
+    whoever wins, the old leader or n4, holds the change and commits it. The
+    broker refuses to promote a node that is no longer a learner, so the CLI
+    looks at the leader's committed configuration before it retries and
+    finds the promotion done (before, it gave up on OUTCOME_UNKNOWN)."""
+    cluster = OpsCluster(tmp_path / "c", nodes=4)
+    cluster.settings["initial_members"] = [1, 2, 3]
+    cluster.raft = {"tick_ms": 100, "election_timeout_ticks": 40, "heartbeat_interval_ticks": 1}
+    with cluster:
+        leader = wait(lambda: view(cluster).get("leader_id"), 30, "a leader")
+        spare = cluster.peers[4]
+        member(cluster, "add", "--node", "n4", "--address", spare.raft,
+               "--client-address", spare.client, "--learner")
+
+        def a_settled_learner() -> bool:  # its directory pinned, nothing pending
+            v = view(cluster)
+            return v["learners"] == [4] and not v["membership_pending"]
+
+        wait(a_settled_learner, 30, "n4 a learner, its directory pinned")
+        leader = view(cluster)["leader_id"]
+        stays, back = [n for n in (1, 2, 3) if n != leader]
+        status, out = cli_while_quorum_lost(tmp_path, cluster, leader, stays, back, "promote",
+                                            "--node", "n4", "--timeout", "60")
+        assert status == 0, out
+        assert "promote n4: leadership changed before its configuration entry" in out, out
+        assert "the earlier promote committed: nothing left to do" in out, out
+        wait(lambda: view(cluster)["voters"] == [1, 2, 3, 4], 30, "n4 a voter")
+        loop.run(send(cluster, [b"after-%d" % i for i in range(10)]))
+        assert sorted(loop.run(read_all(cluster))) == [b"after-%d" % i for i in range(10)]

@@ -262,7 +262,18 @@ def check_claim(h: World, slot: Slot, commit: int) -> None:
     log = node.log
     if commit < log.first_index or commit > log.last_index:
         return  # compacted (committed long ago), or a claim the log cannot name yet
-    term = log.term_at(commit)
+    # The claim names the core's entry. Its files can still hold an older
+    # one there: a follower's core that truncated its log (a new leader's
+    # entries replace its tail) commits before the driver has written the
+    # replacement, which comes with the Ready still out (seed 19100618, a
+    # slow disk: the files' entry 57 of term 2 was taken for the claim on
+    # the core's 57 of term 3, a false violation). What the driver reads
+    # (applies, saves as the commit index) stops at the core's stable
+    # index, which the truncation lowered.
+    core = node.core
+    term = core.log.term_or_none(commit) if core is not None else None
+    if term is None:
+        term = log.term_at(commit)
     check_acked(h, slot, commit, term, "claims committed")
     problem = electable_without(h, commit, term)
     if problem:
@@ -339,7 +350,9 @@ def check_commits(h: World) -> None:
         if h.violation:
             return
         log = node.log
-        top = min(node.commit_index, log.last_index)
+        # Only the prefix the files hold as the core does (see check_claim).
+        top = min(node.commit_index, log.last_index,
+                  node.core.stable_index if node.core is not None else log.last_index)
         start = max(h.commit_checked.get(slot.nid, 0), log.first_index - 1)
         for index in range(start + 1, top + 1):
             term = log.term_at(index)

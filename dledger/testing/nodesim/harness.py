@@ -200,7 +200,7 @@ class Harness:
         self.counts: dict[str, int] = dict.fromkeys(
             ("crashes", "restarts", "pauses", "partitions", "node_failures", "divergences",
              "restart_faults", "stale_appends", "snapshots", "compactions",
-             "segments_deleted", "installs", "lags"), 0)
+             "segments_deleted", "installs", "lags", "async_rewritten_before_install"), 0)
         if options.membership:
             self.counts.update(dict.fromkeys(MEMBERSHIP_COUNTS, 0))
         self.healing = False
@@ -319,6 +319,7 @@ class Harness:
             applier = holder[0]
             assert isinstance(applier, SnapshotApplier), "install without a snapshot applier"
             applier.install(info)
+            slot.installed_after[slot.incarnation] = len(records)
 
         io = NodeIO(transport=transport, rng=random.Random(self.rng.getrandbits(64)),
                     fsync_worker=SimWorker(loop, self.disk_latency(slot)),

@@ -42,6 +42,9 @@ class Slot:
     directory_id: int = 0
     # (index, term, digest) applied by each incarnation
     applied: dict[int, list[tuple[int, int, str]]] = field(default_factory=dict)
+    # Incarnation -> how many of its `applied` records came before its last
+    # snapshot install (which replaced the state they built).
+    installed_after: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -34,14 +34,19 @@ LEADERSHIP_MOVED_RETRIES = 10
 # Operations a retry finishes instead of repeating (ledgermq/broker/reconfigure.py).
 RESUMABLE = ("add", "replace", "rejoin")
 # What the leader's committed configuration shows once an operation is done
-# (a members view -> bool), for `remove`, which the broker refuses once done
-# (a removed node is not a member): after OUTCOME_UNKNOWN the CLI looks
-# before it retries.
+# (a members view -> bool), for `remove` and `promote`, which the broker
+# refuses once done (a removed node is not a member, a voter is no learner):
+# after OUTCOME_UNKNOWN the CLI looks before it retries.
 Done = Callable[[dict[str, Any]], bool]
 
 
 def _no_member(node_id: int) -> Done:
     return lambda view: all(m["node_id"] != node_id for m in view.get("members", []))
+
+
+def _a_voter(node_id: int) -> Done:
+    return lambda view: any(m["node_id"] == node_id and m["role"] == "voter"
+                            for m in view.get("members", []))
 
 
 def _committed_view(api: Target, group: str) -> dict[str, Any] | None:
@@ -188,8 +193,9 @@ def promote(
 ) -> None:
     """Make a caught-up learner a voter."""
     api = target(admin, access_key, secret_file, token, tls_ca_file)
-    _print_steps(_change(api, _group(api, group), "promote", {"node_id": node_number(node)},
-                         timeout))
+    node_id = node_number(node)
+    _print_steps(_change(api, _group(api, group), "promote", {"node_id": node_id},
+                         timeout, done=_a_voter(node_id)))
 
 
 @member_app.command("remove")
