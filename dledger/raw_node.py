@@ -849,7 +849,15 @@ class RaftNode:
             self._become_leader()
             return
         last_index, last_term = self.log.last_index, self.log.last_term()
-        for peer in self.elector.peers:
+        # The learners are asked too, though their answers count for nothing
+        # (`VoteTally`): a learner in this node's configuration may be a voter
+        # in a later one this node has not seen yet, and only a request tells
+        # it the term. Asked nothing, such a voter campaigns a term behind
+        # this node every time, learns the term from the refusal, and never
+        # wins while this node, unable to win itself, keeps raising it (core
+        # simulator, seed 19401942: pre-vote off, the stale node's other
+        # voter wiped).
+        for peer in (*self.elector.peers, *sorted(self._membership.learner_ids - {self.id})):
             self._outbox.append(
                 VoteRequest(self.id, peer, self.term, last_index, last_term, transfer=transfer,
                             directory_id=self._dir)

@@ -29,9 +29,11 @@ Rules
    a seeded run is reproducible.
 4. Membership: `voters` is the voter set of the configuration in effect, which
    the owner changes with `configure` (the replication core replicates
-   configurations through the log). Vote requests go to `peers` (the voters
-   but this node); a node need not be a voter itself (a learner, a joining
-   node), and then the owner does not campaign. `pinned` maps a voter to the
+   configurations through the log). Votes are counted from `peers` (the
+   voters but this node; the replication core also tells its learners the
+   term of a real campaign, and their answers are not counted); a node need
+   not be a voter itself (a learner, a joining node), and then the owner
+   does not campaign. `pinned` maps a voter to the
    data directory it is known by (`dledger.membership`): a grant, or a
    check-quorum answer, from another directory is not counted, and once a
    quorum of voters is pinned only pinned voters' grants count (`VoteTally`).

@@ -168,7 +168,11 @@ class BrokerApplier:
     def summary(self) -> object:
         """Applied index, queue ends and a digest of the whole replicated state
         (its snapshot encoding is canonical). Queue *starts* are left out:
-        replicas delete their logs below different snapshots."""
+        replicas delete their logs below different snapshots, and so are
+        queues that never held a unit: a replica whose unsynced tail a power
+        cut took (flush=async) cuts its ConsumeQueues back to the log and can
+        keep an empty one, which serves what an absent one does (seed
+        19300254: T0/1 empty on n1, absent on the others)."""
         return (self.state.applied_index, sorted(self.state.queue_next.items()),
-                sorted((k, q.max_offset) for k, q in self.cq.queues.items()),
+                sorted((k, q.max_offset) for k, q in self.cq.queues.items() if q.max_offset),
                 hashlib.blake2b(self.state.to_snapshot(), digest_size=16).hexdigest())

@@ -295,6 +295,25 @@ def test_learners_are_replicated_but_never_counted() -> None:
     assert learner.role is Role.FOLLOWER and not learner.has_ready()
 
 
+def test_a_candidate_tells_its_learners_the_term_and_does_not_count_them() -> None:
+    """A learner in the candidate's configuration may be a voter in a later
+    one the candidate has not seen: asked too, it learns the term (asked
+    nothing, it campaigned a term behind a stale node forever, core
+    simulator seed 19401942). Its answer counts for nothing."""
+    env = cluster()
+    node = leader(env)
+    env.handle("add-node 4")
+    node.propose_membership(add_learner(node.membership, Member(4, "", 401)))
+    env.handle("stabilize")
+    env.handle("partition 2,4 1,3")
+    env.handle("campaign 2")
+    env.handle("stabilize")
+    candidate, learner = env.nodes[2], env.nodes[4]
+    assert candidate is not None and learner is not None
+    assert learner.term == candidate.term == node.term + 1
+    assert candidate.role is Role.CANDIDATE  # the learner's answer is not a vote
+
+
 def test_a_voter_answering_from_another_directory_is_not_counted() -> None:
     env = cluster()
     node = leader(env)

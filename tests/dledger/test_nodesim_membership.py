@@ -58,8 +58,10 @@ CAUGHT = {
     # grant is counted: a node is elected by too few voters of the
     # configuration in effect (seed 4 before the notices: a vote counted
     # from no member of its configuration; seed 2 before followers applied
-    # in batches: an entry applied while durable on 2 of 4 voters).
-    "config_on_commit": (3, "granted it a vote they were entitled to"),
+    # in batches: an entry applied while durable on 2 of 4 voters; seed 3
+    # before candidates asked their learners too: elected by nodes whose
+    # configuration was not the candidate's).
+    "config_on_commit": (5, "no member of its configuration"),
 }
 
 

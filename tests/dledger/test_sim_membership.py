@@ -118,9 +118,11 @@ def test_a_repair_of_a_node_that_stopped_for_good_is_abandoned() -> None:
     contradicted and stopped for good, as did another node. The group (two of
     its three voters) had converged, but the membership driver kept waiting
     to rejoin the stopped node, so the run never counted as settled: a false
-    liveness failure. The repair is now abandoned (an operator's job)."""
+    liveness failure. The repair is now abandoned (an operator's job). Since
+    candidates ask their learners too, that seed runs otherwise; seed
+    19004198 reaches the case."""
     lines: list[str] = []
-    result = run_seed(19003225, SimOptions(nodes=3, flush="mix", reserves=1.0),
+    result = run_seed(19004198, SimOptions(nodes=3, flush="mix", reserves=1.0),
                       trace=lines.append)
     assert result.flush == "async" and result.stopped
     assert result.ok, result.violation
