@@ -395,9 +395,9 @@ class MembershipSim:
         plan = self.plan
         if plan.repair and plan.steps[0].node in cluster.stopped:
             # The wiped node went on to stop for good (flush=async: it found
-            # its committed log contradicted, seed 19003225): it never comes
-            # back to be rejoined here, and waiting for it kept the group
-            # from counting as settled.
+            # its committed log contradicted; seeds 19003225, 19004198): it
+            # never comes back to be rejoined here, and waiting for it kept
+            # the group from counting as settled.
             self.awaiting_repair.discard(plan.steps[0].node)
             self._abandon("the node stopped for good (lost committed data)")
             return
