@@ -343,9 +343,16 @@ class MembershipSim:
                 # a fresh group to each other (even a removed node whose
                 # stale configuration lists them both).
                 return None
+        # A voter only while the others are a quorum without it: a wiped
+        # voter counts for nothing until repaired, and its repair needs a
+        # leader (a shrink planned while a removal was still pending had
+        # left two voters, and wiping one of them no group can survive;
+        # seed 20204655, 5 nodes).
+        spare_voter = len(current.voters) - 1 >= len(current.voters) // 2 + 1
         pinned = [m.node_id for m in current.voters + current.learners
                   if m.directory_id and m.directory_id == cluster.directory.get(m.node_id)
                   and m.node_id not in cluster.stopped
+                  and (spare_voter or m.node_id not in current.voter_ids)
                   and self._pinned_on_every_voters_disk(current, m.node_id)]
         return self.rng.choice(sorted(pinned)) if pinned else None
 

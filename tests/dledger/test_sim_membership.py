@@ -127,3 +127,15 @@ def test_a_repair_of_a_node_that_stopped_for_good_is_abandoned() -> None:
     assert result.flush == "async" and result.stopped
     assert result.ok, result.violation
     assert any("abandoned: the node stopped for good" in line for line in lines)
+
+
+def test_no_wipe_takes_a_voter_the_group_needs_for_its_quorum() -> None:
+    """Found by this simulator (seed 20204655, 5 nodes): a shrink planned
+    while an abandoned plan's removal was still pending left two voters, and
+    the driver then wiped one of them. A wiped voter counts for nothing until
+    it is repaired, and its repair needs a leader, so no election could
+    succeed: a fault no group survives, reported as a liveness failure. A
+    voter is now wiped only while the others are a quorum without it."""
+    result = run_seed(20204655, SimOptions(nodes=5, flush="mix", reserves=1.0))
+    assert result.membership
+    assert result.ok, result.violation
