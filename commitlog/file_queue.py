@@ -181,12 +181,6 @@ class FileQueue:
                 self._dirty.add(base)
         self._directory_dirty = True
 
-    def mark_dirty(self, base: int) -> None:
-        """Have the next `take_dirty` include the file at `base` (one found
-        on disk whose bytes are not known to be durable)."""
-        if base in self._fds:
-            self._dirty.add(base)
-
     def take_dirty(self) -> list[DirtyFile]:
         """Files written since the last call (duplicated fd, path, length).
         The caller syncs and closes them; dup() keeps a concurrent truncate

@@ -100,11 +100,9 @@ class ConsumeQueue:
             self.min_offset = self.max_offset = 0
         self.truncate_to(self.max_offset)
         # What was read rather than vouched for may be in the page cache only
-        # (written by a process that crashed before syncing it): the next
-        # checkpoint syncs it before it claims it.
-        for base in self.files.bases:
-            if base + self.units_per_file > scan_from:
-                self.files.mark_dirty(base)
+        # (written by a process that crashed before syncing it), names
+        # included: the next checkpoint syncs it before it claims it.
+        self.files.distrust_from(scan_from)
 
     def _prefix_intact(self, trusted_next: int) -> bool:
         """Whether the files holding slots below `trusted_next` form one run
