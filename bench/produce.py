@@ -8,7 +8,9 @@ security mode of `--security` (default all three, in the same run):
             user with PUB on the topic, so every send passes an ACL check;
   auth+tls  the same with TLS on every port (a throwaway CA, chaos.security);
 
-  (a) per-message sends, 64 in flight;
+  (a) per-message sends, 64 in flight, and one at a time
+      (`single_1_in_flight`: the SDK's default, merging on, at W = 1, as
+      the side-by-side kit's W = 1 row sends);
   (b) batches of 64 messages (send_batch), 8 batches in flight, and again
       with 32 in flight (more producers' batches for the client to coalesce);
   (c) the per-message workload, as other systems' clients send: the SDK's
@@ -83,6 +85,7 @@ class Load:
 
 LOADS = {
     "single_64_in_flight": Load(1, 64),
+    "single_1_in_flight": Load(1, 1),
     "batch_64": Load(64, 8),
     "batch_64_32_in_flight": Load(64, 32),
     "nomerge_w1": Load(1, 1, coalesce=False),

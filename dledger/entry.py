@@ -5,6 +5,10 @@ positions (and message ids derived from them) are valid everywhere. The
 leader's core assigns the position when it creates the entry, with the pure
 `place` rule of docs/storage-format.md; followers store what they are sent and
 check it against the same rule.
+
+`Entry` and `HardState` are values, never changed once built; they are not
+`frozen=True` dataclasses only for the cost of a frozen `__init__` (see
+`election.messages`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ class EntryKind(enum.IntEnum):
     CONFIG = 4
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Entry:
     """One Raft log entry. Identical on every replica, position included."""
 
@@ -50,7 +54,7 @@ class Entry:
         return self.position + ENTRY_HEADER_BYTES + len(self.data)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class HardState:
     """What must survive a crash: term, vote (0 = none) and a lower bound of commit."""
 

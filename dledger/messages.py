@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class AppendRequest(Message):
     """Entries following (prev_index, prev_term) in the leader's log, and its commit index.
 
@@ -57,7 +57,7 @@ class AppendRequest(Message):
     from_leader: ClassVar[bool] = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class AppendResponse(Message):
     """A follower's answer to an `AppendRequest`.
 
@@ -75,7 +75,7 @@ class AppendResponse(Message):
     channel: ClassVar[str] = CHANNEL_REPLICATION
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class InstallSnapshot(Message):
     """The leader no longer holds the entries this follower needs: replace your log
     by the snapshot of the state up to (index, snap_term), whose CommitLog bytes

@@ -625,7 +625,8 @@ class RaftNode:
         self._outbox = []
         self._snapshot_ack = None
         limit = self._apply_limit()
-        committed = tuple(self.log.entries(self.applied + 1, limit + 1, UNLIMITED, UNLIMITED))
+        committed = (tuple(self.log.entries(self.applied + 1, limit + 1, UNLIMITED, UNLIMITED))
+                     if limit > self.applied else ())
         soft = self._soft_state()
         ready = Ready(
             hard_state=hard if hard != last else None,

@@ -19,6 +19,10 @@ The contract (etcd's, in our words):
 4. Apply `committed_entries` (dispatch to ConsumeQueues, answer clients). They
    are committed and durable locally.
 5. Call `RaftNode.advance(ready)`. No new Ready is produced before that.
+
+`Ready` and `SoftState` (like `HardState` and the messages) are values, not
+`frozen=True` dataclasses only for the cost of a frozen `__init__` (see
+`election.messages`): a leader builds a few of them per request.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from election.messages import Message
 from election.roles import Role
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class SoftState:
     """Volatile state the broker reacts to (role switch, routes); never persisted."""
 
@@ -40,7 +44,7 @@ class SoftState:
     term: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Ready:
     """One batch of work for the driver; see the module docstring for the order."""
 

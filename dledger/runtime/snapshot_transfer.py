@@ -109,7 +109,7 @@ def segment_base(name: str) -> int:
 # ------------------------------------------------------------------ messages
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class SnapshotOffer(Message):
     """The leader's manifest of a transfer (see the module docstring)."""
 
@@ -129,7 +129,7 @@ class SnapshotOffer(Message):
         return sum(size for _, size in self.files)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class SnapshotChunk(Message):
     """`data` of `file` at byte `offset`; `crc` is crc32c(data)."""
 
@@ -145,7 +145,7 @@ class SnapshotChunk(Message):
     from_leader: ClassVar[bool] = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class SnapshotAck(Message):
     """Stream bytes staged so far, or a refusal (`ok=False`, `reason`)."""
 

@@ -74,6 +74,7 @@ from ledgermq.wire.codec import (
     Response,
     decode_request,
     encode_response,
+    encode_result,
     error_response,
 )
 from ledgermq.wire.limits import (
@@ -779,15 +780,12 @@ class RpcServer:
         """Send the answer to request `rid`: `result`, or `error` (a
         LedgerMQError goes with its code; anything else is our bug, logged
         and answered INTERNAL)."""
-        if error is None:
-            response = Response(rid, body=result)
-        else:
-            if not isinstance(error, LedgerMQError):
-                log.error("%s: handler for code %d failed", self.name, code, exc_info=error)
-            response = error_response(rid, error)
+        if error is not None and not isinstance(error, LedgerMQError):
+            log.error("%s: handler for code %d failed", self.name, code, exc_info=error)
         self._observe(handler, code, started, error, result)
         try:
-            payload = encode_response(response)
+            payload = (encode_result(rid, result) if error is None
+                       else encode_response(error_response(rid, error)))
         except TypeError as exc:
             # The handler returned something msgpack cannot carry: that is our bug,
             # reported as INTERNAL rather than killing the connection.

@@ -83,15 +83,17 @@ def test_produce_bench_runs_a_cluster_and_reports_cpu_and_failover() -> None:
 
 
 def test_produce_bench_per_message_workload_reports_server_cpu_per_process() -> None:
-    """Merging off at W = 1 and 64, and independent producer processes."""
+    """Merging off at W = 1 and 64, independent producer processes, and W = 1
+    with the SDK's default merging (as the side-by-side kit sends)."""
+    loads = ["nomerge_w1", "nomerge_w64", "procs", "single_1_in_flight"]
     out = run_bench("bench/produce.py", "--seconds", "1", "--kills", "0", "--rounds", "1",
                     "--security", "open", "--flush", "async",
-                    "--loads", "nomerge_w1,nomerge_w64,procs", "--procs", "3", timeout=300)
+                    "--loads", ",".join(loads), "--procs", "3", timeout=300)
     result = json.loads(out)
-    assert result["loads"] == ["nomerge_w1", "nomerge_w64", "procs"]
+    assert result["loads"] == loads
     (run,) = result["runs"]
     for load, client in (("nomerge_w1", "client"), ("nomerge_w64", "client"),
-                         ("procs", "clients")):
+                         ("procs", "clients"), ("single_1_in_flight", "client")):
         figures = run[load]
         assert figures["acked"] > 0 and 0 < figures["p50_ms"] <= figures["p99_ms"]
         cpu = figures["cpu_us_per_msg"]
