@@ -599,15 +599,24 @@ class RaftNode:
         """Collect pending work; call `advance` with it once it is done."""
         if self._in_flight is not None:
             raise InvariantViolation("ready() called before advance() of the previous Ready")
-        hard = self._hard_state()
-        last = self._last_hard_state
-        term_or_vote_changed = (hard.term, hard.vote) != (last.term, last.vote)
+        elector, last, last_soft = self.elector, self._last_hard_state, self._last_soft_state
+        term = elector.term
+        term_or_vote_changed = term != last.term or elector.vote != last.vote
+        # The states are built only when they changed (most Readies carry
+        # neither: a Ready per request, these only at a commit or an election).
+        hard = (last if not term_or_vote_changed and self.commit == last.commit
+                else self._hard_state())
+        soft = (last_soft if (elector.role is last_soft.role and elector.leader_id
+                              == last_soft.leader_id and term == last_soft.term)
+                else self._soft_state())
         snapshot = self.log.take_snapshot()
         entries = self.log.take_unpersisted()
         now: list[Message] = []
         after: list[Message] = []
-        term = self.elector.term
         for msg in self._outbox:
+            if type(msg) is AppendRequest:  # a leader's, the most frequent: no case applies
+                (after if term_or_vote_changed else now).append(msg)
+                continue
             match msg:
                 case AppendResponse() if msg.success and msg.term != term:
                     # Acked before a newer leader may have cut those entries
@@ -627,15 +636,14 @@ class RaftNode:
         limit = self._apply_limit()
         committed = (tuple(self.log.entries(self.applied + 1, limit + 1, UNLIMITED, UNLIMITED))
                      if limit > self.applied else ())
-        soft = self._soft_state()
         ready = Ready(
-            hard_state=hard if hard != last else None,
+            hard_state=hard if hard is not last else None,
             must_sync=term_or_vote_changed or bool(entries) or snapshot is not None,
             entries=entries,
             messages=tuple(now),
             messages_after_persist=tuple(after),
             committed_entries=committed,
-            soft_state=soft if soft != self._last_soft_state else None,
+            soft_state=soft if soft is not last_soft else None,
             snapshot=snapshot,
         )
         self._last_hard_state = hard
