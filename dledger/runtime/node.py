@@ -655,10 +655,13 @@ class RaftGroupNode:
         self._installing = False
         self._installed: SnapshotMeta | None = None  # the last snapshot installed
         # The configuration the transport was last told about, and every node
-        # id seen in any configuration (a node seen and then dropped was
-        # removed: its connections are refused). Not `peers`: that is an
-        # address book, and a spare or wiped node must accept a leader added
-        # to the group by a configuration it has not received yet.
+        # id seen in a committed configuration (a node seen there and then
+        # dropped was removed: its connections are refused). Committed only:
+        # a node named by a configuration that was appended and then cut
+        # (an isolated leader's) is no removed node, and may come back as
+        # the leader that added it for good (seed 20400970, real-node). Not
+        # `peers`: that is an address book, and a spare or wiped node must
+        # accept a leader added by a configuration it has not received yet.
         self._peers_of: Membership | None = None
         self._known_nodes: set[int] = set()
         # Leader: the configuration each outgoing snapshot transfer carries.
@@ -866,7 +869,7 @@ class RaftGroupNode:
         if membership is self._peers_of:
             return
         self._peers_of = membership
-        self._known_nodes |= membership.node_ids
+        self._note_committed_members(core)
         peers: dict[int, tuple[str, int]] = {}
         for m in membership.voters + membership.learners:
             if m.address:
@@ -885,9 +888,20 @@ class RaftGroupNode:
         core = self._core
         if core is None:
             return node_id in self.config.peers
+        self._note_committed_members(core)
         return (node_id in core.membership.node_ids
                 or node_id in core.committed_membership.node_ids
                 or node_id not in self._known_nodes)
+
+    def _note_committed_members(self, core: RaftNode) -> None:
+        """Add the members of every committed configuration the core's
+        history holds to `_known_nodes` (called when the configuration in
+        effect changes and when an unlisted node dials: both rare)."""
+        commit = core.commit
+        for index, membership in core.configs.items():
+            if index > commit:
+                break
+            self._known_nodes |= membership.node_ids
 
 
     # -------------------------------------------------------------- lifecycle

@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dledger.config import Bugs
-from dledger.testing.nodesim import NodeSimOptions, run_seed
+from dledger.testing.nodesim import NodeSimOptions, NodeSimResult, run_seed
 from ledgermq.broker.nodesim_apply import BrokerApplier, CheckpointRot
 from ledgermq.cli import app
 from ledgermq.cli.commands.sim_real_node import seed_options
@@ -244,10 +244,7 @@ def test_a_claim_names_the_entry_the_core_committed_not_the_files_older_one() ->
     reported a false violation; the claim is the core's (57 of term 3,
     committed). What the driver applies and saves as its commit index stops
     at the core's stable index, which the truncation lowered."""
-    applier = partial(BrokerApplier, rot=CheckpointRot(0.3))
-    options = seed_options(19100618, NodeSimOptions(nodes=3, flush="mix", applier=applier,
-                                                    reserves=1.0), 0.7, 0.5)
-    result = run_seed(19100618, options)
+    result = _sweep_seed(19100618)
     assert result.flush == "sync" and result.counts["changes_committed"]
     assert result.ok, result.violation
 
@@ -261,10 +258,30 @@ def test_under_flush_async_an_install_may_replace_what_a_cut_off_node_applied() 
     which names only its last entry and cannot show the contradiction, so n2
     was re-anchored without noticing. The check now compares what a node
     applied under async only from its last install on, and counts the case."""
-    applier = partial(BrokerApplier, rot=CheckpointRot(0.3))
-    options = seed_options(19100317, NodeSimOptions(nodes=3, flush="mix", applier=applier,
-                                                    reserves=1.0), 0.7, 0.5)
-    result = run_seed(19100317, options)
+    result = _sweep_seed(19100317)
     assert result.flush == "async"
     assert result.ok, result.violation
     assert result.counts["async_rewritten_before_install"] == 1
+
+
+def test_a_node_named_only_by_a_cut_configuration_is_no_removed_node() -> None:
+    """Found by this simulator (seed 20400970, flush=sync): n3, leading alone
+    behind a partition, appended a configuration adding learner n5; a new
+    leader cut that entry from n3's log. The group then added n5 for good
+    (committed), and n5 was elected. n3 had counted n5 among the nodes it had
+    seen in a configuration, so it took n5 for a removed node and refused
+    its connections: it never heard of the configuration that added n5 and
+    stayed out of the group. A node's connections are refused now only once
+    it was a member of a configuration this node saw committed."""
+    result = _sweep_seed(20400970)
+    assert result.flush == "sync" and result.counts["changes_committed"]
+    assert result.ok, result.violation
+
+
+def _sweep_seed(seed: int) -> NodeSimResult:
+    """`seed` as the real-node sweeps run it (`ledgermq sim --real-node
+    --flush mix --reserves 1.0 --compaction 0.7 --membership 0.5 --cq-rot 0.3`)."""
+    applier = partial(BrokerApplier, rot=CheckpointRot(0.3))
+    return run_seed(seed, seed_options(seed, NodeSimOptions(nodes=3, flush="mix", applier=applier,
+                                                            reserves=1.0), 0.7, 0.5))
+

@@ -239,3 +239,20 @@ def test_an_empty_consumequeue_left_by_a_cut_tail_counts_as_none() -> None:
     result = _sweep_seed(19300254, 3, 0.7, 0.5, cq_rot=0.3, reserves=1.0)
     assert result.flush == "async" and result.counts["crashes"] > 0
 
+
+
+def test_under_flush_async_the_history_below_the_leaders_log_is_its_own() -> None:
+    """Found by this simulator (seed 20800104, flush=async): n3 compacted
+    entry 34 of term 5, committed on it and a node whose power cut then took
+    it; the group went on with another 34 (term 6) and n3 stopped on the
+    divergence. The final checks took n3's record, the first one made of
+    index 34, as the group's history below the leader's log, and reported n1,
+    which held the group's 34, as diverged. Under async they now take the
+    leader's own record of what it deleted, where it has one."""
+    options = seed_options(20800104, NodeSimOptions(
+        nodes=3, flush="mix", applier=partial(BrokerApplier, rot=CheckpointRot(0.3)),
+        reserves=1.0), 0.7, 0.5)
+    result = run_seed(20800104, options)
+    assert result.flush == "async" and result.counts["compactions"]
+    assert result.counts["divergences"] or result.counts["node_failures"]
+    assert result.ok, result.violation

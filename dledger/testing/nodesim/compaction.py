@@ -132,9 +132,11 @@ def compact(h: World, slot: Slot) -> None:
 def _remember(h: World, slot: Slot, going: list[commitlog.Entry]) -> bool:
     """Record committed entries the node is about to delete (`World.compacted`);
     False on a violation (flush=sync: another node deleted another entry there)."""
+    own = h.compacted_by.setdefault(slot.nid, {})
     for entry in going:
-        known = h.compacted.setdefault(entry.index, (entry.term, digest(entry.body)))
-        if h.flush == "sync" and known != (entry.term, digest(entry.body)):
+        own[entry.index] = record = (entry.term, digest(entry.body))
+        known = h.compacted.setdefault(entry.index, record)
+        if h.flush == "sync" and known != record:
             h.fail(f"n{slot.nid} deleted committed entry {entry.index} (term {entry.term}), "
                    f"but another node deleted {known} there")
             return False

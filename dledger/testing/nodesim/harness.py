@@ -223,6 +223,10 @@ class Harness:
         # (compaction): the final checks' view of the log below the leader's
         # first index.
         self.compacted: dict[int, tuple[int, str]] = {}
+        # node id -> its own such records, since its last install or wipe
+        # (under flush=async the first record of an index may be of a
+        # history the group lost: the final checks take the leader's own).
+        self.compacted_by: dict[int, dict[int, tuple[int, str]]] = {}
         # Its own stream (never drawn from `rng`): runs without compaction
         # replay exactly as before it existed.
         self.compact_rng = random.Random(f"compaction/{seed}")
@@ -320,6 +324,8 @@ class Harness:
             assert isinstance(applier, SnapshotApplier), "install without a snapshot applier"
             applier.install(info)
             slot.installed_after[slot.incarnation] = len(records)
+            # Its log below the snapshot is now the snapshot's source's history.
+            self.compacted_by.pop(slot.nid, None)
 
         io = NodeIO(transport=transport, rng=random.Random(self.rng.getrandbits(64)),
                     fsync_worker=SimWorker(loop, self.disk_latency(slot)),
@@ -402,6 +408,7 @@ class Harness:
             self.net.detach_node(slot.nid, self._closes())
         self.fs.kill(slot.data_dir)
         self.fs.rmtree(slot.data_dir)
+        self.compacted_by.pop(slot.nid, None)
         slot.state = "down"
         slot.directory_id = self._new_directory()
         self.configs.wiped(slot.nid, slot.directory_id)

@@ -86,10 +86,12 @@ class World(Protocol):
     committed_terms: dict[int, int]
     commit_checked: dict[int, int]
     claimed: dict[tuple[int, int], int]
-    # Compaction (compaction.py): its random stream, and the committed
-    # entries some node deleted, index -> (term, body digest).
+    # Compaction (compaction.py): its random stream, the committed entries
+    # some node deleted, index -> (term, body digest), the first record of
+    # each, and each node's own records (since its last install or wipe).
     compact_rng: random.Random
     compacted: dict[int, tuple[int, str]]
+    compacted_by: dict[int, dict[int, tuple[int, str]]]
     # Connection loss (connloss.py): its random stream.
     connloss_rng: random.Random
     # Membership (members.py): whether this run changes its group, the
