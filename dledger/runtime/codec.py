@@ -61,7 +61,7 @@ persist nor send its term, and every peer that heard it would wedge too).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, NotRequired, TypedDict
 
 import msgpack
@@ -507,34 +507,42 @@ def _decode_transfer(t: int, obj: list[Any]) -> Message:
 
 def decode_batch(payload: bytes, max_bin_len: int) -> list[Message]:
     """All messages of one frame payload; `CodecError` if any byte is wrong."""
+    out: list[Message] = []
+    rest = payload
     if payload:
         # Most frames carry one message (an append, its answer): decoded
-        # without building an Unpacker. More than one raises ExtraData, and
-        # the Unpacker below decodes them all, under the same limits.
+        # without building an Unpacker. After the first of several, ExtraData
+        # hands over that one and the bytes left, which the Unpacker below
+        # decodes under the same limits.
         try:
             obj = msgpack.unpackb(payload, raw=False, max_bin_len=max_bin_len,
                                   max_str_len=_BATCH_STR_MAX, max_array_len=_BATCH_ARRAY_MAX,
                                   max_map_len=0)
-        except msgpack.ExtraData:
-            pass
+        except msgpack.ExtraData as extra:
+            out.append(_decoded(extra.unpacked))
+            rest = extra.extra
         except Exception as exc:  # msgpack raises several unrelated types on bad input
             raise _not_msgpack(exc) from None
         else:
             return [_decoded(obj)]
-    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(payload), 1),
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(rest), 1),
                                 max_bin_len=max_bin_len, max_str_len=_BATCH_STR_MAX,
                                 max_array_len=_BATCH_ARRAY_MAX, max_map_len=0)
-    unpacker.feed(payload)
-    out: list[Message] = []
-    it: Iterator[Any] = iter(unpacker)
+    unpacker.feed(rest)
+    end = 0  # where the last whole message ends
     while True:
         try:
-            obj = next(it)
-        except StopIteration:
+            obj = unpacker.unpack()
+        except msgpack.OutOfData:
             break
         except Exception as exc:
             raise _not_msgpack(exc) from None
+        end = unpacker.tell()
         out.append(_decoded(obj))
+    if end != len(rest):
+        # Iterating an Unpacker stops at an incomplete message as if waiting
+        # for more bytes; a frame holds whole messages only.
+        raise CodecError(f"payload ends inside a message ({len(rest) - end} bytes left over)")
     if not out:
         raise CodecError("empty message batch")
     return out

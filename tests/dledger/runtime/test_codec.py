@@ -25,6 +25,7 @@ from dledger.runtime.codec import (
     decode_hello,
     encode_batches,
     encode_hello,
+    encode_message,
 )
 
 MAX = 1 << 20
@@ -71,6 +72,19 @@ def test_batches_are_cut_by_size() -> None:
 def test_malformed_batches_rejected(payload: bytes) -> None:
     with pytest.raises(CodecError):
         decode_batch(payload, MAX)
+
+
+def test_a_batch_whose_last_message_is_cut_short_is_rejected() -> None:
+    """A frame holds whole messages: its bytes cut inside a message after
+    one or more whole ones are refused, not decoded up to the cut (an
+    Unpacker stops there as if waiting for more bytes)."""
+    ack = encode_message(AppendResponse(2, 1, 3, True, 11, directory_id=5))
+    append = encode_message(AppendRequest(1, 2, 3, 10, 3, (Entry(11, 3, 1, b"x" * 100, 0),),
+                                          9, directory_id=7))
+    assert len(decode_batch(ack + append + ack, MAX)) == 3
+    for cut in (ack + append[:-2], ack + ack[:3], ack + ack + append[:1]):
+        with pytest.raises(CodecError, match="ends inside a message"):
+            decode_batch(cut, MAX)
 
 
 @settings(max_examples=300, deadline=None)
