@@ -3,7 +3,8 @@
 Python pays per request, not per byte, on both ends of a connection. While
 `max_inflight` SEND_MESSAGES requests to an address are outstanding, further
 sends to it wait and then go out together as one request; each caller still
-gets its own per-message results. With no load a send goes out at once, alone.
+gets its own per-message results. With no load a send goes out at once, alone,
+from its caller's task (`send_one`).
 
 Sends are appended to the address's open `Batch` as they arrive: its records
 blob is built in place (the producer encodes each record straight into
@@ -45,6 +46,10 @@ _PER_MESSAGE = (MessageTooLargeError, InvalidRequestError, NoPermissionError, Un
 # True when it answers the caller's records sent by themselves (first record
 # at byte 0, index 0, queue index 0).
 Outcome = tuple[int | None, list[int] | None, list[dict[str, Any]] | None, bool]
+# An Outcome and where the caller's record is in the request: (outcome, start
+# byte, record index, queue index, rank in its queue), all 0 when `alone`.
+Placed = tuple[Outcome, int, int, int, int]
+
 
 
 class Batch:
@@ -110,7 +115,7 @@ class SendCoalescer:
         requests in flight), so `send_alone` serves it in its caller's task."""
         return self.max_messages > 1 or self.max_inflight < UNLIMITED_INFLIGHT
 
-    async def send_alone(self, address: str, record: bytes) -> Outcome:
+    async def send_alone(self, address: str, record: bytes) -> Placed:
         """One encoded record as a request of its own, awaited in the
         caller's task: no batch, no future, no task of the coalescer's (the
         per-message path when `merges` is False). Raises what the request
@@ -118,7 +123,65 @@ class SendCoalescer:
         self.requests += 1
         reply = await self._send(address, record, 1)
         _check(reply, 1, 1)
-        return reply.get("base"), reply.get("queue_offsets"), reply.get("results"), True
+        outcome = (reply.get("base"), reply.get("queue_offsets"), reply.get("results"), True)
+        return outcome, 0, 0, 0, 0
+
+    async def send_one(self, address: str, group: str, key: tuple[str, int], head: bytes,
+                       body: bytes) -> Placed:
+        """One record (its `head` and `body` bytes) of queue `key`, merged
+        with the sends to `address` that come with it: the producer's hot
+        path when `merges` is True. Returns the reply's outcome and where the
+        record is in the request (`add_one`). Raises what the request raises
+        when the record went out alone.
+
+        A send that finds the address idle (nothing queued, in flight or
+        about to go) opens the request and waits one loop pass, as `open`'s
+        scheduled `_kick` would, for the sends woken in the same pass to join.
+        If none did, the record goes out alone, awaited in this caller's task
+        like `send_alone`: one send at a time (W=1) pays neither the
+        coalescer's task nor a future, which cost the merged path 5-7 % of
+        W=1's throughput against merging off (docs/broker.md). If some did,
+        the request goes out as it would have, in a task of its own, so that
+        cancelling one caller cancels nobody else's send."""
+        state = self._addresses.get(address)
+        if state is None or state.group != group:
+            state = self._addresses[address] = _Address(group)
+        if state.queue or state.inflight or state.scheduled:
+            future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+            start, first, index, rank = self.add_one(address, group, key, future, head, body)
+            outcome = await future
+            if outcome[3]:  # re-sent alone (`_alone`): its record is the request's first
+                return outcome, 0, 0, 0, 0
+            return outcome, start, first, index, rank
+        batch = Batch()
+        state.queue.append(batch)
+        state.scheduled = True  # nobody else schedules a `_kick` meanwhile
+        record = head + body
+        batch.buf += record
+        batch.count = 1
+        batch.keys[key] = [0, 1]
+        # Awaited only if the request goes to a task (others joined).
+        future = asyncio.get_running_loop().create_future()
+        batch.waiters.append((future, 0, len(record), 1))
+        try:
+            await asyncio.sleep(0)
+        except BaseException:
+            future.cancel()
+            self._kick(address, state)  # the others' records still go
+            raise
+        if batch.count > 1 or len(state.queue) > 1:
+            self._kick(address, state)
+            return await future, 0, 0, 0, 0
+        state.queue.popleft()
+        state.scheduled = False
+        state.inflight += 1
+        try:
+            return await self.send_alone(address, record)
+        finally:
+            state.inflight -= 1
+            if state.queue and not state.scheduled:
+                state.scheduled = True
+                asyncio.get_running_loop().call_soon(self._kick, address, state)
 
     def open(self, address: str, group: str, nbytes: int, n: int) -> Batch:
         """The batch for `address` (of `group`) that `n` more records of about

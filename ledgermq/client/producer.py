@@ -52,7 +52,7 @@ import ssl
 import struct
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
 from ledgermq.base.codes import RequestCode
@@ -207,24 +207,17 @@ class Producer:
             except struct.error as exc:
                 raise InvalidRequestError(f"message cannot be encoded: {exc}") from None
             coalescer = self.coalescer
-            waiting: Awaitable[Outcome]
-            if coalescer.merges:
-                future: asyncio.Future[Outcome] = _get_running_loop().create_future()
-                start, first, index, rank = coalescer.add_one(
-                    address, group, key, future, head, body)
-                waiting = future
-            else:
-                start = first = index = rank = 0
-                waiting = coalescer.send_alone(address, head + body)
             try:
-                base, offsets, listed, alone = await waiting
+                if coalescer.merges:
+                    placed = await coalescer.send_one(address, group, key, head, body)
+                else:
+                    placed = await coalescer.send_alone(address, head + body)
             except Exception as exc:
                 results = await self._send(topic, [body], sharding_key, None, timeout,
                                            sequence=sequence, started=started,
                                            failed=(exc, slot, address))
                 return results[0]
-            if alone:
-                first = index = rank = start = 0
+            (base, offsets, listed, _), start, first, index, rank = placed
             if listed is not None:
                 return self._listed(listed, first, 1, mq, group)[0]
             assert base is not None  # `_check` refused a reply with neither results nor base

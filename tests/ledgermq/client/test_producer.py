@@ -380,6 +380,58 @@ def test_a_cancelled_send_does_not_cancel_the_others_in_its_request() -> None:
     run(main())
 
 
+def test_a_lone_send_goes_out_in_its_callers_task_and_concurrent_ones_still_merge() -> None:
+    """With merging on, a send that finds nothing queued or in flight waits
+    one loop pass for company; alone then, it is sent from its caller's task
+    (no task of the coalescer's); sends that come together share a request."""
+    async def main() -> None:
+        broker = await FakeBroker(queues=2).start()
+        producer = Producer([broker.address])
+        tasks_seen: list[int] = []
+        broker.hook = lambda parsed: tasks_seen.append(len(producer.coalescer._tasks))
+        try:
+            assert producer.coalescer.merges
+            await producer.send("t", b"warm")  # the route is looked up and cached
+            lone = [await producer.send("t", b"one %d" % i) for i in range(5)]
+            assert broker.requests[1:] == [1] * 5 and tasks_seen[1:] == [0] * 5
+            check_results(broker, lone)
+            together = await asyncio.gather(*(producer.send("t", b"m%d" % i) for i in range(40)))
+            assert broker.requests[6:] == [40]  # the first waited one pass for the rest
+            assert tasks_seen[6:] == [1]
+            check_results(broker, together)
+            assert sorted(r.sequence for r in broker.records) == list(range(1, 47))
+        finally:
+            await producer.close()
+            await broker.close()
+    run(main())
+
+
+def test_a_send_cancelled_while_it_waits_for_company_strands_nobody() -> None:
+    """The send that opened a request is cancelled during its one pass: the
+    sends that joined it still go, and are answered."""
+    async def main() -> None:
+        broker = await FakeBroker().start()
+        producer = Producer([broker.address])
+        try:
+            await producer.send("t", b"warm")
+            tasks = [asyncio.create_task(producer.send("t", b"%d" % i)) for i in range(5)]
+            await asyncio.sleep(0)  # the first has opened the request, the rest joined
+            tasks[0].cancel()
+            done = await asyncio.gather(*tasks, return_exceptions=True)
+            assert isinstance(done[0], asyncio.CancelledError)
+            check_results(broker, done[1:])
+            # The cancelled caller's record had gone into the request: it is
+            # stored, as a cancelled send's record in a merged request always was.
+            assert broker.requests == [1, 5]
+            # Later sends find the address idle again.
+            assert (await producer.send("t", b"after")).queue_offset is not None
+            assert broker.requests[-1] == 1
+        finally:
+            await producer.close()
+            await broker.close()
+    run(main())
+
+
 def test_send_async_oneway_and_not_idempotent() -> None:
     async def main() -> None:
         broker = await FakeBroker().start()
