@@ -330,7 +330,7 @@ class _Link:
                 reason = exc.reason if isinstance(exc, PeerRefused) else type(exc).__name__
                 self._handshake_failed(reason, str(exc) or "no answer")
                 writer.close()
-                with contextlib.suppress(OSError, asyncio.CancelledError):
+                with contextlib.suppress(OSError):
                     await writer.wait_closed()
                 backoff = await self._back_off(backoff)
                 continue
@@ -354,7 +354,7 @@ class _Link:
             finally:
                 self.writer = self._wire = None
                 writer.close()
-                with contextlib.suppress(OSError, asyncio.CancelledError):
+                with contextlib.suppress(OSError):
                     await writer.wait_closed()
             if loop.time() - started > 1.0:
                 backoff = BACKOFF_MIN_S
@@ -384,9 +384,9 @@ class _Link:
             self._woken.set()
 
     def close(self) -> None:
-        """The transport closes: end the connection, and a back-off too (a
-        cancellation that lands in `run`'s wait for a closed socket is
-        swallowed there, and the loop would otherwise sleep on)."""
+        """The transport closes: end the connection, and a back-off too (the
+        caller then cancels `run`'s task; ended either way, it does not dial
+        again, `closing` being set)."""
         if self.writer is not None:
             self.writer.close()
         self._woken.set()

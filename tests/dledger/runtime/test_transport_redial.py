@@ -54,3 +54,46 @@ def test_a_link_in_back_off_dials_when_the_peer_dials_us(
             await two.close()
 
     run(main())
+
+
+def test_a_link_cancelled_while_it_closes_its_socket_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancellation that lands in the link's wait for its closed socket
+    (the peer ended the connection) ends the link's task. It used to be
+    swallowed there: the task went on to its back-off and dialled again,
+    and only `closing` or `removed` could stop it."""
+    ports = free_ports(2)
+    peers = {n: ("127.0.0.1", ports[n - 1]) for n in (1, 2)}
+
+    async def main() -> None:
+        one = PeerTransport("g1", 1, peers, lambda _msgs: None, handshake_timeout=2.0)
+        two = PeerTransport("g1", 2, peers, lambda _msgs: None, handshake_timeout=2.0)
+        await one.start()
+        await two.start()
+        try:
+            link = one._links[(2, transport.CHANNEL_REPLICATION)]
+            await wait_until(lambda: link.writer is not None, 10.0, "the link connected")
+            task = link.task
+            assert task is not None
+            closing = asyncio.Event()
+            links_writer, original = link.writer, asyncio.StreamWriter.wait_closed
+
+            async def wait_closed(self: asyncio.StreamWriter) -> None:
+                if self is not links_writer:
+                    return await original(self)
+                closing.set()
+                await asyncio.Event().wait()  # the link's close takes its time
+
+            monkeypatch.setattr(asyncio.StreamWriter, "wait_closed", wait_closed)
+            await two.close()  # the peer ends the connection: the link's read returns
+            async with asyncio.timeout(5.0):
+                await closing.wait()
+            assert link.writer is None and not task.done()  # waiting for the close
+            task.cancel()  # lands in that wait
+            await asyncio.wait([task], timeout=5.0)
+            assert task.cancelled()
+        finally:
+            await one.close()
+            await two.close()
+
+    run(main())
