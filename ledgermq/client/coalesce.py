@@ -51,7 +51,6 @@ Outcome = tuple[int | None, list[int] | None, list[dict[str, Any]] | None, bool]
 Placed = tuple[Outcome, int, int, int, int]
 
 
-
 class Batch:
     """The records of one request being built for one address."""
 
