@@ -278,6 +278,21 @@ def test_a_node_named_only_by_a_cut_configuration_is_no_removed_node() -> None:
     assert result.ok, result.violation
 
 
+def test_no_wipe_while_a_removed_node_holds_the_target_unpinned() -> None:
+    """Found by this simulator (seed 21404681, flush=sync): n2, removed while
+    cut off, kept running with a configuration in which n1 was an unpinned
+    voter (n1 had been paused when those entries were written). n1's disk
+    was then wiped; after the heal n2 campaigned and its elector counted the
+    wiped n1's vote, which an unpinned voter's grant is (docs/raft.md,
+    "Identity": the core cannot refuse it). Like a voter whose log lacks
+    the pin, such a node now keeps the wipe from being injected; the
+    seed's first wipe still is."""
+    result = _sweep_seed(21404681)
+    assert result.flush == "sync" and result.counts["removed_running"]
+    assert result.ok, result.violation
+    assert result.counts["wipes"] == 1
+
+
 def _sweep_seed(seed: int) -> NodeSimResult:
     """`seed` as the real-node sweeps run it (`ledgermq sim --real-node
     --flush mix --reserves 1.0 --compaction 0.7 --membership 0.5 --cq-rot 0.3`)."""

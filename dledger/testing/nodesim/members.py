@@ -34,7 +34,9 @@ converges only once every wiped node is repaired.
 Wipes pick a member pinned to the disk it holds, and only while every voter
 of the committed configuration is up, pinned to its disk, and holds that
 configuration durably, every other bootstrap node is up with a durable
-entry, and no other wiped node waits for its repair: a wipe is one fault,
+entry, no node outside those voters (a removed one still running) holds a
+configuration in which the member is an unpinned voter, and no other wiped
+node waits for its repair: a wipe is one fault,
 and the group is built to survive one. With a majority of empty disks
 nothing can tell a wiped node from a fresh one: an empty log reads as the
 bootstrap configuration, whose voters then include the wiped node and any
@@ -52,6 +54,7 @@ import random
 from dataclasses import dataclass, field
 
 from dledger.membership import (
+    UNPINNED,
     Member,
     Membership,
     MembershipError,
@@ -288,9 +291,30 @@ class MembershipDriver:
                  if slot.nid in h.configs.bootstrap.voter_ids
                  and (slot.state != "up" or slot.node is None
                       or durable_last(h, slot) == (0, 0))}
+        # A node outside the committed configuration's voters (one removed
+        # while cut off, which keeps running) campaigns with whatever
+        # configuration it holds; where that lists the target as an unpinned
+        # voter, it would count the wiped node's vote (seed 21404681: a
+        # removed n2 elected with the vote of n1, wiped after n2 lost
+        # touch, unpinned in n2's configuration). Identity cannot refuse
+        # that vote (docs/raft.md, "Identity"), so the wipe is not injected.
+        unpinned_elsewhere: set[int] = set()
+        for slot in h.slots.values():
+            if slot.nid in current.voter_ids:
+                continue
+            if slot.state != "up" or slot.node is None:
+                if slot.nid in h.removed:
+                    return []  # its configuration cannot be read while it is down
+                continue
+            node = slot.node
+            for seen in (node.membership, node.membership_at(durable_last(h, slot)[1])):
+                if slot.nid in seen.voter_ids:
+                    unpinned_elsewhere.update(m.node_id for m in seen.voters
+                                              if m.directory_id == UNPINNED)
         return [h.slots[m.node_id] for m in current.voters + current.learners
                 if m.directory_id == h.slots[m.node_id].directory_id
-                and h.slots[m.node_id].state == "up" and not blank - {m.node_id}]
+                and h.slots[m.node_id].state == "up" and not blank - {m.node_id}
+                and m.node_id not in unpinned_elsewhere]
 
     def _wipe(self, current: Membership) -> None:
         found = self._leader()
