@@ -903,7 +903,6 @@ class RaftGroupNode:
                 break
             self._known_nodes |= membership.node_ids
 
-
     # -------------------------------------------------------------- lifecycle
 
     async def start(self, applied_index: int) -> None:
