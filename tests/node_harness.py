@@ -10,7 +10,7 @@ from typing import Any
 
 import commitlog
 from commitlog.snapshot import SnapshotInfo
-from dledger.runtime.node import NodeConfig, RaftGroupNode, SoftStateInfo
+from dledger.runtime.node import ApplyRest, NodeConfig, RaftGroupNode, SoftStateInfo
 from ledgermq.base.ports import free_ports
 
 
@@ -44,6 +44,9 @@ class Cluster:
         self.on_install: Callable[[int, SnapshotInfo], None] | None = None
         # Per node: the id of its data directory (0 unless a test sets one).
         self.directory_ids: dict[int, int] = {}
+        # What each apply leaves for later in its pass (RaftGroupNode's ApplyRest).
+        self.apply_rest: Callable[[int, Sequence[commitlog.Entry]], ApplyRest | None] | None = (
+            None)
 
     def config(self, node_id: int) -> NodeConfig:
         return NodeConfig(group="g1", node_id=node_id, peers=self.peers,
@@ -58,8 +61,9 @@ class Cluster:
         self.soft[node_id] = []
         installs = self.installs.setdefault(node_id, [])
 
-        def apply(entries: Sequence[commitlog.Entry]) -> None:
+        def apply(entries: Sequence[commitlog.Entry]) -> ApplyRest | None:
             applied.extend(entries)
+            return None if self.apply_rest is None else self.apply_rest(node_id, entries)
 
         def installed(info: SnapshotInfo) -> None:
             installs.append(info)

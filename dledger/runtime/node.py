@@ -212,6 +212,10 @@ class NodeConfig:
     # ... or once this many bytes of entries wait (so that a large entry, a
     # merged batch of messages, goes to every follower at once).
     reserve_batch_bytes: int = RESERVE_BATCH_BYTES
+    # After sending entries, poll the peers' connections this long for the
+    # acknowledgements before the loop may sleep (ledgermq/wire/busy_poll.py;
+    # 0: off).
+    busy_poll_us: int = 0
 
     def __post_init__(self) -> None:
         if self.node_id not in self.peers:
@@ -241,8 +245,8 @@ class NodeConfig:
             raise ValueError("snapshot_window_bytes must hold at least one chunk")
         if self.snapshot_stall_s <= 0 or self.install_max_bytes <= 0:
             raise ValueError("snapshot_stall_s and install_max_bytes must be positive")
-        if self.follower_apply_delay_ms < 0:
-            raise ValueError("follower_apply_delay_ms must be >= 0")
+        if self.follower_apply_delay_ms < 0 or self.busy_poll_us < 0:
+            raise ValueError("follower_apply_delay_ms and busy_poll_us must be >= 0")
         if self.reserve_batch_entries < 0 or self.reserve_batch_bytes < 1:
             raise ValueError("reserve_batch_entries must be >= 0, reserve_batch_bytes >= 1")
         if not 0 <= self.directory_id < 1 << 63:
@@ -513,6 +517,8 @@ class ProposalUnknown(Exception):
 # point, (None, error) otherwise. Called once, from the node's loop, at a
 # point where no Ready is being carried out (see `_run_completions`).
 Completion = Callable[["commitlog.Entry | None", "BaseException | None"], None]
+# What an `apply` may leave for later in its pass (RaftGroupNode.__init__).
+ApplyRest = Callable[[], None]
 
 
 @dataclass(slots=True, eq=False)
@@ -540,7 +546,7 @@ class RaftGroupNode:
     def __init__(
         self,
         config: NodeConfig,
-        apply: Callable[[Sequence[commitlog.Entry]], None],
+        apply: Callable[[Sequence[commitlog.Entry]], ApplyRest | None],
         on_soft_state: Callable[[SoftStateInfo], None] | None = None,
         io: NodeIO | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
@@ -550,11 +556,18 @@ class RaftGroupNode:
         """`on_install(info)` is called (on the loop) after this replica
         installed a leader's snapshot: its log now starts below `info.index`
         and ends there, and the state machine must reset itself to
-        `read_state(info)`; entries after it follow through `apply`."""
+        `read_state(info)`; entries after it follow through `apply`.
+
+        `apply(entries)` may return the rest of its work (`ApplyRest`): what
+        neither the proposals' outcomes nor the next `apply` depend on. It
+        runs once the pass that applied has told its proposals' callers
+        (`_run_completions`), so their answers leave first, and always before
+        the next `apply` (`_hand_over`)."""
         self.config = config
         self._on_install = on_install
         self._observer = observer
         self._apply_cb = apply
+        self._apply_rest: ApplyRest | None = None
         self._on_soft_state = on_soft_state
         self._on_failure = on_failure
         io = io or NodeIO()
@@ -592,7 +605,7 @@ class RaftGroupNode:
                 bind_host=config.bind_host, secret=config.cluster_secret,
                 server_ssl=config.tls_server, client_ssl=config.tls_client,
                 on_auth_failure=self._auth_failure, accept_peer=self._accept_peer,
-                directory_id=config.directory_id)
+                directory_id=config.directory_id, busy_poll_s=config.busy_poll_us / 1e6)
         else:
             self._transport = io.transport(config.group, config.node_id, config.peers,
                                            self._deliver, config.bind_host)
@@ -1116,10 +1129,11 @@ class RaftGroupNode:
         self._completions.append((p.then, entry, error))
 
     def _run_completions(self) -> None:
-        """Tell the callers the outcomes recorded so far, unless a Ready is
-        being carried out further up this call stack (its outermost caller
-        runs them when it is done)."""
-        if self._depth or not self._completions:
+        """Tell the callers the outcomes recorded so far, then run the
+        state machine's rest of the last apply (`ApplyRest`), unless a Ready
+        is being carried out further up this call stack (its outermost
+        caller runs them when it is done)."""
+        if self._depth or not (self._completions or self._apply_rest):
             return
         self._depth += 1
         try:
@@ -1133,6 +1147,16 @@ class RaftGroupNode:
                                       self.config.group, self.config.node_id)
         finally:
             self._depth -= 1
+        self._run_apply_rest()
+
+    def _run_apply_rest(self) -> None:
+        rest, self._apply_rest = self._apply_rest, None
+        if rest is None:
+            return
+        try:
+            rest()
+        except Exception as exc:  # the state machine's storage, as in `apply`
+            self._fail(exc)
 
     def _propose_round(self) -> None:
         """Queued proposals' round, while the driver idles: drained into the
@@ -1572,7 +1596,13 @@ class RaftGroupNode:
                         self.counters.acks_not_durable += 1
             self._transport.send(rd.messages_after_persist)
         if rd.committed_entries:
-            self._apply(rd)
+            # As inside a pass, also in the driver's round (which runs the
+            # completions next): the apply's rest waits for them.
+            self._depth += 1
+            try:
+                self._apply(rd)
+            finally:
+                self._depth -= 1
         if rd.soft_state is not None:
             self._soft_state_changed(rd.soft_state)
 
@@ -1614,9 +1644,17 @@ class RaftGroupNode:
                     e.index, p.term))
 
     def _hand_over(self, entries: list[commitlog.Entry]) -> None:
-        self._apply_cb(entries)
+        self._run_apply_rest()  # the previous apply's, before this one
+        rest = self._apply_cb(entries)
         self._applied = entries[-1].index
         self._applied_term = entries[-1].term
+        if rest is not None:
+            # From a Ready (`_finish`): after the completions its caller runs
+            # next; otherwise (a follower's batch timer, a stop, an install,
+            # a role change) at once.
+            self._apply_rest = rest
+            if not self._depth:
+                self._run_apply_rest()
 
     def _hand_over_batch(self) -> None:
         """Give the state machine a follower's batch of committed entries

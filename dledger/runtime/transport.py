@@ -84,9 +84,10 @@ import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from dledger.messages import CHANNEL_CONTROL, CHANNEL_REPLICATION, Message
+from dledger.messages import CHANNEL_CONTROL, CHANNEL_REPLICATION, AppendRequest, Message
 from dledger.runtime.codec import (
     HELLO_BYTES_MAX,
     CodecError,
@@ -105,6 +106,7 @@ from dledger.runtime.codec import (
     peer_claim,
 )
 from ledgermq.base.errors import LedgerMQError
+from ledgermq.wire import busy_poll
 from ledgermq.wire.auth import (
     SECRET_BYTES_MIN,
     client_proof,
@@ -266,6 +268,9 @@ class _Link:
         wire.write(data)
         self.frames += len(frames)
         self.bytes += len(data)
+        expect = self.transport.expect_acks
+        if expect is not None and any(type(m) is AppendRequest and m.entries for m in messages):
+            expect()
 
     async def _handshake(self, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter) -> None:
@@ -440,6 +445,7 @@ class PeerTransport:
         accept_peer: AcceptPeer | None = None,
         advertise: Address | None = None,
         directory_id: int = 0,
+        busy_poll_s: float = 0.0,
     ) -> None:
         if secret and len(secret) < SECRET_BYTES_MIN:
             raise ValueError(f"a cluster secret is at least {SECRET_BYTES_MIN} bytes")
@@ -495,6 +501,10 @@ class PeerTransport:
         # Messages for a node with no link (not a peer, or dropped).
         self.unroutable = 0
         self._retired: set[asyncio.Task[None]] = set()
+        # > 0: after sending entries, poll the inbound connections this long
+        # for the acknowledgements (ledgermq/wire/busy_poll.py); from `start`.
+        self.busy_poll_s = busy_poll_s
+        self.expect_acks: Callable[[], None] | None = None
         self.set_peers(peers)
 
     @property
@@ -594,8 +604,12 @@ class PeerTransport:
         # Inbound connections are read by a Protocol, not a StreamReader:
         # after the handshake each frame goes to the node from data_received.
         loop = asyncio.get_running_loop()
+        poller = busy_poll.shared(loop) if self.busy_poll_s > 0 else None
+        if poller is not None:
+            self.expect_acks = partial(poller.expect, self.busy_poll_s)
         self._server = await loop.create_server(
-            lambda: FrameProtocol(self._on_connect, pending_max=2 * HELLO_BYTES_MAX),
+            lambda: FrameProtocol(self._on_connect, pending_max=2 * HELLO_BYTES_MAX,
+                                  poller=poller),
             host, port, reuse_address=True, **tls)
         self._started = True
         for link in self._links.values():

@@ -94,6 +94,9 @@ class BrokerConfig:
     batch_max_messages: int = 4096
     batch_max_bytes: int = 4 * MIB
     max_inflight_proposals: int = 2
+    # After it sends entries or answers, the node polls its connections
+    # this long before its loop may sleep (ledgermq/wire/busy_poll.py; 0: off).
+    busy_poll_us: int = 100
     propose_timeout_ms: int = 3_000
     # A send that reaches this node while no leader is known (an election) or
     # while it leads but has not applied its first entry waits up to this
@@ -307,6 +310,8 @@ def _check_number(config: BrokerConfig, name: str, lo: float, hi: float) -> floa
 # election_timeout_ticks): a group that waits longer than this to replace a
 # dead leader is a typo, not a choice (one with 10**24 ticks never elected).
 ELECTION_TIMEOUT_MS_MAX = 600_000
+# The longest busy poll: a message later than this is not "prompt".
+BUSY_POLL_US_MAX = 10_000
 
 
 def _check_raft(config: BrokerConfig) -> None:
@@ -389,6 +394,11 @@ def validate(config: BrokerConfig) -> None:
         raise BrokerConfigError(str(exc)) from None
     _check_int(config, "snapshot_interval_entries", 0)
     _check_int(config, "snapshot_interval_bytes", 0)
+    _check_int(config, "busy_poll_us", 0)
+    if config.busy_poll_us > BUSY_POLL_US_MAX:
+        raise BrokerConfigError(
+            f"busy_poll_us must be at most {BUSY_POLL_US_MAX} (a spin of milliseconds holds"
+            f" a core for nothing), got {config.busy_poll_us}")
     _check_int(config, "long_poll_timeout_ms", 0)
     _check_int(config, "write_hold_ms", 0)
     _check_int(config, "page_cache_tail_bytes", 0)

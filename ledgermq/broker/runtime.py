@@ -16,6 +16,7 @@ from typing import Protocol
 from commitlog import CommitLog, Entry
 from dledger.membership import Membership
 from dledger.runtime.node import (
+    ApplyRest,
     Completion,
     NodeConfig,
     NodeCounters,
@@ -116,7 +117,7 @@ class RuntimeFactory(Protocol):
     def __call__(
         self,
         config: NodeConfig,
-        apply: Callable[[Sequence[Entry]], None],
+        apply: Callable[[Sequence[Entry]], ApplyRest | None],
         *,
         on_soft_state: Callable[[SoftStateInfo], None],
         on_failure: Callable[[BaseException], None],

@@ -39,6 +39,7 @@ from consumequeue import ConsumeQueueStore
 from dledger.log import CommittedDivergence
 from dledger.runtime.identity import Opened, open_identity
 from dledger.runtime.node import (
+    ApplyRest,
     NodeConfig,
     ProposalUnknown,
     RaftGroupNode,
@@ -216,7 +217,7 @@ class Broker:
             heartbeat_interval_ticks=c.heartbeat_interval_ticks,
             leader_lost_grace_ticks=c.leader_lost_grace_ticks,
             lost_leader_ticks=c.lost_leader_ticks,
-            follower_apply_delay_ms=c.follower_apply_delay_ms,
+            follower_apply_delay_ms=c.follower_apply_delay_ms, busy_poll_us=c.busy_poll_us,
             reserve_batch_entries=c.reserve_batch_entries,
             reserve_batch_bytes=c.reserve_batch_bytes,
             preferred_leader=c.preferred_leader, segment_size_bytes=c.segment_size_bytes,
@@ -257,7 +258,8 @@ class Broker:
         keys = self.security.keys
         self.rpc = RpcServer(f"broker {c.group}/n{c.node_id}", handlers_for(self),
                              limits=c.server_limits(), key_store=keys,
-                             require_auth=keys is not None, ssl=self.security.client_tls)
+                             require_auth=keys is not None, ssl=self.security.client_tls,
+                             busy_poll_s=c.busy_poll_us / 1e6)
         # Every request a handler runs is counted, the server's own PING included.
         self.rpc.observer = self.instruments
         host, port = split_address(c.client_address)
@@ -508,8 +510,14 @@ class Broker:
             return known[1]
         return scan_body(entry.body)
 
-    def _apply(self, entries: Sequence[Entry]) -> None:
-        """Committed entries, in order, exactly once (called by the node)."""
+    def _apply(self, entries: Sequence[Entry]) -> ApplyRest:
+        """Committed entries, in order, exactly once (called by the node):
+        the state now, for the answers the node gives next in its pass; the
+        ConsumeQueues and whoever waits on them in the rest, which the node
+        runs after those answers and before it applies anything else. The
+        rest first writes the answers (`RpcServer.flush_answers`), so that
+        the senders go on while this node indexes what they sent. Nothing
+        else runs in between: no request sees the state ahead of its queues."""
         touched: set[tuple[str, int]] = set()
         keep = self._node is not None and self._node.role == "leader"
         # Each MESSAGES body is scanned once, for the state and the queues.
@@ -521,6 +529,12 @@ class Broker:
                 touched.update(key for key, _ in queue_groups(columns))
                 if keep and isinstance(stored, AppliedRecords):
                     self._results[entry.index] = stored
+        return partial(self._apply_rest, entries, scanned, touched)
+
+    def _apply_rest(self, entries: Sequence[Entry], scanned: Sequence[RecordColumns | None],
+                    touched: set[tuple[str, int]]) -> None:
+        if self.rpc is not None:
+            self.rpc.flush_answers()
         self._dispatch(entries, scanned)
         if len(self._results) > _RESULTS_KEPT:
             for index in list(self._results)[: len(self._results) - _RESULTS_KEPT]:

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ledgermq.base.errors import MalformedFrameError
+from ledgermq.wire.busy_poll import BusyPoll
 from ledgermq.wire.codec import HEADER_SIZE, decode_frame
 
 # Bytes that may wait unread during the first mode before reading pauses.
@@ -46,9 +47,12 @@ class FrameProtocol(FlowControlMixin, asyncio.Protocol):
     and waits for the close (`wait_closed`), as over a stream protocol."""
 
     def __init__(self, on_connect: Callable[[FrameProtocol], None],
-                 pending_max: int = DEFAULT_PENDING_MAX) -> None:
+                 pending_max: int = DEFAULT_PENDING_MAX,
+                 poller: BusyPoll | None = None) -> None:
         super().__init__()
         self._on_connect = on_connect
+        self._poller = poller  # watches the socket during spins (busy_poll.py)
+        self._polled: int | None = None
         self._pending_max = pending_max
         self._buffer = bytearray()
         self._on_frame: FrameHandler | None = None
@@ -66,6 +70,8 @@ class FrameProtocol(FlowControlMixin, asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses, but have
         # its methods.
         self.transport = cast(asyncio.Transport, transport)
+        if self._poller is not None:
+            self._polled = self._poller.watch(self, transport)
         self._on_connect(self)
 
     def data_received(self, data: bytes) -> None:
@@ -85,6 +91,8 @@ class FrameProtocol(FlowControlMixin, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        if self._poller is not None and self._polled is not None:
+            self._poller.unwatch(self, self._polled)
         self._eof = True
         self._wake()
         if not self._closed.done():

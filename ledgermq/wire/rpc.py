@@ -53,6 +53,7 @@ from ledgermq.base.errors import (
     UnknownRequestError,
     UnsupportedVersionError,
 )
+from ledgermq.wire import busy_poll
 from ledgermq.wire.auth import (
     ACCESS_KEY_MAX,
     ANONYMOUS,
@@ -64,6 +65,7 @@ from ledgermq.wire.auth import (
     proof_matches,
     server_proof,
 )
+from ledgermq.wire.busy_poll import BusyPoll
 from ledgermq.wire.codec import (
     CONNECTION_ERROR_ID,
     DEFAULT_COMPRESS_THRESHOLD,
@@ -92,6 +94,7 @@ from ledgermq.wire.streams import (
     FrameWatch,
     FrameWriter,
     HeldFrame,
+    flush_all,
     frame_deadline_error,
     guarded_reads,
     read_frame,
@@ -257,6 +260,8 @@ class RpcServer:
     request but PING and AUTH until the connection authenticated (needs a
     key store). `ssl`: serve TLS. `auth_failures` counts refused
     authentications by reason (the servers' metrics read it).
+    `busy_poll_s` > 0: after writing answers, keep the loop polling the
+    connections for that long (ledgermq/wire/busy_poll.py).
     """
 
     def __init__(
@@ -273,6 +278,7 @@ class RpcServer:
         key_store: KeyStore | None = None,
         require_auth: bool = False,
         ssl: ssl_module.SSLContext | None = None,
+        busy_poll_s: float = 0.0,
     ) -> None:
         if RequestCode.HELLO in handlers or RequestCode.AUTH in handlers:
             raise ValueError("HELLO and AUTH are handled by the RPC layer")
@@ -316,6 +322,11 @@ class RpcServer:
                                        read_timeout)
         # Tasks of connections refused at once (they only say why and close).
         self._detached: set[asyncio.Task[None]] = set()
+        # The connections' writers with answers queued (`flush_answers`).
+        self._unflushed: dict[FrameWriter, None] = {}
+        self.busy_poll_s = busy_poll_s
+        self._poller: BusyPoll | None = None  # the loop's, from `start` (busy_poll_s > 0)
+        self._expect_next: Callable[[], None] | None = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -329,12 +340,22 @@ class RpcServer:
     def connection_count(self) -> int:
         return len(self._connections)
 
+    def flush_answers(self) -> None:
+        """Write the answers queued so far in this loop pass now, instead of
+        at the pass's end: a caller with more work in the pass (the broker's
+        ConsumeQueue writes after a commit) lets its clients go on first."""
+        flush_all(self._unflushed)
+
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Bind and start accepting; port 0 picks a free port. Returns the bound address."""
         # Frame buffers must give their memory back when freed (limits.py).
         map_large_allocations()
+        if self.busy_poll_s > 0:
+            self._poller = busy_poll.shared()
+            self._expect_next = partial(self._poller.expect, self.busy_poll_s)
+        poller = self._poller
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: ServerConnection(self._on_connect), host, port, ssl=self.ssl,
+            lambda: ServerConnection(self._on_connect, poller=poller), host, port, ssl=self.ssl,
             ssl_handshake_timeout=self.handshake_timeout if self.ssl is not None else None)
         return self.address
 
@@ -368,7 +389,8 @@ class RpcServer:
         peername = proto.transport.get_extra_info("peername")
         conn = Connection(peer=_fmt_addr(peername), protocol=proto)
         conn.writer = FrameWriter(asyncio.StreamWriter(proto.transport, proto, None, loop),
-                                  compress_threshold=self.compress_threshold)
+                                  compress_threshold=self.compress_threshold,
+                                  unflushed=self._unflushed, on_write=self._expect_next)
         if self._closing:
             self._spawn_detached(conn.writer.close())
             return

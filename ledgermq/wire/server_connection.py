@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ledgermq.base.errors import MalformedFrameError
+from ledgermq.wire.busy_poll import BusyPoll
 from ledgermq.wire.codec import FLAG_ZSTD, HEADER_SIZE, decode_header
 from ledgermq.wire.limits import READ_CHUNK_BYTES, SMALL_FRAME_BYTES
 from ledgermq.wire.streams import FrameGuard, FrameWatch, HeldFrame, read_held_frame
@@ -55,9 +56,12 @@ class ServerConnection(FlowControlMixin, asyncio.Protocol):
     handshake with `read`/`readexactly`)."""
 
     def __init__(self, on_connect: Callable[[ServerConnection], None],
-                 pending_max: int = DEFAULT_PENDING_MAX) -> None:
+                 pending_max: int = DEFAULT_PENDING_MAX,
+                 poller: BusyPoll | None = None) -> None:
         super().__init__()
         self._on_connect = on_connect
+        self._poller = poller  # watches the socket during spins (busy_poll.py)
+        self._polled: int | None = None
         self._pending_max = pending_max
         self._buffer = bytearray()
         self._eof = False
@@ -89,6 +93,8 @@ class ServerConnection(FlowControlMixin, asyncio.Protocol):
         # its methods.
         self.transport = cast(asyncio.Transport, transport)
         self._over_ssl = transport.get_extra_info("sslcontext") is not None
+        if self._poller is not None:
+            self._polled = self._poller.watch(self, transport)
         self._on_connect(self)
 
     def data_received(self, data: bytes) -> None:
@@ -110,6 +116,8 @@ class ServerConnection(FlowControlMixin, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        if self._poller is not None and self._polled is not None:
+            self._poller.unwatch(self, self._polled)
         self._eof = True
         self._wake()
         if self._sink is not None and self._slow is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol
@@ -297,6 +297,12 @@ class FrameWriter:
     with `call_soon`, so every frame queued before the loop next runs
     callbacks goes out in one `write` (in slices of WRITE_SLICE_FRAMES).
     `drain` applies the transport's backpressure to the caller.
+
+    `unflushed`, shared by the writers of one server, holds those with a
+    flush scheduled: `flush_all` writes them before the loop runs their
+    callbacks (the broker's answers, before the rest of an apply).
+    `on_write` is called after each write (a server's busy poll expecting
+    the client's next request, ledgermq/wire/busy_poll.py).
     """
 
     def __init__(
@@ -304,11 +310,15 @@ class FrameWriter:
         writer: asyncio.StreamWriter,
         *,
         compress_threshold: int | None = DEFAULT_COMPRESS_THRESHOLD,
+        unflushed: dict[FrameWriter, None] | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> None:
         self._writer = writer
         self._compress_threshold = compress_threshold
         self._pending: list[bytes] = []
         self._scheduled = False
+        self._unflushed = unflushed
+        self._on_write = on_write
         self.writes = 0  # transport writes issued; lets tests observe batching
         self.frames = 0
         # Set when the connection is closed for a protocol error: `close`
@@ -340,10 +350,14 @@ class FrameWriter:
         elif not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
+            if self._unflushed is not None:
+                self._unflushed[self] = None
 
     def flush(self) -> None:
         """Write everything queued now, in one write."""
         self._scheduled = False
+        if self._unflushed is not None:
+            self._unflushed.pop(self, None)
         self._write_pending()
 
     def _write_pending(self) -> None:
@@ -356,6 +370,8 @@ class FrameWriter:
             return
         self._writer.write(data)
         self.writes += 1
+        if self._on_write is not None:
+            self._on_write()
 
     async def drain(self) -> None:
         await self._writer.drain()
@@ -384,3 +400,9 @@ class FrameWriter:
         # The peer may already have reset the connection; closed is closed.
         with contextlib.suppress(ConnectionError, OSError):
             await self._writer.wait_closed()
+
+
+def flush_all(unflushed: dict[FrameWriter, None]) -> None:
+    """Write now what every writer in `unflushed` has queued (see FrameWriter)."""
+    for writer in list(unflushed):
+        writer.flush()

@@ -219,3 +219,24 @@ def test_floor_bench_moves_messages_through_four_processes_and_reports_their_cpu
         assert cpu["servers"] > 0 and all(v >= 0 for v in cpu.values()), cpu
         assert cpu["servers"] == pytest.approx(
             cpu["leader"] + cpu["follower_1"] + cpu["follower_2"], abs=0.2)
+
+
+def test_timeline_chains_each_send_through_the_four_processes() -> None:
+    out = run_bench("bench/timeline.py", "--messages", "200", "--warmup", "100", timeout=300)
+    result = json.loads(out)
+    assert result["bench"] == "timeline" and result["messages"] == 200
+    # Most sends are chained (a heartbeat or a reserve's batch in between
+    # can hide one).
+    assert result["sends_chained"] > 150
+    stages = result["stages_us"]
+    parts = [stages[k] for k in stages if k != "round_trip"]
+    assert len(parts) == 9 and all(v > 0 for v in parts), stages
+    # The stages tile each round trip; medians of the parts need not add up
+    # exactly, but they cannot exceed it by much or fall far short.
+    assert 0.5 * stages["round_trip"] < sum(parts) < 1.5 * stages["round_trip"]
+    # Each pass starts at its read; the leader's ends at the answer, the
+    # follower's at its acknowledgement, after the steps between.
+    ack, append = result["leader_ack_pass"], result["follower_append_pass"]
+    assert ack["frame_in"] == 0.0 and append["frame_in"] == 0.0
+    assert ack["core.step"] < ack["broker.apply"] < ack["node.completions"] <= ack["answer_out"]
+    assert append["core.step"] < append["node.write"] < append["peer_out"]
