@@ -21,11 +21,13 @@ import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from commitlog import KIND_MESSAGES, CommitLog, Entry, fileio
-from commitlog.columns import scan_body
+from commitlog.columns import RecordColumns, scan_body
 from commitlog.snapshot import SnapshotInfo, latest_snapshot, read_state
 from consumequeue import ConsumeQueueStore
+from dledger.runtime.node import ApplyRest
 from dledger.testing.nodesim.apply import Record, read_committed, replay_point
 from ledgermq.broker.state import BrokerState
 
@@ -130,12 +132,18 @@ class BrokerApplier:
             self.state.apply(entry)
             self._record(entry)
 
-    def apply(self, entries: Sequence[Entry]) -> None:
+    def apply(self, entries: Sequence[Entry]) -> ApplyRest:
+        """The state now, the queues in the rest, as `Broker._apply` splits them."""
         scanned = [scan_body(e.body) if e.kind == KIND_MESSAGES else None for e in entries]
         state = self.state
         for entry, columns in zip(entries, scanned, strict=True):
             state.apply(entry, columns)
             self._record(entry)
+        return partial(self._dispatch, entries, scanned)
+
+    def _dispatch(self, entries: Sequence[Entry],
+                  scanned: Sequence[RecordColumns | None]) -> None:
+        state = self.state
         for topic in state.take_deleted():
             self.cq.drop_topic(topic, state.deleted_before[topic])
         self.cq.dispatch(entries, scanned, skip_before=state.deleted_before)

@@ -28,6 +28,7 @@ from typing import Protocol, runtime_checkable
 
 import commitlog
 from commitlog.snapshot import SnapshotInfo, latest_snapshot, read_state
+from dledger.runtime.node import ApplyRest
 
 Record = Callable[[commitlog.Entry], None]
 
@@ -45,7 +46,10 @@ class Applier(Protocol):
         the applied index to start the node with."""
         ...
 
-    def apply(self, entries: Sequence[commitlog.Entry]) -> None: ...
+    def apply(self, entries: Sequence[commitlog.Entry]) -> ApplyRest | None:
+        """Apply committed entries; what it returns the node runs later in
+        its pass, after its completions (RaftGroupNode's ApplyRest)."""
+        ...
 
     def check(self) -> str | None:
         """A problem with the state machine's own consistency, or None."""
