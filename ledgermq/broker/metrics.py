@@ -241,6 +241,18 @@ class BrokerCollector(Collector):
                     "Queues with at least one long-polling pull waiting.", b.longpoll.waiting)
         yield gauge("ledgermq_client_connections", "Open client connections.",
                     b.rpc.connection_count if b.rpc is not None else 0)
+        poller = b.rpc.poller if b.rpc is not None else None
+        for name, doc, count in (
+                ("ledgermq_busy_poll_spins_total",
+                 "Busy-poll spins of this node's event loop (busy_poll_us): started after it "
+                 "sent entries or answered a client while no connection was readable.",
+                 poller.spins if poller else 0),
+                ("ledgermq_busy_poll_ended_by_input_total",
+                 "Busy-poll spins a readable connection ended before their window ran out.",
+                 poller.ended_by_input if poller else 0)):
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric(ids, float(count))
+            yield c
         limits = CounterMetricFamily(
             "ledgermq_client_limit_events_total",
             "Client connections refused or closed by a resource bound"

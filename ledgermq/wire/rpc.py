@@ -340,6 +340,11 @@ class RpcServer:
     def connection_count(self) -> int:
         return len(self._connections)
 
+    @property
+    def poller(self) -> BusyPoll | None:
+        """The event loop's busy poll this server feeds (busy_poll_s > 0), once started."""
+        return self._poller
+
     def flush_answers(self) -> None:
         """Write the answers queued so far in this loop pass now, instead of
         at the pass's end: a caller with more work in the pass (the broker's

@@ -581,6 +581,8 @@ def test_each_observed_metric_moves_when_a_message_is_sent(tmp_path) -> None:
         "ledgermq_commitlog_fsync_seconds_count", "ledgermq_commitlog_fsync_batch_entries_sum",
         "ledgermq_raft_commit_seconds_count", "ledgermq_group_commit_batch_messages_sum",
         "ledgermq_requests_total", "ledgermq_request_seconds_count",
+        # The send's answer starts a spin (busy_poll_us is on by default).
+        "ledgermq_busy_poll_spins_total",
     ]
 
     async def main() -> None:
