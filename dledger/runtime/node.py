@@ -1147,16 +1147,17 @@ class RaftGroupNode:
                                       self.config.group, self.config.node_id)
         finally:
             self._depth -= 1
-        self._run_apply_rest()
-
-    def _run_apply_rest(self) -> None:
-        rest, self._apply_rest = self._apply_rest, None
-        if rest is None:
-            return
         try:
-            rest()
+            self._run_apply_rest()
         except Exception as exc:  # the state machine's storage, as in `apply`
             self._fail(exc)
+
+    def _run_apply_rest(self) -> None:
+        """The last apply's rest, once; what it raises goes to the caller, as
+        an error of `apply` would (nothing after it in the pass runs)."""
+        rest, self._apply_rest = self._apply_rest, None
+        if rest is not None:
+            rest()
 
     def _propose_round(self) -> None:
         """Queued proposals' round, while the driver idles: drained into the
@@ -1649,9 +1650,9 @@ class RaftGroupNode:
         self._applied = entries[-1].index
         self._applied_term = entries[-1].term
         if rest is not None:
-            # From a Ready (`_finish`): after the completions its caller runs
-            # next; otherwise (a follower's batch timer, a stop, an install,
-            # a role change) at once.
+            # Inside a pass (from `_finish`, or a role change there): after
+            # the completions its outermost caller runs next; otherwise (a
+            # follower's batch timer, a stop, an install) at once.
             self._apply_rest = rest
             if not self._depth:
                 self._run_apply_rest()

@@ -245,7 +245,7 @@ class BrokerCollector(Collector):
         for name, doc, count in (
                 ("ledgermq_busy_poll_spins_total",
                  "Busy-poll spins of this node's event loop (busy_poll_us): started after it "
-                 "sent entries or answered a client while no connection was readable.",
+                 "sent entries or answered a client.",
                  poller.spins if poller else 0),
                 ("ledgermq_busy_poll_ended_by_input_total",
                  "Busy-poll spins a readable connection ended before their window ran out.",

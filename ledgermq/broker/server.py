@@ -516,8 +516,10 @@ class Broker:
         ConsumeQueues and whoever waits on them in the rest, which the node
         runs after those answers and before it applies anything else. The
         rest first writes the answers (`RpcServer.flush_answers`), so that
-        the senders go on while this node indexes what they sent. Nothing
-        else runs in between: no request sees the state ahead of its queues."""
+        the senders go on while this node indexes what they sent. No request
+        that reads the queues runs in between: the handlers that read them
+        are coroutines, started in tasks (docs/architecture.md, "The answer
+        before the queue writes")."""
         touched: set[tuple[str, int]] = set()
         keep = self._node is not None and self._node.role == "leader"
         # Each MESSAGES body is scanned once, for the state and the queues.

@@ -19,9 +19,11 @@ without blocking (`epoll_wait` with timeout 0, one system call that wakes
 nobody), whether any watched connection is readable. While none is and the
 deadline is ahead it queues itself again, so the loop does not block; the
 first readable connection ends the spin and the loop reads it at once.
-Timers and other callbacks keep running between ticks. Sockets not watched
-(a listener, the loop's own wake-up pipe) are seen when the spin ends, at
-most `window` later.
+Timers and other callbacks keep running between ticks, and the loop's own
+polls (which also see what is not watched: a listener, its wake-up pipe)
+go on while a callback is queued, only less often than the ticks. A
+connection the server stopped reading (backpressure, its in-flight cap)
+stays readable and ends every spin at its first tick: no polling then.
 
 Cost: CPU, at most `window` per `expect` (counted in the servers' CPU per
 message that bench/produce.py reports), and one system call per tick.
@@ -60,7 +62,9 @@ class BusyPoll:
         # Weak: the registry's value must not keep its key, the loop, alive.
         self._loop = weakref.ref(loop)
         self._epoll = select.epoll()
-        self._owners: dict[int, object] = {}  # fd -> the protocol that watches it
+        # fd -> the protocol that watches it, weakly: a protocol holds its
+        # transport, which holds the loop, which the registry must not keep.
+        self._owners: dict[int, weakref.ref[object]] = {}
         self._deadline = 0.0  # time.perf_counter() seconds
         self._spinning = False
         self.expects = 0  # `expect` calls
@@ -83,12 +87,13 @@ class BusyPoll:
             self._epoll.modify(fd, select.EPOLLIN)
         except (OSError, ValueError):  # closed already (ValueError: the poller)
             return None
-        self._owners[fd] = owner
+        self._owners[fd] = weakref.ref(owner)
         return fd
 
     def unwatch(self, owner: object, fd: int) -> None:
         """Stop polling `fd` for `owner` (not if another owner has the number now)."""
-        if self._owners.get(fd) is owner:
+        ref = self._owners.get(fd)
+        if ref is not None and ref() is owner:
             del self._owners[fd]
             # A closed socket left the epoll set by itself.
             with contextlib.suppress(OSError, ValueError):
@@ -114,16 +119,15 @@ class BusyPoll:
             loop.call_soon(self._tick)
 
     def _tick(self) -> None:
+        self._spinning = False
         loop = self._loop()
-        if self._epoll.closed or loop is None:
-            self._spinning = False
-        elif self._epoll.poll(0):
-            self._spinning = False
+        if self._epoll.closed or loop is None or loop.is_closed():
+            return
+        if self._epoll.poll(0):
             self.ended_by_input += 1
         elif time.perf_counter() < self._deadline:
             loop.call_soon(self._tick)
-        else:
-            self._spinning = False
+            self._spinning = True
 
     def close(self) -> None:
         self._epoll.close()

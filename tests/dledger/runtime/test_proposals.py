@@ -296,3 +296,43 @@ def test_the_rest_of_an_apply_runs_after_the_answers_and_before_the_next_apply(
             await cluster.stop_all()
 
     run(main())
+
+
+def test_a_rest_that_fails_fails_the_node_and_nothing_is_applied_after_it(
+        tmp_path: Path) -> None:
+    """An error in the rest (the broker: a ConsumeQueue write on a full disk)
+    is an error of the apply: the node fails, and no later entry reaches the
+    state machine ahead of the queues it could not write."""
+    async def main() -> None:
+        cluster = Cluster(tmp_path)
+        applied_after: list[int] = []
+        broken: dict[int, int] = {}
+
+        def apply_rest(node_id: int, entries: Sequence[commitlog.Entry]) -> Callable[[], None]:
+            if node_id in broken:
+                applied_after.extend(e.index for e in entries)
+
+            def rest() -> None:
+                if node_id == leader_id[0] and not broken and entries[-1].index >= 5:
+                    broken[node_id] = entries[-1].index
+                    raise OSError(28, "No space left on device")
+            return rest
+
+        leader_id = [0]
+        cluster.apply_rest = apply_rest
+        await cluster.start_all()
+        try:
+            leader = await cluster.wait_leader()
+            leader_id[0] = leader.config.node_id
+            for k in range(10):
+                try:
+                    await leader.propose(commitlog.KIND_MESSAGES, b"m-%d" % k)
+                except (NotLeaderError, ProposalUnknown):
+                    break
+            await wait_until(lambda: leader.failed is not None, 10.0, "the leader failed")
+            assert isinstance(leader.failed, OSError)
+            assert applied_after == []
+        finally:
+            await cluster.stop_all()
+
+    run(main())

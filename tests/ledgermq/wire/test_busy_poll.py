@@ -25,6 +25,10 @@ from ledgermq.wire.rpc_client import RpcClient
 pytestmark = pytest.mark.timeout(60)
 
 
+class Owner:
+    """What watches a socket (a protocol, in the servers); held weakly."""
+
+
 @contextlib.asynccontextmanager
 async def _pair() -> AsyncIterator[tuple[BusyPoll, asyncio.Transport, asyncio.Transport]]:
     """A poller of the running loop and (server side, client side) of one
@@ -56,7 +60,7 @@ def test_a_spin_ends_when_a_watched_connection_becomes_readable() -> None:
     runs while the loop spins."""
     async def main() -> None:
         async with _pair() as (poller, served, client):
-            assert poller.watch(object(), served) is not None
+            assert poller.watch(Owner(), served) is not None
             assert poller.watched == 1
             asyncio.get_running_loop().call_later(0.05, client.write, b"x")
             poller.expect(30.0)
@@ -70,7 +74,7 @@ def test_a_spin_ends_when_a_watched_connection_becomes_readable() -> None:
 def test_a_spin_without_input_ends_at_its_window() -> None:
     async def main() -> None:
         async with _pair() as (poller, served, _client):
-            poller.watch(object(), served)
+            poller.watch(Owner(), served)
             ticks = 0
 
             def count() -> None:  # other callbacks run between the ticks
@@ -98,7 +102,7 @@ def test_a_spin_without_input_ends_at_its_window() -> None:
 def test_unwatch_leaves_a_reused_descriptor_to_its_new_owner() -> None:
     async def main() -> None:
         async with _pair() as (poller, served, _client):
-            first, second = object(), object()
+            first, second = Owner(), Owner()
             fd = poller.watch(first, served)
             assert fd is not None
             # The number is taken over (as after a close and a new accept).
