@@ -65,7 +65,6 @@ from ledgermq.wire.auth import (
     proof_matches,
     server_proof,
 )
-from ledgermq.wire.busy_poll import BusyPoll
 from ledgermq.wire.codec import (
     CONNECTION_ERROR_ID,
     DEFAULT_COMPRESS_THRESHOLD,
@@ -325,7 +324,7 @@ class RpcServer:
         # The connections' writers with answers queued (`flush_answers`).
         self._unflushed: dict[FrameWriter, None] = {}
         self.busy_poll_s = busy_poll_s
-        self._poller: BusyPoll | None = None  # the loop's, from `start` (busy_poll_s > 0)
+        self._poller: busy_poll.BusyPoll | None = None  # the loop's, from `start` (busy_poll_s > 0)
         self._expect_next: Callable[[], None] | None = None
 
     @property
@@ -341,7 +340,7 @@ class RpcServer:
         return len(self._connections)
 
     @property
-    def poller(self) -> BusyPoll | None:
+    def poller(self) -> busy_poll.BusyPoll | None:
         """The event loop's busy poll this server feeds (busy_poll_s > 0), once started."""
         return self._poller
 
